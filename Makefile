@@ -1,0 +1,21 @@
+# The two commands of the README. Both set up .venv first (scripts/setup.sh).
+PY := .venv/bin/python
+DEMO_DIR ?= demo
+
+.PHONY: setup demo test lint bench
+
+setup:
+	@bash scripts/setup.sh
+
+demo: setup
+	$(PY) -m dlrm generate --out $(DEMO_DIR)/data/train --rows 200000 --config configs/tiny.yaml --seed 1
+	$(PY) -m dlrm generate --out $(DEMO_DIR)/data/eval --rows 50000 --config configs/tiny.yaml --seed 2
+	$(PY) -m dlrm train --config configs/tiny.yaml --out $(DEMO_DIR)/run \
+	    data.train=$(DEMO_DIR)/data/train data.eval=$(DEMO_DIR)/data/eval
+	$(PY) -m dlrm eval --checkpoint $(DEMO_DIR)/run --data $(DEMO_DIR)/data/eval --plots $(DEMO_DIR)/run/plots
+
+test: setup
+	$(PY) -m pytest tests
+
+lint: setup
+	$(PY) -m ruff check dlrm embeddings data tests

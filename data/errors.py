@@ -1,0 +1,33 @@
+"""Errors a user can cause and fix (bad data, bad config, bad paths).
+
+The CLI turns any :class:`UserError` into one line on stderr and a non-zero exit,
+without a traceback. Bugs stay ordinary exceptions with tracebacks.
+"""
+
+
+class UserError(Exception):
+    """Base of all user-fixable errors; its message is one line naming the culprit."""
+
+
+class DataError(UserError):
+    """Bad input data: names the file, column and row group where it applies."""
+
+    def __init__(
+        self,
+        message: str,
+        file: str | None = None,
+        column: str | None = None,
+        row_group: int | None = None,
+        row: int | None = None,
+    ) -> None:
+        where = []
+        if file is not None:
+            where.append(f"file {file}")
+        if column is not None:
+            where.append(f"column {column!r}")
+        if row_group is not None:
+            where.append(f"row group {row_group}")
+        if row is not None:
+            where.append(f"row {row}")
+        self.file, self.column, self.row_group, self.row = file, column, row_group, row
+        super().__init__(f"{', '.join(where)}: {message}" if where else message)

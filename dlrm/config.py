@@ -1,0 +1,212 @@
+"""One typed configuration for a run: dataclasses, loaded from YAML, overridable.
+
+    dlrm train --config configs/tiny.yaml data.batch_size=512 optim.sparse=adam
+
+Every key is a dataclass field below; an unknown key or a value of the wrong type
+is a :class:`ConfigError` naming the key. The full config is printed at the start
+of a run and saved beside the checkpoint (``config.yaml``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from data.errors import UserError
+from data.generate import GenerateConfig
+
+
+class ConfigError(UserError):
+    """A config file or override that does not fit the schema below."""
+
+
+@dataclass
+class DataConfig:
+    train: str = ""  # file, directory or glob of Parquet files
+    eval: str = ""
+    label: str = "label"
+    # Columns; empty means "infer from the Parquet files" (float → dense,
+    # int64 / list<int64> → sparse; table rows = max id + 1 from the footers).
+    dense: list[str] = field(default_factory=list)
+    sparse: list[str] = field(default_factory=list)
+    rows: dict[str, int] = field(default_factory=dict)  # per-feature table rows
+    tables: dict[str, str] = field(default_factory=dict)  # feature → shared table name
+    batch_size: int = 2048  # global: split across ranks
+    eval_batch_size: int = 8192
+    shuffle: bool = True
+    shuffle_buffer: int = 65536  # rows held in memory for shuffling
+    prefetch: int = 4  # batches decoded ahead by the background worker
+    id_policy: Literal["error", "hash", "modulo"] = "error"  # ids >= table rows
+    dense_nan: Literal["error", "zero"] = "error"  # NaN/inf dense values
+
+
+@dataclass
+class ModelConfig:
+    embedding_dim: int = 16
+    bottom_mlp: list[int] = field(default_factory=lambda: [512, 256, 16])  # last = embedding_dim
+    top_mlp: list[int] = field(default_factory=lambda: [512, 256, 1])  # last = 1
+    interaction: Literal["dot", "dcn"] = "dot"
+    dcn_layers: int = 3
+    dcn_rank: int = 0  # 0 = full-rank DCNv2 cross layers, else low-rank
+
+
+@dataclass
+class OptimConfig:
+    dense: Literal["sgd", "adagrad", "adam"] = "adagrad"
+    dense_lr: float = 0.01
+    sparse: Literal["sgd", "rowwise_adagrad", "adam"] = "rowwise_adagrad"
+    sparse_lr: float = 0.05
+    eps: float = 1e-8
+    warmup_steps: int = 0  # linear warm-up from 0
+    decay_start: int = 0  # step where linear decay to 0 starts (0 = no decay)
+    decay_steps: int = 0
+
+
+@dataclass
+class EmbeddingsConfig:
+    backend: Literal["native"] = "native"
+    pooling: Literal["sum", "mean"] = "sum"
+    # Fused: the sparse optimizer runs inside backward (no KV gradient kept).
+    # Off: backward produces KV gradients (unique ids, rows) that the optimizer
+    # then applies; a user who wants to see embedding gradients sets this off.
+    fused: bool = True
+
+
+@dataclass
+class TrainConfig:
+    epochs: int = 1
+    max_steps: int = 0  # 0 = run the epochs
+    eval_every: int = 0  # steps; 0 = only at the end
+    log_every: int = 50
+    checkpoint_every: int = 0  # steps; 0 = only at the end
+    threads: int = 0  # torch intra-op threads; 0 = torch's default
+    progress: bool = True
+
+
+@dataclass
+class Config:
+    seed: int = 0
+    data: DataConfig = field(default_factory=DataConfig)
+    generate: GenerateConfig = field(default_factory=GenerateConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    embeddings: EmbeddingsConfig = field(default_factory=EmbeddingsConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+
+# --------------------------------------------------------------------------- load
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    """Read ``path`` (YAML; None = defaults) and apply ``key.sub=value`` overrides."""
+    raw: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {p} does not exist")
+        try:
+            loaded = yaml.safe_load(p.read_text())
+        except yaml.YAMLError as e:
+            raise ConfigError(f"config file {p}: not valid YAML ({_first_line(e)})") from None
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"config file {p}: top level must be a mapping")
+        raw = loaded
+    for item in overrides or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"override {item!r}: expected key.sub=value")
+        node = raw
+        parts = key.split(".")
+        for part in parts[:-1]:
+            nxt = node.setdefault(part, {})
+            if not isinstance(nxt, dict):
+                raise ConfigError(f"override {item!r}: {part!r} is not a section")
+            node = nxt
+        try:
+            node[parts[-1]] = yaml.safe_load(value) if value != "" else ""
+        except yaml.YAMLError:
+            node[parts[-1]] = value
+    return from_dict(Config, raw, "")
+
+
+def from_dict(cls: type, raw: dict[str, Any], prefix: str) -> Any:
+    """Build dataclass ``cls`` from ``raw``, checking keys and types."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config key {prefix.rstrip('.') or '<root>'}: expected a mapping")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(raw) - names)
+    if unknown:
+        raise ConfigError(
+            f"config key {prefix}{unknown[0]} does not exist (known in "
+            f"{prefix.rstrip('.') or 'top level'}: {', '.join(sorted(names))})"
+        )
+    values = {}
+    for name, value in raw.items():
+        values[name] = _coerce(hints[name], value, f"{prefix}{name}")
+    return cls(**values)
+
+
+def _coerce(tp: Any, value: Any, key: str) -> Any:
+    origin = typing.get_origin(tp)
+    if dataclasses.is_dataclass(tp):
+        return from_dict(tp, value if value is not None else {}, key + ".")
+    if origin is Literal:
+        allowed = typing.get_args(tp)
+        if value not in allowed:
+            raise ConfigError(f"config key {key}: {value!r} is not one of {list(allowed)}")
+        return value
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if value is None:
+            return None
+        return _coerce(args[0], value, key)
+    if origin is list:
+        (item,) = typing.get_args(tp)
+        if not isinstance(value, list):
+            value = [value]  # a single value where a list is expected: a list of one
+        return [_coerce(item, v, f"{key}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        k_tp, v_tp = typing.get_args(tp)
+        if not isinstance(value, dict):
+            raise ConfigError(f"config key {key}: expected a mapping, got {value!r}")
+        return {_coerce(k_tp, k, key): _coerce(v_tp, v, f"{key}.{k}") for k, v in value.items()}
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"config key {key}: expected true/false, got {value!r}")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise ConfigError(f"config key {key}: expected an integer, got {value!r}")
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise ConfigError(f"config key {key}: expected a number, got {value!r}")
+    if tp is str:
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise ConfigError(f"config key {key}: expected a string, got {value!r}")
+    raise TypeError(f"unsupported config type {tp} for {key}")
+
+
+def to_dict(cfg: Config) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)
+
+
+def to_yaml(cfg: Config) -> str:
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False)
+
+
+def _first_line(e: Exception) -> str:
+    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
