@@ -1,0 +1,218 @@
+"""Embedding collections: KJT in, pooled vectors [B, F*D] out, sparse updates.
+
+``EmbeddingCollection`` is the interface the model sees; this file also holds the
+single-process implementation. Sharded (hybrid-parallel) and Hotline (tiered)
+collections implement the same interface elsewhere in this package.
+
+    KJT (feature-major)                      pooled [B, F*D]
+    values  [f0: b0 b1 ..| f1: b0 b1 ..| ..]  ──►  row b = [pool(f0,b) | pool(f1,b) | ..]
+    lengths [F * B]
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from embeddings.kv import KVGradient
+from embeddings.lookup import pooled_lookup
+from embeddings.optim import SparseOptimizer
+from embeddings.table import Pooling, TableSpec
+
+if TYPE_CHECKING:
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+
+class EmbeddingCollection(nn.Module, ABC):
+    """Pooled embeddings of ``features`` (in this order), each ``dim`` wide.
+
+    Training contract, once per step: ``set_lr(lr)``; forward; backward (which
+    produces KV gradients: applied at once when ``fused``, else kept); ``step()``
+    (applies kept gradients and clears them).
+    """
+
+    features: list[str]
+    dim: int
+
+    @abstractmethod
+    def forward(self, sparse: "KeyedJaggedTensor") -> torch.Tensor:
+        """[B, len(features) * dim]."""
+
+    @abstractmethod
+    def set_lr(self, lr: float) -> None: ...
+
+    @abstractmethod
+    def step(self) -> None: ...
+
+    @abstractmethod
+    def kv_gradients(self) -> dict[str, KVGradient]:
+        """Kept (not yet applied) gradients per table, ids local to the table."""
+
+    @abstractmethod
+    def export_tables(self) -> dict[str, torch.Tensor]:
+        """``{table}.weight`` and ``{table}.{optimizer state}`` tensors, rows first."""
+
+    @abstractmethod
+    def import_tables(self, tensors: dict[str, torch.Tensor]) -> None: ...
+
+
+def init_table_(weight: torch.Tensor, rows: int, generator: torch.Generator) -> None:
+    """DLRM's and TorchRec's default: uniform(-sqrt(1/rows), sqrt(1/rows))."""
+    bound = math.sqrt(1.0 / rows)
+    with torch.no_grad():
+        weight.uniform_(-bound, bound, generator=generator)
+
+
+class LocalEmbeddingCollection(EmbeddingCollection):
+    """All tables in one process, stacked in one [sum(rows), dim] weight.
+
+    One ``embedding_bag`` call serves every feature; table t occupies rows
+    [row_offset[t], row_offset[t] + rows[t]) of the stacked weight, and each
+    feature's ids are shifted by its table's offset before the call.
+    """
+
+    def __init__(
+        self,
+        tables: list[TableSpec],
+        optimizer: SparseOptimizer,
+        fused: bool = True,
+        seed: int = 0,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        super().__init__()
+        dims = {t.dim for t in tables}
+        if len(dims) != 1:
+            raise ValueError(f"one collection needs one embedding dim, got {sorted(dims)}")
+        poolings = {t.pooling for t in tables}
+        if len(poolings) != 1:
+            raise ValueError("one collection needs one pooling mode")
+        self.tables = list(tables)
+        self.dim = dims.pop()
+        self.pooling = Pooling(poolings.pop())
+        self.features = [f for t in self.tables for f in t.features]
+        if len(set(self.features)) != len(self.features):
+            raise ValueError("a feature is served by two tables")
+        self.optimizer = optimizer
+        self.fused = fused
+        self.lr = 0.0
+        device = torch.device(device)
+
+        self.row_offsets: dict[str, int] = {}
+        total = 0
+        for t in self.tables:
+            self.row_offsets[t.name] = total
+            total += t.rows
+        self.total_rows = total
+        table_of = {f: t for t in self.tables for f in t.features}
+        # Offset of each feature's table, in feature order: shifts ids into the stack.
+        self.register_buffer(
+            "feature_offsets",
+            torch.tensor([self.row_offsets[table_of[f].name] for f in self.features],
+                         dtype=torch.int64, device=device),
+            persistent=False,
+        )
+
+        weight = torch.empty(total, self.dim, device=device)
+        gen = torch.Generator().manual_seed(seed)
+        for t in self.tables:
+            start = self.row_offsets[t.name]
+            block = torch.empty(t.rows, self.dim)
+            init_table_(block, t.rows, gen)
+            weight[start : start + t.rows] = block
+        # requires_grad so autograd calls our backward; its .grad stays None.
+        self.weight = nn.Parameter(weight)
+        initial_state = optimizer.init_state(total, self.dim, device)
+        self._state_names = list(initial_state)
+        for name, tensor in initial_state.items():
+            self.register_buffer(f"optim_{name}", tensor)
+        self._kept: list[KVGradient] = []
+
+    # ------------------------------------------------------------------ forward
+    def forward(self, sparse: "KeyedJaggedTensor") -> torch.Tensor:
+        if sparse.keys() != self.features:
+            sparse = sparse.permute([sparse.keys().index(f) for f in self.features])
+        values = sparse.values()
+        lengths = sparse.lengths()
+        batch = sparse.stride()
+        num_features = len(self.features)
+        per_feature = lengths.view(num_features, batch).sum(dim=1)
+        ids = values + torch.repeat_interleave(
+            self.feature_offsets, per_feature, output_size=values.numel()
+        )
+        offsets = torch.zeros(lengths.numel() + 1, dtype=torch.int64, device=values.device)
+        torch.cumsum(lengths, dim=0, out=offsets[1:])
+        scale = None
+        if self.pooling is Pooling.MEAN:
+            inv = 1.0 / lengths.clamp(min=1).to(self.weight.dtype)
+            scale = torch.repeat_interleave(inv, lengths, output_size=values.numel())
+        pooled = pooled_lookup(self.weight, ids, offsets, self._receive, scale)  # [F*B, D]
+        return pooled.view(num_features, batch, self.dim).transpose(0, 1).reshape(
+            batch, num_features * self.dim
+        )
+
+    # ------------------------------------------------------------------ updates
+    @property
+    def state(self) -> dict[str, torch.Tensor]:
+        """Optimizer state tensors (buffers, so they follow ``.to(device)``)."""
+        return {name: getattr(self, f"optim_{name}") for name in self._state_names}
+
+    def _receive(self, grad: KVGradient) -> None:
+        if self.fused:
+            self.optimizer.apply(self.weight.data, self.state, grad, self.lr)
+        else:
+            self._kept.append(grad)
+
+    def set_lr(self, lr: float) -> None:
+        self.lr = lr
+
+    def step(self) -> None:
+        if self.fused:
+            return
+        if self._kept:
+            grad = KVGradient.cat(self._kept)
+        else:  # no lookups this step: an empty update still counts as a step
+            grad = KVGradient(
+                torch.zeros(0, dtype=torch.int64, device=self.weight.device),
+                self.weight.new_zeros(0, self.dim),
+            )
+        self.optimizer.apply(self.weight.data, self.state, grad, self.lr)
+        self._kept = []
+
+    def kv_gradients(self) -> dict[str, KVGradient]:
+        if not self._kept:
+            return {}
+        grad = KVGradient.cat(self._kept)
+        out = {}
+        for t in self.tables:
+            start = self.row_offsets[t.name]
+            part = grad.slice_rows(start, start + t.rows)
+            if len(part):
+                out[t.name] = part
+        return out
+
+    # ------------------------------------------------------------------ state
+    def export_tables(self) -> dict[str, torch.Tensor]:
+        out = {}
+        for t in self.tables:
+            start, end = self.row_offsets[t.name], self.row_offsets[t.name] + t.rows
+            out[f"{t.name}.weight"] = self.weight.data[start:end]
+            for name, tensor in self.state.items():
+                # Per-row state is cut per table; scalar state (Adam's step) is shared.
+                out[f"{t.name}.{name}"] = tensor[start:end] if tensor.shape[0] == self.total_rows else tensor
+        return out
+
+    def import_tables(self, tensors: dict[str, torch.Tensor]) -> None:
+        mine = self.export_tables()
+        missing = sorted(set(mine) - set(tensors))
+        if missing:
+            raise KeyError(f"embedding state lacks {missing[0]}")
+        with torch.no_grad():
+            for key, dst in mine.items():
+                src = tensors[key]
+                if src.shape != dst.shape:
+                    raise ValueError(f"{key}: shape {tuple(src.shape)} != {tuple(dst.shape)}")
+                dst.copy_(src)

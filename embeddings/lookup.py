@@ -1,0 +1,66 @@
+"""Pooled lookup whose backward yields a KVGradient instead of a dense weight grad.
+
+    weight [R, D]   one tensor holding one or more tables (row offsets apart)
+    ids    [N]      row ids into weight, bag after bag
+    offsets[S + 1]  bag s holds ids[offsets[s]:offsets[s+1]]
+    scale  [N]|None per-id factor (1/bag length for mean pooling)
+        │ forward: one fused embedding_bag call
+        ▼
+    pooled [S, D]   pooled[s] = sum_j scale[j] * weight[ids[j]] over bag s
+
+    backward: grad_pooled [S, D] ──gather per id──► [N, D] ──coalesce──► KVGradient
+              handed to ``sink`` (apply it now, or keep it for later);
+              weight's autograd gradient is None: nothing table-sized is built.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+from embeddings.kv import KVGradient
+
+KVSink = Callable[[KVGradient], None]
+
+
+class _PooledLookup(torch.autograd.Function):
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        weight: torch.Tensor,
+        ids: torch.Tensor,
+        offsets: torch.Tensor,
+        scale: torch.Tensor | None,
+        sink: KVSink,
+    ) -> torch.Tensor:
+        ctx.save_for_backward(ids, offsets, scale)
+        ctx.sink = sink
+        return F.embedding_bag(
+            ids, weight, offsets, mode="sum", include_last_offset=True, per_sample_weights=scale
+        )
+
+    @staticmethod
+    def backward(ctx: Any, grad_pooled: torch.Tensor) -> tuple[None, ...]:  # type: ignore[override]
+        ids, offsets, scale = ctx.saved_tensors
+        lengths = offsets[1:] - offsets[:-1]
+        bag_of_id = torch.repeat_interleave(
+            torch.arange(lengths.numel(), device=ids.device), lengths, output_size=ids.numel()
+        )
+        rows = grad_pooled.index_select(0, bag_of_id)
+        if scale is not None:
+            rows = rows * scale.unsqueeze(1)
+        ctx.sink(KVGradient.from_lookups(ids, rows))
+        return None, None, None, None, None
+
+
+def pooled_lookup(
+    weight: torch.Tensor,
+    ids: torch.Tensor,
+    offsets: torch.Tensor,
+    sink: KVSink,
+    scale: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """[S, D] pooled bags; on backward, ``sink`` receives the KVGradient of ``weight``."""
+    return _PooledLookup.apply(weight, ids, offsets, scale, sink)

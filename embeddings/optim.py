@@ -1,0 +1,113 @@
+"""Sparse optimizers: apply a KVGradient to the touched rows of a table, only.
+
+Each optimizer keeps its state beside the weight (same row count) and updates
+the state and weight of the rows in ``grad.ids``; untouched rows, and their
+state, are left exactly as they were ("lazy" updates).
+
+    SGD              w[i] -= lr * g[i]
+    row-wise Adagrad s[i] += mean(g[i]^2);   w[i] -= lr * g[i] / (sqrt(s[i]) + eps)
+                     (fbgemm's EXACT_ROWWISE_ADAGRAD: one scalar of state per row)
+    Adam (lazy)      as torch.optim.SparseAdam: moments of touched rows only,
+                     bias correction from the table's step count
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from enum import Enum
+
+import torch
+
+from embeddings.kv import KVGradient
+
+
+class SparseOptimizerType(str, Enum):
+    SGD = "sgd"
+    ROWWISE_ADAGRAD = "rowwise_adagrad"
+    ADAM = "adam"
+
+
+class SparseOptimizer(ABC):
+    """Stateless rule; the state tensors live with the table (see ``init_state``)."""
+
+    def __init__(self, eps: float = 1e-8) -> None:
+        self.eps = eps
+
+    @abstractmethod
+    def init_state(self, rows: int, dim: int, device: torch.device) -> dict[str, torch.Tensor]:
+        """State for a table of ``rows`` x ``dim``; a tensor per name, rows first."""
+
+    @abstractmethod
+    def apply(
+        self,
+        weight: torch.Tensor,
+        state: dict[str, torch.Tensor],
+        grad: KVGradient,
+        lr: float,
+    ) -> None:
+        """Update ``weight[grad.ids]`` and their state in place."""
+
+    def state_bytes_per_row(self, dim: int) -> int:
+        return sum(
+            t[:1].numel() * t.element_size()
+            for t in self.init_state(1, dim, torch.device("cpu")).values()
+        )
+
+
+class SparseSGD(SparseOptimizer):
+    def init_state(self, rows: int, dim: int, device: torch.device) -> dict[str, torch.Tensor]:
+        return {}
+
+    @torch.no_grad()
+    def apply(self, weight, state, grad, lr) -> None:  # noqa: ANN001 - see base
+        weight.index_add_(0, grad.ids, grad.rows, alpha=-lr)
+
+
+class RowWiseAdagrad(SparseOptimizer):
+    def init_state(self, rows: int, dim: int, device: torch.device) -> dict[str, torch.Tensor]:
+        return {"sum": torch.zeros(rows, device=device)}
+
+    @torch.no_grad()
+    def apply(self, weight, state, grad, lr) -> None:  # noqa: ANN001 - see base
+        acc = state["sum"]
+        new = acc.index_select(0, grad.ids) + grad.rows.square().mean(dim=1)
+        acc.index_copy_(0, grad.ids, new)
+        step = grad.rows * (lr / (new.sqrt() + self.eps)).unsqueeze(1)
+        weight.index_add_(0, grad.ids, step, alpha=-1.0)
+
+
+class SparseAdam(SparseOptimizer):
+    def __init__(self, eps: float = 1e-8, betas: tuple[float, float] = (0.9, 0.999)) -> None:
+        super().__init__(eps)
+        self.betas = betas
+
+    def init_state(self, rows: int, dim: int, device: torch.device) -> dict[str, torch.Tensor]:
+        return {
+            "exp_avg": torch.zeros(rows, dim, device=device),
+            "exp_avg_sq": torch.zeros(rows, dim, device=device),
+            # Steps taken by this table, as torch.optim.SparseAdam counts them.
+            "step": torch.zeros(1, dtype=torch.int64),
+        }
+
+    @torch.no_grad()
+    def apply(self, weight, state, grad, lr) -> None:  # noqa: ANN001 - see base
+        b1, b2 = self.betas
+        state["step"] += 1
+        step = int(state["step"])
+        ids, g = grad.ids, grad.rows
+        m = state["exp_avg"].index_select(0, ids).lerp_(g, 1 - b1)
+        v = state["exp_avg_sq"].index_select(0, ids).lerp_(g.square(), 1 - b2)
+        state["exp_avg"].index_copy_(0, ids, m)
+        state["exp_avg_sq"].index_copy_(0, ids, v)
+        step_size = lr * math.sqrt(1 - b2**step) / (1 - b1**step)
+        weight.index_add_(0, ids, m / (v.sqrt() + self.eps), alpha=-step_size)
+
+
+def make_sparse_optimizer(kind: str | SparseOptimizerType, eps: float = 1e-8) -> SparseOptimizer:
+    kind = SparseOptimizerType(kind)
+    if kind is SparseOptimizerType.SGD:
+        return SparseSGD(eps)
+    if kind is SparseOptimizerType.ROWWISE_ADAGRAD:
+        return RowWiseAdagrad(eps)
+    return SparseAdam(eps)
