@@ -1,0 +1,63 @@
+"""From a schema and a config to the objects a run needs: tables, model, optimizers.
+
+This is the one place that decides how the embedding collection is built;
+parallel and tiered placements plug in here.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from data.schema import Schema
+from dlrm.config import Config
+from dlrm.model import DLRM
+from embeddings.collection import LocalEmbeddingCollection
+from embeddings.optim import make_sparse_optimizer
+from embeddings.table import Pooling, TableSpec
+
+
+def tables_from_schema(schema: Schema, dim: int, pooling: str = "sum") -> list[TableSpec]:
+    """One table per distinct table name; a shared table has the largest row count."""
+    features: dict[str, list[str]] = {}
+    rows: dict[str, int] = {}
+    for f in schema.sparse:
+        features.setdefault(f.table_name, []).append(f.name)
+        rows[f.table_name] = max(rows.get(f.table_name, 0), f.rows)
+    return [
+        TableSpec(name, rows=rows[name], dim=dim, features=tuple(feats), pooling=Pooling(pooling))
+        for name, feats in features.items()
+    ]
+
+
+def build_model(cfg: Config, schema: Schema, device: torch.device | str = "cpu") -> DLRM:
+    """The single-process DLRM of ``cfg`` for ``schema``, initialised from ``cfg.seed``."""
+    tables = tables_from_schema(schema, cfg.model.embedding_dim, cfg.embeddings.pooling)
+    collection = LocalEmbeddingCollection(
+        tables,
+        make_sparse_optimizer(cfg.optim.sparse, cfg.optim.eps),
+        fused=cfg.embeddings.fused,
+        seed=cfg.seed,
+        device=device,
+    )
+    torch.manual_seed(cfg.seed)
+    return DLRM(len(schema.dense), collection, cfg.model).to(device)
+
+
+def build_dense_optimizer(cfg: Config, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+    lr = cfg.optim.dense_lr
+    if cfg.optim.dense == "sgd":
+        return torch.optim.SGD(params, lr=lr)
+    if cfg.optim.dense == "adagrad":
+        return torch.optim.Adagrad(params, lr=lr, eps=cfg.optim.eps)
+    return torch.optim.Adam(params, lr=lr, eps=cfg.optim.eps)
+
+
+def lr_factor(cfg: Config, step: int) -> float:
+    """Linear warm-up over ``warmup_steps``, then linear decay to 0 over ``decay_steps``."""
+    o = cfg.optim
+    factor = 1.0
+    if o.warmup_steps > 0 and step < o.warmup_steps:
+        factor = (step + 1) / o.warmup_steps
+    if o.decay_steps > 0 and step >= o.decay_start:
+        factor *= max(0.0, 1.0 - (step - o.decay_start) / o.decay_steps)
+    return factor

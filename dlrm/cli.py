@@ -1,0 +1,103 @@
+"""The ``dlrm`` command line. Every verb is a function of argv, so tests call it
+in-process; heavy imports happen inside the verbs so ``dlrm --help`` is instant.
+
+    dlrm generate --out DIR [--rows N] [--config FILE] [--seed S]
+    dlrm convert-criteo INPUT... --out DIR [--max-ind-range R]
+    dlrm train --config FILE [--out RUN_DIR] [key.sub=value ...]
+    dlrm eval --checkpoint RUN_DIR --data PATH [--plots DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Callable
+
+from data.errors import UserError
+
+
+def cmd_generate(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="dlrm generate", description="Write synthetic Criteo-like Parquet data.")
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--rows", type=int, default=None, help="rows to write (default: generate.rows)")
+    p.add_argument("--config", default=None, help="YAML config; its generate: section is used")
+    p.add_argument("--seed", type=int, default=None, help="sampling seed (default: config seed)")
+    p.add_argument("overrides", nargs="*", help="key.sub=value config overrides")
+    a = p.parse_args(argv)
+    from data.generate import generate_dataset
+    from dlrm.config import load_config
+
+    cfg = load_config(a.config, a.overrides)
+    seed = cfg.seed if a.seed is None else a.seed
+    files = generate_dataset(a.out, cfg.generate, seed=seed, rows=a.rows)
+    print(json.dumps({"out": a.out, "files": len(files), "rows": a.rows or cfg.generate.rows}))
+    return 0
+
+
+def cmd_convert_criteo(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="dlrm convert-criteo", description="Criteo TSV to Parquet.")
+    p.add_argument("inputs", nargs="+", help="Criteo Kaggle/Terabyte TSV files")
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--max-ind-range", type=int, default=0, help="hash categorical ids into [0, R)")
+    a = p.parse_args(argv)
+    from data.criteo import convert_criteo
+
+    files = convert_criteo(a.inputs, a.out, max_ind_range=a.max_ind_range)
+    print(json.dumps({"out": a.out, "files": len(files)}))
+    return 0
+
+
+def cmd_train(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="dlrm train", description="Train a DLRM.")
+    p.add_argument("--config", default=None, help="YAML config (see configs/)")
+    p.add_argument("--out", default="runs/latest", help="run directory (resumed if it has a checkpoint)")
+    p.add_argument("overrides", nargs="*", help="key.sub=value config overrides")
+    a = p.parse_args(argv)
+    from dlrm.config import load_config
+    from dlrm.trainer import train
+
+    cfg = load_config(a.config, a.overrides)
+    train(cfg, a.out)
+    return 0
+
+
+def cmd_eval(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="dlrm eval", description="Offline metrics of a trained run.")
+    p.add_argument("--checkpoint", required=True, help="run directory or checkpoint directory")
+    p.add_argument("--data", required=True, help="Parquet file, directory or glob")
+    p.add_argument("--plots", default=None, help="write ROC and calibration PNGs here")
+    p.add_argument("--batch-size", type=int, default=None)
+    a = p.parse_args(argv)
+    from dlrm.evaluate import evaluate_checkpoint
+
+    result = evaluate_checkpoint(a.checkpoint, a.data, plots_dir=a.plots, batch_size=a.batch_size)
+    print(json.dumps(result))
+    return 0
+
+
+VERBS: dict[str, Callable[[list[str]], int]] = {
+    "generate": cmd_generate,
+    "convert-criteo": cmd_convert_criteo,
+    "train": cmd_train,
+    "eval": cmd_eval,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in VERBS:
+        print(__doc__.strip(), file=sys.stderr if argv and argv[0] not in ("-h", "--help") else sys.stdout)
+        if argv and argv[0] not in ("-h", "--help"):
+            print(f"dlrm: error: unknown verb {argv[0]!r}", file=sys.stderr)
+            return 2
+        return 0 if argv else 2
+    verb = argv[0]
+    try:
+        return VERBS[verb](argv[1:])
+    except UserError as e:
+        print(f"dlrm {verb}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"dlrm {verb}: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,73 @@
+"""DLRM (Naumov et al., 2019): plain PyTorch that knows nothing of ranks.
+
+    dense [B, n_dense] ─► bottom MLP ─► [B, D] ─┐
+    sparse KJT ─► embeddings ─► pooled [B, F*D] ─┴─► interaction ─► top MLP ─► logit [B]
+
+The embedding collection is given from outside (single-process, sharded or
+Hotline); sharding it and wrapping the MLPs in DDP happen elsewhere.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from dlrm.config import ModelConfig
+from dlrm.interaction import CrossInteraction, DotInteraction
+from embeddings.collection import EmbeddingCollection
+
+if TYPE_CHECKING:
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+
+def mlp(in_features: int, sizes: list[int], relu_last: bool) -> nn.Sequential:
+    """Linear layers of ``sizes``; ReLU after each but (unless relu_last) the last."""
+    layers: list[nn.Module] = []
+    for i, out_features in enumerate(sizes):
+        layers.append(nn.Linear(in_features, out_features))
+        if relu_last or i < len(sizes) - 1:
+            layers.append(nn.ReLU())
+        in_features = out_features
+    return nn.Sequential(*layers)
+
+
+class DLRM(nn.Module):
+    def __init__(self, num_dense: int, embeddings: EmbeddingCollection, cfg: ModelConfig) -> None:
+        super().__init__()
+        dim = embeddings.dim
+        if not cfg.bottom_mlp or cfg.bottom_mlp[-1] != dim:
+            raise ValueError(
+                f"model.bottom_mlp must end with model.embedding_dim ({dim}), got {cfg.bottom_mlp}"
+            )
+        if not cfg.top_mlp or cfg.top_mlp[-1] != 1:
+            raise ValueError(f"model.top_mlp must end with 1, got {cfg.top_mlp}")
+        num_sparse = len(embeddings.features)
+        self.bottom = mlp(num_dense, cfg.bottom_mlp, relu_last=True)
+        self.embeddings = embeddings
+        if cfg.interaction == "dot":
+            self.interaction: nn.Module = DotInteraction(num_sparse, dim)
+        else:
+            self.interaction = CrossInteraction(num_sparse, dim, cfg.dcn_layers, cfg.dcn_rank)
+        self.top = mlp(self.interaction.out_features, cfg.top_mlp, relu_last=False)
+
+    def forward(self, dense: torch.Tensor, sparse: "KeyedJaggedTensor") -> torch.Tensor:
+        """Logits [B]."""
+        pooled = self.embeddings(sparse)
+        bottom = self.bottom(dense)
+        return self.top(self.interaction(bottom, pooled)).squeeze(1)
+
+    def dense_parameters(self) -> list[nn.Parameter]:
+        """MLP and interaction parameters: the dense optimizer's (and DDP's) share."""
+        return [
+            p for m in (self.bottom, self.interaction, self.top) for p in m.parameters()
+        ]
+
+    def begin_step(self, sparse_lr: float) -> None:
+        """Before forward: the learning rate the (possibly fused) sparse update uses."""
+        self.embeddings.set_lr(sparse_lr)
+
+    def end_step(self) -> None:
+        """After backward: apply kept KV gradients (no-op when fused)."""
+        self.embeddings.step()
