@@ -119,14 +119,13 @@ class JsonLog:
 def train(cfg: Config, run_dir: str | Path, echo: Callable[[str], None] = print) -> dict[str, Any]:
     """Train ``cfg`` into ``run_dir`` (resuming its checkpoint if there is one)."""
     run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
     if cfg.train.threads > 0:
         torch.set_num_threads(cfg.train.threads)
     echo("config:\n" + to_yaml(cfg).rstrip())
-    ckpt_io.write_atomic(run_dir / "config.yaml", to_yaml(cfg))
-
-    data = resolve_data(cfg)
+    data = resolve_data(cfg)  # before creating anything: bad data leaves no run dir
     schema = data.schema
+    run_dir.mkdir(parents=True, exist_ok=True)
+    ckpt_io.write_atomic(run_dir / "config.yaml", to_yaml(cfg))
     ckpt_io.write_atomic(
         run_dir / "schema.json", json.dumps(ckpt_io.schema_to_json(schema), indent=1)
     )
