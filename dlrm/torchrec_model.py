@@ -1,0 +1,274 @@
+"""TorchRec's own DLRM as a backend: a reference to compare ourselves with.
+
+    dense [B, n_dense] ─► DenseArch (bottom MLP) ─┐
+    KJT ─► sharded EmbeddingBagCollection ────────┴─► dot / DCN ─► OverArch ─► logit [B]
+           (FBGEMM TBE, optimizer fused into backward)
+
+Built from the same schema and config as our model: one ``EmbeddingBagConfig`` per
+table, ``torchrec.models.dlrm.DLRM`` (dot) or ``DLRM_DCN`` (dcn), wrapped in
+``DistributedModelParallel``. Embedding rows start from the same values as our
+native collection for the same seed (``embeddings.collection.init_table_``).
+
+The sparse optimizer runs inside backward (FBGEMM's fused TBE update), so there
+are no embedding gradients to see and ``sparse_step(lr)`` only sets the next lr.
+
+TorchRec needs a process group: if none exists, a single-process gloo group is
+created (world size 1, over an in-process store) and ``close()`` destroys it.
+Importing this module imports torchrec and fbgemm (~2 s); nothing else in
+``dlrm`` imports it at import time.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.optim import _apply_optimizer_in_backward
+from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
+from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+from torchrec.distributed.model_parallel import DistributedModelParallel
+from torchrec.distributed.planner import EmbeddingShardingPlanner
+from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
+from torchrec.distributed.planner.types import (
+    KernelConfig,
+    ParameterConstraints,
+    TopologyFactory,
+    TrainerConfig,
+)
+from torchrec.distributed.types import ShardingType
+from torchrec.models.dlrm import DLRM, DLRM_DCN
+from torchrec.modules.embedding_configs import PoolingType
+from torchrec.optim import RowWiseAdagrad
+
+from data.schema import Schema
+from dlrm.config import ConfigError, ModelConfig, OptimConfig
+from embeddings.collection import init_table_
+
+# Our sparse optimizer names → the optimizer class TorchRec maps to an FBGEMM
+# EmbOptimType (torchrec/distributed/utils.py): EXACT_SGD, EXACT_ROWWISE_ADAGRAD, ADAM.
+_SPARSE_OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {
+    "sgd": torch.optim.SGD,
+    "rowwise_adagrad": RowWiseAdagrad,
+    "adam": torch.optim.Adam,
+}
+
+# Data-parallel tables use the "dense" kernel, which has no fused optimizer; keep
+# the planner to model-parallel types with the fused kernel unless told otherwise.
+_FUSED_SHARDING_TYPES = [
+    ShardingType.TABLE_WISE.value,
+    ShardingType.COLUMN_WISE.value,
+    ShardingType.TABLE_COLUMN_WISE.value,
+    ShardingType.ROW_WISE.value,  # planner drops it on CPU (the sharder offers it on CUDA only)
+]
+
+
+class TorchRecDLRM(nn.Module):
+    """``DistributedModelParallel(DLRM)`` behind our model's interface.
+
+    forward(dense [B, n_dense] float32, sparse KJT) -> logits [B].
+    """
+
+    def __init__(self, dmp: DistributedModelParallel, tables: list[str], owns_pg: bool) -> None:
+        super().__init__()
+        self.dmp = dmp
+        self.tables = tables
+        self.owns_process_group = owns_pg
+
+    def forward(self, dense: torch.Tensor, sparse: KeyedJaggedTensor) -> torch.Tensor:
+        return self.dmp(dense, sparse).squeeze(-1)
+
+    def dense_parameters(self) -> list[nn.Parameter]:
+        """MLP (and DCN) parameters: everything that is not a fused embedding table."""
+        return [
+            p for _, p in self.dmp.named_parameters() if not hasattr(p, "_in_backward_optimizers")
+        ]
+
+    def sparse_step(self, lr: float) -> None:
+        """Set the fused embedding optimizer's lr for the next backward.
+
+        The update itself already happened inside backward. FBGEMM reads the lr
+        when the fused optimizer's ``step()`` pushes ``param_groups[0]["lr"]`` into
+        the TBE (torchrec EmbeddingFusedOptimizer.step); it updates nothing else.
+        """
+        opt = self.dmp.fused_optimizer
+        for group in opt.param_groups:
+            group["lr"] = lr  # type: ignore[index]
+        opt.step()
+
+    def embedding_weights(self) -> dict[str, torch.Tensor]:
+        """Full [rows, dim] copy of every table held by this rank (all of them at world size 1)."""
+        out: dict[str, torch.Tensor] = {}
+        for name, shards in _local_shards(self.dmp).items():
+            rows = max(o[0] + t.shape[0] for o, t in shards)
+            dim = max(o[1] + t.shape[1] for o, t in shards)
+            full = torch.zeros(rows, dim)
+            for (r, c), t in shards:
+                full[r : r + t.shape[0], c : c + t.shape[1]] = t.detach().cpu()
+            out[name] = full
+        return out
+
+    def close(self) -> None:
+        """Destroy the process group if :func:`build_torchrec_dlrm` created it."""
+        if self.owns_process_group and dist.is_initialized():
+            dist.destroy_process_group()
+        self.owns_process_group = False
+
+
+def build_torchrec_dlrm(
+    schema: Schema,
+    model_cfg: ModelConfig,
+    optim_cfg: OptimConfig,
+    pooling: str,
+    device: torch.device,
+    seed: int,
+    constraints: dict[str, ParameterConstraints] | None = None,
+) -> TorchRecDLRM:
+    """TorchRec's DLRM for ``schema``, sharded by TorchRec's planner onto this process group.
+
+    ``constraints`` (table name → ParameterConstraints) go to the planner; tables
+    without one may use any model-parallel sharding with the fused kernel.
+    """
+    device = torch.device(device)
+    if device.type == "cpu" and optim_cfg.sparse == "adam":
+        raise ConfigError(
+            "optim.sparse=adam: FBGEMM's CPU embedding kernel has no Adam; "
+            "use sgd or rowwise_adagrad with the torchrec backend on CPU"
+        )
+    owns_pg = _ensure_process_group(device)
+    table_features: dict[str, list[str]] = {}
+    table_rows: dict[str, int] = {}
+    for f in schema.sparse:  # shared tables: the largest row count, as in dlrm.build
+        table_features.setdefault(f.table_name, []).append(f.name)
+        table_rows[f.table_name] = max(table_rows.get(f.table_name, 0), f.rows)
+    dim = model_cfg.embedding_dim
+    configs = [
+        EmbeddingBagConfig(
+            name=name,
+            embedding_dim=dim,
+            num_embeddings=table_rows[name],
+            feature_names=feats,
+            pooling=PoolingType.SUM if pooling == "sum" else PoolingType.MEAN,
+        )
+        for name, feats in table_features.items()
+    ]
+    ebc = EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = _dlrm(ebc, len(schema.dense), model_cfg)
+    for arch in (model.dense_arch, model.inter_arch, model.over_arch):
+        arch.to(device)
+
+    opt_cls = _SPARSE_OPTIMIZERS[optim_cfg.sparse]
+    opt_kwargs: dict[str, Any] = {"lr": optim_cfg.sparse_lr}
+    if optim_cfg.sparse != "sgd":
+        opt_kwargs["eps"] = optim_cfg.eps
+    _apply_optimizer_in_backward(opt_cls, model.sparse_arch.parameters(), opt_kwargs)
+
+    dmp = _shard(model, device, constraints or {}, list(table_features))
+    _init_tables_(dmp, configs, seed)
+    return TorchRecDLRM(dmp, list(table_features), owns_pg)
+
+
+def _dlrm(ebc: EmbeddingBagCollection, n_dense: int, cfg: ModelConfig) -> DLRM:
+    if cfg.interaction == "dcn":
+        return DLRM_DCN(
+            embedding_bag_collection=ebc,
+            dense_in_features=n_dense,
+            dense_arch_layer_sizes=list(cfg.bottom_mlp),
+            over_arch_layer_sizes=list(cfg.top_mlp),
+            dcn_num_layers=cfg.dcn_layers,
+            # TorchRec's cross net is always low-rank; full rank = the input width.
+            dcn_low_rank_dim=cfg.dcn_rank or cfg.embedding_dim,
+        )
+    return DLRM(
+        embedding_bag_collection=ebc,
+        dense_in_features=n_dense,
+        dense_arch_layer_sizes=list(cfg.bottom_mlp),
+        over_arch_layer_sizes=list(cfg.top_mlp),
+    )
+
+
+def _shard(
+    model: nn.Module,
+    device: torch.device,
+    constraints: dict[str, ParameterConstraints],
+    tables: list[str],
+) -> DistributedModelParallel:
+    """Plan with TorchRec's planner (fused kernels only) and wrap in DMP."""
+    world = dist.get_world_size()
+    topology = TopologyFactory.create_topology(
+        trainer_config=TrainerConfig(world_size=world, local_world_size=_local_world(world)),
+        kernel_config=KernelConfig(compute_device=device.type),
+    )
+    merged = {
+        t: ParameterConstraints(sharding_types=_FUSED_SHARDING_TYPES, compute_kernels=["fused"])
+        for t in tables
+    }
+    merged.update(constraints)
+    planner = EmbeddingShardingPlanner(
+        topology=topology,
+        constraints=merged,
+        storage_reservation=FixedPercentageStorageReservation(percentage=0.05),
+    )
+    sharders = [EmbeddingBagCollectionSharder()]
+    plan = planner.collective_plan(model, sharders, dist.GroupMember.WORLD)  # type: ignore[arg-type]
+    return DistributedModelParallel(
+        model,
+        device=device,
+        plan=plan,
+        sharders=sharders,  # type: ignore[arg-type]
+        init_data_parallel=world > 1,  # DDP over one rank only copies gradients
+    )
+
+
+def _local_shards(dmp: nn.Module) -> dict[str, list[tuple[tuple[int, int], torch.Tensor]]]:
+    """Table name → [((row, col) offset, local shard tensor)]; the tensors alias the TBE weights."""
+    out: dict[str, list[tuple[tuple[int, int], torch.Tensor]]] = {}
+    for key, value in dmp.state_dict().items():
+        if ".embedding_bags." not in key or not key.endswith(".weight"):
+            continue
+        table = key.split(".")[-2]
+        if hasattr(value, "local_shards"):
+            shards = [
+                ((s.metadata.shard_offsets[0], s.metadata.shard_offsets[1]), s.tensor)
+                for s in value.local_shards()
+            ]
+        else:
+            shards = [((0, 0), value)]
+        out[table] = shards
+    return out
+
+
+def _init_tables_(dmp: nn.Module, configs: list[EmbeddingBagConfig], seed: int) -> None:
+    """Overwrite FBGEMM's initial rows with our native collection's, table by table.
+
+    Same generator walk as ``LocalEmbeddingCollection``: one generator seeded with
+    ``seed``, tables in schema order, uniform(±sqrt(1/rows)).
+    """
+    shards = _local_shards(dmp)
+    gen = torch.Generator().manual_seed(seed)
+    for c in configs:
+        block = torch.empty(c.num_embeddings, c.embedding_dim)
+        init_table_(block, c.num_embeddings, gen)
+        for (r, col), t in shards.get(c.name, []):
+            with torch.no_grad():
+                t.copy_(block[r : r + t.shape[0], col : col + t.shape[1]])
+
+
+def _local_world(world: int) -> int:
+    return int(os.environ.get("LOCAL_WORLD_SIZE", world))
+
+
+def _ensure_process_group(device: torch.device) -> bool:
+    """Create a world-size-1 process group if there is none; True if we created it.
+
+    An in-process HashStore stands in for a rendezvous: no port to pick or collide on.
+    """
+    if dist.is_initialized():
+        return False
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    return True
