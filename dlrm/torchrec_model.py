@@ -71,13 +71,20 @@ class TorchRecDLRM(nn.Module):
     forward(dense [B, n_dense] float32, sparse KJT) -> logits [B].
     """
 
-    def __init__(self, dmp: DistributedModelParallel, tables: list[str], owns_pg: bool) -> None:
+    def __init__(
+        self, dmp: DistributedModelParallel, features: list[str], tables: list[str], owns_pg: bool
+    ) -> None:
         super().__init__()
         self.dmp = dmp
+        self.features = features  # schema order: every KJT is put in this key order
         self.tables = tables
         self.owns_process_group = owns_pg
 
     def forward(self, dense: torch.Tensor, sparse: KeyedJaggedTensor) -> torch.Tensor:
+        # The sharded collection caches the key order of the first batch it sees and
+        # silently misreads a batch whose keys come in another order.
+        if sparse.keys() != self.features:
+            sparse = sparse.permute([sparse.keys().index(f) for f in self.features])
         return self.dmp(dense, sparse).squeeze(-1)
 
     def dense_parameters(self) -> list[nn.Parameter]:
@@ -169,7 +176,7 @@ def build_torchrec_dlrm(
 
     dmp = _shard(model, device, constraints or {}, list(table_features))
     _init_tables_(dmp, configs, seed)
-    return TorchRecDLRM(dmp, list(table_features), owns_pg)
+    return TorchRecDLRM(dmp, schema.sparse_names, list(table_features), owns_pg)
 
 
 def _dlrm(ebc: EmbeddingBagCollection, n_dense: int, cfg: ModelConfig) -> DLRM:

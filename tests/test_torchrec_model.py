@@ -149,6 +149,16 @@ def test_forward_shapes_and_plan(build: Callable[..., TorchRecDLRM]) -> None:
     assert len(m.dense_parameters()) > 8  # DCN adds cross-net parameters to the MLPs'
 
 
+def test_key_order_of_the_batch_does_not_matter(build: Callable[..., TorchRecDLRM]) -> None:
+    m = build(lr=0.0)
+    dense, kjt, _ = _batch()
+    first = m(dense, kjt)
+    order = ["d", "c", "a", "b"]
+    permuted = kjt.permute([kjt.keys().index(f) for f in order])
+    assert permuted.keys() == order
+    torch.testing.assert_close(m(dense, permuted), first)
+
+
 def test_init_is_seeded_and_matches_native_collection(build: Callable[..., TorchRecDLRM]) -> None:
     m1, m2, m3 = build(seed=3), build(seed=3), build(seed=4)
     w1, w2, w3 = m1.embedding_weights(), m2.embedding_weights(), m3.embedding_weights()
