@@ -42,6 +42,7 @@ from torchrec.distributed.types import ShardingType
 from torchrec.models.dlrm import DLRM, DLRM_DCN
 from torchrec.modules.embedding_configs import PoolingType
 from torchrec.optim import RowWiseAdagrad
+from torchrec.optim.optimizers import in_backward_optimizer_filter
 
 from data.schema import Schema
 from dlrm.config import ConfigError, ModelConfig, OptimConfig
@@ -89,9 +90,7 @@ class TorchRecDLRM(nn.Module):
 
     def dense_parameters(self) -> list[nn.Parameter]:
         """MLP (and DCN) parameters: everything that is not a fused embedding table."""
-        return [
-            p for _, p in self.dmp.named_parameters() if not hasattr(p, "_in_backward_optimizers")
-        ]
+        return [p for _, p in in_backward_optimizer_filter(self.dmp.named_parameters())]
 
     def sparse_step(self, lr: float) -> None:
         """Set the fused embedding optimizer's lr for the next backward.
