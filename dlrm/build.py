@@ -29,8 +29,18 @@ def tables_from_schema(schema: Schema, dim: int, pooling: str = "sum") -> list[T
     ]
 
 
-def build_model(cfg: Config, schema: Schema, device: torch.device | str = "cpu") -> DLRM:
-    """The single-process DLRM of ``cfg`` for ``schema``, initialised from ``cfg.seed``."""
+def build_model(cfg: Config, schema: Schema, device: torch.device | str = "cpu") -> torch.nn.Module:
+    """The DLRM of ``cfg`` for ``schema``, initialised from ``cfg.seed``.
+
+    Either backend has the trainer's interface: forward(dense, sparse) -> logits,
+    dense_parameters(), begin_step(sparse_lr), end_step(), export/import_state().
+    """
+    if cfg.embeddings.backend == "torchrec":
+        from dlrm.torchrec_model import build_torchrec_dlrm
+
+        return build_torchrec_dlrm(
+            schema, cfg.model, cfg.optim, cfg.embeddings.pooling, torch.device(device), cfg.seed
+        )
     tables = tables_from_schema(schema, cfg.model.embedding_dim, cfg.embeddings.pooling)
     collection = LocalEmbeddingCollection(
         tables,

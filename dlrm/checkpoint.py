@@ -133,7 +133,7 @@ def load_state(ckpt: Path) -> dict[str, Any]:
     path = ckpt / "state.pt"
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # corrupt, truncated, or not a tensor file
+    except Exception as e:  # noqa: BLE001 - corrupt, truncated or foreign files fail in many ways
         raise CheckpointError(f"checkpoint {path}: cannot be loaded ({_one_line(e)})") from None
 
 

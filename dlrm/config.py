@@ -70,7 +70,9 @@ class OptimConfig:
 
 @dataclass
 class EmbeddingsConfig:
-    backend: Literal["native"] = "native"
+    # native: our collection; torchrec: TorchRec's DLRM under DistributedModelParallel
+    # (FBGEMM fused optimizer; on CPU no Adam), to compare with or to fall back on.
+    backend: Literal["native", "torchrec"] = "native"
     pooling: Literal["sum", "mean"] = "sum"
     # Fused: the sparse optimizer runs inside backward (no KV gradient kept).
     # Off: backward produces KV gradients (unique ids, rows) that the optimizer

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +32,9 @@ def evaluate_checkpoint(
     files = expand_paths(data)
     check_files(files, schema)
     model = build_model(cfg, schema)
-    restore(model, None, ckpt_io.load_state(ckpt))
-    scores, labels = predict(model, make_reader(cfg, files, schema, train=False).epoch(0))
+    with contextlib.closing(model):
+        restore(model, None, ckpt_io.load_state(ckpt))
+        scores, labels = predict(model, make_reader(cfg, files, schema, train=False).epoch(0))
     try:
         result = evaluate_predictions(scores.numpy(), labels.numpy())
     except ValueError as e:

@@ -52,7 +52,7 @@ class DLRM(nn.Module):
             self.interaction = CrossInteraction(num_sparse, dim, cfg.dcn_layers, cfg.dcn_rank)
         self.top = mlp(self.interaction.out_features, cfg.top_mlp, relu_last=False)
 
-    def forward(self, dense: torch.Tensor, sparse: "KeyedJaggedTensor") -> torch.Tensor:
+    def forward(self, dense: torch.Tensor, sparse: KeyedJaggedTensor) -> torch.Tensor:
         """Logits [B]."""
         pooled = self.embeddings(sparse)
         bottom = self.bottom(dense)
@@ -71,3 +71,19 @@ class DLRM(nn.Module):
     def end_step(self) -> None:
         """After backward: apply kept KV gradients (no-op when fused)."""
         self.embeddings.step()
+
+    def close(self) -> None:
+        """Release what the model holds outside itself: nothing (the torchrec backend has a process group)."""
+
+    def export_state(self) -> dict[str, dict[str, torch.Tensor]]:
+        """MLP tensors and per-table embedding tensors (weights and optimizer state)."""
+        dense = {k: v for k, v in self.state_dict().items() if not k.startswith("embeddings.")}
+        return {"dense": dense, "tables": self.embeddings.export_tables()}
+
+    def import_state(self, state: dict[str, dict[str, torch.Tensor]]) -> None:
+        """Inverse of :meth:`export_state`; KeyError/ValueError name what does not fit."""
+        missing, unexpected = self.load_state_dict(state["dense"], strict=False)
+        missing = [k for k in missing if not k.startswith("embeddings.")]
+        if missing or unexpected:
+            raise KeyError(f"dense state: missing {missing[:1]}, unexpected {unexpected[:1]}")
+        self.embeddings.import_tables(state["tables"])

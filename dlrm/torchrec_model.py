@@ -104,6 +104,33 @@ class TorchRecDLRM(nn.Module):
             group["lr"] = lr  # type: ignore[index]
         opt.step()
 
+    def begin_step(self, sparse_lr: float) -> None:
+        """Trainer hook before forward: the fused update of this step uses ``sparse_lr``."""
+        self.sparse_step(sparse_lr)
+
+    def end_step(self) -> None:
+        """Trainer hook after backward: nothing, the update ran inside backward."""
+
+    def export_state(self) -> dict[str, dict[str, torch.Tensor]]:
+        """MLP tensors and full table weights (the fused optimizer state is not exported)."""
+        dense = {
+            k: v for k, v in self.dmp.state_dict().items() if ".embedding_bags." not in k
+        }
+        tables = {f"{name}.weight": w for name, w in self.embedding_weights().items()}
+        return {"dense": dense, "tables": tables}
+
+    def import_state(self, state: dict[str, dict[str, torch.Tensor]]) -> None:
+        """Load :meth:`export_state` output (weights only; fused optimizer state restarts)."""
+        missing, unexpected = self.dmp.load_state_dict(state["dense"], strict=False)
+        missing = [k for k in missing if ".embedding_bags." not in k]
+        if missing or unexpected:
+            raise KeyError(f"dense state: missing {missing[:1]}, unexpected {unexpected[:1]}")
+        for name, shards in _local_shards(self.dmp).items():
+            full = state["tables"][f"{name}.weight"]
+            for (r, c), t in shards:
+                with torch.no_grad():
+                    t.copy_(full[r : r + t.shape[0], c : c + t.shape[1]])
+
     def embedding_weights(self) -> dict[str, torch.Tensor]:
         """Full [rows, dim] copy of every table held by this rank (all of them at world size 1)."""
         out: dict[str, torch.Tensor] = {}

@@ -14,12 +14,14 @@ so a resumed run ends with the same parameters as one never stopped.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import torch
 
@@ -28,7 +30,6 @@ from data.schema import Schema
 from dlrm import checkpoint as ckpt_io
 from dlrm.build import build_dense_optimizer, build_model, lr_factor
 from dlrm.config import Config, to_dict, to_yaml
-from dlrm.model import DLRM
 
 
 @dataclass
@@ -130,130 +131,128 @@ def train(cfg: Config, run_dir: str | Path, echo: Callable[[str], None] = print)
         run_dir / "schema.json", json.dumps(ckpt_io.schema_to_json(schema), indent=1)
     )
     model = build_model(cfg, schema)
-    dense_opt = build_dense_optimizer(cfg, model.dense_parameters())
-    progress = ckpt_io.Progress()
+    with contextlib.closing(model):  # the torchrec backend owns a process group
+        dense_opt = build_dense_optimizer(cfg, model.dense_parameters())
+        progress = ckpt_io.Progress()
 
-    existing = ckpt_io.find_checkpoint(run_dir)
-    if existing is not None:
-        meta = ckpt_io.load_meta(existing)
-        ckpt_io.check_compatible(meta, to_dict(cfg), schema, existing)
-        state = ckpt_io.load_state(existing)
-        restore(model, dense_opt, state)
-        progress = ckpt_io.Progress(**meta["progress"])
-        echo(f"resumed from {existing} at step {progress.global_step}")
+        existing = ckpt_io.find_checkpoint(run_dir)
+        if existing is not None:
+            if cfg.embeddings.backend == "torchrec" and cfg.optim.sparse != "sgd":
+                raise ckpt_io.CheckpointError(
+                    f"checkpoint {existing}: resuming embeddings.backend=torchrec needs optim.sparse=sgd "
+                    "(its fused optimizer state is not saved); use a new --out"
+                )
+            meta = ckpt_io.load_meta(existing)
+            ckpt_io.check_compatible(meta, to_dict(cfg), schema, existing)
+            state = ckpt_io.load_state(existing)
+            restore(model, dense_opt, state)
+            progress = ckpt_io.Progress(**meta["progress"])
+            echo(f"resumed from {existing} at step {progress.global_step}")
 
-    reader = make_reader(cfg, data.train_files, schema, train=True)
-    steps_per_epoch = reader.steps_per_epoch()
-    total_steps = cfg.train.max_steps or cfg.train.epochs * steps_per_epoch
-    eval_reader = (
-        make_reader(cfg, data.eval_files, schema, train=False) if data.eval_files else None
-    )
-    log = JsonLog(run_dir / "metrics.jsonl")
-    loss_fn = torch.nn.BCEWithLogitsLoss()
-    base_dense_lr = cfg.optim.dense_lr
+        reader = make_reader(cfg, data.train_files, schema, train=True)
+        steps_per_epoch = reader.steps_per_epoch()
+        total_steps = cfg.train.max_steps or cfg.train.epochs * steps_per_epoch
+        eval_reader = (
+            make_reader(cfg, data.eval_files, schema, train=False) if data.eval_files else None
+        )
+        log = JsonLog(run_dir / "metrics.jsonl")
+        loss_fn = torch.nn.BCEWithLogitsLoss()
+        base_dense_lr = cfg.optim.dense_lr
 
-    def save() -> None:
-        ckpt_io.save_checkpoint(run_dir, snapshot(model, dense_opt), progress, to_dict(cfg), schema)
+        def save() -> None:
+            ckpt_io.save_checkpoint(run_dir, snapshot(model, dense_opt), progress, to_dict(cfg), schema)
 
-    def run_eval() -> dict[str, Any] | None:
-        if eval_reader is None:
-            return None
-        metrics = evaluate(model, eval_reader)
-        log.write({"event": "eval", "step": progress.global_step, **metrics})
-        return metrics
+        def run_eval() -> dict[str, Any] | None:
+            if eval_reader is None:
+                return None
+            metrics = evaluate(model, eval_reader)
+            log.write({"event": "eval", "step": progress.global_step, **metrics})
+            return metrics
 
-    from tqdm import tqdm
+        from tqdm import tqdm
 
-    bar = tqdm(
-        total=total_steps,
-        initial=progress.global_step,
-        disable=not cfg.train.progress,
-        file=sys.stderr,
-        unit="step",
-        dynamic_ncols=True,
-    )
-    model.train()
-    timed_samples, timed_seconds, warmup = 0, 0.0, 5
-    window_loss = torch.zeros(())
-    window_steps = 0
-    last_eval = None
-    # total_steps bounds the loop: epochs x steps_per_epoch, or max_steps if set.
-    while progress.global_step < total_steps:
-        batches = reader.epoch(progress.epoch, start_step=progress.step_in_epoch)
-        for batch in batches:
-            if progress.global_step >= total_steps:
-                break
-            t0 = time.perf_counter()
-            factor = lr_factor(cfg, progress.global_step)
-            for group in dense_opt.param_groups:
-                group["lr"] = base_dense_lr * factor
-            model.begin_step(cfg.optim.sparse_lr * factor)
-            logits = model(batch.dense, batch.sparse)
-            loss = loss_fn(logits, batch.labels)
-            dense_opt.zero_grad(set_to_none=True)
-            loss.backward()
-            dense_opt.step()
-            model.end_step()
-            window_loss += loss.detach()
-            window_steps += 1
-            progress.global_step += 1
-            progress.step_in_epoch += 1
-            elapsed = time.perf_counter() - t0
-            if progress.global_step > warmup:
-                timed_samples += batch.size
-                timed_seconds += elapsed
-            bar.update(1)
-            step = progress.global_step
-            if cfg.train.log_every and step % cfg.train.log_every == 0:
-                rate = timed_samples / timed_seconds if timed_seconds else 0.0
-                mean_loss = float(window_loss) / window_steps
-                log.write({"event": "train", "step": step, "loss": mean_loss, "samples_per_s": rate})
-                bar.set_postfix(loss=f"{mean_loss:.4f}", sps=f"{rate:,.0f}")
-                window_loss.zero_()
-                window_steps = 0
-            if cfg.train.eval_every and step % cfg.train.eval_every == 0 and step < total_steps:
-                last_eval = run_eval()
-            if cfg.train.checkpoint_every and step % cfg.train.checkpoint_every == 0:
-                save()
-        else:
-            progress.epoch += 1
-            progress.step_in_epoch = 0
-            continue
-        break
-    bar.close()
-    save()
-    last_eval = run_eval() or last_eval
-    rate = timed_samples / timed_seconds if timed_seconds else 0.0
-    summary = {"event": "summary", "steps": progress.global_step, "samples_per_s": rate}
-    if last_eval is not None:
-        summary.update({f"eval_{k}": v for k, v in last_eval.items()})
-    log.write(summary)
-    echo(json.dumps(summary))
-    return summary
+        bar = tqdm(
+            total=total_steps,
+            initial=progress.global_step,
+            disable=not cfg.train.progress,
+            file=sys.stderr,
+            unit="step",
+            dynamic_ncols=True,
+        )
+        model.train()
+        timed_samples, timed_seconds, warmup = 0, 0.0, 5
+        window_loss = torch.zeros(())
+        window_steps = 0
+        last_eval = None
+        # total_steps bounds the loop: epochs x steps_per_epoch, or max_steps if set.
+        while progress.global_step < total_steps:
+            batches = reader.epoch(progress.epoch, start_step=progress.step_in_epoch)
+            for batch in batches:
+                if progress.global_step >= total_steps:
+                    break
+                t0 = time.perf_counter()
+                factor = lr_factor(cfg, progress.global_step)
+                for group in dense_opt.param_groups:
+                    group["lr"] = base_dense_lr * factor
+                model.begin_step(cfg.optim.sparse_lr * factor)
+                logits = model(batch.dense, batch.sparse)
+                loss = loss_fn(logits, batch.labels)
+                dense_opt.zero_grad(set_to_none=True)
+                loss.backward()
+                dense_opt.step()
+                model.end_step()
+                window_loss += loss.detach()
+                window_steps += 1
+                progress.global_step += 1
+                progress.step_in_epoch += 1
+                elapsed = time.perf_counter() - t0
+                if progress.global_step > warmup:
+                    timed_samples += batch.size
+                    timed_seconds += elapsed
+                bar.update(1)
+                step = progress.global_step
+                if cfg.train.log_every and step % cfg.train.log_every == 0:
+                    rate = timed_samples / timed_seconds if timed_seconds else 0.0
+                    mean_loss = float(window_loss) / window_steps
+                    log.write({"event": "train", "step": step, "loss": mean_loss, "samples_per_s": rate})
+                    bar.set_postfix(loss=f"{mean_loss:.4f}", sps=f"{rate:,.0f}")
+                    window_loss.zero_()
+                    window_steps = 0
+                if cfg.train.eval_every and step % cfg.train.eval_every == 0 and step < total_steps:
+                    last_eval = run_eval()
+                if cfg.train.checkpoint_every and step % cfg.train.checkpoint_every == 0:
+                    save()
+            else:
+                progress.epoch += 1
+                progress.step_in_epoch = 0
+                continue
+            break
+        bar.close()
+        save()
+        last_eval = run_eval() or last_eval
+        rate = timed_samples / timed_seconds if timed_seconds else 0.0
+        summary = {"event": "summary", "steps": progress.global_step, "samples_per_s": rate}
+        if last_eval is not None:
+            summary.update({f"eval_{k}": v for k, v in last_eval.items()})
+        log.write(summary)
+        echo(json.dumps(summary))
+        return summary
 
 
-def snapshot(model: DLRM, dense_opt: torch.optim.Optimizer) -> dict[str, Any]:
+def snapshot(model: torch.nn.Module, dense_opt: torch.optim.Optimizer) -> dict[str, Any]:
     """Everything a resume needs, as tensors and plain values (loadable weights_only)."""
-    dense = {k: v for k, v in model.state_dict().items() if not k.startswith("embeddings.")}
     return {
-        "dense": dense,
-        "tables": model.embeddings.export_tables(),
+        **model.export_state(),
         "dense_optimizer": dense_opt.state_dict(),
         "rng": torch.get_rng_state(),
     }
 
 
-def restore(model: DLRM, dense_opt: torch.optim.Optimizer | None, state: dict[str, Any]) -> None:
-    missing, unexpected = model.load_state_dict(state["dense"], strict=False)
-    missing = [k for k in missing if not k.startswith("embeddings.")]
-    if missing or unexpected:
-        raise ckpt_io.CheckpointError(
-            f"checkpoint does not fit the model: missing {missing[:1]}, unexpected {unexpected[:1]}"
-        )
+def restore(model: torch.nn.Module, dense_opt: torch.optim.Optimizer | None, state: dict[str, Any]) -> None:
     try:
-        model.embeddings.import_tables(state["tables"])
+        model.import_state(state)
+        if dense_opt is not None:
+            dense_opt.load_state_dict(state["dense_optimizer"])
     except (KeyError, ValueError) as e:
         raise ckpt_io.CheckpointError(f"checkpoint does not fit the model: {e}") from None
-    if dense_opt is not None:
-        dense_opt.load_state_dict(state["dense_optimizer"])
     torch.set_rng_state(state["rng"])

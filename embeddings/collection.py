@@ -39,7 +39,7 @@ class EmbeddingCollection(nn.Module, ABC):
     dim: int
 
     @abstractmethod
-    def forward(self, sparse: "KeyedJaggedTensor") -> torch.Tensor:
+    def forward(self, sparse: KeyedJaggedTensor) -> torch.Tensor:
         """[B, len(features) * dim]."""
 
     @abstractmethod
@@ -132,7 +132,7 @@ class LocalEmbeddingCollection(EmbeddingCollection):
         self._kept: list[KVGradient] = []
 
     # ------------------------------------------------------------------ forward
-    def forward(self, sparse: "KeyedJaggedTensor") -> torch.Tensor:
+    def forward(self, sparse: KeyedJaggedTensor) -> torch.Tensor:
         if sparse.keys() != self.features:
             sparse = sparse.permute([sparse.keys().index(f) for f in self.features])
         values = sparse.values()

@@ -27,7 +27,7 @@ class KVGradient:
     rows: torch.Tensor  # [U, D]
 
     @staticmethod
-    def from_lookups(ids: torch.Tensor, rows: torch.Tensor) -> "KVGradient":
+    def from_lookups(ids: torch.Tensor, rows: torch.Tensor) -> KVGradient:
         """Sum the gradient rows of repeated ids. ids [N], rows [N, D]."""
         unique, inverse = torch.unique(ids, sorted=True, return_inverse=True)
         summed = rows.new_zeros((unique.numel(), rows.shape[1]))
@@ -35,7 +35,7 @@ class KVGradient:
         return KVGradient(unique, summed)
 
     @staticmethod
-    def cat(grads: list["KVGradient"]) -> "KVGradient":
+    def cat(grads: list[KVGradient]) -> KVGradient:
         """Merge several gradients of one table (accumulation, all-gather)."""
         if len(grads) == 1:
             return grads[0]
@@ -50,11 +50,11 @@ class KVGradient:
     def __len__(self) -> int:
         return int(self.ids.numel())
 
-    def slice_rows(self, start: int, end: int) -> "KVGradient":
+    def slice_rows(self, start: int, end: int) -> KVGradient:
         """The part of this gradient for rows [start, end), rebased to start at 0."""
         lo = int(torch.searchsorted(self.ids, start))
         hi = int(torch.searchsorted(self.ids, end))
         return KVGradient(self.ids[lo:hi] - start, self.rows[lo:hi])
 
-    def scale(self, factor: float) -> "KVGradient":
+    def scale(self, factor: float) -> KVGradient:
         return KVGradient(self.ids, self.rows * factor)

@@ -60,7 +60,9 @@ class SparseSGD(SparseOptimizer):
         return {}
 
     @torch.no_grad()
-    def apply(self, weight, state, grad, lr) -> None:  # noqa: ANN001 - see base
+    def apply(
+        self, weight: torch.Tensor, state: dict[str, torch.Tensor], grad: KVGradient, lr: float
+    ) -> None:
         weight.index_add_(0, grad.ids, grad.rows, alpha=-lr)
 
 
@@ -69,7 +71,9 @@ class RowWiseAdagrad(SparseOptimizer):
         return {"sum": torch.zeros(rows, device=device)}
 
     @torch.no_grad()
-    def apply(self, weight, state, grad, lr) -> None:  # noqa: ANN001 - see base
+    def apply(
+        self, weight: torch.Tensor, state: dict[str, torch.Tensor], grad: KVGradient, lr: float
+    ) -> None:
         acc = state["sum"]
         new = acc.index_select(0, grad.ids) + grad.rows.square().mean(dim=1)
         acc.index_copy_(0, grad.ids, new)
@@ -91,7 +95,9 @@ class SparseAdam(SparseOptimizer):
         }
 
     @torch.no_grad()
-    def apply(self, weight, state, grad, lr) -> None:  # noqa: ANN001 - see base
+    def apply(
+        self, weight: torch.Tensor, state: dict[str, torch.Tensor], grad: KVGradient, lr: float
+    ) -> None:
         b1, b2 = self.betas
         state["step"] += 1
         step = int(state["step"])
