@@ -3,11 +3,22 @@
 A sparse feature is an int64 column (one id per row, "single-hot") or a
 list<int64> column (a bag of ids, "multi-hot"); each feeds one embedding table of
 ``rows`` rows. Default layout is Criteo's ``label, I1..I13, C1..C26``.
+
+``infer_schema`` builds a Schema from Parquet footers (column types, and each
+table's rows as max id + 1 from the row-group statistics); ``check_files``
+checks a list of files against a Schema before anything reads them. Both import
+pyarrow only when called, so importing this module stays cheap.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from data.errors import DataError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 
 @dataclass(frozen=True)
@@ -56,3 +67,178 @@ def criteo_schema(rows: int | list[int], multi_hot: bool = False) -> Schema:
             for c, n in zip(CRITEO_SPARSE, counts)
         ),
     )
+
+
+# --------------------------------------------------------------------------- Parquet footers
+
+_FLOAT, _INT, _INT_LIST = "float", "int", "list<int>"
+
+
+def column_kind(arrow_type: pa.DataType) -> str:
+    """``"float"``, ``"int"``, ``"list<int>"`` or ``"other"`` for an Arrow column type."""
+    import pyarrow as pa
+
+    if pa.types.is_floating(arrow_type):
+        return _FLOAT
+    if pa.types.is_integer(arrow_type):
+        return _INT
+    if (pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type)) and (
+        pa.types.is_integer(arrow_type.value_type)
+    ):
+        return _INT_LIST
+    return "other"
+
+
+def type_name(arrow_type: pa.DataType) -> str:
+    """A type's name without the list item's field name (``list<int64>``)."""
+    import pyarrow as pa
+
+    if pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type):
+        return f"list<{type_name(arrow_type.value_type)}>"
+    return str(arrow_type)
+
+
+def allowed_kinds(schema: Schema, column: str) -> tuple[str, ...]:
+    """Kinds a column may have in a file: label and dense are cast to float32."""
+    for f in schema.sparse:
+        if f.name == column:
+            return (_INT_LIST,) if f.multi_hot else (_INT,)
+    return (_FLOAT, _INT)
+
+
+def infer_schema(
+    files: list[str],
+    label: str = "label",
+    dense: list[str] | None = None,
+    sparse: list[str] | None = None,
+    rows: dict[str, int] | None = None,
+    tables: dict[str, str] | None = None,
+) -> Schema:
+    """A Schema read from Parquet footers only (no data pages, except as noted).
+
+    Columns come from the first file, in file order: float → dense, integer →
+    sparse single-hot, list<integer> → sparse multi-hot; the label and other
+    types are left out. A non-empty ``dense`` or ``sparse`` list replaces the
+    inference for its side (in its own order); the other side is inferred from
+    the remaining columns. A table's rows are ``rows[feature]`` when given, else
+    max id + 1 over the row-group statistics of every file (for a list, its leaf
+    column's). Where a row group has no statistics its column is read to find
+    the max (the one fallback that reads data). Features sharing a table
+    (``tables``: feature → table name) get the largest of their row counts,
+    explicit counts taking precedence over inferred ones.
+    """
+    from data.files import open_parquet
+
+    if not files:
+        raise DataError("no data files to infer a schema from")
+    rows, tables = dict(rows or {}), dict(tables or {})
+    first = open_parquet(files[0]).schema_arrow
+    if first.get_field_index(label) < 0:
+        raise DataError("label column is missing", file=files[0], column=label)
+    kinds = {f.name: column_kind(f.type) for f in first if f.name != label}
+    for given in (dense or [], sparse or []):
+        for name in given:
+            if name not in kinds:
+                raise DataError("column is missing", file=files[0], column=name)
+    if sparse:
+        sparse_names = list(sparse)
+    else:
+        sparse_names = [n for n, k in kinds.items() if k in (_INT, _INT_LIST)]
+        sparse_names = [n for n in sparse_names if n not in (dense or [])]
+    dense_names = list(dense) if dense else [
+        n for n, k in kinds.items() if k == _FLOAT and n not in sparse_names
+    ]
+    for mapping, what in ((rows, "rows"), (tables, "tables")):
+        for name in mapping:
+            if name not in sparse_names:
+                raise DataError(f"data.{what} names a column that is not a sparse feature",
+                                column=name)
+    inferred = _max_ids(files, [n for n in sparse_names if n not in rows])
+    table_of = {n: tables.get(n) or n for n in sparse_names}
+    table_rows: dict[str, int] = {}
+    for table in set(table_of.values()):
+        members = [n for n in sparse_names if table_of[n] == table]
+        explicit = [rows[n] for n in members if n in rows]
+        table_rows[table] = max(explicit or [inferred[n] + 1 for n in members] or [1])
+    return Schema(
+        label=label,
+        dense=tuple(dense_names),
+        sparse=tuple(
+            SparseFeature(
+                name=n,
+                rows=max(table_rows[table_of[n]], 1),
+                table=tables.get(n, ""),
+                multi_hot=kinds[n] == _INT_LIST,
+            )
+            for n in sparse_names
+        ),
+    )
+
+
+def _max_ids(files: list[str], names: list[str]) -> dict[str, int]:
+    """Largest id of each column over all files (-1 where a column holds none)."""
+    import pyarrow.compute as pc
+
+    from data.files import open_parquet
+
+    best = dict.fromkeys(names, -1)
+    for path in files:
+        pf = open_parquet(path)
+        md = pf.metadata
+        paths = [md.schema.column(j).path for j in range(md.num_columns)]
+        leaf = {}
+        for name in names:
+            hits = [j for j, p in enumerate(paths) if p == name or p.startswith(name + ".")]
+            if not hits:
+                raise DataError("column is missing", file=path, column=name)
+            leaf[name] = hits[0]
+            for g in range(md.num_row_groups):
+                stats = md.row_group(g).column(leaf[name]).statistics
+                if stats is not None and stats.has_min_max:
+                    best[name] = max(best[name], int(stats.max))
+                    continue
+                col = pf.read_row_group(g, columns=[name]).column(name)
+                if column_kind(col.type) == _INT_LIST:
+                    col = pc.list_flatten(col)
+                top = pc.max(col).as_py()
+                if top is not None:
+                    best[name] = max(best[name], int(top))
+    return best
+
+
+def check_files(files: list[str], schema: Schema) -> list[int]:
+    """Check every file's footer against ``schema``; return the row count of each file.
+
+    A file that is not Parquet (or is truncated), a missing column, a column of
+    the wrong kind, or of a type that differs from the first file's, is a
+    DataError naming the file and column; so is a dataset of 0 rows in total.
+    """
+    from data.files import open_parquet
+
+    if not files:
+        raise DataError("no data files given")
+    seen: dict[str, tuple[str, str]] = {}  # column → (type name, first file)
+    counts = []
+    for path in files:
+        pf = open_parquet(path)
+        arrow = pf.schema_arrow
+        for col in schema.columns:
+            if arrow.get_field_index(col) < 0:
+                raise DataError("column is missing (or appears twice)", file=path, column=col)
+            t = arrow.field(col).type
+            allowed = allowed_kinds(schema, col)
+            if column_kind(t) not in allowed:
+                raise DataError(
+                    f"type {type_name(t)} is not the expected {' or '.join(allowed)}",
+                    file=path, column=col,
+                )
+            name = type_name(t)
+            before = seen.setdefault(col, (name, path))
+            if before[0] != name:
+                raise DataError(
+                    f"type {name} differs from {before[0]} in {before[1]}", file=path, column=col
+                )
+        counts.append(pf.metadata.num_rows)
+    if sum(counts) == 0:
+        raise DataError(f"the {len(files)} data file(s) hold 0 rows, starting with {files[0]}")
+    return counts

@@ -1,0 +1,177 @@
+"""Parquet files on disk: finding them from a user's spec, opening them, writing them.
+
+    expand_paths("train/")                 every *.parquet below train/, sorted
+    expand_paths("a.parquet,b/*.parquet")  a comma-separated list of files and globs
+    write_parts(out_dir, tables, ...)      part-00000.parquet, part-00001.parquet, ...
+
+Names starting with '.' or '_' are skipped inside directories (``_SUCCESS``,
+``.part-00000.parquet.tmp`` of a writer still at work). Every file is written
+under such a temporary name and renamed when complete, so a reader never sees
+half a file.
+"""
+
+from __future__ import annotations
+
+import glob
+import itertools
+import os
+import re
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from data.errors import DataError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+_GLOB_CHARS = re.compile(r"[*?\[]")
+_PART = re.compile(r"^part-(\d{5,})\.parquet$")
+
+
+def expand_paths(spec: str | list[str]) -> list[str]:
+    """Files named by ``spec``: files, directories, globs, comma-separated lists.
+
+    Directories contribute every ``*.parquet`` below them (recursively, sorted,
+    skipping names that start with '.' or '_'); globs contribute their matches
+    in sorted order. Duplicates are dropped, first occurrence kept. A part that
+    matches nothing is a :class:`DataError` naming it.
+    """
+    parts = [spec] if isinstance(spec, str) else list(spec)
+    items = [p.strip() for part in parts for p in part.split(",") if p.strip()]
+    if not items:
+        raise DataError(f"no data files given (spec {spec!r} is empty)")
+    found: dict[str, None] = {}
+    for item in items:
+        matches = _expand_one(item)
+        if not matches:
+            raise DataError(f"no Parquet files found for {item!r} (spec {spec!r})")
+        found.update(dict.fromkeys(matches))
+    return list(found)
+
+
+def _expand_one(item: str) -> list[str]:
+    path = Path(item).expanduser()
+    if path.is_dir():
+        return _parquet_below(path)
+    if path.is_file():
+        return [str(path)]
+    if not _GLOB_CHARS.search(item):
+        return []
+    out: list[str] = []
+    for match in sorted(glob.glob(str(path), recursive=True)):
+        out.extend(_parquet_below(Path(match)) if os.path.isdir(match) else [match])
+    return out
+
+
+def _parquet_below(root: Path) -> list[str]:
+    """Every ``*.parquet`` below ``root``, sorted, none hidden ('.') or private ('_')."""
+    out = []
+    for p in root.rglob("*.parquet"):
+        rel = p.relative_to(root).parts
+        if p.is_file() and not any(r.startswith((".", "_")) for r in rel):
+            out.append(str(p))
+    return sorted(out)
+
+
+def open_parquet(path: str) -> pq.ParquetFile:
+    """Open ``path``'s footer; a missing, truncated or non-Parquet file is a DataError."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.ParquetFile(path)
+    except FileNotFoundError:
+        raise DataError("does not exist", file=path) from None
+    except (pa.ArrowException, OSError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise DataError(f"not a readable Parquet file ({first})", file=path) from None
+
+
+def write_parts(
+    out_dir: str,
+    tables: Iterable[pa.Table],
+    schema: pa.Schema,
+    file_rows: int,
+    row_group_rows: int,
+) -> list[str]:
+    """Write a stream of tables as ``out_dir/part-NNNNN.parquet``; return the paths.
+
+    The stream is re-cut into row groups of ``row_group_rows`` rows and files of
+    ``file_rows`` rows (the last of each may be short; a row group never spans
+    two files). Memory holds one row group. Each file is written as
+    ``.part-NNNNN.parquet.tmp`` and renamed when complete; if the stream fails,
+    the files of this run are removed again. Stale ``part-NNNNN.parquet`` files
+    of an earlier, longer run are removed so the directory holds exactly this
+    dataset.
+    """
+    import pyarrow as pa
+
+    if file_rows < 1 or row_group_rows < 1:
+        raise ValueError(f"file_rows {file_rows} and row_group_rows {row_group_rows} must be >= 1")
+    os.makedirs(out_dir, exist_ok=True)
+    written: list[str] = []
+    pending: list[pa.Table] = []
+    pending_rows = 0
+    writer: _PartWriter | None = None
+    try:
+        for table in itertools.chain(tables, [None]):
+            if table is not None and table.num_rows:
+                pending.append(table.cast(schema))
+                pending_rows += table.num_rows
+            while pending_rows and (table is None or pending_rows >= row_group_rows):
+                if writer is None:
+                    writer = _PartWriter(out_dir, len(written), schema)
+                n = min(row_group_rows, file_rows - writer.rows, pending_rows)
+                block = pa.concat_tables(pending)
+                writer.write(block.slice(0, n).combine_chunks())
+                rest = block.slice(n)
+                pending, pending_rows = ([rest] if rest.num_rows else []), pending_rows - n
+                if writer.rows == file_rows:
+                    written.append(writer.close())
+                    writer = None
+        if writer is not None:
+            written.append(writer.close())
+            writer = None
+    except BaseException:
+        if writer is not None:
+            writer.abort()
+        for path in written:  # a failed run leaves no dataset that looks complete
+            os.remove(path)
+        raise
+    _remove_stale_parts(out_dir, len(written))
+    return written
+
+
+class _PartWriter:
+    """One output file: written under a temporary name, renamed by ``close``."""
+
+    def __init__(self, out_dir: str, index: int, schema: pa.Schema) -> None:
+        import pyarrow.parquet as pq
+
+        self.path = os.path.join(out_dir, f"part-{index:05d}.parquet")
+        self.tmp = os.path.join(out_dir, f".part-{index:05d}.parquet.tmp")
+        self.rows = 0
+        self._writer = pq.ParquetWriter(self.tmp, schema)
+
+    def write(self, table: pa.Table) -> None:
+        self._writer.write_table(table, row_group_size=table.num_rows)
+        self.rows += table.num_rows
+
+    def close(self) -> str:
+        self._writer.close()
+        os.replace(self.tmp, self.path)
+        return self.path
+
+    def abort(self) -> None:
+        self._writer.close()
+        if os.path.exists(self.tmp):
+            os.remove(self.tmp)
+
+
+def _remove_stale_parts(out_dir: str, keep: int) -> None:
+    for name in os.listdir(out_dir):
+        m = _PART.match(name)
+        if m and int(m.group(1)) >= keep:
+            os.remove(os.path.join(out_dir, name))

@@ -1,0 +1,178 @@
+"""expand_paths, infer_schema and check_files against hand-made Parquet files."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from data.errors import DataError
+from data.files import expand_paths
+from data.schema import Schema, SparseFeature, check_files, infer_schema
+from tests.data_helpers import write_parquet
+
+I64, I32 = pa.int64(), pa.int32()
+TYPES = {"C1": I64, "C2": I32, "C3": pa.list_(I64), "C4": pa.list_(I32), "I2": pa.float64()}
+
+
+def _mixed(path: Path, c1_max: int, rows: int = 6, **kw: object) -> str:
+    """label, I1 float32, C1 int64, S string, C2 int32, I2 float64, C3 list<int64>, C4 list<int32>."""
+    cols = {
+        "label": [0.0, 1.0] * (rows // 2),
+        "I1": [0.5] * rows,
+        "C1": [c1_max] + [0] * (rows - 1),
+        "S": ["x"] * rows,
+        "C2": list(range(rows)),
+        "I2": [1.0] * rows,
+        "C3": [[1, 40], None, [], [3], [2], [7]][:rows],
+        "C4": [[9]] * rows,
+    }
+    return write_parquet(path, cols, row_group_size=2, types=TYPES, **kw)
+
+
+# --------------------------------------------------------------------------- expand_paths
+
+
+def test_expand_paths_directories_globs_and_lists(tmp_path: Path) -> None:
+    for rel in ["b/2.parquet", "b/1.parquet", "a.parquet", "b/c/3.parquet", "_tmp/x.parquet",
+                ".hidden.parquet", "b/_x.parquet", "b/notes.txt"]:
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("")
+    t = str(tmp_path)
+    assert expand_paths(t) == [f"{t}/a.parquet", f"{t}/b/1.parquet", f"{t}/b/2.parquet",
+                               f"{t}/b/c/3.parquet"]
+    assert expand_paths(f"{t}/b/*.parquet") == [f"{t}/b/1.parquet", f"{t}/b/2.parquet",
+                                                f"{t}/b/_x.parquet"]
+    assert expand_paths(f"{t}/a.parquet, {t}/b/c") == [f"{t}/a.parquet", f"{t}/b/c/3.parquet"]
+    assert expand_paths([f"{t}/b/c", f"{t}/b/c/3.parquet"]) == [f"{t}/b/c/3.parquet"]
+
+
+def test_expand_paths_nothing_found_names_the_spec(tmp_path: Path) -> None:
+    for spec in [str(tmp_path / "missing.parquet"), str(tmp_path / "*.parquet"), str(tmp_path)]:
+        with pytest.raises(DataError, match="no Parquet files found") as e:
+            expand_paths(spec)
+        assert spec in str(e.value)
+    with pytest.raises(DataError):
+        expand_paths(" , ")
+
+
+# --------------------------------------------------------------------------- infer_schema
+
+
+def test_infer_schema_kinds_order_and_rows_from_every_file(tmp_path: Path) -> None:
+    a = _mixed(tmp_path / "a.parquet", c1_max=5)
+    b = _mixed(tmp_path / "b.parquet", c1_max=99)
+    s = infer_schema([a, b])
+    assert s.label == "label" and s.dense == ("I1", "I2")
+    assert s.sparse == (
+        SparseFeature("C1", 100),
+        SparseFeature("C2", 6),
+        SparseFeature("C3", 41, multi_hot=True),
+        SparseFeature("C4", 10, multi_hot=True),
+    )
+
+
+def test_infer_schema_reads_only_footers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    a = _mixed(tmp_path / "a.parquet", c1_max=5)
+
+    def no_data(*args: object, **kw: object) -> None:
+        raise AssertionError("read data pages")
+
+    monkeypatch.setattr(pq.ParquetFile, "read_row_group", no_data)
+    monkeypatch.setattr(pq.ParquetFile, "read", no_data)
+    assert infer_schema([a]).sparse[0].rows == 6
+
+
+def test_infer_schema_without_statistics_reads_the_column(tmp_path: Path) -> None:
+    a = _mixed(tmp_path / "a.parquet", c1_max=77, write_statistics=False)
+    assert pq.ParquetFile(a).metadata.row_group(0).column(2).statistics is None
+    s = infer_schema([a])
+    assert [f.rows for f in s.sparse] == [78, 6, 41, 10]
+
+
+def test_infer_schema_explicit_lists_rows_and_shared_tables(tmp_path: Path) -> None:
+    a = _mixed(tmp_path / "a.parquet", c1_max=5)
+    s = infer_schema([a], dense=["I2"], sparse=["C3", "C1"], rows={"C1": 1000},
+                     tables={"C3": "t", "C1": "t"})
+    assert s.dense == ("I2",)
+    assert s.sparse == (SparseFeature("C3", 1000, "t", True), SparseFeature("C1", 1000, "t"))
+    s = infer_schema([a], dense=["I1"], tables={"C2": "u", "C4": "u"})
+    assert s.dense == ("I1",) and [f.name for f in s.sparse] == ["C1", "C2", "C3", "C4"]
+    assert [f.rows for f in s.sparse] == [6, 10, 41, 10]  # C2, C4 share table u: max(6, 10)
+
+
+def test_infer_schema_user_errors(tmp_path: Path) -> None:
+    a = _mixed(tmp_path / "a.parquet", c1_max=5)
+    with pytest.raises(DataError, match="'y'.*label column is missing"):
+        infer_schema([a], label="y")
+    with pytest.raises(DataError, match="a.parquet.*'C9'.*missing"):
+        infer_schema([a], sparse=["C9"])
+    with pytest.raises(DataError, match="'I1'.*not a sparse feature"):
+        infer_schema([a], rows={"I1": 3})
+
+
+# --------------------------------------------------------------------------- check_files
+
+SCHEMA = Schema("label", ("I1",), (SparseFeature("C1", 10), SparseFeature("C3", 50, multi_hot=True)))
+
+
+def test_check_files_counts_rows(tmp_path: Path) -> None:
+    a = _mixed(tmp_path / "a.parquet", c1_max=5)
+    b = _mixed(tmp_path / "b.parquet", c1_max=5, rows=4)
+    assert check_files([a, b], SCHEMA) == [6, 4]
+
+
+def test_check_files_not_parquet_or_truncated(tmp_path: Path) -> None:
+    a = _mixed(tmp_path / "a.parquet", c1_max=5)
+    text = tmp_path / "text.parquet"
+    text.write_text("label,I1\n1,2\n")
+    cut = tmp_path / "cut.parquet"
+    cut.write_bytes(Path(a).read_bytes()[: os.path.getsize(a) // 2])
+    for bad in (text, cut, tmp_path / "gone.parquet"):
+        with pytest.raises(DataError) as e:
+            check_files([a, str(bad)], SCHEMA)
+        assert str(bad) in str(e.value) and e.value.file == str(bad)
+
+
+def test_check_files_missing_column_and_wrong_types(tmp_path: Path) -> None:
+    a = _mixed(tmp_path / "a.parquet", c1_max=5)
+    no_c1 = write_parquet(tmp_path / "no_c1.parquet", {"label": [1.0], "I1": [1.0], "C3": [[1]]})
+    with pytest.raises(DataError, match=r"no_c1.parquet, column 'C1': column is missing"):
+        check_files([a, no_c1], SCHEMA)
+    cases = {
+        "dense_str": ({"I1": ["x"]}, "I1", "string"),
+        "sparse_float": ({"C1": [1.5]}, "C1", "double"),
+        "single_is_list": ({"C1": [[1]]}, "C1", "list<int64>"),
+        "bag_is_int": ({"C3": [1]}, "C3", "int64"),
+    }
+    for name, (override, column, found) in cases.items():
+        cols = {"label": [1.0], "I1": [1.0], "C1": [1], "C3": [[1]], **override}
+        path = write_parquet(tmp_path / f"{name}.parquet", cols)
+        with pytest.raises(DataError) as e:
+            check_files([path], SCHEMA)
+        msg = str(e.value)
+        assert f"{name}.parquet" in msg and repr(column) in msg and found in msg, msg
+    int_dense = write_parquet(tmp_path / "int_dense.parquet",
+                              {"label": [1], "I1": [3], "C1": [1], "C3": [[1]]})
+    assert check_files([int_dense], SCHEMA) == [1]  # integer label and dense are cast
+
+
+def test_check_files_type_differs_between_files(tmp_path: Path) -> None:
+    a = _mixed(tmp_path / "a.parquet", c1_max=5)
+    b = write_parquet(tmp_path / "b.parquet", {"label": [1.0], "I1": [1.0], "C1": [1], "C3": [[1]]},
+                      types={"C1": I32})
+    with pytest.raises(DataError) as e:
+        check_files([a, b], SCHEMA)
+    msg = str(e.value)
+    assert "b.parquet" in msg and "'C1'" in msg and "int32" in msg and "int64" in msg, msg
+
+
+def test_check_files_empty_dataset(tmp_path: Path) -> None:
+    empty = write_parquet(tmp_path / "e.parquet", {"label": [], "I1": [], "C1": [], "C3": []},
+                          types={"label": pa.float32(), "I1": pa.float32(), "C1": I64,
+                                 "C3": pa.list_(I64)})
+    with pytest.raises(DataError, match="0 rows"):
+        check_files([empty, empty], SCHEMA)
