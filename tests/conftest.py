@@ -1,0 +1,32 @@
+"""Shared fixtures: small generated datasets, made once per test session."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dlrm.config import load_config
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = REPO / "configs" / "tiny.yaml"
+SHARED_CRITEO = REPO.parent / "shared" / "data" / "criteo"
+
+
+def tiny_overrides(**extra: object) -> list[str]:
+    """Overrides that make configs/tiny.yaml quick and quiet for tests."""
+    base = {"train.progress": "false", "train.log_every": "10", "data.prefetch": "2"}
+    base.update({k: str(v) for k, v in extra.items()})
+    return [f"{k}={v}" for k, v in base.items()]
+
+
+@pytest.fixture(scope="session")
+def tiny_data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Generated train (40k rows) and eval (10k rows) sets for configs/tiny.yaml."""
+    from data.generate import generate_dataset
+
+    root = tmp_path_factory.mktemp("tiny_data")
+    cfg = load_config(TINY, ["generate.row_group_rows=4096", "generate.file_rows=15000"])
+    generate_dataset(str(root / "train"), cfg.generate, seed=1, rows=40_000)
+    generate_dataset(str(root / "eval"), cfg.generate, seed=2, rows=10_000)
+    return {"train": root / "train", "eval": root / "eval"}

@@ -1,0 +1,202 @@
+"""Every bad input a user can cause ends in one line naming the culprit, exit 2,
+no traceback; nothing half-written is left behind."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from dlrm.cli import main
+from tests.conftest import REPO, TINY, tiny_overrides
+
+ROWS = 64
+
+
+def good_columns(rng: np.random.Generator, n: int = ROWS) -> dict[str, pa.Array]:
+    return {
+        "label": pa.array(rng.integers(0, 2, n).astype(np.float32)),
+        "x0": pa.array(rng.random(n).astype(np.float32)),
+        "x1": pa.array(rng.random(n).astype(np.float32)),
+        "c0": pa.array(rng.integers(0, 50, n), type=pa.int64()),
+        "c1": pa.array([list(rng.integers(0, 20, k)) for k in rng.integers(0, 3, n)], type=pa.list_(pa.int64())),
+    }
+
+
+def write(path: Path, cols: dict[str, pa.Array], row_group_size: int = 16) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table(cols), path, row_group_size=row_group_size)
+    return path
+
+
+def run_cli(argv: list[str], capsys) -> tuple[int, str]:
+    code = main(argv)
+    err = capsys.readouterr().err.strip()
+    return code, err
+
+
+def train_argv(data: Path, run: Path, *extra: str) -> list[str]:
+    return ["train", "--config", str(TINY), "--out", str(run), *tiny_overrides(),
+            f"data.train={data}", "train.max_steps=2", "data.batch_size=16", *extra]
+
+
+def assert_one_line_error(code: int, err: str, *needles: str) -> None:
+    assert code == 2, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+
+
+def _bad(name: str, rng: np.random.Generator):
+    cols = good_columns(rng)
+    if name == "label_null":
+        cols["label"] = pa.array([None] + [1.0] * (ROWS - 1), type=pa.float32())
+        return cols, "label"
+    if name == "label_range":
+        cols["label"] = pa.array(np.full(ROWS, 2.0, dtype=np.float32))
+        return cols, "label"
+    if name == "dense_nan":
+        x = np.ones(ROWS, dtype=np.float32)
+        x[40] = np.nan
+        cols["x1"] = pa.array(x)
+        return cols, "x1"
+    if name == "dense_inf":
+        x = np.ones(ROWS, dtype=np.float32)
+        x[3] = np.inf
+        cols["x0"] = pa.array(x)
+        return cols, "x0"
+    if name == "negative_id":
+        ids = np.arange(ROWS)
+        ids[50] = -4
+        cols["c0"] = pa.array(ids, type=pa.int64())
+        return cols, "c0"
+    if name == "mistyped":
+        cols["x0"] = pa.array(["a"] * ROWS)
+        return cols, "x0"
+    raise AssertionError(name)
+
+
+@pytest.mark.parametrize(
+    "case", ["label_null", "label_range", "dense_nan", "dense_inf", "negative_id", "mistyped"]
+)
+def test_bad_values(case: str, tmp_path: Path, capsys) -> None:
+    cols, column = _bad(case, np.random.default_rng(0))
+    # Schema pinned by config so a mistyped column is an error, not "not a feature".
+    f = write(tmp_path / "data" / f"{case}.parquet", cols)
+    code, err = run_cli(train_argv(f, tmp_path / "run", "data.dense=[x0,x1]", "data.sparse=[c0,c1]"), capsys)
+    assert_one_line_error(code, err, f.name, repr(column))
+
+
+def test_id_out_of_range_error_and_policies(tmp_path: Path, capsys) -> None:
+    f = write(tmp_path / "d.parquet", good_columns(np.random.default_rng(1)))
+    code, err = run_cli(train_argv(f, tmp_path / "run", "data.rows={c0: 10}"), capsys)
+    assert_one_line_error(code, err, f.name, "'c0'", "row group")
+    for policy in ("modulo", "hash"):
+        code, err = run_cli(
+            train_argv(f, tmp_path / f"run_{policy}", "data.rows={c0: 10}", f"data.id_policy={policy}"), capsys
+        )
+        assert code == 0, err
+
+
+def test_dense_nan_zero_policy(tmp_path: Path, capsys) -> None:
+    cols, _ = _bad("dense_nan", np.random.default_rng(2))
+    f = write(tmp_path / "d.parquet", cols)
+    code, err = run_cli(train_argv(f, tmp_path / "run", "data.dense_nan=zero"), capsys)
+    assert code == 0, err
+
+
+def test_missing_column(tmp_path: Path, capsys) -> None:
+    f = write(tmp_path / "d.parquet", good_columns(np.random.default_rng(3)))
+    code, err = run_cli(train_argv(f, tmp_path / "run", "data.dense=[x0,x9]"), capsys)
+    assert_one_line_error(code, err, f.name, "x9")
+
+
+def test_type_differs_between_files(tmp_path: Path, capsys) -> None:
+    rng = np.random.default_rng(4)
+    write(tmp_path / "data" / "a.parquet", good_columns(rng))
+    cols = good_columns(rng)
+    cols["c0"] = pa.array(np.arange(ROWS), type=pa.int64()).cast(pa.float64())
+    b = write(tmp_path / "data" / "b.parquet", cols)
+    code, err = run_cli(train_argv(tmp_path / "data", tmp_path / "run", "data.sparse=[c0,c1]",
+                                   "data.dense=[x0,x1]"), capsys)
+    assert_one_line_error(code, err, b.name, "c0")
+
+
+def test_empty_dataset(tmp_path: Path, capsys) -> None:
+    cols = {k: v.slice(0, 0) for k, v in good_columns(np.random.default_rng(5)).items()}
+    f = write(tmp_path / "empty.parquet", cols)
+    code, err = run_cli(train_argv(f, tmp_path / "run", "data.rows={c0: 5, c1: 5}"), capsys)
+    assert_one_line_error(code, err, "empty")
+
+
+def test_no_files(tmp_path: Path, capsys) -> None:
+    code, err = run_cli(train_argv(tmp_path / "nothing_here", tmp_path / "run"), capsys)
+    assert_one_line_error(code, err, "nothing_here")
+
+
+@pytest.mark.parametrize("kind", ["truncated", "not_parquet"])
+def test_broken_file(kind: str, tmp_path: Path, capsys) -> None:
+    good = write(tmp_path / "src.parquet", good_columns(np.random.default_rng(6)))
+    bad = tmp_path / "data" / "broken.parquet"
+    bad.parent.mkdir()
+    bad.write_bytes(good.read_bytes()[: good.stat().st_size // 2] if kind == "truncated" else b"label,x0\n1,2\n")
+    code, err = run_cli(train_argv(bad, tmp_path / "run"), capsys)
+    assert_one_line_error(code, err, "broken.parquet")
+
+
+@pytest.mark.parametrize(
+    "override, needle",
+    [("model.embedding_dimm=8", "model.embedding_dimm"), ("model.embedding_dim=big", "model.embedding_dim"),
+     ("optim.sparse=lbfgs", "optim.sparse"), ("train=3", "train")],
+)
+def test_bad_config(override: str, needle: str, tmp_path: Path, capsys) -> None:
+    f = write(tmp_path / "d.parquet", good_columns(np.random.default_rng(7)))
+    code, err = run_cli(train_argv(f, tmp_path / "run", override), capsys)
+    assert_one_line_error(code, err, needle)
+
+
+def test_missing_config_file(tmp_path: Path, capsys) -> None:
+    code, err = run_cli(["train", "--config", str(tmp_path / "nope.yaml")], capsys)
+    assert_one_line_error(code, err, "nope.yaml")
+
+
+def test_incompatible_checkpoint_refused(tmp_path: Path, capsys) -> None:
+    f = write(tmp_path / "d.parquet", good_columns(np.random.default_rng(8)))
+    code, err = run_cli(train_argv(f, tmp_path / "run"), capsys)
+    assert code == 0, err
+    code, err = run_cli(train_argv(f, tmp_path / "run", "model.embedding_dim=8", "model.bottom_mlp=[8]"), capsys)
+    assert_one_line_error(code, err, "checkpoint", "model.embedding_dim")
+
+
+def test_corrupt_checkpoint_refused(tmp_path: Path, capsys) -> None:
+    f = write(tmp_path / "d.parquet", good_columns(np.random.default_rng(9)))
+    assert run_cli(train_argv(f, tmp_path / "run"), capsys)[0] == 0
+    state = tmp_path / "run" / "checkpoint" / "state.pt"
+    state.write_bytes(state.read_bytes()[:100])
+    code, err = run_cli(["eval", "--checkpoint", str(tmp_path / "run"), "--data", str(f)], capsys)
+    assert_one_line_error(code, err, "state.pt")
+
+
+def test_eval_without_checkpoint(tmp_path: Path, capsys) -> None:
+    f = write(tmp_path / "d.parquet", good_columns(np.random.default_rng(10)))
+    code, err = run_cli(["eval", "--checkpoint", str(tmp_path), "--data", str(f)], capsys)
+    assert_one_line_error(code, err, "no checkpoint")
+
+
+def test_real_process_exit_code_and_no_traceback(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "dlrm", "train", "--config", str(TINY), "--out", str(tmp_path / "run"),
+         f"data.train={tmp_path}/none"],
+        check=False, capture_output=True, text=True, cwd=REPO,
+    )
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr and "none" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "run").exists()
