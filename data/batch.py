@@ -24,21 +24,21 @@ if TYPE_CHECKING:
 @dataclass
 class Batch:
     dense: torch.Tensor
-    sparse: "KeyedJaggedTensor"
+    sparse: KeyedJaggedTensor
     labels: torch.Tensor
 
     @property
     def size(self) -> int:
         return int(self.labels.shape[0])
 
-    def to(self, device: torch.device | str, non_blocking: bool = False) -> "Batch":
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
         return Batch(
             dense=self.dense.to(device, non_blocking=non_blocking),
             sparse=self.sparse.to(device=torch.device(device), non_blocking=non_blocking),
             labels=self.labels.to(device, non_blocking=non_blocking),
         )
 
-    def pin_memory(self) -> "Batch":
+    def pin_memory(self) -> Batch:
         return Batch(
             dense=self.dense.pin_memory(),
             sparse=self.sparse.pin_memory(),
