@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from collections.abc import Callable
 
@@ -93,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         return 0 if argv else 2
     verb = argv[0]
+    # torch.fx warns once, on torchrec's import, about an API we do not use.
+    logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
     try:
         return VERBS[verb](argv[1:])
     except UserError as e:

@@ -236,6 +236,10 @@ def train(cfg: Config, run_dir: str | Path, echo: Callable[[str], None] = print)
             summary.update({f"eval_{k}": v for k, v in last_eval.items()})
         log.write(summary)
         echo(json.dumps(summary))
+        line = f"trained {progress.global_step} steps at {rate:,.0f} samples/s"
+        if last_eval is not None:
+            line += f"; eval AUC {last_eval['auc']:.4f}, logloss {last_eval['logloss']:.4f}"
+        echo(line)
         return summary
 
 
