@@ -88,6 +88,7 @@ class TrainConfig:
     log_every: int = 50
     checkpoint_every: int = 0  # steps; 0 = only at the end
     threads: int = 0  # torch intra-op threads; 0 = torch's default
+    device: Literal["auto", "cpu", "cuda"] = "auto"  # auto: cuda when available
     progress: bool = True
 
 

@@ -19,7 +19,7 @@ def evaluate_checkpoint(
     from dlrm.build import build_model
     from dlrm.config import Config, from_dict
     from dlrm.metrics import evaluate_predictions
-    from dlrm.trainer import make_reader, predict, restore
+    from dlrm.trainer import make_reader, predict, resolve_device, restore
 
     ckpt = ckpt_io.find_checkpoint(Path(run))
     if ckpt is None:
@@ -31,10 +31,11 @@ def evaluate_checkpoint(
     schema = ckpt_io.schema_from_json(meta["schema"])
     files = expand_paths(data)
     check_files(files, schema)
-    model = build_model(cfg, schema)
+    device = resolve_device(cfg.train.device)
+    model = build_model(cfg, schema, device)
     with contextlib.closing(model):
         restore(model, None, ckpt_io.load_state(ckpt))
-        scores, labels = predict(model, make_reader(cfg, files, schema, train=False).epoch(0))
+        scores, labels = predict(model, make_reader(cfg, files, schema, train=False).epoch(0), device)
     try:
         result = evaluate_predictions(scores.numpy(), labels.numpy())
     except ValueError as e:

@@ -82,27 +82,38 @@ def make_reader(
     )
 
 
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise DataError("train.device=cuda but this machine has no CUDA device")
+    return torch.device(name)
+
+
 @torch.no_grad()
-def predict(model: torch.nn.Module, batches: Iterable) -> tuple[torch.Tensor, torch.Tensor]:
-    """Probabilities and labels over ``batches`` (float64, [N])."""
+def predict(
+    model: torch.nn.Module, batches: Iterable, device: torch.device | str = "cpu"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Probabilities and labels over ``batches`` (float64 on the CPU, [N])."""
     was_training = model.training
     model.eval()
     scores, labels = [], []
     for batch in batches:
         if batch.size == 0:
             continue
-        scores.append(torch.sigmoid(model(batch.dense, batch.sparse)).double())
-        labels.append(batch.labels.double())
+        batch = batch.to(device, non_blocking=True)
+        scores.append(torch.sigmoid(model(batch.dense, batch.sparse)).double().cpu())
+        labels.append(batch.labels.double().cpu())
     model.train(was_training)
     if not scores:
         return torch.zeros(0, dtype=torch.float64), torch.zeros(0, dtype=torch.float64)
     return torch.cat(scores), torch.cat(labels)
 
 
-def evaluate(model: torch.nn.Module, reader) -> dict[str, Any]:
+def evaluate(model: torch.nn.Module, reader, device: torch.device | str = "cpu") -> dict[str, Any]:
     from dlrm.metrics import evaluate_predictions
 
-    scores, labels = predict(model, reader.epoch(0))
+    scores, labels = predict(model, reader.epoch(0), device)
     return evaluate_predictions(scores.numpy(), labels.numpy())
 
 
@@ -130,7 +141,8 @@ def train(cfg: Config, run_dir: str | Path, echo: Callable[[str], None] = print)
     ckpt_io.write_atomic(
         run_dir / "schema.json", json.dumps(ckpt_io.schema_to_json(schema), indent=1)
     )
-    model = build_model(cfg, schema)
+    device = resolve_device(cfg.train.device)
+    model = build_model(cfg, schema, device)
     with contextlib.closing(model):  # the torchrec backend owns a process group
         dense_opt = build_dense_optimizer(cfg, model.dense_parameters())
         progress = ckpt_io.Progress()
@@ -165,7 +177,7 @@ def train(cfg: Config, run_dir: str | Path, echo: Callable[[str], None] = print)
         def run_eval() -> dict[str, Any] | None:
             if eval_reader is None:
                 return None
-            metrics = evaluate(model, eval_reader)
+            metrics = evaluate(model, eval_reader, device)
             log.write({"event": "eval", "step": progress.global_step, **metrics})
             return metrics
 
@@ -190,6 +202,7 @@ def train(cfg: Config, run_dir: str | Path, echo: Callable[[str], None] = print)
             for batch in batches:
                 if progress.global_step >= total_steps:
                     break
+                batch = batch.to(device, non_blocking=True)
                 t0 = time.perf_counter()
                 factor = lr_factor(cfg, progress.global_step)
                 for group in dense_opt.param_groups:
