@@ -69,6 +69,14 @@ class OptimConfig:
 
 
 @dataclass
+class TablePlacement:
+    """Pin one table to a strategy (and ranks) instead of letting the planner choose."""
+
+    sharding: Literal["table_wise", "column_wise", "row_wise", "data_parallel"] = "table_wise"
+    ranks: list[int] = field(default_factory=list)  # empty: planner's choice (TW) or all ranks
+
+
+@dataclass
 class EmbeddingsConfig:
     # native: our collection; torchrec: TorchRec's DLRM under DistributedModelParallel
     # (FBGEMM fused optimizer; on CPU no Adam), to compare with or to fall back on.
@@ -78,6 +86,11 @@ class EmbeddingsConfig:
     # Off: backward produces KV gradients (unique ids, rows) that the optimizer
     # then applies; a user who wants to see embedding gradients sets this off.
     fused: bool = True
+    # Hybrid parallel (more than one rank): the planner places every table unless
+    # pinned here, within memory_per_rank (e.g. "16GB"; empty = no limit).
+    plan: dict[str, TablePlacement] = field(default_factory=dict)
+    memory_per_rank: str = ""
+    replicate_max_bytes: int = 1 << 20  # tables this small are replicated (data_parallel)
 
 
 @dataclass
