@@ -7,7 +7,7 @@
 Built from the same schema and config as our model: one ``EmbeddingBagConfig`` per
 table, ``torchrec.models.dlrm.DLRM`` (dot) or ``DLRM_DCN`` (dcn), wrapped in
 ``DistributedModelParallel``. Embedding rows start from the same values as our
-native collection for the same seed (``embeddings.collection.init_table_``).
+native collection for the same seed (``embeddings.init.init_rows``).
 
 The sparse optimizer runs inside backward (FBGEMM's fused TBE update), so there
 are no embedding gradients to see and ``sparse_step(lr)`` only sets the next lr.
@@ -46,7 +46,7 @@ from torchrec.optim.optimizers import in_backward_optimizer_filter
 
 from data.schema import Schema
 from dlrm.config import ConfigError, ModelConfig, OptimConfig
-from embeddings.collection import init_table_
+from embeddings.init import init_rows
 
 # Our sparse optimizer names → the optimizer class TorchRec maps to an FBGEMM
 # EmbOptimType (torchrec/distributed/utils.py): EXACT_SGD, EXACT_ROWWISE_ADAGRAD, ADAM.
@@ -276,19 +276,17 @@ def _local_shards(dmp: nn.Module) -> dict[str, list[tuple[tuple[int, int], torch
 
 
 def _init_tables_(dmp: nn.Module, configs: list[EmbeddingBagConfig], seed: int) -> None:
-    """Overwrite FBGEMM's initial rows with our native collection's, table by table.
-
-    Same generator walk as ``LocalEmbeddingCollection``: one generator seeded with
-    ``seed``, tables in schema order, uniform(±sqrt(1/rows)).
-    """
+    """Overwrite FBGEMM's initial rows with our native collection's, shard by shard
+    (``embeddings.init.init_rows``: the same values for the same seed and table)."""
     shards = _local_shards(dmp)
-    gen = torch.Generator().manual_seed(seed)
     for c in configs:
-        block = torch.empty(c.num_embeddings, c.embedding_dim)
-        init_table_(block, c.num_embeddings, gen)
         for (r, col), t in shards.get(c.name, []):
+            block = init_rows(
+                c.name, c.num_embeddings, c.embedding_dim, seed,
+                r, r + t.shape[0], col, col + t.shape[1],
+            )
             with torch.no_grad():
-                t.copy_(block[r : r + t.shape[0], col : col + t.shape[1]])
+                t.copy_(block)
 
 
 def _local_world(world: int) -> int:

@@ -11,13 +11,13 @@ collections implement the same interface elsewhere in this package.
 
 from __future__ import annotations
 
-import math
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
+from embeddings.init import init_rows
 from embeddings.kv import KVGradient
 from embeddings.lookup import pooled_lookup
 from embeddings.optim import SparseOptimizer
@@ -60,13 +60,6 @@ class EmbeddingCollection(nn.Module, ABC):
     def import_tables(self, tensors: dict[str, torch.Tensor]) -> None: ...
 
 
-def init_table_(weight: torch.Tensor, rows: int, generator: torch.Generator) -> None:
-    """DLRM's and TorchRec's default: uniform(-sqrt(1/rows), sqrt(1/rows))."""
-    bound = math.sqrt(1.0 / rows)
-    with torch.no_grad():
-        weight.uniform_(-bound, bound, generator=generator)
-
-
 class LocalEmbeddingCollection(EmbeddingCollection):
     """All tables in one process, stacked in one [sum(rows), dim] weight.
 
@@ -82,8 +75,15 @@ class LocalEmbeddingCollection(EmbeddingCollection):
         fused: bool = True,
         seed: int = 0,
         device: torch.device | str = "cpu",
+        table_origin: dict[str, tuple[str, int, int, int]] | None = None,
+        init_dim: dict[str, int] | None = None,
     ) -> None:
+        """``table_origin`` (for shards): table name → (full table name, its rows,
+        first row, first column) and ``init_dim`` → the full table's dim, so a shard
+        starts with its slice of the full table's initial values."""
         super().__init__()
+        table_origin = table_origin or {}
+        init_dim = init_dim or {}
         dims = {t.dim for t in tables}
         if len(dims) != 1:
             raise ValueError(f"one collection needs one embedding dim, got {sorted(dims)}")
@@ -117,12 +117,13 @@ class LocalEmbeddingCollection(EmbeddingCollection):
         )
 
         weight = torch.empty(total, self.dim, device=device)
-        gen = torch.Generator().manual_seed(seed)
         for t in self.tables:
             start = self.row_offsets[t.name]
-            block = torch.empty(t.rows, self.dim)
-            init_table_(block, t.rows, gen)
-            weight[start : start + t.rows] = block
+            init_name, init_rows_total, r0, c0 = table_origin.get(t.name, (t.name, t.rows, 0, 0))
+            weight[start : start + t.rows] = init_rows(
+                init_name, init_rows_total, init_dim.get(t.name, t.dim), seed,
+                r0, r0 + t.rows, c0, c0 + t.dim,
+            )
         # requires_grad so autograd calls our backward; its .grad stays None.
         self.weight = nn.Parameter(weight)
         initial_state = optimizer.init_state(total, self.dim, device)

@@ -171,3 +171,16 @@ def test_import_export_roundtrip() -> None:
     assert not torch.equal(a.weight, b.weight)
     b.import_tables({k: v.clone() for k, v in a.export_tables().items()})
     assert torch.equal(a.weight, b.weight)
+
+
+def test_init_rows_slices_equal_the_full_table() -> None:
+    from embeddings.init import INIT_BLOCK_ROWS, init_rows
+
+    rows = 2 * INIT_BLOCK_ROWS + 123
+    full = init_rows("t", rows, 8, seed=3)
+    bound = (1.0 / rows) ** 0.5
+    assert full.abs().max() <= bound and full.std() > bound / 3
+    for r0, r1, c0, c1 in [(0, rows, 0, 8), (5, INIT_BLOCK_ROWS + 7, 2, 5), (rows - 1, rows, 7, 8)]:
+        assert torch.equal(init_rows("t", rows, 8, 3, r0, r1, c0, c1), full[r0:r1, c0:c1])
+    assert not torch.equal(init_rows("u", rows, 8, 3), full)
+    assert not torch.equal(init_rows("t", rows, 8, 4), full)
