@@ -136,9 +136,12 @@ class LocalEmbeddingCollection(EmbeddingCollection):
     def forward(self, sparse: KeyedJaggedTensor) -> torch.Tensor:
         if sparse.keys() != self.features:
             sparse = sparse.permute([sparse.keys().index(f) for f in self.features])
-        values = sparse.values()
-        lengths = sparse.lengths()
         batch = sparse.stride()
+        pooled = self.lookup(sparse.values(), sparse.lengths(), batch)  # [F, B, D]
+        return pooled.transpose(0, 1).reshape(batch, len(self.features) * self.dim)
+
+    def lookup(self, values: torch.Tensor, lengths: torch.Tensor, batch: int) -> torch.Tensor:
+        """Feature-major jagged ids (lengths [F*B]) → pooled [F, B, D]."""
         num_features = len(self.features)
         per_feature = lengths.view(num_features, batch).sum(dim=1)
         ids = values + torch.repeat_interleave(
@@ -151,9 +154,7 @@ class LocalEmbeddingCollection(EmbeddingCollection):
             inv = 1.0 / lengths.clamp(min=1).to(self.weight.dtype)
             scale = torch.repeat_interleave(inv, lengths, output_size=values.numel())
         pooled = pooled_lookup(self.weight, ids, offsets, self._receive, scale)  # [F*B, D]
-        return pooled.view(num_features, batch, self.dim).transpose(0, 1).reshape(
-            batch, num_features * self.dim
-        )
+        return pooled.view(num_features, batch, self.dim)
 
     # ------------------------------------------------------------------ updates
     @property
@@ -171,17 +172,25 @@ class LocalEmbeddingCollection(EmbeddingCollection):
         self.lr = lr
 
     def step(self) -> None:
-        if self.fused:
-            return
+        if not self.fused:
+            self.apply_gradient(self.take_gradient())
+
+    def take_gradient(self) -> KVGradient:
+        """The kept gradient of the stacked weight (ids across tables), then forget it."""
         if self._kept:
             grad = KVGradient.cat(self._kept)
-        else:  # no lookups this step: an empty update still counts as a step
+        else:
             grad = KVGradient(
                 torch.zeros(0, dtype=torch.int64, device=self.weight.device),
                 self.weight.new_zeros(0, self.dim),
             )
-        self.optimizer.apply(self.weight.data, self.state, grad, self.lr)
         self._kept = []
+        return grad
+
+    def apply_gradient(self, grad: KVGradient, row_sq_mean: torch.Tensor | None = None) -> None:
+        """One optimizer step with ``grad`` (an empty one still counts as a step);
+        ``row_sq_mean``: see ``SparseOptimizer.apply``."""
+        self.optimizer.apply(self.weight.data, self.state, grad, self.lr, row_sq_mean=row_sq_mean)
 
     def kv_gradients(self) -> dict[str, KVGradient]:
         if not self._kept:

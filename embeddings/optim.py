@@ -45,8 +45,13 @@ class SparseOptimizer(ABC):
         state: dict[str, torch.Tensor],
         grad: KVGradient,
         lr: float,
+        row_sq_mean: torch.Tensor | None = None,
     ) -> None:
-        """Update ``weight[grad.ids]`` and their state in place."""
+        """Update ``weight[grad.ids]`` and their state in place.
+
+        ``row_sq_mean`` [U]: mean of g² over the FULL row, for a column shard whose
+        ``grad.rows`` hold only some columns (row-wise Adagrad needs the whole row).
+        """
 
     def state_bytes_per_row(self, dim: int) -> int:
         return sum(
@@ -61,7 +66,12 @@ class SparseSGD(SparseOptimizer):
 
     @torch.no_grad()
     def apply(
-        self, weight: torch.Tensor, state: dict[str, torch.Tensor], grad: KVGradient, lr: float
+        self,
+        weight: torch.Tensor,
+        state: dict[str, torch.Tensor],
+        grad: KVGradient,
+        lr: float,
+        row_sq_mean: torch.Tensor | None = None,
     ) -> None:
         weight.index_add_(0, grad.ids, grad.rows, alpha=-lr)
 
@@ -72,10 +82,17 @@ class RowWiseAdagrad(SparseOptimizer):
 
     @torch.no_grad()
     def apply(
-        self, weight: torch.Tensor, state: dict[str, torch.Tensor], grad: KVGradient, lr: float
+        self,
+        weight: torch.Tensor,
+        state: dict[str, torch.Tensor],
+        grad: KVGradient,
+        lr: float,
+        row_sq_mean: torch.Tensor | None = None,
     ) -> None:
         acc = state["sum"]
-        new = acc.index_select(0, grad.ids) + grad.rows.square().mean(dim=1)
+        if row_sq_mean is None:
+            row_sq_mean = grad.rows.square().mean(dim=1)
+        new = acc.index_select(0, grad.ids) + row_sq_mean
         acc.index_copy_(0, grad.ids, new)
         step = grad.rows * (lr / (new.sqrt() + self.eps)).unsqueeze(1)
         weight.index_add_(0, grad.ids, step, alpha=-1.0)
@@ -96,7 +113,12 @@ class SparseAdam(SparseOptimizer):
 
     @torch.no_grad()
     def apply(
-        self, weight: torch.Tensor, state: dict[str, torch.Tensor], grad: KVGradient, lr: float
+        self,
+        weight: torch.Tensor,
+        state: dict[str, torch.Tensor],
+        grad: KVGradient,
+        lr: float,
+        row_sq_mean: torch.Tensor | None = None,
     ) -> None:
         b1, b2 = self.betas
         state["step"] += 1

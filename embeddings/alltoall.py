@@ -1,0 +1,109 @@
+"""The all-to-all exchanges between the data-parallel and the model-parallel side.
+
+Every rank sends one slice to every rank (itself included); slices may differ in
+size. With W = 3, rank 1's view of one exchange:
+
+    send buffer (rank 1)   [ to r0 | to r1 | to r2 ]   send_splits = [a, b, c]
+    recv buffer (rank 1)   [from r0|from r1|from r2]   recv_splits = [x, y, z]
+
+Ids travel with ``alltoall_ids`` (no gradient); pooled vectors travel with
+``alltoall_pooled``, whose backward sends the gradients back along the same
+path (the reverse all-to-all). With one rank, both are the identity and need no
+process group.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+
+def world(group: dist.ProcessGroup | None = None) -> tuple[int, int]:
+    """(rank, world size) of ``group``; (0, 1) when no process group exists."""
+    if not dist.is_available() or not dist.is_initialized():
+        return 0, 1
+    return dist.get_rank(group), dist.get_world_size(group)
+
+
+def alltoall_counts(send: torch.Tensor, group: dist.ProcessGroup | None = None) -> torch.Tensor:
+    """send [W, k] int64 (row d goes to rank d) → recv [W, k] (row s came from rank s)."""
+    _, size = world(group)
+    if size == 1:
+        return send.clone()
+    recv = torch.empty_like(send)
+    dist.all_to_all_single(recv, send.contiguous(), group=group)
+    return recv
+
+
+def alltoall_ids(
+    send: torch.Tensor,
+    send_splits: list[int],
+    recv_splits: list[int],
+    group: dist.ProcessGroup | None = None,
+) -> torch.Tensor:
+    """Uneven all-to-all of a 1-D id/length buffer (no autograd)."""
+    _, size = world(group)
+    if size == 1:
+        return send
+    recv = send.new_empty(sum(recv_splits))
+    dist.all_to_all_single(recv, send.contiguous(), recv_splits, send_splits, group=group)
+    return recv
+
+
+class _AllToAllPooled(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, send, send_splits, recv_splits, group):  # type: ignore[override]
+        ctx.splits = (send_splits, recv_splits)
+        ctx.group = group
+        recv = send.new_empty(sum(recv_splits))
+        dist.all_to_all_single(recv, send.contiguous(), recv_splits, send_splits, group=group)
+        return recv
+
+    @staticmethod
+    def backward(ctx, grad_recv):  # type: ignore[override]
+        send_splits, recv_splits = ctx.splits
+        grad_send = grad_recv.new_empty(sum(send_splits))
+        dist.all_to_all_single(
+            grad_send, grad_recv.contiguous(), send_splits, recv_splits, group=ctx.group
+        )
+        return grad_send, None, None, None
+
+
+def alltoall_pooled(
+    send: torch.Tensor,
+    send_splits: list[int],
+    recv_splits: list[int],
+    group: dist.ProcessGroup | None = None,
+) -> torch.Tensor:
+    """Uneven all-to-all of a flat float buffer; gradients retrace the path."""
+    _, size = world(group)
+    if size == 1:
+        return send
+    return _AllToAllPooled.apply(send, send_splits, recv_splits, group)
+
+
+def permute_bags(
+    lengths: torch.Tensor, values: torch.Tensor, order: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reorder jagged bags: bag i of the result is bag ``order[i]`` of the input.
+
+        lengths [2, 0, 1], values [a b | | c], order [2, 0, 1]
+        → lengths [1, 2, 0], values [c | a b |]
+    """
+    new_lengths = lengths.index_select(0, order)
+    total = int(values.numel())
+    shift = torch.repeat_interleave(
+        bag_starts(lengths).index_select(0, order) - bag_starts(new_lengths),
+        new_lengths,
+        output_size=total,
+    )
+    index = torch.arange(total, device=values.device) + shift
+    return new_lengths, values.index_select(0, index)
+
+
+def bag_starts(lengths: torch.Tensor) -> torch.Tensor:
+    """Exclusive prefix sum: where each bag starts in the values."""
+    starts = torch.zeros_like(lengths)
+    if lengths.numel() > 1:
+        torch.cumsum(lengths[:-1], 0, out=starts[1:])
+    return starts

@@ -1,0 +1,416 @@
+"""Hybrid-parallel embeddings: tables sharded across ranks, met by all-to-all.
+
+One forward on rank r (local batch B_r), for model-parallel (TW/CW/RW) shards:
+
+    local KJT ──route──► per destination d: [lengths of d's slots | their ids]
+        │  (0) all-to-all of counts: (B_r, #ids) to every d
+        │  (1) all-to-all of ids         ──►  on d: bags of every source, reordered
+        │                                     slot-major: (slot, source, sample)
+        │                                     one pooled lookup per shard width
+        │  (2) all-to-all of pooled  ◄──      per source s: [slot blocks of B_s rows]
+        ▼
+    per feature: combine its shards' pieces (TW: as is, CW: cat, RW: sum)
+    replicated (DP) features: local lookup
+    ──► pooled [B_r, F*D] in feature order
+
+A "slot" is (feature, shard): the ids of one feature for one shard of its table.
+Backward retraces (2) as a reverse all-to-all (autograd), then each shard's
+lookup turns pooled gradients into KV gradients on the rank that owns the rows.
+Replicated tables all-gather their KV gradients in ``step``.
+
+Row-wise Adagrad keeps one state value per row, the mean of g² over the whole
+row; column shards of a table all see the same ids, so in ``step`` they
+all-gather per-row partial sums of g² (keyed by table and row) to stay exact.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+import torch.distributed as dist
+
+from embeddings.alltoall import alltoall_counts, alltoall_ids, alltoall_pooled, permute_bags, world
+from embeddings.collection import EmbeddingCollection, LocalEmbeddingCollection
+from embeddings.kv import KVGradient
+from embeddings.optim import RowWiseAdagrad, SparseOptimizer
+from embeddings.plan import Shard, ShardingPlan, ShardingType
+from embeddings.sharding import router_for
+from embeddings.sharding.data_parallel import ReplicatedTables, allgather_kv
+from embeddings.table import Pooling, TableSpec
+
+if TYPE_CHECKING:
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+ROW_KEY_BITS = 40  # (table index << 40) | row: one key space for all tables
+
+
+@dataclass(frozen=True)
+class Slot:
+    feature: str
+    piece: int  # index of the shard among its table's shards (router order)
+    shard: Shard
+
+
+def shard_name(shard: Shard) -> str:
+    return f"{shard.table}/rows{shard.row_start}/cols{shard.col_start}"
+
+
+class ShardedEmbeddingCollection(EmbeddingCollection):
+    def __init__(
+        self,
+        tables: list[TableSpec],
+        plan: ShardingPlan,
+        make_optimizer: Callable[[], SparseOptimizer],
+        fused: bool = True,
+        seed: int = 0,
+        group: dist.ProcessGroup | None = None,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        super().__init__()
+        self.rank, self.world_size = world(group)
+        if plan.world_size != self.world_size:
+            raise ValueError(f"plan is for {plan.world_size} ranks, running on {self.world_size}")
+        dims = {t.dim for t in tables}
+        if len(dims) != 1:
+            raise ValueError(f"one collection needs one embedding dim, got {sorted(dims)}")
+        self.dim = dims.pop()
+        self.group = group
+        self.tables = list(tables)
+        self.plan = plan
+        self.mean = tables[0].pooling is Pooling.MEAN
+        self.features = [f for t in tables for f in t.features]
+        self.grad_scale = 1.0  # set by the trainer (see dlrm/parallel.py)
+        table_index = {t.name: i for i, t in enumerate(tables)}
+        feature_index = {f: i for i, f in enumerate(self.features)}
+        table_of = {f: t for t in tables for f in t.features}
+
+        # ---- model-parallel slots, the same list on every rank
+        self.routers = {
+            name: router_for(tp) for name, tp in plan.tables.items()
+            if tp.sharding is not ShardingType.DATA_PARALLEL
+        }
+        self.slots_on: list[list[Slot]] = [[] for _ in range(self.world_size)]
+        for t in tables:
+            tp = plan.tables[t.name]
+            if tp.sharding is ShardingType.DATA_PARALLEL:
+                continue
+            for piece, shard in enumerate(tp.shards):
+                for f in t.features:
+                    self.slots_on[shard.rank].append(Slot(f, piece, shard))
+        for slots in self.slots_on:  # group equal widths; table then feature order inside
+            slots.sort(key=lambda s: (s.shard.cols, table_index[s.shard.table], feature_index[s.feature]))
+        self.mp_features = [f for f in self.features if f in {s.feature for sl in self.slots_on for s in sl}]
+
+        # ---- this rank's shards: one stacked store per width
+        column_rowwise = isinstance(make_optimizer(), RowWiseAdagrad)
+        self.stores = torch.nn.ModuleList()
+        self.store_slots: list[list[Slot]] = []
+        mine = self.slots_on[self.rank]
+        for width in sorted({s.shard.cols for s in mine}):
+            slots = [s for s in mine if s.shard.cols == width]
+            shards = list(dict.fromkeys(s.shard for s in slots))
+            specs = [
+                TableSpec(shard_name(sh), rows=sh.rows, dim=sh.cols, pooling=Pooling.SUM,
+                          features=tuple(f"{s.feature}@{shard_name(sh)}" for s in slots if s.shard == sh))
+                for sh in shards
+            ]
+            # A store holding a column shard under row-wise Adagrad applies after the
+            # partial-sum exchange in step(), not inside backward.
+            has_cw = any(plan.tables[sh.table].sharding is ShardingType.COLUMN_WISE for sh in shards)
+            store = LocalEmbeddingCollection(
+                specs, make_optimizer(), fused=fused and not (column_rowwise and has_cw), seed=seed,
+                device=device,
+                table_origin={shard_name(sh): (sh.table, plan_rows(plan, sh), sh.row_start, sh.col_start)
+                              for sh in shards},
+                init_dim={shard_name(sh): self.dim for sh in shards},
+            )
+            self.stores.append(store)
+            self.store_slots.append(slots)
+        self.column_rowwise = column_rowwise and any(
+            tp.sharding is ShardingType.COLUMN_WISE for tp in plan.tables.values()
+        )
+        self.table_index = table_index
+
+        # ---- replicated tables: a full local copy, KV all-gather in step()
+        dp_tables = [t for t in tables if plan.tables[t.name].sharding is ShardingType.DATA_PARALLEL]
+        self.dp_features = [f for t in dp_tables for f in t.features]
+        self.replicated = (
+            ReplicatedTables(
+                LocalEmbeddingCollection(dp_tables, make_optimizer(), fused=False, seed=seed, device=device),
+                group,
+            )
+            if dp_tables else None
+        )
+        self._feature_pos = feature_index
+        del table_of
+
+    # ------------------------------------------------------------------ forward
+    def forward(self, sparse: KeyedJaggedTensor) -> torch.Tensor:
+        batch = sparse.stride()
+        lengths, values = sparse.lengths(), sparse.values()
+        if sparse.keys() != self.features:
+            keys = sparse.keys()
+            order = torch.tensor([keys.index(f) for f in self.features], dtype=torch.int64)
+            bag_order = (order.unsqueeze(1) * batch + torch.arange(batch)).flatten()
+            lengths, values = permute_bags(lengths, values, bag_order.to(lengths.device))
+        lengths2d = lengths.view(len(self.features), batch)
+        per_feature = lengths2d.sum(dim=1).tolist()
+        ids_of = dict(zip(self.features, values.split(per_feature)))
+        lengths_of = dict(zip(self.features, lengths2d.unbind(0)))
+
+        pooled: dict[str, torch.Tensor] = {}
+        if self.mp_features:
+            pooled.update(self._model_parallel(ids_of, lengths_of, batch))
+        if self.replicated is not None:
+            dp_lengths = torch.cat([lengths_of[f] for f in self.dp_features]) if batch else lengths[:0]
+            dp_values = torch.cat([ids_of[f] for f in self.dp_features])
+            dp_pooled = self.replicated.store.lookup(dp_values, dp_lengths, batch)
+            pooled.update(zip(self.dp_features, dp_pooled.unbind(0)))
+        out = torch.cat([pooled[f] for f in self.features], dim=1)
+        return _ScaleGrad.apply(out, self.grad_scale) if self.grad_scale != 1.0 else out
+
+    def _model_parallel(
+        self, ids_of: dict[str, torch.Tensor], lengths_of: dict[str, torch.Tensor], batch: int
+    ) -> dict[str, torch.Tensor]:
+        W = self.world_size
+        routed = {f: self.routers[self._table_of(f)].route(ids_of[f], lengths_of[f]) for f in self.mp_features}
+        # (0) + (1): ids to the shard owners, [lengths of d's slots | ids] per destination d
+        parts, counts = [], torch.zeros(W, 2, dtype=torch.int64)
+        for d in range(W):
+            ls = [routed[s.feature][s.piece][0] for s in self.slots_on[d]]
+            vs = [routed[s.feature][s.piece][1] for s in self.slots_on[d]]
+            part = torch.cat(ls + vs) if ls else torch.zeros(0, dtype=torch.int64)
+            counts[d, 0] = batch
+            counts[d, 1] = sum(int(v.numel()) for v in vs)
+            parts.append(part)
+        recv_counts = alltoall_counts(counts, self.group)
+        src_batch = recv_counts[:, 0].tolist()
+        mine = self.slots_on[self.rank]
+        n = len(mine)
+        recv_splits = [n * b + int(c) for b, c in zip(src_batch, recv_counts[:, 1].tolist())]
+        recv = alltoall_ids(torch.cat(parts), [int(p.numel()) for p in parts], recv_splits, self.group)
+
+        # On this rank as shard owner: bags of all sources, reordered slot-major.
+        chunks = recv.split(recv_splits)
+        src_lengths = torch.cat([c[: n * b] for c, b in zip(chunks, src_batch)])
+        src_values = torch.cat([c[n * b :] for c, b in zip(chunks, src_batch)])
+        total = sum(src_batch)
+        bases = [0]
+        for b in src_batch[:-1]:
+            bases.append(bases[-1] + n * b)
+        order = torch.cat(
+            [torch.arange(n * b).view(n, b) + base for b, base in zip(src_batch, bases)], dim=1
+        ).flatten()
+        lengths_sm, values_sm = permute_bags(src_lengths, src_values, order)
+
+        send, first_slot, first_value = [], 0, 0
+        per_store = []
+        lengths_by_slot = lengths_sm.view(n, total) if n else lengths_sm.view(0, total)
+        for store, slots in zip(self.stores, self.store_slots):
+            k = len(slots)
+            store_lengths = lengths_by_slot[first_slot : first_slot + k].reshape(-1)
+            count = int(store_lengths.sum())
+            store_values = values_sm[first_value : first_value + count]
+            per_store.append(store.lookup(store_values, store_lengths, total))  # [k, total, w]
+            first_slot += k
+            first_value += count
+        # (2): pooled pieces back to the sources, slot order, B_s rows each
+        offset = 0
+        for b in src_batch:
+            for pooled in per_store:
+                send.append(pooled[:, offset : offset + b, :].reshape(-1))
+            offset += b
+        send_splits = [
+            sum(p.shape[0] * b * p.shape[2] for p in per_store) for b in src_batch
+        ]
+        recv_splits_f = [sum(batch * s.shard.cols for s in self.slots_on[d]) for d in range(W)]
+        send_buffer = torch.cat(send) if send else self._empty_pooled()
+        if not send_buffer.requires_grad:
+            # Every rank must take part in the backward all-to-all, even with nothing to send.
+            send_buffer = send_buffer + self._anchor()
+        recv_pooled = alltoall_pooled(send_buffer, send_splits, recv_splits_f, self.group)
+
+        pieces: dict[str, list[torch.Tensor | None]] = {
+            f: [None] * len(self.plan.tables[self._table_of(f)].shards) for f in self.mp_features
+        }
+        for d, chunk in enumerate(recv_pooled.split(recv_splits_f)):
+            pos = 0
+            for s in self.slots_on[d]:
+                width = s.shard.cols
+                pieces[s.feature][s.piece] = chunk[pos : pos + batch * width].view(batch, width)
+                pos += batch * width
+        out = {}
+        for f in self.mp_features:
+            pooled = self.routers[self._table_of(f)].combine(pieces[f])  # type: ignore[arg-type]
+            if self.mean:
+                pooled = pooled / lengths_of[f].clamp(min=1).unsqueeze(1).to(pooled.dtype)
+            out[f] = pooled
+        return out
+
+    def _table_of(self, feature: str) -> str:
+        for t in self.tables:
+            if feature in t.features:
+                return t.name
+        raise KeyError(feature)
+
+    def _anchor(self) -> torch.Tensor:
+        """A zero that carries autograd: any store's weight, or the replicated one's."""
+        holders = list(self.stores) + ([self.replicated.store] if self.replicated else [])
+        if not holders:
+            raise RuntimeError("a rank with no embedding shards at all")
+        return holders[0].weight.sum() * 0.0
+
+    def _empty_pooled(self) -> torch.Tensor:
+        return torch.zeros(0)
+
+    # ------------------------------------------------------------------ updates
+    def set_lr(self, lr: float) -> None:
+        for store in self.stores:
+            store.set_lr(lr)
+        if self.replicated is not None:
+            self.replicated.store.set_lr(lr)
+
+    def step(self) -> None:
+        kept = [None if store.fused else store.take_gradient() for store in self.stores]
+        synced = self._column_row_sums(kept) if self.column_rowwise else None
+        for store, slots, grad in zip(self.stores, self.store_slots, kept):
+            if grad is None:
+                continue
+            store.apply_gradient(grad, self._row_sq_mean(store, grad, synced))
+        if self.replicated is not None:
+            self.replicated.step()
+
+    def _column_row_sums(self, kept: list[KVGradient | None]) -> KVGradient:
+        """All-gather per-row partial sums of g² of column shards, keyed (table, row)."""
+        keys, sums = [torch.zeros(0, dtype=torch.int64)], [torch.zeros(0, 1)]
+        for store, grad in zip(self.stores, kept):
+            if grad is None:
+                continue
+            for spec in store.tables:
+                shard = self._shard_of(spec.name)
+                if self.plan.tables[shard.table].sharding is not ShardingType.COLUMN_WISE:
+                    continue
+                start = store.row_offsets[spec.name]
+                part = grad.slice_rows(start, start + spec.rows)
+                keys.append((self.table_index[shard.table] << ROW_KEY_BITS) + part.ids + shard.row_start)
+                sums.append(part.rows.square().sum(dim=1, keepdim=True))
+        local = KVGradient.from_lookups(torch.cat(keys), torch.cat(sums))
+        return allgather_kv(local, self.group)
+
+    def _row_sq_mean(
+        self, store: LocalEmbeddingCollection, grad: KVGradient, synced: KVGradient | None
+    ) -> torch.Tensor | None:
+        if synced is None:
+            return None
+        row_sq = grad.rows.square().mean(dim=1)
+        for spec in store.tables:
+            shard = self._shard_of(spec.name)
+            if self.plan.tables[shard.table].sharding is not ShardingType.COLUMN_WISE:
+                continue
+            start = store.row_offsets[spec.name]
+            lo = int(torch.searchsorted(grad.ids, start))
+            hi = int(torch.searchsorted(grad.ids, start + spec.rows))
+            wanted = (self.table_index[shard.table] << ROW_KEY_BITS) + grad.ids[lo:hi] - start + shard.row_start
+            where = torch.searchsorted(synced.ids, wanted)
+            row_sq[lo:hi] = synced.rows[where, 0] / self.dim
+        return row_sq
+
+    def _shard_of(self, name: str) -> Shard:
+        for slots in self.store_slots:
+            for s in slots:
+                if shard_name(s.shard) == name:
+                    return s.shard
+        raise KeyError(name)
+
+    def kv_gradients(self) -> dict[str, KVGradient]:
+        out: dict[str, KVGradient] = {}
+        for store in self.stores:
+            out.update(store.kv_gradients())
+        if self.replicated is not None:
+            out.update(self.replicated.store.kv_gradients())
+        return out
+
+    # ------------------------------------------------------------------ state
+    def local_shards(self) -> list[tuple[Shard, dict[str, torch.Tensor]]]:
+        """(shard, {"weight": .., optimizer state: ..}) for every shard on this rank;
+        replicated tables count as full-table shards."""
+        out = []
+        for store in self.stores:
+            tensors = store.export_tables()
+            for spec in store.tables:
+                prefix = f"{spec.name}."
+                out.append((self._shard_of(spec.name),
+                            {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}))
+        if self.replicated is not None:
+            tensors = self.replicated.store.export_tables()
+            for t in self.replicated.store.tables:
+                shard = next(s for s in self.plan.tables[t.name].shards if s.rank == self.rank)
+                prefix = f"{t.name}."
+                out.append((shard, {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}))
+        return out
+
+    def export_tables(self) -> dict[str, torch.Tensor]:
+        return {
+            f"{shard_name(shard)}.{key}": tensor
+            for shard, tensors in self.local_shards()
+            for key, tensor in tensors.items()
+        }
+
+    def import_tables(self, tensors: dict[str, torch.Tensor]) -> None:
+        for shard, mine in self.local_shards():
+            for key, dst in mine.items():
+                src = tensors[f"{shard_name(shard)}.{key}"]
+                if src.shape != dst.shape:
+                    raise ValueError(f"{shard_name(shard)}.{key}: shape {tuple(src.shape)} != {tuple(dst.shape)}")
+                with torch.no_grad():
+                    dst.copy_(src)
+
+
+def plan_rows(plan: ShardingPlan, shard: Shard) -> int:
+    """Row count of the full table the shard belongs to."""
+    return max(s.row_end for s in plan.tables[shard.table].shards)
+
+
+class _ScaleGrad(torch.autograd.Function):
+    """Identity forward; multiplies the gradient by ``scale`` in backward."""
+
+    @staticmethod
+    def forward(ctx, x, scale):  # type: ignore[override]
+        ctx.scale = scale
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        return grad * ctx.scale, None
+
+
+def gather_tables(collection: ShardedEmbeddingCollection) -> dict[str, torch.Tensor]:
+    """Whole tables (``{table}.weight`` and optimizer state) assembled from all
+    ranks' shards, on every rank. For tests and small exports: it holds every
+    table in memory at once; checkpoints write shards instead."""
+    local = [(shard, {k: v.detach().cpu() for k, v in t.items()}) for shard, t in collection.local_shards()]
+    if collection.world_size > 1:
+        everything: list = [None] * collection.world_size
+        dist.all_gather_object(everything, local, group=collection.group)
+    else:
+        everything = [local]
+    rows = {t.name: t.rows for t in collection.tables}
+    out: dict[str, torch.Tensor] = {}
+    for shards in everything:
+        for shard, tensors in shards:
+            for key, tensor in tensors.items():
+                name = f"{shard.table}.{key}"
+                if tensor.dim() == 0 or tensor.shape[0] != shard.rows:  # scalar state (Adam's step)
+                    out[name] = tensor
+                    continue
+                if name not in out:
+                    shape = (rows[shard.table], *((collection.dim,) if tensor.dim() == 2 else ()))
+                    out[name] = torch.zeros(shape, dtype=tensor.dtype)
+                if tensor.dim() == 2:
+                    out[name][shard.row_start : shard.row_end, shard.col_start : shard.col_end] = tensor
+                else:
+                    out[name][shard.row_start : shard.row_end] = tensor
+    return out

@@ -1,0 +1,17 @@
+"""Table-wise: the whole table on one rank; every id goes there, the pooled
+vector comes back whole.
+
+    feature f ids ──► rank k (holds all rows, all columns) ──► pooled [B, D]
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class TableWiseRouter:
+    def route(self, ids: torch.Tensor, lengths: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return [(lengths, ids)]
+
+    def combine(self, pieces: list[torch.Tensor]) -> torch.Tensor:
+        return pieces[0]

@@ -1,0 +1,70 @@
+"""A multi-process test base: run a function on W ranks of a real process group.
+
+    results = run_ranks(3, my_fn, arg)      # my_fn(rank, world_size, arg) on 3 ranks
+
+Each rank is a fresh process (spawn) joined into a gloo (or nccl) group on a free
+localhost port, with deterministic algorithms; every rank's exit code is checked
+and its return value (picklable) comes back in rank order.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import socket
+import tempfile
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch.multiprocessing as mp
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _entry(rank: int, world_size: int, port: int, backend: str, out_dir: str, fn: Callable, args: tuple) -> None:
+    import torch
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size))
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    dist.init_process_group(backend, rank=rank, world_size=world_size)
+    try:
+        result = fn(rank, world_size, *args)
+        Path(out_dir, f"{rank}.pkl").write_bytes(pickle.dumps(result))
+    except BaseException:
+        Path(out_dir, f"{rank}.err").write_text(traceback.format_exc())
+        raise
+    finally:
+        dist.destroy_process_group()
+
+
+def run_ranks(world_size: int, fn: Callable, *args: Any, backend: str = "gloo", timeout: float = 300) -> list[Any]:
+    """``fn(rank, world_size, *args)`` on every rank; their results, rank order."""
+    ctx = mp.get_context("spawn")
+    port = free_port()
+    with tempfile.TemporaryDirectory() as out_dir:
+        procs = [
+            ctx.Process(target=_entry, args=(r, world_size, port, backend, out_dir, fn, args))
+            for r in range(world_size)
+        ]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(timeout)
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+        errors = [Path(out_dir, f"{r}.err") for r in range(world_size)]
+        messages = [e.read_text() for e in errors if e.exists()]
+        codes = [p.exitcode for p in procs]
+        if messages or any(c != 0 for c in codes):
+            raise AssertionError(f"ranks exited with {codes}:\n" + "\n".join(messages))
+        return [pickle.loads(Path(out_dir, f"{r}.pkl").read_bytes()) for r in range(world_size)]

@@ -1,0 +1,128 @@
+"""Sharded embeddings equal one process: every strategy (table-, column-, row-wise,
+data-parallel, mixed), every sparse optimizer, 1-3 ranks with uneven local batches."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from embeddings.collection import LocalEmbeddingCollection
+from embeddings.optim import make_sparse_optimizer
+from embeddings.plan import ShardingType, fixed_plan
+from embeddings.sharded import ShardedEmbeddingCollection, gather_tables
+from embeddings.table import Pooling, TableSpec
+from tests.multiprocess import run_ranks
+
+DIM = 6
+GLOBAL_BATCH = 11  # does not divide by 2 or 3
+STEPS = 3
+LR = 0.1
+
+
+def make_tables(pooling: Pooling = Pooling.SUM) -> list[TableSpec]:
+    return [
+        TableSpec("t0", rows=40, dim=DIM, features=("a",), pooling=pooling),
+        TableSpec("t1", rows=25, dim=DIM, features=("b", "c"), pooling=pooling),  # shared
+        TableSpec("t2", rows=9, dim=DIM, features=("d",), pooling=pooling),
+        TableSpec("t3", rows=61, dim=DIM, features=("e",), pooling=pooling),
+    ]
+
+
+FEATURES = ["a", "b", "c", "d", "e"]
+ROWS = {"a": 40, "b": 25, "c": 25, "d": 9, "e": 61}
+
+
+def global_batch(step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(lengths [F, G], values, upstream gradient [G, F*D]) of step ``step``."""
+    g = torch.Generator().manual_seed(1000 + step)
+    lengths = torch.randint(0, 4, (len(FEATURES), GLOBAL_BATCH), generator=g)
+    values = torch.cat([torch.randint(0, ROWS[f], (int(lengths[i].sum()),), generator=g)
+                        for i, f in enumerate(FEATURES)])
+    upstream = torch.randn(GLOBAL_BATCH, len(FEATURES) * DIM, generator=g)
+    return lengths, values, upstream
+
+
+def local_slice(step: int, rank: int, world_size: int) -> tuple[KeyedJaggedTensor, torch.Tensor]:
+    lengths, values, upstream = global_batch(step)
+    sizes = [GLOBAL_BATCH // world_size + (1 if r < GLOBAL_BATCH % world_size else 0) for r in range(world_size)]
+    start = sum(sizes[:rank])
+    end = start + sizes[rank]
+    per_feature = values.split(lengths.sum(1).tolist())
+    vals, lens = [], []
+    for i, ids in enumerate(per_feature):
+        offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths[i].cumsum(0)])
+        vals.append(ids[offsets[start]: offsets[end]])
+        lens.append(lengths[i, start:end])
+    kjt = KeyedJaggedTensor(keys=FEATURES, values=torch.cat(vals), lengths=torch.cat(lens), stride=end - start)
+    return kjt, upstream[start:end]
+
+
+PLANS = {
+    "table_wise": lambda W: {t: (ShardingType.TABLE_WISE, [i % W]) for i, t in enumerate(["t0", "t1", "t2", "t3"])},
+    "column_wise": lambda W: {t: (ShardingType.COLUMN_WISE, []) for t in ["t0", "t1", "t2", "t3"]},
+    "row_wise": lambda W: {t: (ShardingType.ROW_WISE, []) for t in ["t0", "t1", "t2", "t3"]},
+    "data_parallel": lambda W: {t: (ShardingType.DATA_PARALLEL, []) for t in ["t0", "t1", "t2", "t3"]},
+    "mixed": lambda W: {"t0": (ShardingType.TABLE_WISE, [W - 1]), "t1": (ShardingType.COLUMN_WISE, []),
+                        "t2": (ShardingType.DATA_PARALLEL, []), "t3": (ShardingType.ROW_WISE, [])},
+}
+CASES = [(p, o, fused) for p in PLANS for o in ("sgd", "rowwise_adagrad", "adam") for fused in (True, False)]
+
+
+def train_sharded(rank: int, world_size: int, cases, pooling: Pooling = Pooling.SUM) -> dict:
+    results = {}
+    for plan_name, optim, fused in cases:
+        tables = make_tables(pooling)
+        plan = fixed_plan(tables, world_size, PLANS[plan_name](world_size))
+        coll = ShardedEmbeddingCollection(
+            tables, plan, lambda kind=optim: make_sparse_optimizer(kind), fused=fused, seed=7
+        )
+        for step in range(STEPS):
+            kjt, upstream = local_slice(step, rank, world_size)
+            coll.set_lr(LR)
+            pooled = coll(kjt)
+            assert pooled.shape == (kjt.stride(), len(FEATURES) * DIM)
+            (pooled * upstream).sum().backward()
+            coll.step()
+        results[(plan_name, optim, fused)] = gather_tables(coll)
+    return results
+
+
+def train_reference(optim: str, pooling: Pooling = Pooling.SUM) -> dict[str, torch.Tensor]:
+    coll = LocalEmbeddingCollection(make_tables(pooling), make_sparse_optimizer(optim), fused=True, seed=7)
+    for step in range(STEPS):
+        kjt, upstream = local_slice(step, 0, 1)
+        coll.set_lr(LR)
+        (coll(kjt) * upstream).sum().backward()
+        coll.step()
+    return {k: v.clone() for k, v in coll.export_tables().items()}
+
+
+def assert_tables_equal(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], label: str) -> None:
+    assert set(got) == set(want), (label, sorted(got), sorted(want))
+    for key, expected in want.items():
+        torch.testing.assert_close(
+            got[key], expected, rtol=1e-5, atol=1e-6, msg=lambda m, key=key: f"{label} {key}: {m}"
+        )
+
+
+def test_one_rank_without_process_group_equals_local() -> None:
+    results = train_sharded(0, 1, [c for c in CASES if not c[2]])
+    for (plan_name, optim, fused), tables in results.items():
+        assert_tables_equal(tables, train_reference(optim), f"W=1 {plan_name} {optim}")
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_sharded_equals_single_process(world_size: int) -> None:
+    per_rank = run_ranks(world_size, train_sharded, CASES)
+    references = {o: train_reference(o) for o in ("sgd", "rowwise_adagrad", "adam")}
+    for case in CASES:
+        for rank in range(world_size):
+            assert_tables_equal(per_rank[rank][case], references[case[1]], f"W={world_size} rank {rank} {case}")
+
+
+def test_mean_pooling_row_and_column_wise() -> None:
+    cases = [("mixed", "sgd", True), ("row_wise", "adam", False)]
+    per_rank = run_ranks(2, train_sharded, cases, Pooling.MEAN)
+    for case in cases:
+        assert_tables_equal(per_rank[0][case], train_reference(case[1], Pooling.MEAN), f"mean {case}")
