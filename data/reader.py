@@ -96,6 +96,7 @@ class ParquetReader:
         check_files(self.files, schema)
         self._units = _units(self.files)
         self.num_rows = int(self._units.rows.sum())
+        self.batch_size = batch_size
         self.local_batch_size = _share(batch_size, world_size, rank)
         self._lo, self._hi = _row_range(self.num_rows, world_size, rank)
         self._window = max(self.local_batch_size, shuffle_buffer // self.local_batch_size
@@ -107,6 +108,16 @@ class ParquetReader:
     def steps_per_epoch(self) -> int:
         """Batches every rank yields per epoch (the same on all ranks)."""
         return self._steps
+
+    def global_batch_size(self, step: int) -> int:
+        """Rows of batch ``step`` summed over all ranks (known to every rank, no
+        communication): the divisor of a global-mean loss when batches run short."""
+        total = 0
+        for r in range(self.world_size):
+            lo, hi = _row_range(self.num_rows, self.world_size, r)
+            b = _share(self.batch_size, self.world_size, r)
+            total += max(0, min(b, hi - lo - step * b))
+        return total
 
     def epoch(self, epoch: int, start_step: int = 0) -> Iterator[Batch]:
         """Batches ``start_step .. steps_per_epoch() - 1`` of epoch ``epoch``."""

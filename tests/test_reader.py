@@ -328,3 +328,16 @@ def test_batch_size_smaller_than_world_is_a_user_error(tiny) -> None:
     files, schema, _ = tiny
     with pytest.raises(UserError, match="batch size 2"):
         ParquetReader(files, schema, 2, rank=0, world_size=3)
+
+
+def test_global_batch_size_is_the_sum_of_rank_batches(tmp_path) -> None:
+    from data.reader import ParquetReader
+    from tests.data_helpers import tiny_dataset
+
+    files, schema = tiny_dataset(tmp_path)
+    for world_size in (1, 2, 3):
+        readers = [ParquetReader(files, schema, 16, rank=r, world_size=world_size, prefetch=0)
+                   for r in range(world_size)]
+        per_rank = [[b.size for b in rd.epoch(0)] for rd in readers]
+        for step in range(readers[0].steps_per_epoch()):
+            assert readers[0].global_batch_size(step) == sum(sizes[step] for sizes in per_rank)
