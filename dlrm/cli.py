@@ -5,6 +5,7 @@ in-process; heavy imports happen inside the verbs so ``dlrm --help`` is instant.
     dlrm convert-criteo INPUT... --out DIR [--max-ind-range R]
     dlrm train --config FILE [--out RUN_DIR] [key.sub=value ...]
     dlrm eval --checkpoint RUN_DIR --data PATH [--plots DIR]
+    dlrm plan --config FILE --world-size N [--memory-per-rank SIZE]
 """
 
 from __future__ import annotations
@@ -77,11 +78,18 @@ def cmd_eval(argv: list[str]) -> int:
     return 0
 
 
+def cmd_plan(argv: list[str]) -> int:
+    from dlrm.plan_cli import cmd_plan as plan
+
+    return plan(argv)
+
+
 VERBS: dict[str, Callable[[list[str]], int]] = {
     "generate": cmd_generate,
     "convert-criteo": cmd_convert_criteo,
     "train": cmd_train,
     "eval": cmd_eval,
+    "plan": cmd_plan,
 }
 
 

@@ -54,10 +54,9 @@ class SparseOptimizer(ABC):
         """
 
     def state_bytes_per_row(self, dim: int) -> int:
-        return sum(
-            t[:1].numel() * t.element_size()
-            for t in self.init_state(1, dim, torch.device("cpu")).values()
-        )
+        """Bytes of per-row state (per-table scalars such as Adam's step excluded)."""
+        state = self.init_state(2, dim, torch.device("cpu"))
+        return sum(t[0].numel() * t.element_size() for t in state.values() if t.shape[0] == 2)
 
 
 class SparseSGD(SparseOptimizer):

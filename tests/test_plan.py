@@ -327,9 +327,8 @@ def memory_by_hand(state_per_row) -> list[RankMemory]:
     ("optimizer", "state_per_row"),
     [
         (SGD, lambda cols: 0),
-        # Two fp32 moments per column, plus the table's int64 step counter, which
-        # state_bytes_per_row counts as 8 bytes a row (an over-estimate).
-        (ADAM, lambda cols: 2 * cols * 4 + 8),
+        # Two fp32 moments per column (the per-table step counter is not per row).
+        (ADAM, lambda cols: 2 * cols * 4),
         (make_sparse_optimizer("rowwise_adagrad"), lambda cols: 4),
     ],
 )
