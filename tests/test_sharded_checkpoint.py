@@ -1,0 +1,211 @@
+"""Sharded embedding checkpoints reshard on load.
+
+Trained at W=2 under a mixed plan and saved; then loaded
+
+    at W=3 under other plans   ─┐
+    into one process (no group) ├─► the same whole tables (weights and optimizer
+    at W=2 under the same plan ─┘   state), and one more step equals one more
+                                    step of the saved run
+
+and a missing, truncated, foreign or malicious checkpoint raises CheckpointError.
+"""
+
+from __future__ import annotations
+
+import pickle
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from dlrm.checkpoint import CheckpointError
+from dlrm.sharded_checkpoint import load_embeddings, save_embeddings
+from embeddings.collection import LocalEmbeddingCollection
+from embeddings.optim import make_sparse_optimizer
+from embeddings.plan import ShardingType, fixed_plan
+from embeddings.sharded import ShardedEmbeddingCollection, gather_tables
+from embeddings.table import TableSpec
+from tests.multiprocess import run_ranks
+from tests.test_sharded_embeddings import (
+    LR,
+    PLANS,
+    STEPS,
+    assert_tables_equal,
+    local_slice,
+    make_tables,
+)
+
+OPTIMIZERS = ("rowwise_adagrad", "adam")
+TW, CW, RW, DP = (ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE, ShardingType.ROW_WISE,
+                  ShardingType.DATA_PARALLEL)
+# Saved under PLANS["mixed"]: t0 table_wise, t1 column_wise, t2 data_parallel, t3 row_wise.
+# Loaded at W=3 with every table's strategy changed, and with everything row_wise.
+OTHER_PLANS = {
+    "shuffled": lambda W: {"t0": (RW, []), "t1": (TW, [W - 1]), "t2": (CW, []), "t3": (DP, [])},
+    "row_wise": PLANS["row_wise"],
+}
+TRAINED_SEED, FRESH_SEED = 7, 99
+
+Tables = dict[str, torch.Tensor]
+
+
+def sharded(placements: dict, optim: str, world_size: int, seed: int) -> ShardedEmbeddingCollection:
+    tables = make_tables()
+    return ShardedEmbeddingCollection(
+        tables, fixed_plan(tables, world_size, placements), lambda: make_sparse_optimizer(optim), seed=seed
+    )
+
+
+def train_step(coll: ShardedEmbeddingCollection | LocalEmbeddingCollection, step: int, rank: int,
+               world_size: int) -> None:
+    kjt, upstream = local_slice(step, rank, world_size)
+    coll.set_lr(LR)
+    (coll(kjt) * upstream).sum().backward()
+    coll.step()
+
+
+def snapshot(coll: ShardedEmbeddingCollection) -> Tables:
+    """Whole tables, copied (gather_tables may hand back live tensors, e.g. Adam's step)."""
+    return {k: v.clone() for k, v in gather_tables(coll).items()}
+
+
+def save_run(rank: int, world_size: int, root: str) -> dict[str, dict[str, Tables]]:
+    """Per optimizer: train STEPS steps and save; load into a fresh collection of
+    the same plan; then one more step of the original."""
+    out = {}
+    for optim in OPTIMIZERS:
+        coll = sharded(PLANS["mixed"](world_size), optim, world_size, TRAINED_SEED)
+        for step in range(STEPS):
+            train_step(coll, step, rank, world_size)
+        saved = snapshot(coll)
+        save_embeddings(Path(root, optim), coll)
+        fresh = sharded(PLANS["mixed"](world_size), optim, world_size, FRESH_SEED)
+        load_embeddings(Path(root, optim), fresh)
+        same_plan = snapshot(fresh)
+        train_step(coll, STEPS, rank, world_size)
+        out[optim] = {"saved": saved, "same_plan": same_plan, "next": snapshot(coll)}
+    return out
+
+
+def load_elsewhere(rank: int, world_size: int, root: str, broken: str) -> dict:
+    """Per optimizer and other plan: load, snapshot, one more step, snapshot; and
+    the error every rank gets from a broken checkpoint."""
+    out: dict = {}
+    for optim in OPTIMIZERS:
+        for name, placements in OTHER_PLANS.items():
+            coll = sharded(placements(world_size), optim, world_size, FRESH_SEED)
+            load_embeddings(Path(root, optim), coll)
+            loaded = snapshot(coll)
+            train_step(coll, STEPS, rank, world_size)
+            out[optim, name] = {"loaded": loaded, "next": snapshot(coll)}
+    coll = sharded(OTHER_PLANS["shuffled"](world_size), "adam", world_size, FRESH_SEED)
+    try:
+        load_embeddings(broken, coll)
+        out["broken"] = None
+    except CheckpointError as e:
+        out["broken"] = str(e)
+    return out
+
+
+@pytest.fixture(scope="module")
+def saved_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, dict[str, Tables]]]:
+    root = tmp_path_factory.mktemp("sharded_ckpt")
+    return root, run_ranks(2, save_run, str(root))[0]
+
+
+def truncated_copy(src: Path, dst: Path) -> Path:
+    """``src`` with its rank-1 data file cut to half its length."""
+    shutil.copytree(src, dst)
+    data = dst / "__1_0.distcp"
+    data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])
+    return dst
+
+
+def test_same_plan_at_two_ranks(saved_run) -> None:
+    _, runs = saved_run
+    for optim, run in runs.items():
+        states = {"exp_avg", "exp_avg_sq", "step"} if optim == "adam" else {"sum"}
+        assert {k.split(".", 1)[1] for k in run["saved"]} == {"weight"} | states
+        for key, want in run["saved"].items():
+            assert torch.equal(run["same_plan"][key], want), f"W=2 {optim} {key}"
+
+
+def test_other_plans_at_three_ranks_and_resume(saved_run, tmp_path: Path) -> None:
+    root, runs = saved_run
+    broken = truncated_copy(root / "adam", tmp_path / "broken")
+    per_rank = run_ranks(3, load_elsewhere, str(root), str(broken))
+    for rank, result in enumerate(per_rank):
+        for optim in OPTIMIZERS:
+            for name in OTHER_PLANS:
+                got = result[optim, name]
+                for key, want in runs[optim]["saved"].items():
+                    assert torch.equal(got["loaded"][key], want), f"W=3 rank {rank} {optim} {name} {key}"
+                assert_tables_equal(got["next"], runs[optim]["next"], f"resume W=3 {optim} {name}")
+        assert result["broken"] is not None and str(broken) in result["broken"], result["broken"]
+        assert "tables." in result["broken"] or "optimizer." in result["broken"], result["broken"]
+
+
+def test_one_process_without_group(saved_run) -> None:
+    root, runs = saved_run
+    for optim, run in runs.items():
+        coll = LocalEmbeddingCollection(make_tables(), make_sparse_optimizer(optim), seed=FRESH_SEED)
+        assert not torch.equal(coll.export_tables()["t1.weight"], run["saved"]["t1.weight"])
+        load_embeddings(root / optim, coll)
+        loaded = {k: v.clone() for k, v in coll.export_tables().items()}
+        assert set(loaded) == set(run["saved"])
+        for key, want in run["saved"].items():
+            assert torch.equal(loaded[key], want), f"local {optim} {key}"
+        train_step(coll, STEPS, 0, 1)
+        assert_tables_equal(coll.export_tables(), run["next"], f"resume local {optim}")
+        # and back: a checkpoint written by one process loads too
+        save_embeddings(root / f"{optim}-local", coll)
+        again = LocalEmbeddingCollection(make_tables(), make_sparse_optimizer(optim), seed=FRESH_SEED)
+        load_embeddings(root / f"{optim}-local", again)
+        assert_tables_equal(again.export_tables(), coll.export_tables(), f"local round trip {optim}")
+
+
+class _Payload:
+    """Unpickling this runs ``Path.touch`` on a marker file."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple:
+        return (Path.touch, (self.marker,))
+
+
+def local(optim: str = "adam", rows_t0: int = 40) -> LocalEmbeddingCollection:
+    tables = [TableSpec("t0", rows=rows_t0, dim=6, features=("a",)), *make_tables()[1:]]
+    return LocalEmbeddingCollection(tables, make_sparse_optimizer(optim), seed=FRESH_SEED)
+
+
+def test_bad_checkpoints_raise_checkpoint_error(saved_run, tmp_path: Path) -> None:
+    root, _ = saved_run
+    with pytest.raises(CheckpointError, match="not found"):
+        load_embeddings(tmp_path / "nowhere", local())
+
+    broken = truncated_copy(root / "adam", tmp_path / "truncated")
+    with pytest.raises(CheckpointError, match=r"truncated: (tables|optimizer)\.\S+ cannot be read"):
+        load_embeddings(broken, local())
+
+    with pytest.raises(CheckpointError, match=r"tables\.t0\.weight is \[40, 6\] there, \[41, 6\] here"):
+        load_embeddings(root / "adam", local(rows_t0=41))
+    with pytest.raises(CheckpointError, match=r"tables\.t0\.exp_avg is missing"):
+        load_embeddings(root / "rowwise_adagrad", local("adam"))
+    with pytest.raises(CheckpointError, match=r"tables\.t0\.sum is missing"):
+        load_embeddings(root / "adam", local("rowwise_adagrad"))
+    with pytest.raises(CheckpointError, match=r"optimizer\.step is there but not in this collection"):
+        load_embeddings(root / "adam", local("sgd"))
+
+    evil = tmp_path / "evil"
+    shutil.copytree(root / "adam", evil)
+    marker = tmp_path / "code-ran"
+    (evil / ".metadata").write_bytes(pickle.dumps(_Payload(marker)))
+    with pytest.raises(CheckpointError, match=r"\.metadata is unreadable .*not allowed"):
+        load_embeddings(evil, local())
+    assert not marker.exists()
+
+    (evil / ".metadata").write_bytes(b"\x80\x04garbage")
+    with pytest.raises(CheckpointError, match=r"\.metadata is unreadable"):
+        load_embeddings(evil, local())
