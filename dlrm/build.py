@@ -10,8 +10,9 @@ import torch
 
 from data.schema import Schema
 from dlrm.config import Config
+from dlrm.distributed import DistInfo
 from dlrm.model import DLRM
-from embeddings.collection import LocalEmbeddingCollection
+from embeddings.collection import EmbeddingCollection, LocalEmbeddingCollection
 from embeddings.optim import make_sparse_optimizer
 from embeddings.table import Pooling, TableSpec
 
@@ -29,7 +30,9 @@ def tables_from_schema(schema: Schema, dim: int, pooling: str = "sum") -> list[T
     ]
 
 
-def build_model(cfg: Config, schema: Schema, device: torch.device | str = "cpu") -> torch.nn.Module:
+def build_model(
+    cfg: Config, schema: Schema, device: torch.device | str = "cpu", info: DistInfo | None = None
+) -> torch.nn.Module:
     """The DLRM of ``cfg`` for ``schema``, initialised from ``cfg.seed``.
 
     Either backend has the trainer's interface: forward(dense, sparse) -> logits,
@@ -42,15 +45,37 @@ def build_model(cfg: Config, schema: Schema, device: torch.device | str = "cpu")
             schema, cfg.model, cfg.optim, cfg.embeddings.pooling, torch.device(device), cfg.seed
         )
     tables = tables_from_schema(schema, cfg.model.embedding_dim, cfg.embeddings.pooling)
-    collection = LocalEmbeddingCollection(
-        tables,
-        make_sparse_optimizer(cfg.optim.sparse, cfg.optim.eps),
-        fused=cfg.embeddings.fused,
-        seed=cfg.seed,
-        device=device,
-    )
+    # Gradient accumulation keeps KV gradients until the k-th micro-batch.
+    fused = cfg.embeddings.fused and cfg.train.accumulate == 1
+    collection: EmbeddingCollection
+    if info is None or info.world_size == 1:
+        collection = LocalEmbeddingCollection(
+            tables,
+            make_sparse_optimizer(cfg.optim.sparse, cfg.optim.eps),
+            fused=fused,
+            seed=cfg.seed,
+            device=device,
+        )
+    else:
+        from dlrm.plan_cli import plan_from_config
+        from embeddings.sharded import ShardedEmbeddingCollection
+
+        plan, _ = plan_from_config(cfg, schema, info.world_size)
+        collection = ShardedEmbeddingCollection(
+            tables,
+            plan,
+            lambda: make_sparse_optimizer(cfg.optim.sparse, cfg.optim.eps),
+            fused=fused,
+            seed=cfg.seed,
+            device=device,
+        )
     torch.manual_seed(cfg.seed)
-    return DLRM(len(schema.dense), collection, cfg.model).to(device)
+    model = DLRM(len(schema.dense), collection, cfg.model).to(device)
+    if info is not None:
+        from dlrm.parallel import parallelize
+
+        parallelize(model, info, cfg)
+    return model
 
 
 def build_dense_optimizer(cfg: Config, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:

@@ -1,12 +1,14 @@
 """Checkpoints of a run: atomic, loadable without executing code, checked on load.
 
-    RUN/checkpoint/meta.json   format version, progress, config, schema
-    RUN/checkpoint/state.pt    tensors only (torch.load weights_only=True):
-                               dense model + dense optimizer + per-table embedding
-                               weights and optimizer state + RNG
+    RUN/checkpoint/meta.json     format version, progress, config, schema (rank 0)
+    RUN/checkpoint/state.pt      tensors only (torch.load weights_only=True): dense
+                                 model, dense optimizer, RNG (rank 0)
+    RUN/checkpoint/embeddings/   torch.distributed.checkpoint: every rank writes its
+                                 own shards; loads into any world size and plan
 
 A save writes ``checkpoint.tmp`` completely, then swaps it in by renames; a crash
 at any moment leaves a complete ``checkpoint`` or ``checkpoint.old`` to resume from.
+With several nodes the run directory must be on a shared file system.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import torch
 from data.errors import UserError
 from data.schema import Schema, SparseFeature
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 
 
 class CheckpointError(UserError):
@@ -69,39 +71,94 @@ def write_atomic(path: Path, text: str) -> None:
 
 def save_checkpoint(
     run_dir: Path,
-    state: dict[str, Any],
+    model: torch.nn.Module,
+    dense_opt: torch.optim.Optimizer,
     progress: Progress,
     config: dict[str, Any],
     schema: Schema,
+    info: Any = None,
 ) -> Path:
+    """Collective when there are several ranks: all ranks call it at the same step."""
+    from dlrm.distributed import DistInfo, barrier
+
+    info = info or DistInfo()
     run_dir = Path(run_dir)
-    final = run_dir / "checkpoint"
-    tmp = run_dir / "checkpoint.tmp"
-    old = run_dir / "checkpoint.old"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    torch.save(state, tmp / "state.pt")
-    meta = {
-        "format_version": FORMAT_VERSION,
-        "progress": dataclasses.asdict(progress),
-        "config": config,
-        "schema": schema_to_json(schema),
-    }
-    (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
-    for f in tmp.iterdir():
-        with open(f, "rb") as fh:
-            os.fsync(fh.fileno())
-    _fsync_dir(tmp)
-    if final.exists():
+    final, tmp, old = run_dir / "checkpoint", run_dir / "checkpoint.tmp", run_dir / "checkpoint.old"
+    if info.is_main:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
+    barrier(info)
+    state: dict[str, Any] = {"dense_optimizer": dense_opt.state_dict(), "rng": torch.get_rng_state()}
+    embeddings = getattr(model, "embeddings", None)
+    if embeddings is not None:
+        from dlrm.model import unwrap
+        from dlrm.sharded_checkpoint import save_embeddings
+
+        save_embeddings(tmp / "embeddings", embeddings)
+        state["dense"] = unwrap(model.dense_arch).state_dict()
+    else:  # torchrec backend: whole tables in state.pt (one process)
+        state.update(model.export_state())
+    barrier(info)
+    if info.is_main:
+        torch.save(state, tmp / "state.pt")
+        meta = {
+            "format_version": FORMAT_VERSION,
+            "progress": dataclasses.asdict(progress),
+            "config": config,
+            "schema": schema_to_json(schema),
+            "world_size": info.world_size,
+        }
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+        for f in tmp.rglob("*"):
+            if f.is_file():
+                with open(f, "rb") as fh:
+                    os.fsync(fh.fileno())
+        _fsync_dir(tmp)
+        if final.exists():
+            if old.exists():
+                shutil.rmtree(old)
+            os.replace(final, old)
+        os.replace(tmp, final)
+        _fsync_dir(run_dir)
         if old.exists():
             shutil.rmtree(old)
-        os.replace(final, old)
-    os.replace(tmp, final)
-    _fsync_dir(run_dir)
-    if old.exists():
-        shutil.rmtree(old)
+    barrier(info)
     return final
+
+
+def load_checkpoint(
+    ckpt: Path,
+    model: torch.nn.Module,
+    dense_opt: torch.optim.Optimizer | None,
+    config: dict[str, Any] | None,
+    schema: Schema,
+) -> Progress:
+    """Restore ``model`` (and ``dense_opt``) from ``ckpt``; the progress to continue at.
+
+    With ``config`` given, refuses a checkpoint of another model first."""
+    meta = load_meta(ckpt)
+    if config is not None:
+        check_compatible(meta, config, schema, ckpt)
+    state = load_state(ckpt)
+    try:
+        embeddings = getattr(model, "embeddings", None)
+        if embeddings is not None:
+            from dlrm.model import unwrap
+            from dlrm.sharded_checkpoint import load_embeddings
+
+            missing, unexpected = unwrap(model.dense_arch).load_state_dict(state["dense"], strict=False)
+            if missing or unexpected:
+                raise KeyError(f"dense state: missing {missing[:1]}, unexpected {unexpected[:1]}")
+            load_embeddings(ckpt / "embeddings", embeddings)
+        else:
+            model.import_state(state)
+        if dense_opt is not None:
+            dense_opt.load_state_dict(state["dense_optimizer"])
+    except (KeyError, ValueError) as e:
+        raise CheckpointError(f"checkpoint {ckpt} does not fit the model: {e}") from None
+    torch.set_rng_state(state["rng"])
+    return Progress(**meta["progress"])
 
 
 def find_checkpoint(run_dir: Path) -> Path | None:

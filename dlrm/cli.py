@@ -74,7 +74,8 @@ def cmd_eval(argv: list[str]) -> int:
     from dlrm.evaluate import evaluate_checkpoint
 
     result = evaluate_checkpoint(a.checkpoint, a.data, plots_dir=a.plots, batch_size=a.batch_size)
-    print(json.dumps(result))
+    if result is not None:  # rank 0 of a torchrun job, or the only process
+        print(json.dumps(result))
     return 0
 
 
@@ -104,11 +105,31 @@ def main(argv: list[str] | None = None) -> int:
     verb = argv[0]
     # torch.fx warns once, on torchrec's import, about an API we do not use.
     logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
+    ok = False
     try:
-        return VERBS[verb](argv[1:])
+        code = VERBS[verb](argv[1:])
+        ok = code == 0
+        return code
     except UserError as e:
         print(f"dlrm {verb}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"dlrm {verb}: interrupted", file=sys.stderr)
         return 130
+    finally:
+        _leave_process_group(together=ok)
+
+
+def _leave_process_group(together: bool) -> None:
+    """Destroy the torchrun process group (if a verb made one) before exit; after
+    success all ranks leave together (a barrier), after an error at once."""
+    if "torch.distributed" not in sys.modules:
+        return
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        # A rank whose peers already closed their connections can be aborted by
+        # gloo's background threads; after an error the peers may never arrive.
+        if together:
+            dist.barrier()
+        dist.destroy_process_group()

@@ -44,6 +44,9 @@ class DataConfig:
     prefetch: int = 4  # batches decoded ahead by the background worker
     id_policy: Literal["error", "hash", "modulo"] = "error"  # ids >= table rows
     dense_nan: Literal["error", "zero"] = "error"  # NaN/inf dense values
+    # Read in the batch order of a job of this many ranks (0 = this job's own);
+    # one process with order_world_size=W sees the global batches of a W-rank job.
+    order_world_size: int = 0
 
 
 @dataclass
@@ -102,6 +105,11 @@ class TrainConfig:
     checkpoint_every: int = 0  # steps; 0 = only at the end
     threads: int = 0  # torch intra-op threads; 0 = torch's default
     device: Literal["auto", "cpu", "cuda"] = "auto"  # auto: cuda when available
+    backend: Literal["auto", "gloo", "nccl"] = "auto"  # under torchrun; auto: nccl with CUDA
+    accumulate: int = 1  # micro-batches per optimizer step (one step = a k times larger batch)
+    ddp_hook: Literal["none", "fp16", "bf16", "powersgd"] = "none"
+    powersgd_warmup: int = 100  # uncompressed steps before PowerSGD starts
+    timeout_s: int = 600  # collectives; a dead peer ends the job instead of hanging
     progress: bool = True
 
 

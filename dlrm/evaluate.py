@@ -12,14 +12,18 @@ from dlrm import checkpoint as ckpt_io
 
 def evaluate_checkpoint(
     run: str | Path, data: str, plots_dir: str | None = None, batch_size: int | None = None
-) -> dict[str, Any]:
-    """Metrics JSON (auc, logloss, ne, calibration, ctr, rows) of a checkpoint on ``data``."""
+) -> dict[str, Any] | None:
+    """Metrics (auc, logloss, ne, calibration, ctr, rows) of a checkpoint on ``data``.
+
+    Under torchrun every rank scores its share; the metrics are computed over all
+    rows gathered, so they equal one process's. Returns None on ranks other than 0.
+    """
     from data.files import expand_paths
     from data.schema import check_files
     from dlrm.build import build_model
     from dlrm.config import Config, from_dict
-    from dlrm.metrics import evaluate_predictions
-    from dlrm.trainer import make_reader, predict, resolve_device, restore
+    from dlrm.distributed import init_distributed
+    from dlrm.trainer import evaluate, make_reader
 
     ckpt = ckpt_io.find_checkpoint(Path(run))
     if ckpt is None:
@@ -31,15 +35,17 @@ def evaluate_checkpoint(
     schema = ckpt_io.schema_from_json(meta["schema"])
     files = expand_paths(data)
     check_files(files, schema)
-    device = resolve_device(cfg.train.device)
-    model = build_model(cfg, schema, device)
+    info = init_distributed(cfg.train.backend, cfg.train.device, cfg.train.timeout_s)
+    model = build_model(cfg, schema, info.device, info)
     with contextlib.closing(model):
-        restore(model, None, ckpt_io.load_state(ckpt))
-        scores, labels = predict(model, make_reader(cfg, files, schema, train=False).epoch(0), device)
-    try:
-        result = evaluate_predictions(scores.numpy(), labels.numpy())
-    except ValueError as e:
-        raise UserError(f"data {data}: {e}") from None
+        ckpt_io.load_checkpoint(ckpt, model, None, None, schema)
+        reader = make_reader(cfg, files, schema, False, info.rank, info.world_size)
+        try:
+            result, scores, labels = evaluate(model, reader, info)
+        except ValueError as e:
+            raise UserError(f"data {data}: {e}") from None
+    if not info.is_main:
+        return None
     if plots_dir:
         from dlrm.plots import write_plots
 

@@ -33,6 +33,30 @@ def mlp(in_features: int, sizes: list[int], relu_last: bool) -> nn.Sequential:
     return nn.Sequential(*layers)
 
 
+class DenseArch(nn.Module):
+    """Everything dense: bottom MLP, interaction, top MLP. DDP wraps this one module."""
+
+    def __init__(self, num_dense: int, num_sparse: int, dim: int, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.bottom = mlp(num_dense, cfg.bottom_mlp, relu_last=True)
+        if cfg.interaction == "dot":
+            self.interaction: nn.Module = DotInteraction(num_sparse, dim)
+        else:
+            self.interaction = CrossInteraction(num_sparse, dim, cfg.dcn_layers, cfg.dcn_rank)
+        self.top = mlp(self.interaction.out_features, cfg.top_mlp, relu_last=False)
+
+    def forward(self, dense: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
+        """dense [B, n_dense], pooled [B, F*D] → logits [B]."""
+        return self.top(self.interaction(self.bottom(dense), pooled)).squeeze(1)
+
+
+def unwrap(module: nn.Module) -> nn.Module:
+    """The module inside a DistributedDataParallel wrapper (or the module itself)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    return module.module if isinstance(module, DistributedDataParallel) else module
+
+
 class DLRM(nn.Module):
     def __init__(self, num_dense: int, embeddings: EmbeddingCollection, cfg: ModelConfig) -> None:
         super().__init__()
@@ -43,26 +67,16 @@ class DLRM(nn.Module):
             )
         if not cfg.top_mlp or cfg.top_mlp[-1] != 1:
             raise ValueError(f"model.top_mlp must end with 1, got {cfg.top_mlp}")
-        num_sparse = len(embeddings.features)
-        self.bottom = mlp(num_dense, cfg.bottom_mlp, relu_last=True)
         self.embeddings = embeddings
-        if cfg.interaction == "dot":
-            self.interaction: nn.Module = DotInteraction(num_sparse, dim)
-        else:
-            self.interaction = CrossInteraction(num_sparse, dim, cfg.dcn_layers, cfg.dcn_rank)
-        self.top = mlp(self.interaction.out_features, cfg.top_mlp, relu_last=False)
+        self.dense_arch: nn.Module = DenseArch(num_dense, len(embeddings.features), dim, cfg)
 
     def forward(self, dense: torch.Tensor, sparse: KeyedJaggedTensor) -> torch.Tensor:
         """Logits [B]."""
-        pooled = self.embeddings(sparse)
-        bottom = self.bottom(dense)
-        return self.top(self.interaction(bottom, pooled)).squeeze(1)
+        return self.dense_arch(dense, self.embeddings(sparse))
 
     def dense_parameters(self) -> list[nn.Parameter]:
         """MLP and interaction parameters: the dense optimizer's (and DDP's) share."""
-        return [
-            p for m in (self.bottom, self.interaction, self.top) for p in m.parameters()
-        ]
+        return list(self.dense_arch.parameters())
 
     def begin_step(self, sparse_lr: float) -> None:
         """Before forward: the learning rate the (possibly fused) sparse update uses."""
@@ -77,13 +91,11 @@ class DLRM(nn.Module):
 
     def export_state(self) -> dict[str, dict[str, torch.Tensor]]:
         """MLP tensors and per-table embedding tensors (weights and optimizer state)."""
-        dense = {k: v for k, v in self.state_dict().items() if not k.startswith("embeddings.")}
-        return {"dense": dense, "tables": self.embeddings.export_tables()}
+        return {"dense": unwrap(self.dense_arch).state_dict(), "tables": self.embeddings.export_tables()}
 
     def import_state(self, state: dict[str, dict[str, torch.Tensor]]) -> None:
         """Inverse of :meth:`export_state`; KeyError/ValueError name what does not fit."""
-        missing, unexpected = self.load_state_dict(state["dense"], strict=False)
-        missing = [k for k in missing if not k.startswith("embeddings.")]
+        missing, unexpected = unwrap(self.dense_arch).load_state_dict(state["dense"], strict=False)
         if missing or unexpected:
             raise KeyError(f"dense state: missing {missing[:1]}, unexpected {unexpected[:1]}")
         self.embeddings.import_tables(state["tables"])

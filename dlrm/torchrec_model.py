@@ -80,6 +80,8 @@ class TorchRecDLRM(nn.Module):
         self.features = features  # schema order: every KJT is put in this key order
         self.tables = tables
         self.owns_process_group = owns_pg
+        self.lr_divisor = 1  # W for SGD under torchrun (see build_torchrec_dlrm)
+        self.table_shapes: dict[str, tuple[int, int]] = {}  # name → (rows, dim)
 
     def forward(self, dense: torch.Tensor, sparse: KeyedJaggedTensor) -> torch.Tensor:
         # The sharded collection caches the key order of the first batch it sees and
@@ -101,7 +103,7 @@ class TorchRecDLRM(nn.Module):
         """
         opt = self.dmp.fused_optimizer
         for group in opt.param_groups:
-            group["lr"] = lr  # type: ignore[index]
+            group["lr"] = lr / self.lr_divisor  # type: ignore[index]
         opt.step()
 
     def begin_step(self, sparse_lr: float) -> None:
@@ -117,6 +119,15 @@ class TorchRecDLRM(nn.Module):
             k: v for k, v in self.dmp.state_dict().items() if ".embedding_bags." not in k
         }
         tables = {f"{name}.weight": w for name, w in self.embedding_weights().items()}
+        if dist.get_world_size() > 1:
+            # Each rank's copies are zero outside its shards, and shards never
+            # overlap, so the sum over ranks is every whole table (collective).
+            everyone: list[dict[str, torch.Tensor]] = [{}] * dist.get_world_size()
+            dist.all_gather_object(everyone, tables)
+            tables = {}
+            for part in everyone:
+                for key, w in part.items():
+                    tables[key] = tables[key] + w if key in tables else w.clone()
         return {"dense": dense, "tables": tables}
 
     def import_state(self, state: dict[str, dict[str, torch.Tensor]]) -> None:
@@ -132,12 +143,11 @@ class TorchRecDLRM(nn.Module):
                     t.copy_(full[r : r + t.shape[0], c : c + t.shape[1]])
 
     def embedding_weights(self) -> dict[str, torch.Tensor]:
-        """Full [rows, dim] copy of every table held by this rank (all of them at world size 1)."""
+        """[rows, dim] of every table, this rank's shards filled in, zeros elsewhere
+        (whole tables at world size 1)."""
         out: dict[str, torch.Tensor] = {}
         for name, shards in _local_shards(self.dmp).items():
-            rows = max(o[0] + t.shape[0] for o, t in shards)
-            dim = max(o[1] + t.shape[1] for o, t in shards)
-            full = torch.zeros(rows, dim)
+            full = torch.zeros(self.table_shapes[name])
             for (r, c), t in shards:
                 full[r : r + t.shape[0], c : c + t.shape[1]] = t.detach().cpu()
             out[name] = full
@@ -195,14 +205,23 @@ def build_torchrec_dlrm(
         arch.to(device)
 
     opt_cls = _SPARSE_OPTIMIZERS[optim_cfg.sparse]
-    opt_kwargs: dict[str, Any] = {"lr": optim_cfg.sparse_lr}
+    # Our trainer's loss on each of W ranks is W x its share of the global mean (so
+    # that DDP's averaging is exact for the MLPs); TorchRec's embeddings then see
+    # W x the exact gradient. SGD undoes it with lr / W; row-wise Adagrad and Adam
+    # are scale-invariant but for eps, so eps x W makes them exact.
+    grad_multiplier = dist.get_world_size()
+    lr_divisor = grad_multiplier if optim_cfg.sparse == "sgd" else 1
+    opt_kwargs: dict[str, Any] = {"lr": optim_cfg.sparse_lr / lr_divisor}
     if optim_cfg.sparse != "sgd":
-        opt_kwargs["eps"] = optim_cfg.eps
+        opt_kwargs["eps"] = optim_cfg.eps * grad_multiplier
     _apply_optimizer_in_backward(opt_cls, model.sparse_arch.parameters(), opt_kwargs)
 
     dmp = _shard(model, device, constraints or {}, list(table_features))
     _init_tables_(dmp, configs, seed)
-    return TorchRecDLRM(dmp, schema.sparse_names, list(table_features), owns_pg)
+    model = TorchRecDLRM(dmp, schema.sparse_names, list(table_features), owns_pg)
+    model.lr_divisor = lr_divisor
+    model.table_shapes = {c.name: (c.num_embeddings, c.embedding_dim) for c in configs}
+    return model
 
 
 def _dlrm(ebc: EmbeddingBagCollection, n_dense: int, cfg: ModelConfig) -> DLRM:

@@ -1,11 +1,16 @@
 """Training loop: steps, LR schedule, periodic eval, metrics as JSON lines, checkpoints.
 
-One step, whatever the embedding placement:
+One step, whatever the embedding placement or the number of ranks:
 
-    model.begin_step(sparse_lr)        sparse lr for a fused (in-backward) update
-    loss = BCE(model(dense, sparse))   forward
-    loss.backward()                    KV gradients for the tables, dense grads for MLPs
-    dense_opt.step(); model.end_step() dense update; kept KV gradients applied
+    model.begin_step(sparse_lr)         sparse lr for a fused (in-backward) update
+    for each of k micro-batches:        (k = train.accumulate; DDP syncs on the last)
+        loss = sum(BCE(model(dense, sparse))) * W / rows of the k global batches
+        loss.backward()                 KV gradients for the tables, dense grads for MLPs
+    dense_opt.step(); model.end_step()  dense update; kept KV gradients applied
+
+Under torchrun every rank runs this loop on its share of each global batch
+(see dlrm/parallel.py for why the loss is scaled by W); rank 0 prints, logs and
+writes the run directory's files.
 
 Resuming from ``RUN/checkpoint`` continues at the exact next batch (the reader's
 batch t is a pure function of seed, epoch and t) with the same optimizer state,
@@ -15,6 +20,7 @@ so a resumed run ends with the same parameters as one never stopped.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import sys
 import time
@@ -30,6 +36,7 @@ from data.schema import Schema
 from dlrm import checkpoint as ckpt_io
 from dlrm.build import build_dense_optimizer, build_model, lr_factor
 from dlrm.config import Config, to_dict, to_yaml
+from dlrm.distributed import DistInfo, all_gather_rows, all_reduce_sum, barrier, init_distributed
 
 
 @dataclass
@@ -65,67 +72,75 @@ def resolve_data(cfg: Config) -> RunData:
 def make_reader(
     cfg: Config, files: list[str], schema: Schema, train: bool, rank: int = 0, world_size: int = 1
 ):
+    """This rank's reader; with data.order_world_size=W on one process, the merged
+    reader of a W-rank job's ranks (same global batches, same order)."""
     from data.reader import ParquetReader
 
-    return ParquetReader(
-        files,
-        schema,
-        cfg.data.batch_size if train else cfg.data.eval_batch_size,
-        rank=rank,
-        world_size=world_size,
-        shuffle=cfg.data.shuffle and train,
-        seed=cfg.seed,
-        shuffle_buffer=cfg.data.shuffle_buffer,
-        prefetch=cfg.data.prefetch,
-        id_policy=cfg.data.id_policy,
-        dense_nan=cfg.data.dense_nan,
-    )
+    def reader(r: int, w: int, prefetch: int) -> ParquetReader:
+        return ParquetReader(
+            files,
+            schema,
+            cfg.data.batch_size if train else cfg.data.eval_batch_size,
+            rank=r,
+            world_size=w,
+            shuffle=cfg.data.shuffle and train,
+            seed=cfg.seed,
+            shuffle_buffer=cfg.data.shuffle_buffer,
+            prefetch=prefetch,
+            id_policy=cfg.data.id_policy,
+            dense_nan=cfg.data.dense_nan,
+        )
 
+    order = cfg.data.order_world_size
+    if order > 1 and world_size == 1:
+        from data.merged import MergedReader
 
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise DataError("train.device=cuda but this machine has no CUDA device")
-    return torch.device(name)
+        return MergedReader([reader(r, order, cfg.data.prefetch) for r in range(order)])
+    return reader(rank, world_size, cfg.data.prefetch)
 
 
 @torch.no_grad()
 def predict(
     model: torch.nn.Module, batches: Iterable, device: torch.device | str = "cpu"
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Probabilities and labels over ``batches`` (float64 on the CPU, [N])."""
+    """Probabilities and labels over ``batches`` (float64 on the CPU, [N]).
+
+    Every batch goes through the model, empty ones too: with several ranks each
+    forward is a collective."""
     was_training = model.training
     model.eval()
-    scores, labels = [], []
+    scores, labels = [torch.zeros(0, dtype=torch.float64)], [torch.zeros(0, dtype=torch.float64)]
     for batch in batches:
-        if batch.size == 0:
-            continue
         batch = batch.to(device, non_blocking=True)
         scores.append(torch.sigmoid(model(batch.dense, batch.sparse)).double().cpu())
         labels.append(batch.labels.double().cpu())
     model.train(was_training)
-    if not scores:
-        return torch.zeros(0, dtype=torch.float64), torch.zeros(0, dtype=torch.float64)
     return torch.cat(scores), torch.cat(labels)
 
 
-def evaluate(model: torch.nn.Module, reader, device: torch.device | str = "cpu") -> dict[str, Any]:
+def evaluate(
+    model: torch.nn.Module, reader, info: DistInfo | None = None
+) -> tuple[dict[str, Any], torch.Tensor, torch.Tensor]:
+    """Metrics of the whole eval set (all ranks' shares gathered), scores, labels."""
     from dlrm.metrics import evaluate_predictions
 
-    scores, labels = predict(model, reader.epoch(0), device)
-    return evaluate_predictions(scores.numpy(), labels.numpy())
+    info = info or DistInfo()
+    scores, labels = predict(model, reader.epoch(0), info.device)
+    scores, labels = all_gather_rows(scores, info), all_gather_rows(labels, info)
+    return evaluate_predictions(scores.numpy(), labels.numpy()), scores, labels
 
 
 class JsonLog:
-    """Appends one JSON object per line to RUN/metrics.jsonl."""
+    """Appends one JSON object per line to RUN/metrics.jsonl (rank 0 only)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, enabled: bool = True) -> None:
         self.path = path
+        self.enabled = enabled
 
     def write(self, record: dict[str, Any]) -> None:
-        with open(self.path, "a") as fh:
-            fh.write(json.dumps(record) + "\n")
+        if self.enabled:
+            with open(self.path, "a") as fh:
+                fh.write(json.dumps(record) + "\n")
 
 
 def train(cfg: Config, run_dir: str | Path, echo: Callable[[str], None] = print) -> dict[str, Any]:
@@ -133,143 +148,144 @@ def train(cfg: Config, run_dir: str | Path, echo: Callable[[str], None] = print)
     run_dir = Path(run_dir)
     if cfg.train.threads > 0:
         torch.set_num_threads(cfg.train.threads)
-    echo("config:\n" + to_yaml(cfg).rstrip())
+    info = init_distributed(cfg.train.backend, cfg.train.device, cfg.train.timeout_s)
+    say = echo if info.is_main else (lambda _: None)
+    say("config:\n" + to_yaml(cfg).rstrip())
     data = resolve_data(cfg)  # before creating anything: bad data leaves no run dir
     schema = data.schema
-    run_dir.mkdir(parents=True, exist_ok=True)
-    ckpt_io.write_atomic(run_dir / "config.yaml", to_yaml(cfg))
-    ckpt_io.write_atomic(
-        run_dir / "schema.json", json.dumps(ckpt_io.schema_to_json(schema), indent=1)
-    )
-    device = resolve_device(cfg.train.device)
-    model = build_model(cfg, schema, device)
+    if info.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        ckpt_io.write_atomic(run_dir / "config.yaml", to_yaml(cfg))
+        ckpt_io.write_atomic(
+            run_dir / "schema.json", json.dumps(ckpt_io.schema_to_json(schema), indent=1)
+        )
+    model = build_model(cfg, schema, info.device, info)
+    plan = getattr(model.embeddings, "plan", None) if hasattr(model, "embeddings") else None
+    if plan is not None and info.is_main:
+        from dlrm.plan_cli import plan_from_config
+
+        say(plan_from_config(cfg, schema, info.world_size)[1])
+        ckpt_io.write_atomic(run_dir / "plan.json", plan.to_json())
+    barrier(info)
     with contextlib.closing(model):  # the torchrec backend owns a process group
-        dense_opt = build_dense_optimizer(cfg, model.dense_parameters())
-        progress = ckpt_io.Progress()
+        return _fit(cfg, run_dir, model, data, info, say)
 
-        existing = ckpt_io.find_checkpoint(run_dir)
-        if existing is not None:
-            if cfg.embeddings.backend == "torchrec" and cfg.optim.sparse != "sgd":
-                raise ckpt_io.CheckpointError(
-                    f"checkpoint {existing}: resuming embeddings.backend=torchrec needs optim.sparse=sgd "
-                    "(its fused optimizer state is not saved); use a new --out"
-                )
-            meta = ckpt_io.load_meta(existing)
-            ckpt_io.check_compatible(meta, to_dict(cfg), schema, existing)
-            state = ckpt_io.load_state(existing)
-            restore(model, dense_opt, state)
-            progress = ckpt_io.Progress(**meta["progress"])
-            echo(f"resumed from {existing} at step {progress.global_step}")
 
-        reader = make_reader(cfg, data.train_files, schema, train=True)
-        steps_per_epoch = reader.steps_per_epoch()
-        total_steps = cfg.train.max_steps or cfg.train.epochs * steps_per_epoch
-        eval_reader = (
-            make_reader(cfg, data.eval_files, schema, train=False) if data.eval_files else None
-        )
-        log = JsonLog(run_dir / "metrics.jsonl")
-        loss_fn = torch.nn.BCEWithLogitsLoss()
-        base_dense_lr = cfg.optim.dense_lr
+def _fit(
+    cfg: Config,
+    run_dir: Path,
+    model: torch.nn.Module,
+    data: RunData,
+    info: DistInfo,
+    say: Callable[[str], None],
+) -> dict[str, Any]:
+    schema = data.schema
+    dense_opt = build_dense_optimizer(cfg, model.dense_parameters())
+    progress = ckpt_io.Progress()
+    existing = ckpt_io.find_checkpoint(run_dir)
+    if existing is not None:
+        if cfg.embeddings.backend == "torchrec" and cfg.optim.sparse != "sgd":
+            raise ckpt_io.CheckpointError(
+                f"checkpoint {existing}: resuming embeddings.backend=torchrec needs optim.sparse=sgd "
+                "(its fused optimizer state is not saved); use a new --out"
+            )
+        progress = ckpt_io.load_checkpoint(existing, model, dense_opt, to_dict(cfg), schema)
+        say(f"resumed from {existing} at step {progress.global_step}")
 
-        def save() -> None:
-            ckpt_io.save_checkpoint(run_dir, snapshot(model, dense_opt), progress, to_dict(cfg), schema)
+    reader = make_reader(cfg, data.train_files, schema, True, info.rank, info.world_size)
+    accumulate = cfg.train.accumulate
+    steps_per_epoch = -(-reader.steps_per_epoch() // accumulate)  # optimizer steps
+    total_steps = cfg.train.max_steps or cfg.train.epochs * steps_per_epoch
+    eval_reader = (
+        make_reader(cfg, data.eval_files, schema, False, info.rank, info.world_size)
+        if data.eval_files else None
+    )
+    log = JsonLog(run_dir / "metrics.jsonl", enabled=info.is_main)
+    loss_fn = torch.nn.BCEWithLogitsLoss(reduction="sum")
 
-        def run_eval() -> dict[str, Any] | None:
-            if eval_reader is None:
-                return None
-            metrics = evaluate(model, eval_reader, device)
-            log.write({"event": "eval", "step": progress.global_step, **metrics})
-            return metrics
+    def save() -> None:
+        ckpt_io.save_checkpoint(run_dir, model, dense_opt, progress, to_dict(cfg), schema, info)
 
-        from tqdm import tqdm
+    def run_eval() -> dict[str, Any] | None:
+        if eval_reader is None:
+            return None
+        metrics = evaluate(model, eval_reader, info)[0]
+        log.write({"event": "eval", "step": progress.global_step, **metrics})
+        return metrics
 
-        bar = tqdm(
-            total=total_steps,
-            initial=progress.global_step,
-            disable=not cfg.train.progress,
-            file=sys.stderr,
-            unit="step",
-            dynamic_ncols=True,
-        )
-        model.train()
-        timed_samples, timed_seconds, warmup = 0, 0.0, 5
-        window_loss = torch.zeros(())
-        window_steps = 0
-        last_eval = None
-        # total_steps bounds the loop: epochs x steps_per_epoch, or max_steps if set.
+    from tqdm import tqdm
+
+    bar = tqdm(total=total_steps, initial=progress.global_step, unit="step", file=sys.stderr,
+               disable=not (cfg.train.progress and info.is_main), dynamic_ncols=True)
+    model.train()
+    timed_rows, timed_seconds, warmup = 0, 0.0, 5
+    window = torch.zeros(2, dtype=torch.float64)  # BCE sum, rows (this rank)
+    last_eval = None
+    while progress.global_step < total_steps:
+        batches = iter(reader.epoch(progress.epoch, start_step=progress.step_in_epoch))
         while progress.global_step < total_steps:
-            batches = reader.epoch(progress.epoch, start_step=progress.step_in_epoch)
-            for batch in batches:
-                if progress.global_step >= total_steps:
-                    break
-                batch = batch.to(device, non_blocking=True)
-                t0 = time.perf_counter()
-                factor = lr_factor(cfg, progress.global_step)
-                for group in dense_opt.param_groups:
-                    group["lr"] = base_dense_lr * factor
-                model.begin_step(cfg.optim.sparse_lr * factor)
-                logits = model(batch.dense, batch.sparse)
-                loss = loss_fn(logits, batch.labels)
-                dense_opt.zero_grad(set_to_none=True)
-                loss.backward()
-                dense_opt.step()
-                model.end_step()
-                window_loss += loss.detach()
-                window_steps += 1
-                progress.global_step += 1
-                progress.step_in_epoch += 1
-                elapsed = time.perf_counter() - t0
-                if progress.global_step > warmup:
-                    timed_samples += batch.size
-                    timed_seconds += elapsed
-                bar.update(1)
-                step = progress.global_step
-                if cfg.train.log_every and step % cfg.train.log_every == 0:
-                    rate = timed_samples / timed_seconds if timed_seconds else 0.0
-                    mean_loss = float(window_loss) / window_steps
-                    log.write({"event": "train", "step": step, "loss": mean_loss, "samples_per_s": rate})
-                    bar.set_postfix(loss=f"{mean_loss:.4f}", sps=f"{rate:,.0f}")
-                    window_loss.zero_()
-                    window_steps = 0
-                if cfg.train.eval_every and step % cfg.train.eval_every == 0 and step < total_steps:
-                    last_eval = run_eval()
-                if cfg.train.checkpoint_every and step % cfg.train.checkpoint_every == 0:
-                    save()
-            else:
+            first = progress.step_in_epoch
+            group = list(itertools.islice(batches, accumulate))
+            if not group:  # epoch done
                 progress.epoch += 1
                 progress.step_in_epoch = 0
-                continue
-            break
-        bar.close()
-        save()
-        last_eval = run_eval() or last_eval
-        rate = timed_samples / timed_seconds if timed_seconds else 0.0
-        summary = {"event": "summary", "steps": progress.global_step, "samples_per_s": rate}
-        if last_eval is not None:
-            summary.update({f"eval_{k}": v for k, v in last_eval.items()})
-        log.write(summary)
-        echo(json.dumps(summary))
-        line = f"trained {progress.global_step} steps at {rate:,.0f} samples/s"
-        if last_eval is not None:
-            line += f"; eval AUC {last_eval['auc']:.4f}, logloss {last_eval['logloss']:.4f}"
-        echo(line)
-        return summary
+                break
+            t0 = time.perf_counter()
+            global_rows = sum(reader.global_batch_size(first + i) for i in range(len(group)))
+            factor = lr_factor(cfg, progress.global_step)
+            for param_group in dense_opt.param_groups:
+                param_group["lr"] = cfg.optim.dense_lr * factor
+            model.begin_step(cfg.optim.sparse_lr * factor)
+            dense_opt.zero_grad(set_to_none=True)
+            for i, batch in enumerate(group):
+                batch = batch.to(info.device, non_blocking=True)
+                sync = i == len(group) - 1
+                with contextlib.nullcontext() if sync else _no_sync(model):
+                    bce = loss_fn(model(batch.dense, batch.sparse), batch.labels)
+                    (bce * (info.world_size / max(global_rows, 1))).backward()
+                window += torch.tensor([float(bce.detach()), batch.size], dtype=torch.float64)
+            dense_opt.step()
+            model.end_step()
+            progress.global_step += 1
+            progress.step_in_epoch = first + len(group)
+            if progress.global_step > warmup:
+                timed_rows += global_rows
+                timed_seconds += time.perf_counter() - t0
+            bar.update(1)
+            step = progress.global_step
+            if cfg.train.log_every and step % cfg.train.log_every == 0:
+                loss_sum, rows = all_reduce_sum(window.tolist(), info)
+                rate = timed_rows / timed_seconds if timed_seconds else 0.0
+                log.write({"event": "train", "step": step, "loss": loss_sum / max(rows, 1),
+                           "samples_per_s": rate})
+                bar.set_postfix(loss=f"{loss_sum / max(rows, 1):.4f}", sps=f"{rate:,.0f}")
+                window.zero_()
+            if cfg.train.eval_every and step % cfg.train.eval_every == 0 and step < total_steps:
+                last_eval = run_eval()
+            if cfg.train.checkpoint_every and step % cfg.train.checkpoint_every == 0:
+                save()
+    bar.close()
+    save()
+    last_eval = run_eval() or last_eval
+    rate = timed_rows / timed_seconds if timed_seconds else 0.0
+    summary: dict[str, Any] = {"event": "summary", "steps": progress.global_step,
+                               "samples_per_s": rate, "world_size": info.world_size}
+    if last_eval is not None:
+        summary.update({f"eval_{k}": v for k, v in last_eval.items()})
+    log.write(summary)
+    say(json.dumps(summary))
+    line = f"trained {progress.global_step} steps at {rate:,.0f} samples/s"
+    if last_eval is not None:
+        line += f"; eval AUC {last_eval['auc']:.4f}, logloss {last_eval['logloss']:.4f}"
+    say(line)
+    return summary
 
 
-def snapshot(model: torch.nn.Module, dense_opt: torch.optim.Optimizer) -> dict[str, Any]:
-    """Everything a resume needs, as tensors and plain values (loadable weights_only)."""
-    return {
-        **model.export_state(),
-        "dense_optimizer": dense_opt.state_dict(),
-        "rng": torch.get_rng_state(),
-    }
+def _no_sync(model: torch.nn.Module) -> contextlib.AbstractContextManager:
+    """DDP's no_sync for micro-batches before the last one (nothing without DDP)."""
+    from torch.nn.parallel import DistributedDataParallel
 
-
-def restore(model: torch.nn.Module, dense_opt: torch.optim.Optimizer | None, state: dict[str, Any]) -> None:
-    try:
-        model.import_state(state)
-        if dense_opt is not None:
-            dense_opt.load_state_dict(state["dense_optimizer"])
-    except (KeyError, ValueError) as e:
-        raise ckpt_io.CheckpointError(f"checkpoint does not fit the model: {e}") from None
-    torch.set_rng_state(state["rng"])
+    arch = getattr(model, "dense_arch", None)
+    if isinstance(arch, DistributedDataParallel):
+        return arch.no_sync()
+    return contextlib.nullcontext()

@@ -63,7 +63,8 @@ def test_model_equals_torchrec_dlrm_with_same_weights() -> None:
     with torch.no_grad():
         for f in schema.sparse:
             ebc.embedding_bags[f.name].weight.copy_(tables[f"{f.name}.weight"])
-        ours_linear = [m for m in list(ours.bottom) + list(ours.top) if isinstance(m, torch.nn.Linear)]
+        arch = ours.dense_arch
+        ours_linear = [m for m in list(arch.bottom) + list(arch.top) if isinstance(m, torch.nn.Linear)]
         theirs_linear = [m for m in theirs.modules() if isinstance(m, torch.nn.Linear)]
         assert len(ours_linear) == len(theirs_linear) == 4
         for a, b in zip(ours_linear, theirs_linear):

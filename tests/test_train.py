@@ -15,13 +15,11 @@ from dlrm.cli import main
 from dlrm.config import load_config
 from dlrm.trainer import train
 from tests.conftest import TINY, tiny_overrides
+from tests.run_state import run_state
 
 
 def final_state(run: Path) -> dict[str, torch.Tensor]:
-    state = torch.load(run / "checkpoint" / "state.pt", weights_only=True)
-    flat = {f"dense.{k}": v for k, v in state["dense"].items()}
-    flat.update({f"tables.{k}": v for k, v in state["tables"].items()})
-    return flat
+    return run_state(run)
 
 
 def run_train(tiny_data, run: Path, **extra) -> dict:
@@ -55,14 +53,13 @@ def test_train_learns_and_eval_matches_sklearn(tiny_data, tmp_path: Path, capsys
     from dlrm import checkpoint as ck
     from dlrm.build import build_model
     from dlrm.config import Config, from_dict
-    from dlrm.evaluate import evaluate_checkpoint  # noqa: F401 (same path the CLI used)
-    from dlrm.trainer import make_reader, predict, restore
+    from dlrm.trainer import make_reader, predict
 
     meta = ck.load_meta(run / "checkpoint")
     cfg = from_dict(Config, meta["config"], "")
     schema = ck.schema_from_json(meta["schema"])
     model = build_model(cfg, schema)
-    restore(model, None, ck.load_state(run / "checkpoint"))
+    ck.load_checkpoint(run / "checkpoint", model, None, None, schema)
     scores, labels = predict(model, make_reader(cfg, expand_paths(str(tiny_data["eval"])), schema, False).epoch(0))
     assert result["auc"] == pytest.approx(roc_auc_score(labels.numpy(), scores.numpy()), abs=1e-6)
     assert result["logloss"] == pytest.approx(log_loss(labels.numpy(), scores.numpy()), rel=1e-6)

@@ -1,0 +1,63 @@
+"""One process reading in the order of a W-rank job.
+
+Batch t here = the concatenation of batch t of ranks 0..W-1 of a W-rank job on
+the same files and seed. Used to check a W-rank run against one process, and to
+reproduce a multi-rank run on one machine (``data.order_world_size=W``).
+
+    rank 0 batch t: [a a a]   rank 1 batch t: [b b]   ──►   merged batch t: [a a a b b]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+
+from data.batch import Batch
+
+
+def concat_batches(batches: list[Batch]) -> Batch:
+    """Samples of ``batches`` one after another (feature-major KJT kept)."""
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    keys = batches[0].sparse.keys()
+    values, lengths = [], []
+    per_batch = []
+    for b in batches:
+        size = b.size
+        lens = b.sparse.lengths().view(len(keys), size)
+        per_batch.append((lens, b.sparse.values().split(lens.sum(dim=1).tolist())))
+    for f in range(len(keys)):
+        for lens, vals in per_batch:
+            lengths.append(lens[f])
+            values.append(vals[f])
+    total = sum(b.size for b in batches)
+    return Batch(
+        dense=torch.cat([b.dense for b in batches]),
+        sparse=KeyedJaggedTensor(
+            keys=keys, values=torch.cat(values), lengths=torch.cat(lengths), stride=total
+        ),
+        labels=torch.cat([b.labels for b in batches]),
+    )
+
+
+class MergedReader:
+    """W ParquetReaders (ranks 0..W-1 of one job) read as one."""
+
+    def __init__(self, readers: list) -> None:
+        self.readers = readers
+
+    @property
+    def num_rows(self) -> int:
+        return self.readers[0].num_rows
+
+    def steps_per_epoch(self) -> int:
+        return self.readers[0].steps_per_epoch()
+
+    def global_batch_size(self, step: int) -> int:
+        return self.readers[0].global_batch_size(step)
+
+    def epoch(self, epoch: int, start_step: int = 0) -> Iterator[Batch]:
+        streams = [r.epoch(epoch, start_step) for r in self.readers]
+        for group in zip(*streams):
+            yield concat_batches(list(group))

@@ -1,0 +1,83 @@
+"""Process group set-up under torchrun, and the few collectives the trainer needs.
+
+``torchrun --nproc_per_node=N -m dlrm train ...`` sets RANK, WORLD_SIZE and
+LOCAL_RANK; one process without them runs alone with no process group.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from data.errors import UserError
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    backend: str = ""
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def init_distributed(backend: str = "auto", device: str = "auto", timeout_s: int = 600) -> DistInfo:
+    """Join the torchrun job (if any). backend auto: nccl with CUDA, gloo otherwise."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    cuda = torch.cuda.is_available() and device in ("auto", "cuda")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UserError("train.device=cuda but this machine has no CUDA device")
+    dev = torch.device(f"cuda:{local_rank}" if cuda else "cpu")
+    if cuda:
+        torch.cuda.set_device(dev)
+    if world_size == 1 and not dist.is_initialized():
+        return DistInfo(device=dev)
+    if backend == "auto":
+        backend = "nccl" if cuda else "gloo"
+    if backend == "nccl" and not cuda:
+        raise UserError("train.backend=nccl needs CUDA devices; use gloo on CPU")
+    if not dist.is_initialized():
+        dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+    return DistInfo(dist.get_rank(), dist.get_world_size(), local_rank, dev, backend)
+
+
+def all_reduce_sum(values: list[float], info: DistInfo) -> list[float]:
+    if info.world_size == 1:
+        return values
+    t = torch.tensor(values, dtype=torch.float64, device=_comm_device(info))
+    dist.all_reduce(t)
+    return t.cpu().tolist()
+
+
+def all_gather_rows(tensor: torch.Tensor, info: DistInfo) -> torch.Tensor:
+    """Concatenate every rank's 1-D ``tensor`` (any lengths) in rank order."""
+    if info.world_size == 1:
+        return tensor
+    device = _comm_device(info)
+    size = torch.tensor([tensor.numel()], dtype=torch.int64, device=device)
+    sizes = [torch.zeros_like(size) for _ in range(info.world_size)]
+    dist.all_gather(sizes, size)
+    longest = int(max(int(s) for s in sizes))
+    padded = torch.zeros(longest, dtype=tensor.dtype, device=device)
+    padded[: tensor.numel()] = tensor.to(device)
+    parts = [torch.empty_like(padded) for _ in range(info.world_size)]
+    dist.all_gather(parts, padded)
+    return torch.cat([p[: int(n)] for p, n in zip(parts, sizes)]).cpu()
+
+
+def barrier(info: DistInfo) -> None:
+    if info.world_size > 1:
+        dist.barrier()
+
+
+def _comm_device(info: DistInfo) -> torch.device:
+    return info.device if info.backend == "nccl" else torch.device("cpu")

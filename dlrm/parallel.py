@@ -1,0 +1,59 @@
+"""Hybrid parallelism applied from outside the model (the model file knows no ranks).
+
+    embeddings ── sharded by the plan (built in dlrm/build.py), all-to-all inside
+    dense_arch ── apply_ddp: DistributedDataParallel, optional comm hook
+    loss scale ── each rank's loss is  W * sum(local BCE) / global batch:
+                  DDP averages dense gradients over W → exact global-mean gradient;
+                  the pooled vectors' gradient is scaled by 1/W before it reaches the
+                  (summing) embedding side → exact there too.
+"""
+
+from __future__ import annotations
+
+from torch.nn.parallel import DistributedDataParallel
+
+from dlrm.config import Config
+from dlrm.distributed import DistInfo
+from dlrm.model import DLRM
+
+
+def apply_ddp(model: DLRM, info: DistInfo, cfg: Config) -> None:
+    """Wrap the dense arch in DDP (and its communication hook, if configured)."""
+    device_ids = [info.device.index] if info.device.type == "cuda" else None
+    model.dense_arch = DistributedDataParallel(model.dense_arch, device_ids=device_ids)
+    register_comm_hook(model.dense_arch, cfg.train.ddp_hook, cfg.train.powersgd_warmup)
+
+
+def register_comm_hook(ddp: DistributedDataParallel, hook: str, powersgd_warmup: int) -> None:
+    """fp16/bf16 compression or PowerSGD (uncompressed for ``powersgd_warmup`` steps)."""
+    if hook == "none":
+        return
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
+    if hook == "fp16":
+        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    elif hook == "bf16":
+        ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
+    elif hook == "powersgd":
+        state = powerSGD_hook.PowerSGDState(
+            process_group=None, matrix_approximation_rank=1, start_powerSGD_iter=max(2, powersgd_warmup)
+        )
+        ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+    else:
+        raise ValueError(hook)
+
+
+def parallelize(model: DLRM, info: DistInfo, cfg: Config) -> DLRM:
+    """Apply data parallelism to the dense side and the matching gradient scale."""
+    if info.world_size > 1:
+        apply_ddp(model, info, cfg)
+        model.embeddings.grad_scale = 1.0 / info.world_size  # type: ignore[attr-defined]
+    return model
+
+
+def loss_scale(info: DistInfo, global_rows: int) -> float:
+    """Multiplier of sum(local BCE) that makes the DDP-averaged gradient exact."""
+    return info.world_size / max(global_rows, 1)
+
+
+

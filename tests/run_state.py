@@ -1,0 +1,40 @@
+"""Every parameter of a finished run, as one process sees it (for comparisons)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from dlrm import checkpoint as ck
+from dlrm.build import build_model
+from dlrm.config import Config, from_dict
+
+
+def run_state(run: Path) -> dict[str, torch.Tensor]:
+    """Dense tensors and whole embedding tables (with optimizer state) of ``run``,
+    loaded into a single-process model whatever world size wrote it."""
+    ckpt = ck.find_checkpoint(run)
+    meta = ck.load_meta(ckpt)
+    cfg = from_dict(Config, meta["config"], "")
+    cfg.train.accumulate = 1
+    schema = ck.schema_from_json(meta["schema"])
+    model = build_model(cfg, schema)
+    ck.load_checkpoint(ckpt, model, None, None, schema)
+    state = model.export_state()
+    flat = {f"dense.{k}": v.clone() for k, v in state["dense"].items()}
+    flat.update({f"tables.{k}": v.clone() for k, v in state["tables"].items()})
+    return flat
+
+
+def assert_states_close(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], label: str) -> None:
+    """Every tensor within 1e-5 relative, measured as ||got - want|| <= 1e-5 ||want||.
+
+    Norm-wise: adaptive optimizers (Adagrad, Adam) turn rounding-level differences
+    of near-zero gradients (another summation order across ranks) into visible
+    per-element differences of near-zero weights, while the tensor stays equal."""
+    assert got.keys() == want.keys(), label
+    for key, expected in want.items():
+        diff = float((got[key].double() - expected.double()).norm())
+        scale = float(expected.double().norm())
+        assert diff <= 1e-5 * scale + 1e-7, f"{label} {key}: |diff| {diff:.3g} vs |want| {scale:.3g}"
