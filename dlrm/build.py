@@ -60,13 +60,20 @@ def build_model(
         from dlrm.plan_cli import plan_from_config
         from embeddings.sharded import ShardedEmbeddingCollection
 
+        import torch.distributed as dist
+
         plan, _ = plan_from_config(cfg, schema, info.world_size)
+        # The embedding all-to-alls get their own process group: DDP (and its comm
+        # hooks, which issue collectives from callback threads) use the default one,
+        # and two threads on one gloo group can order collectives differently per rank.
+        group = dist.new_group(backend=info.backend)
         collection = ShardedEmbeddingCollection(
             tables,
             plan,
             lambda: make_sparse_optimizer(cfg.optim.sparse, cfg.optim.eps),
             fused=fused,
             seed=cfg.seed,
+            group=group,
             device=device,
         )
     torch.manual_seed(cfg.seed)

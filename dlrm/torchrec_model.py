@@ -80,7 +80,6 @@ class TorchRecDLRM(nn.Module):
         self.features = features  # schema order: every KJT is put in this key order
         self.tables = tables
         self.owns_process_group = owns_pg
-        self.lr_divisor = 1  # W for SGD under torchrun (see build_torchrec_dlrm)
         self.table_shapes: dict[str, tuple[int, int]] = {}  # name → (rows, dim)
 
     def forward(self, dense: torch.Tensor, sparse: KeyedJaggedTensor) -> torch.Tensor:
@@ -103,7 +102,7 @@ class TorchRecDLRM(nn.Module):
         """
         opt = self.dmp.fused_optimizer
         for group in opt.param_groups:
-            group["lr"] = lr / self.lr_divisor  # type: ignore[index]
+            group["lr"] = lr  # type: ignore[index]
         opt.step()
 
     def begin_step(self, sparse_lr: float) -> None:
@@ -133,7 +132,7 @@ class TorchRecDLRM(nn.Module):
     def import_state(self, state: dict[str, dict[str, torch.Tensor]]) -> None:
         """Load :meth:`export_state` output (weights only; fused optimizer state restarts)."""
         missing, unexpected = self.dmp.load_state_dict(state["dense"], strict=False)
-        missing = [k for k in missing if ".embedding_bags." not in k]
+        missing = [k for k in missing if "embedding_bags." not in k]
         if missing or unexpected:
             raise KeyError(f"dense state: missing {missing[:1]}, unexpected {unexpected[:1]}")
         for name, shards in _local_shards(self.dmp).items():
@@ -205,21 +204,18 @@ def build_torchrec_dlrm(
         arch.to(device)
 
     opt_cls = _SPARSE_OPTIMIZERS[optim_cfg.sparse]
-    # Our trainer's loss on each of W ranks is W x its share of the global mean (so
-    # that DDP's averaging is exact for the MLPs); TorchRec's embeddings then see
-    # W x the exact gradient. SGD undoes it with lr / W; row-wise Adagrad and Adam
-    # are scale-invariant but for eps, so eps x W makes them exact.
-    grad_multiplier = dist.get_world_size()
-    lr_divisor = grad_multiplier if optim_cfg.sparse == "sgd" else 1
-    opt_kwargs: dict[str, Any] = {"lr": optim_cfg.sparse_lr / lr_divisor}
+    # No compensation for our loss convention (each rank's loss is W x its share of
+    # the global mean, for DDP): TorchRec divides pooled gradients by the world
+    # size in its all-to-all backward (comm_ops gradient division), so its
+    # embeddings already see the exact gradient.
+    opt_kwargs: dict[str, Any] = {"lr": optim_cfg.sparse_lr}
     if optim_cfg.sparse != "sgd":
-        opt_kwargs["eps"] = optim_cfg.eps * grad_multiplier
+        opt_kwargs["eps"] = optim_cfg.eps
     _apply_optimizer_in_backward(opt_cls, model.sparse_arch.parameters(), opt_kwargs)
 
     dmp = _shard(model, device, constraints or {}, list(table_features))
     _init_tables_(dmp, configs, seed)
     model = TorchRecDLRM(dmp, schema.sparse_names, list(table_features), owns_pg)
-    model.lr_divisor = lr_divisor
     model.table_shapes = {c.name: (c.num_embeddings, c.embedding_dim) for c in configs}
     return model
 

@@ -55,8 +55,18 @@ def config_for(data: dict[str, Path], overrides: list[str]):
     )
 
 
-def train_ranks(rank: int, world_size: int, data: dict[str, Path], out: Path) -> None:
-    for name, (optim, extra) in CASES.items():
+TORCHREC = ("embeddings.backend=torchrec",)
+EXTRA_W2 = {
+    "torchrec_sgd": ("sgd", TORCHREC),
+    "torchrec_adagrad": ("rowwise_adagrad", TORCHREC),
+    "powersgd_warmup": ("sgd", ("train.ddp_hook=powersgd", "train.powersgd_warmup=100")),
+    "fp16": ("sgd", ("train.ddp_hook=fp16",)),
+    "powersgd": ("sgd", ("train.ddp_hook=powersgd", "train.powersgd_warmup=2")),
+}
+
+
+def train_ranks(rank: int, world_size: int, data: dict[str, Path], out: Path, cases: dict) -> None:
+    for name, (optim, extra) in cases.items():
         train(config_for(data, case_overrides(world_size, optim, extra)), out / f"{name}_W{world_size}",
               echo=lambda s: None)
 
@@ -72,7 +82,7 @@ def summary(run: Path) -> dict:
 
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_ranks_equal_one_process(world_size: int, small_data, tmp_path: Path) -> None:
-    run_ranks(world_size, train_ranks, small_data, tmp_path)
+    run_ranks(world_size, train_ranks, small_data, tmp_path, CASES)
     for name, (optim, extra) in CASES.items():
         ref = tmp_path / f"{name}_ref{world_size}"
         overrides = case_overrides(world_size, optim, extra) + [f"data.order_world_size={world_size}"]
@@ -84,3 +94,27 @@ def test_ranks_equal_one_process(world_size: int, small_data, tmp_path: Path) ->
         # Eval gathered across ranks gives the one-process AUC.
         assert summary(run)["eval_auc"] == pytest.approx(summary(ref)["eval_auc"], abs=1e-9)
         assert summary(run)["eval_rows"] == 900
+
+
+def test_torchrec_backend_and_ddp_hooks_at_two_ranks(small_data, tmp_path: Path) -> None:
+    run_ranks(2, train_ranks, small_data, tmp_path, EXTRA_W2)
+
+    def reference(name: str, optim: str, extra: tuple[str, ...]) -> Path:
+        ref = tmp_path / f"{name}_ref"
+        overrides = case_overrides(2, optim, extra) + ["data.order_world_size=2"]
+        train(config_for(small_data, overrides), ref, echo=lambda s: None)
+        return ref
+
+    # TorchRec at 2 ranks equals TorchRec in one process on the same global batches.
+    for name in ("torchrec_sgd", "torchrec_adagrad"):
+        optim, extra = EXTRA_W2[name]
+        ref = reference(name, optim, extra)
+        assert_states_close(run_state(tmp_path / f"{name}_W2"), run_state(ref), name)
+        torch.testing.assert_close(losses(tmp_path / f"{name}_W2"), losses(ref), rtol=1e-5, atol=1e-7)
+
+    plain = reference("plain_sgd", "sgd", ())
+    # PowerSGD during its warm-up is plain all-reduce: exact.
+    assert_states_close(run_state(tmp_path / "powersgd_warmup_W2"), run_state(plain), "powersgd warm-up")
+    # Compressed gradients: close, not equal.
+    for name in ("fp16", "powersgd"):
+        torch.testing.assert_close(losses(tmp_path / f"{name}_W2"), losses(plain), rtol=2e-2, atol=1e-3)

@@ -20,12 +20,13 @@ STEPS = 3
 LR = 0.1
 
 
-def make_tables(pooling: Pooling = Pooling.SUM) -> list[TableSpec]:
+def make_tables(pooling: Pooling = Pooling.SUM, scale: int = 1) -> list[TableSpec]:
+    """``scale`` multiplies the rows (ids still only hit the first ones)."""
     return [
-        TableSpec("t0", rows=40, dim=DIM, features=("a",), pooling=pooling),
-        TableSpec("t1", rows=25, dim=DIM, features=("b", "c"), pooling=pooling),  # shared
-        TableSpec("t2", rows=9, dim=DIM, features=("d",), pooling=pooling),
-        TableSpec("t3", rows=61, dim=DIM, features=("e",), pooling=pooling),
+        TableSpec("t0", rows=40 * scale, dim=DIM, features=("a",), pooling=pooling),
+        TableSpec("t1", rows=25 * scale, dim=DIM, features=("b", "c"), pooling=pooling),  # shared
+        TableSpec("t2", rows=9 * scale, dim=DIM, features=("d",), pooling=pooling),
+        TableSpec("t3", rows=61 * scale, dim=DIM, features=("e",), pooling=pooling),
     ]
 
 
@@ -69,10 +70,10 @@ PLANS = {
 CASES = [(p, o, fused) for p in PLANS for o in ("sgd", "rowwise_adagrad", "adam") for fused in (True, False)]
 
 
-def train_sharded(rank: int, world_size: int, cases, pooling: Pooling = Pooling.SUM) -> dict:
+def train_sharded(rank: int, world_size: int, cases, pooling: Pooling = Pooling.SUM, scale: int = 1) -> dict:
     results = {}
     for plan_name, optim, fused in cases:
-        tables = make_tables(pooling)
+        tables = make_tables(pooling, scale)
         plan = fixed_plan(tables, world_size, PLANS[plan_name](world_size))
         coll = ShardedEmbeddingCollection(
             tables, plan, lambda kind=optim: make_sparse_optimizer(kind), fused=fused, seed=7
@@ -126,3 +127,39 @@ def test_mean_pooling_row_and_column_wise() -> None:
     per_rank = run_ranks(2, train_sharded, cases, Pooling.MEAN)
     for case in cases:
         assert_tables_equal(per_rank[0][case], train_reference(case[1], Pooling.MEAN), f"mean {case}")
+
+
+def record_collectives(rank: int, world_size: int) -> list[tuple[str, int]]:
+    """Train replicated tables with every torch.distributed collective recorded."""
+    import torch.distributed as dist
+
+    calls: list[tuple[str, int]] = []
+
+    def spy(name):  # noqa: ANN001, ANN202
+        original = getattr(dist, name)
+
+        def wrapper(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+            tensors = [a for a in args if isinstance(a, torch.Tensor)]
+            lists = [t for a in args if isinstance(a, list) for t in a if isinstance(t, torch.Tensor)]
+            calls.append((name, max([t.numel() for t in tensors + lists], default=0)))
+            return original(*args, **kwargs)
+
+        setattr(dist, name, wrapper)
+
+    for name in ("all_reduce", "all_gather", "all_to_all_single", "broadcast", "reduce_scatter", "all_gather_into_tensor"):
+        spy(name)
+    cases = [("data_parallel", "rowwise_adagrad", True), ("data_parallel", "sgd", False)]
+    train_sharded(rank, world_size, cases, Pooling.SUM, 1000)
+    return calls
+
+
+def test_replicated_tables_exchange_kv_pairs_not_dense_gradients() -> None:
+    smallest_table = min(t.rows * t.dim for t in make_tables(scale=1000))  # 54,000 values
+    for calls in run_ranks(2, record_collectives):
+        names = {name for name, _ in calls}
+        assert "all_reduce" not in names and "reduce_scatter" not in names
+        assert "all_gather" in names  # the KV exchange happened
+        # Only touched rows travel: every buffer is far smaller than any table
+        # (gather_tables at the end of train_sharded uses all_gather_object).
+        gathered = [n for name, n in calls if name == "all_gather"]
+        assert max(gathered) < smallest_table / 50, (max(gathered), smallest_table)
