@@ -57,10 +57,10 @@ def build_model(
             device=device,
         )
     else:
+        import torch.distributed as dist
+
         from dlrm.plan_cli import plan_from_config
         from embeddings.sharded import ShardedEmbeddingCollection
-
-        import torch.distributed as dist
 
         plan, _ = plan_from_config(cfg, schema, info.world_size)
         # The embedding all-to-alls get their own process group: DDP (and its comm

@@ -135,10 +135,10 @@ def record_collectives(rank: int, world_size: int) -> list[tuple[str, int]]:
 
     calls: list[tuple[str, int]] = []
 
-    def spy(name):  # noqa: ANN001, ANN202
+    def spy(name):
         original = getattr(dist, name)
 
-        def wrapper(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        def wrapper(*args, **kwargs):
             tensors = [a for a in args if isinstance(a, torch.Tensor)]
             lists = [t for a in args if isinstance(a, list) for t in a if isinstance(t, torch.Tensor)]
             calls.append((name, max([t.numel() for t in tensors + lists], default=0)))
