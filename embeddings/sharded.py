@@ -217,12 +217,12 @@ class ShardedEmbeddingCollection(EmbeddingCollection):
             per_store.append(store.lookup(store_values, store_lengths, total))  # [k, total, w]
             first_slot += k
             first_value += count
-        # (2): pooled pieces back to the sources, slot order, B_s rows each
-        offset = 0
-        for b in src_batch:
-            for pooled in per_store:
-                send.append(pooled[:, offset : offset + b, :].reshape(-1))
-            offset += b
+        # (2): pooled pieces back to the sources, slot order, B_s rows each.
+        # split, not slicing: a slice's backward zero-fills the whole tensor each time.
+        by_source = [pooled.split(src_batch, dim=1) for pooled in per_store]
+        for s in range(W):
+            for pieces_of_store in by_source:
+                send.append(pieces_of_store[s].reshape(-1))
         send_splits = [
             sum(p.shape[0] * b * p.shape[2] for p in per_store) for b in src_batch
         ]
@@ -236,12 +236,11 @@ class ShardedEmbeddingCollection(EmbeddingCollection):
         pieces: dict[str, list[torch.Tensor | None]] = {
             f: [None] * len(self.plan.tables[self._table_of(f)].shards) for f in self.mp_features
         }
-        for d, chunk in enumerate(recv_pooled.split(recv_splits_f)):
-            pos = 0
+        sizes = [batch * s.shard.cols for d in range(W) for s in self.slots_on[d]]
+        blocks = iter(recv_pooled.split(sizes))
+        for d in range(W):
             for s in self.slots_on[d]:
-                width = s.shard.cols
-                pieces[s.feature][s.piece] = chunk[pos : pos + batch * width].view(batch, width)
-                pos += batch * width
+                pieces[s.feature][s.piece] = next(blocks).view(batch, s.shard.cols)
         out = {}
         for f in self.mp_features:
             pooled = self.routers[self._table_of(f)].combine(pieces[f])  # type: ignore[arg-type]
