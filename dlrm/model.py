@@ -9,6 +9,7 @@ Hotline); sharding it and wrapping the MLPs in DDP happen elsewhere.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -45,9 +46,17 @@ class DenseArch(nn.Module):
             self.interaction = CrossInteraction(num_sparse, dim, cfg.dcn_layers, cfg.dcn_rank)
         self.top = mlp(self.interaction.out_features, cfg.top_mlp, relu_last=False)
 
-    def forward(self, dense: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
-        """dense [B, n_dense], pooled [B, F*D] → logits [B]."""
-        return self.top(self.interaction(self.bottom(dense), pooled)).squeeze(1)
+    def forward(
+        self, dense: torch.Tensor, pooled: torch.Tensor | Callable[[], torch.Tensor]
+    ) -> torch.Tensor:
+        """dense [B, n_dense], pooled [B, F*D] → logits [B].
+
+        ``pooled`` may be a function that finishes the embedding lookup: it is called
+        after the bottom MLP, which so overlaps the ids all-to-all in flight."""
+        bottom = self.bottom(dense)
+        if callable(pooled):
+            pooled = pooled()
+        return self.top(self.interaction(bottom, pooled)).squeeze(1)
 
 
 def unwrap(module: nn.Module) -> nn.Module:
@@ -72,7 +81,11 @@ class DLRM(nn.Module):
 
     def forward(self, dense: torch.Tensor, sparse: KeyedJaggedTensor) -> torch.Tensor:
         """Logits [B]."""
-        return self.dense_arch(dense, self.embeddings(sparse))
+        start = getattr(self.embeddings, "start", None)
+        if start is None:
+            return self.dense_arch(dense, self.embeddings(sparse))
+        started = start(sparse)  # ids on their way to the shard owners
+        return self.dense_arch(dense, lambda: self.embeddings.finish(started))
 
     def dense_parameters(self) -> list[nn.Parameter]:
         """MLP and interaction parameters: the dense optimizer's (and DDP's) share."""

@@ -35,19 +35,34 @@ def alltoall_counts(send: torch.Tensor, group: dist.ProcessGroup | None = None) 
     return recv
 
 
+class Pending:
+    """An all-to-all in flight: ``wait()`` gives the received buffer."""
+
+    def __init__(self, recv: torch.Tensor, work: dist.Work | None) -> None:
+        self.recv, self.work = recv, work
+
+    def wait(self) -> torch.Tensor:
+        if self.work is not None:
+            self.work.wait()
+        return self.recv
+
+
 def alltoall_ids(
     send: torch.Tensor,
     send_splits: list[int],
     recv_splits: list[int],
     group: dist.ProcessGroup | None = None,
-) -> torch.Tensor:
-    """Uneven all-to-all of a 1-D id/length buffer (no autograd)."""
+) -> Pending:
+    """Uneven all-to-all of a 1-D id/length buffer (no autograd), started
+    asynchronously so the caller can compute meanwhile."""
     _, size = world(group)
     if size == 1:
-        return send
+        return Pending(send, None)
     recv = send.new_empty(sum(recv_splits))
-    dist.all_to_all_single(recv, send.contiguous(), recv_splits, send_splits, group=group)
-    return recv
+    work = dist.all_to_all_single(
+        recv, send.contiguous(), recv_splits, send_splits, group=group, async_op=True
+    )
+    return Pending(recv, work)
 
 
 class _AllToAllPooled(torch.autograd.Function):
@@ -90,6 +105,11 @@ def permute_bags(
         lengths [2, 0, 1], values [a b | | c], order [2, 0, 1]
         → lengths [1, 2, 0], values [c | a b |]
     """
+    if _fbgemm_ops():
+        new_lengths, new_values, _ = torch.ops.fbgemm.permute_1D_sparse_data(
+            order.to(torch.int32), lengths, values, None, None
+        )
+        return new_lengths, new_values
     new_lengths = lengths.index_select(0, order)
     total = int(values.numel())
     shift = torch.repeat_interleave(
@@ -107,3 +127,12 @@ def bag_starts(lengths: torch.Tensor) -> torch.Tensor:
     if lengths.numel() > 1:
         torch.cumsum(lengths[:-1], 0, out=starts[1:])
     return starts
+
+
+def _fbgemm_ops() -> bool:
+    """Whether fbgemm's sparse ops are loaded (they are wherever torchrec is)."""
+    try:
+        import fbgemm_gpu  # noqa: F401  (registers torch.ops.fbgemm)
+    except ImportError:
+        return False
+    return hasattr(torch.ops.fbgemm, "permute_1D_sparse_data")

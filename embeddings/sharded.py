@@ -26,13 +26,20 @@ all-gather per-row partial sums of g² (keyed by table and row) to stay exact.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
-from embeddings.alltoall import alltoall_counts, alltoall_ids, alltoall_pooled, permute_bags, world
+from embeddings.alltoall import (
+    Pending,
+    alltoall_counts,
+    alltoall_ids,
+    alltoall_pooled,
+    permute_bags,
+    world,
+)
 from embeddings.collection import EmbeddingCollection, LocalEmbeddingCollection
 from embeddings.kv import KVGradient
 from embeddings.optim import RowWiseAdagrad, SparseOptimizer
@@ -45,6 +52,19 @@ if TYPE_CHECKING:
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 ROW_KEY_BITS = 40  # (table index << 40) | row: one key space for all tables
+
+
+@dataclass
+class Started:
+    """A batch between :meth:`ShardedEmbeddingCollection.start` and ``finish``."""
+
+    batch: int
+    lengths: torch.Tensor
+    ids_of: dict[str, torch.Tensor]
+    lengths_of: dict[str, torch.Tensor]
+    src_batch: list[int] = field(default_factory=list)  # B of every source rank
+    recv_splits: list[int] = field(default_factory=list)
+    ids: Pending | None = None  # the ids all-to-all in flight
 
 
 @dataclass(frozen=True)
@@ -149,6 +169,11 @@ class ShardedEmbeddingCollection(EmbeddingCollection):
 
     # ------------------------------------------------------------------ forward
     def forward(self, sparse: KeyedJaggedTensor) -> torch.Tensor:
+        return self.finish(self.start(sparse))
+
+    def start(self, sparse: KeyedJaggedTensor) -> Started:
+        """Route ids and start sending them (asynchronously): the caller may run the
+        bottom MLP meanwhile, then call :meth:`finish`."""
         batch = sparse.stride()
         lengths, values = sparse.lengths(), sparse.values()
         if sparse.keys() != self.features:
@@ -158,25 +183,33 @@ class ShardedEmbeddingCollection(EmbeddingCollection):
             lengths, values = permute_bags(lengths, values, bag_order.to(lengths.device))
         lengths2d = lengths.view(len(self.features), batch)
         per_feature = lengths2d.sum(dim=1).tolist()
-        ids_of = dict(zip(self.features, values.split(per_feature)))
-        lengths_of = dict(zip(self.features, lengths2d.unbind(0)))
+        started = Started(batch, lengths, dict(zip(self.features, values.split(per_feature))),
+                          dict(zip(self.features, lengths2d.unbind(0))))
+        if self.mp_features:
+            self._send_ids(started)
+        return started
 
+    def finish(self, started: Started) -> torch.Tensor:
+        """Pooled [B, F*D] of a :meth:`start`-ed batch."""
+        batch, ids_of, lengths_of = started.batch, started.ids_of, started.lengths_of
         pooled: dict[str, torch.Tensor] = {}
         if self.mp_features:
-            pooled.update(self._model_parallel(ids_of, lengths_of, batch))
+            pooled.update(self._model_parallel(started))
         if self.replicated is not None:
-            dp_lengths = torch.cat([lengths_of[f] for f in self.dp_features]) if batch else lengths[:0]
+            dp_lengths = (torch.cat([lengths_of[f] for f in self.dp_features]) if batch
+                          else started.lengths[:0])
             dp_values = torch.cat([ids_of[f] for f in self.dp_features])
             dp_pooled = self.replicated.store.lookup(dp_values, dp_lengths, batch)
             pooled.update(zip(self.dp_features, dp_pooled.unbind(0)))
         out = torch.cat([pooled[f] for f in self.features], dim=1)
         return _ScaleGrad.apply(out, self.grad_scale) if self.grad_scale != 1.0 else out
 
-    def _model_parallel(
-        self, ids_of: dict[str, torch.Tensor], lengths_of: dict[str, torch.Tensor], batch: int
-    ) -> dict[str, torch.Tensor]:
-        W = self.world_size
-        routed = {f: self.routers[self._table_of(f)].route(ids_of[f], lengths_of[f]) for f in self.mp_features}
+    def _send_ids(self, started: Started) -> None:
+        W, batch = self.world_size, started.batch
+        routed = {
+            f: self.routers[self._table_of(f)].route(started.ids_of[f], started.lengths_of[f])
+            for f in self.mp_features
+        }
         # (0) + (1): ids to the shard owners, [lengths of d's slots | ids] per destination d
         parts, counts = [], torch.zeros(W, 2, dtype=torch.int64)
         for d in range(W):
@@ -187,11 +220,20 @@ class ShardedEmbeddingCollection(EmbeddingCollection):
             counts[d, 1] = sum(int(v.numel()) for v in vs)
             parts.append(part)
         recv_counts = alltoall_counts(counts, self.group)
-        src_batch = recv_counts[:, 0].tolist()
-        mine = self.slots_on[self.rank]
-        n = len(mine)
-        recv_splits = [n * b + int(c) for b, c in zip(src_batch, recv_counts[:, 1].tolist())]
-        recv = alltoall_ids(torch.cat(parts), [int(p.numel()) for p in parts], recv_splits, self.group)
+        started.src_batch = recv_counts[:, 0].tolist()
+        n = len(self.slots_on[self.rank])
+        started.recv_splits = [
+            n * b + int(c) for b, c in zip(started.src_batch, recv_counts[:, 1].tolist())
+        ]
+        started.ids = alltoall_ids(
+            torch.cat(parts), [int(p.numel()) for p in parts], started.recv_splits, self.group
+        )
+
+    def _model_parallel(self, started: Started) -> dict[str, torch.Tensor]:
+        W, batch, lengths_of = self.world_size, started.batch, started.lengths_of
+        src_batch, recv_splits = started.src_batch, started.recv_splits
+        n = len(self.slots_on[self.rank])
+        recv = started.ids.wait()
 
         # On this rank as shard owner: bags of all sources, reordered slot-major.
         chunks = recv.split(recv_splits)
