@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import torch
@@ -20,8 +21,9 @@ def run_state(run: Path) -> dict[str, torch.Tensor]:
     cfg.train.accumulate = 1
     schema = ck.schema_from_json(meta["schema"])
     model = build_model(cfg, schema)
-    ck.load_checkpoint(ckpt, model, None, None, schema)
-    state = model.export_state()
+    with contextlib.closing(model):  # the torchrec backend's model owns a process group
+        ck.load_checkpoint(ckpt, model, None, None, schema)
+        state = model.export_state()
     flat = {f"dense.{k}": v.clone() for k, v in state["dense"].items()}
     flat.update({f"tables.{k}": v.clone() for k, v in state["tables"].items()})
     return flat
