@@ -37,6 +37,7 @@ from dlrm import checkpoint as ckpt_io
 from dlrm.build import build_dense_optimizer, build_model, lr_factor
 from dlrm.config import Config, to_dict, to_yaml
 from dlrm.distributed import DistInfo, all_gather_rows, all_reduce_sum, barrier, init_distributed
+from dlrm.parallel import loss_scale
 
 
 @dataclass
@@ -242,7 +243,7 @@ def _fit(
                 sync = i == len(group) - 1
                 with contextlib.nullcontext() if sync else _no_sync(model):
                     bce = loss_fn(model(batch.dense, batch.sparse), batch.labels)
-                    (bce * (info.world_size / max(global_rows, 1))).backward()
+                    (bce * loss_scale(info, global_rows)).backward()
                 window += torch.tensor([float(bce.detach()), batch.size], dtype=torch.float64)
             dense_opt.step()
             model.end_step()

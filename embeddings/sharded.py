@@ -105,7 +105,6 @@ class ShardedEmbeddingCollection(EmbeddingCollection):
         self.grad_scale = 1.0  # set by the trainer (see dlrm/parallel.py)
         table_index = {t.name: i for i, t in enumerate(tables)}
         feature_index = {f: i for i, f in enumerate(self.features)}
-        table_of = {f: t for t in tables for f in t.features}
 
         # ---- model-parallel slots, the same list on every rank
         self.routers = {
@@ -164,8 +163,7 @@ class ShardedEmbeddingCollection(EmbeddingCollection):
             )
             if dp_tables else None
         )
-        self._feature_pos = feature_index
-        del table_of
+        self._table_of = {f: t.name for t in tables for f in t.features}
 
     # ------------------------------------------------------------------ forward
     def forward(self, sparse: KeyedJaggedTensor) -> torch.Tensor:
@@ -207,7 +205,7 @@ class ShardedEmbeddingCollection(EmbeddingCollection):
     def _send_ids(self, started: Started) -> None:
         W, batch = self.world_size, started.batch
         routed = {
-            f: self.routers[self._table_of(f)].route(started.ids_of[f], started.lengths_of[f])
+            f: self.routers[self._table_of[f]].route(started.ids_of[f], started.lengths_of[f])
             for f in self.mp_features
         }
         # (0) + (1): ids to the shard owners, [lengths of d's slots | ids] per destination d
@@ -269,14 +267,14 @@ class ShardedEmbeddingCollection(EmbeddingCollection):
             sum(p.shape[0] * b * p.shape[2] for p in per_store) for b in src_batch
         ]
         recv_splits_f = [sum(batch * s.shard.cols for s in self.slots_on[d]) for d in range(W)]
-        send_buffer = torch.cat(send) if send else self._empty_pooled()
+        send_buffer = torch.cat(send) if send else torch.zeros(0)
         if not send_buffer.requires_grad:
             # Every rank must take part in the backward all-to-all, even with nothing to send.
             send_buffer = send_buffer + self._anchor()
         recv_pooled = alltoall_pooled(send_buffer, send_splits, recv_splits_f, self.group)
 
         pieces: dict[str, list[torch.Tensor | None]] = {
-            f: [None] * len(self.plan.tables[self._table_of(f)].shards) for f in self.mp_features
+            f: [None] * len(self.plan.tables[self._table_of[f]].shards) for f in self.mp_features
         }
         sizes = [batch * s.shard.cols for d in range(W) for s in self.slots_on[d]]
         blocks = iter(recv_pooled.split(sizes))
@@ -285,17 +283,11 @@ class ShardedEmbeddingCollection(EmbeddingCollection):
                 pieces[s.feature][s.piece] = next(blocks).view(batch, s.shard.cols)
         out = {}
         for f in self.mp_features:
-            pooled = self.routers[self._table_of(f)].combine(pieces[f])  # type: ignore[arg-type]
+            pooled = self.routers[self._table_of[f]].combine(pieces[f])  # type: ignore[arg-type]
             if self.mean:
                 pooled = pooled / lengths_of[f].clamp(min=1).unsqueeze(1).to(pooled.dtype)
             out[f] = pooled
         return out
-
-    def _table_of(self, feature: str) -> str:
-        for t in self.tables:
-            if feature in t.features:
-                return t.name
-        raise KeyError(feature)
 
     def _anchor(self) -> torch.Tensor:
         """A zero that carries autograd: any store's weight, or the replicated one's."""
@@ -303,9 +295,6 @@ class ShardedEmbeddingCollection(EmbeddingCollection):
         if not holders:
             raise RuntimeError("a rank with no embedding shards at all")
         return holders[0].weight.sum() * 0.0
-
-    def _empty_pooled(self) -> torch.Tensor:
-        return torch.zeros(0)
 
     # ------------------------------------------------------------------ updates
     def set_lr(self, lr: float) -> None:
