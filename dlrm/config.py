@@ -110,6 +110,7 @@ class TrainConfig:
     ddp_hook: Literal["none", "fp16", "bf16", "powersgd"] = "none"
     powersgd_warmup: int = 100  # uncompressed steps before PowerSGD starts
     timeout_s: int = 600  # collectives; a dead peer ends the job instead of hanging
+    time_sections: bool = False  # ms per step by section in the summary (dlrm bench)
     progress: bool = True
 
 

@@ -38,6 +38,10 @@ from dlrm.build import build_dense_optimizer, build_model, lr_factor
 from dlrm.config import Config, to_dict, to_yaml
 from dlrm.distributed import DistInfo, all_gather_rows, all_reduce_sum, barrier, init_distributed
 from dlrm.parallel import loss_scale
+from embeddings.timing import EMBEDDING_SECTIONS, TIMER
+
+SECTIONS = ("data_wait", "input_alltoall", "lookup", "output_alltoall", "mlp",
+            "embedding_update", "dense_update")
 
 
 @dataclass
@@ -219,13 +223,17 @@ def _fit(
     bar = tqdm(total=total_steps, initial=progress.global_step, unit="step", file=sys.stderr,
                disable=not (cfg.train.progress and info.is_main), dynamic_ncols=True)
     model.train()
-    timed_rows, timed_seconds, warmup = 0, 0.0, 5
+    timed_rows, timed_seconds, timed_steps, warmup = 0, 0.0, 0, 5
     window = torch.zeros(2, dtype=torch.float64)  # BCE sum, rows (this rank)
+    window_rows, window_seconds = 0, 0.0  # global rows and wall time since the last log
+    TIMER.enabled = cfg.train.time_sections
+    TIMER.reset()
     last_eval = None
     while progress.global_step < total_steps:
         batches = iter(reader.epoch(progress.epoch, start_step=progress.step_in_epoch))
         while progress.global_step < total_steps:
             first = progress.step_in_epoch
+            t_fetch = time.perf_counter()
             group = list(itertools.islice(batches, accumulate))
             if not group:  # epoch done
                 progress.epoch += 1
@@ -238,6 +246,7 @@ def _fit(
                 param_group["lr"] = cfg.optim.dense_lr * factor
             model.begin_step(cfg.optim.sparse_lr * factor)
             dense_opt.zero_grad(set_to_none=True)
+            embedding_before = sum(TIMER.totals[s] for s in EMBEDDING_SECTIONS)
             for i, batch in enumerate(group):
                 batch = batch.to(info.device, non_blocking=True)
                 sync = i == len(group) - 1
@@ -245,20 +254,36 @@ def _fit(
                     bce = loss_fn(model(batch.dense, batch.sparse), batch.labels)
                     (bce * loss_scale(info, global_rows)).backward()
                 window += torch.tensor([float(bce.detach()), batch.size], dtype=torch.float64)
+            t_dense = time.perf_counter()
+            forward_backward = t_dense - t0
             dense_opt.step()
+            dense_update = time.perf_counter() - t_dense
             model.end_step()
             progress.global_step += 1
             progress.step_in_epoch = first + len(group)
+            elapsed = time.perf_counter() - t_fetch  # data wait included
+            window_rows += global_rows
+            window_seconds += elapsed
+            if progress.global_step == warmup:
+                TIMER.reset()  # sections count timed steps only
             if progress.global_step > warmup:
                 timed_rows += global_rows
-                timed_seconds += time.perf_counter() - t0
+                timed_seconds += elapsed
+                timed_steps += 1
+                if TIMER.enabled:
+                    inside = sum(TIMER.totals[s] for s in EMBEDDING_SECTIONS) - embedding_before
+                    TIMER.totals["data_wait"] += t0 - t_fetch
+                    TIMER.totals["mlp"] += forward_backward - inside
+                    TIMER.totals["dense_update"] += dense_update
             bar.update(1)
             step = progress.global_step
             if cfg.train.log_every and step % cfg.train.log_every == 0:
                 loss_sum, rows = all_reduce_sum(window.tolist(), info)
                 rate = timed_rows / timed_seconds if timed_seconds else 0.0
                 log.write({"event": "train", "step": step, "loss": loss_sum / max(rows, 1),
-                           "samples_per_s": rate})
+                           "samples_per_s": rate,
+                           "window_samples_per_s": window_rows / max(window_seconds, 1e-9)})
+                window_rows, window_seconds = 0, 0.0
                 bar.set_postfix(loss=f"{loss_sum / max(rows, 1):.4f}", sps=f"{rate:,.0f}")
                 window.zero_()
             if cfg.train.eval_every and step % cfg.train.eval_every == 0 and step < total_steps:
@@ -270,7 +295,13 @@ def _fit(
     last_eval = run_eval() or last_eval
     rate = timed_rows / timed_seconds if timed_seconds else 0.0
     summary: dict[str, Any] = {"event": "summary", "steps": progress.global_step,
-                               "samples_per_s": rate, "world_size": info.world_size}
+                               "samples_per_s": rate, "world_size": info.world_size,
+                               "peak_memory_mb": peak_memory_mb(info)}
+    if TIMER.enabled and timed_steps:
+        summary["sections_ms"] = {
+            name: 1000 * TIMER.totals[name] / timed_steps for name in SECTIONS
+        }
+    TIMER.enabled = False
     if last_eval is not None:
         summary.update({f"eval_{k}": v for k, v in last_eval.items()})
     log.write(summary)
@@ -280,6 +311,17 @@ def _fit(
         line += f"; eval AUC {last_eval['auc']:.4f}, logloss {last_eval['logloss']:.4f}"
     say(line)
     return summary
+
+
+def peak_memory_mb(info: DistInfo) -> list[float]:
+    """Peak memory of every rank: CUDA allocations on a GPU, else the process's max RSS."""
+    if info.device.type == "cuda":
+        mine = torch.cuda.max_memory_allocated(info.device) / 2**20
+    else:
+        import resource
+
+        mine = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    return all_gather_rows(torch.tensor([mine], dtype=torch.float64), info).tolist()
 
 
 def _no_sync(model: torch.nn.Module) -> contextlib.AbstractContextManager:

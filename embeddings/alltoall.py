@@ -17,6 +17,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from embeddings.timing import section
+
 
 def world(group: dist.ProcessGroup | None = None) -> tuple[int, int]:
     """(rank, world size) of ``group``; (0, 1) when no process group exists."""
@@ -43,7 +45,8 @@ class Pending:
 
     def wait(self) -> torch.Tensor:
         if self.work is not None:
-            self.work.wait()
+            with section("input_alltoall"):
+                self.work.wait()
         return self.recv
 
 
@@ -71,16 +74,18 @@ class _AllToAllPooled(torch.autograd.Function):
         ctx.splits = (send_splits, recv_splits)
         ctx.group = group
         recv = send.new_empty(sum(recv_splits))
-        dist.all_to_all_single(recv, send.contiguous(), recv_splits, send_splits, group=group)
+        with section("output_alltoall"):
+            dist.all_to_all_single(recv, send.contiguous(), recv_splits, send_splits, group=group)
         return recv
 
     @staticmethod
     def backward(ctx, grad_recv):  # type: ignore[override]
         send_splits, recv_splits = ctx.splits
         grad_send = grad_recv.new_empty(sum(send_splits))
-        dist.all_to_all_single(
-            grad_send, grad_recv.contiguous(), send_splits, recv_splits, group=ctx.group
-        )
+        with section("output_alltoall"):
+            dist.all_to_all_single(
+                grad_send, grad_recv.contiguous(), send_splits, recv_splits, group=ctx.group
+            )
         return grad_send, None, None, None
 
 

@@ -22,6 +22,7 @@ from embeddings.kv import KVGradient
 from embeddings.lookup import pooled_lookup
 from embeddings.optim import SparseOptimizer
 from embeddings.table import Pooling, TableSpec
+from embeddings.timing import section
 
 if TYPE_CHECKING:
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
@@ -164,7 +165,7 @@ class LocalEmbeddingCollection(EmbeddingCollection):
 
     def _receive(self, grad: KVGradient) -> None:
         if self.fused:
-            self.optimizer.apply(self.weight.data, self.state, grad, self.lr)
+            self.apply_gradient(grad)
         else:
             self._kept.append(grad)
 
@@ -190,7 +191,8 @@ class LocalEmbeddingCollection(EmbeddingCollection):
     def apply_gradient(self, grad: KVGradient, row_sq_mean: torch.Tensor | None = None) -> None:
         """One optimizer step with ``grad`` (an empty one still counts as a step);
         ``row_sq_mean``: see ``SparseOptimizer.apply``."""
-        self.optimizer.apply(self.weight.data, self.state, grad, self.lr, row_sq_mean=row_sq_mean)
+        with section("embedding_update"):
+            self.optimizer.apply(self.weight.data, self.state, grad, self.lr, row_sq_mean=row_sq_mean)
 
     def kv_gradients(self) -> dict[str, KVGradient]:
         if not self._kept:

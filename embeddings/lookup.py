@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from embeddings.kv import KVGradient
+from embeddings.timing import section
 
 KVSink = Callable[[KVGradient], None]
 
@@ -38,21 +39,24 @@ class _PooledLookup(torch.autograd.Function):
     ) -> torch.Tensor:
         ctx.save_for_backward(ids, offsets, scale)
         ctx.sink = sink
-        return F.embedding_bag(
-            ids, weight, offsets, mode="sum", include_last_offset=True, per_sample_weights=scale
-        )
+        with section("lookup"):
+            return F.embedding_bag(
+                ids, weight, offsets, mode="sum", include_last_offset=True, per_sample_weights=scale
+            )
 
     @staticmethod
     def backward(ctx: Any, grad_pooled: torch.Tensor) -> tuple[None, ...]:  # type: ignore[override]
         ids, offsets, scale = ctx.saved_tensors
-        lengths = offsets[1:] - offsets[:-1]
-        bag_of_id = torch.repeat_interleave(
-            torch.arange(lengths.numel(), device=ids.device), lengths, output_size=ids.numel()
-        )
-        rows = grad_pooled.index_select(0, bag_of_id)
-        if scale is not None:
-            rows = rows * scale.unsqueeze(1)
-        ctx.sink(KVGradient.from_lookups(ids, rows))
+        with section("lookup"):
+            lengths = offsets[1:] - offsets[:-1]
+            bag_of_id = torch.repeat_interleave(
+                torch.arange(lengths.numel(), device=ids.device), lengths, output_size=ids.numel()
+            )
+            rows = grad_pooled.index_select(0, bag_of_id)
+            if scale is not None:
+                rows = rows * scale.unsqueeze(1)
+            grad = KVGradient.from_lookups(ids, rows)
+        ctx.sink(grad)
         return None, None, None, None, None
 
 

@@ -47,6 +47,7 @@ from embeddings.plan import Shard, ShardingPlan, ShardingType
 from embeddings.sharding import router_for
 from embeddings.sharding.data_parallel import ReplicatedTables, allgather_kv
 from embeddings.table import Pooling, TableSpec
+from embeddings.timing import section
 
 if TYPE_CHECKING:
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
@@ -184,7 +185,8 @@ class ShardedEmbeddingCollection(EmbeddingCollection):
         started = Started(batch, lengths, dict(zip(self.features, values.split(per_feature))),
                           dict(zip(self.features, lengths2d.unbind(0))))
         if self.mp_features:
-            self._send_ids(started)
+            with section("input_alltoall"):
+                self._send_ids(started)
         return started
 
     def finish(self, started: Started) -> torch.Tensor:
@@ -305,7 +307,8 @@ class ShardedEmbeddingCollection(EmbeddingCollection):
 
     def step(self) -> None:
         kept = [None if store.fused else store.take_gradient() for store in self.stores]
-        synced = self._column_row_sums(kept) if self.column_rowwise else None
+        with section("embedding_update"):
+            synced = self._column_row_sums(kept) if self.column_rowwise else None
         for store, slots, grad in zip(self.stores, self.store_slots, kept):
             if grad is None:
                 continue

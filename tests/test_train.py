@@ -101,3 +101,16 @@ def test_dcn_interaction_trains(tiny_data, tmp_path: Path) -> None:
         **{"model.interaction": "dcn", "model.dcn_layers": 2, "model.dcn_rank": 8, "train.max_steps": 40},
     )
     assert np.isfinite(summary["eval_logloss"]) and summary["eval_auc"] > 0.6
+
+
+def test_section_times_add_up_to_the_step_time(tiny_data, tmp_path: Path) -> None:
+    summary = run_train(tiny_data, tmp_path / "timed", **{
+        "train.max_steps": 30, "train.time_sections": "true", "data.eval": "", "embeddings.fused": "false"})
+    sections = summary["sections_ms"]
+    assert set(sections) == {"data_wait", "input_alltoall", "lookup", "output_alltoall", "mlp",
+                             "embedding_update", "dense_update"}
+    assert sections["mlp"] > 0 and sections["lookup"] > 0 and sections["embedding_update"] > 0
+    step_ms = 1000 * 512 / summary["samples_per_s"]
+    # Everything but Python glue between sections is accounted for.
+    assert 0.7 * step_ms <= sum(sections.values()) <= 1.01 * step_ms, (sections, step_ms)
+    assert len(summary["peak_memory_mb"]) == 1 and summary["peak_memory_mb"][0] > 10

@@ -15,6 +15,7 @@ import torch.distributed as dist
 from embeddings.alltoall import world
 from embeddings.collection import LocalEmbeddingCollection
 from embeddings.kv import KVGradient
+from embeddings.timing import section
 
 
 def allgather_kv(grad: KVGradient, group: dist.ProcessGroup | None = None) -> KVGradient:
@@ -55,4 +56,6 @@ class ReplicatedTables(torch.nn.Module):
     def step(self) -> None:
         local = self.store.take_gradient()
         self.bytes_sent += local.ids.numel() * 8 + local.rows.numel() * local.rows.element_size()
-        self.store.apply_gradient(allgather_kv(local, self.group))
+        with section("embedding_update"):
+            synced = allgather_kv(local, self.group)
+        self.store.apply_gradient(synced)
