@@ -6,6 +6,7 @@ in-process; heavy imports happen inside the verbs so ``dlrm --help`` is instant.
     dlrm train --config FILE [--out RUN_DIR] [key.sub=value ...]
     dlrm eval --checkpoint RUN_DIR --data PATH [--plots DIR]
     dlrm plan --config FILE --world-size N [--memory-per-rank SIZE]
+    dlrm bench --config FILE [--ranks 1,2] [--steps N] [--out DIR] [--reader-only] [key.sub=value ...]
 """
 
 from __future__ import annotations
@@ -85,12 +86,19 @@ def cmd_plan(argv: list[str]) -> int:
     return plan(argv)
 
 
+def cmd_bench(argv: list[str]) -> int:
+    from dlrm.bench import cmd_bench as bench
+
+    return bench(argv)
+
+
 VERBS: dict[str, Callable[[list[str]], int]] = {
     "generate": cmd_generate,
     "convert-criteo": cmd_convert_criteo,
     "train": cmd_train,
     "eval": cmd_eval,
     "plan": cmd_plan,
+    "bench": cmd_bench,
 }
 
 

@@ -1,0 +1,281 @@
+"""``dlrm bench``: our engine against TorchRec on this machine, under real ranks.
+
+    OUT/data/                 the config's generate: section (reused while unchanged)
+    OUT/runs/<engine>_<N>/    one `torchrun --nproc_per_node=N -m dlrm train` per row
+    OUT/bench.json, .png      every figure; samples/s per row as bars
+
+Each row's samples/s is the median of the trainer's logged windows after the first
+(warm-up). Sections (ms per step) and peak memory are the trainer's summary, shown
+as "-" where a backend does not report them. The machine limit (dlrm/limits.py)
+bounds samples/s from measured matmul rate and memory bandwidth.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from data.errors import UserError
+from dlrm.config import Config, TrainConfig, load_config
+
+REPO = Path(__file__).resolve().parents[1]
+ENGINES = ("native", "torchrec")
+SKIPPED = ("hotline", "host-embedding")
+SECTIONS = ("data_wait", "input_alltoall", "lookup", "output_alltoall", "mlp",
+            "embedding_update", "dense_update")
+SECTION_HEADS = ("wait", "in a2a", "lookup", "out a2a", "mlp", "emb upd", "dense upd")
+STAMP = "generate.json"
+
+
+class BenchError(UserError):
+    """A benchmark run that failed; names the run and its log."""
+
+
+# ------------------------------------------------------------------ command
+
+
+def cmd_bench(argv: list[str]) -> int:
+    """Entry point of ``dlrm bench``; see the module docstring."""
+    a = _parse(argv)
+    cfg = load_config(a.config, a.overrides)
+    out = Path(a.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    data_dir = ensure_dataset(cfg, out / "data")
+    if a.reader_only:
+        reader = reader_rate(cfg, data_dir)
+        print(f"reader: {reader['rows_per_s']:,.0f} rows/s decoded into batches of "
+              f"{reader['batch_size']} on one core ({reader['rows']} rows)")
+        write_json(out / "bench.json", {"config": a.config, "reader": reader})
+        return 0
+    steps = a.steps or cfg.train.max_steps or 200
+    print(f"skipped (not available yet): {', '.join(SKIPPED)}")
+    rows = [
+        run_engine(a.config, a.overrides, engine, n, steps, data_dir, out / "runs")
+        for n in a.ranks for engine in ENGINES
+    ]
+    add_ratios(rows)
+    from dlrm.limits import machine_limit
+
+    limit = machine_limit(cfg)
+    for row in rows:
+        row["fraction_of_bound"] = row["samples_per_s"] / limit["samples_per_s_bound"]
+    print(format_table(rows))
+    print(format_limit(limit, rows))
+    report = {"config": a.config, "steps": steps, "rows": rows, "limit": limit,
+              "skipped": list(SKIPPED)}
+    write_json(out / "bench.json", report)
+    write_png(out / "bench.png", rows, limit)
+    print(f"wrote {out / 'bench.json'} and {out / 'bench.png'}")
+    return 0
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="dlrm bench", description="Benchmark engines on this machine.")
+    p.add_argument("--config", default="configs/bench.yaml", help="YAML config with a generate: section")
+    p.add_argument("--ranks", default="1", help="comma-separated rank counts, e.g. 1,2")
+    p.add_argument("--steps", type=int, default=None, help="training steps per run (default: train.max_steps)")
+    p.add_argument("--out", default="runs/bench", help="output directory")
+    p.add_argument("--reader-only", action="store_true", help="only Parquet decode rate on one core")
+    p.add_argument("overrides", nargs="*", help="key.sub=value config overrides")
+    a = p.parse_args(argv)
+    try:
+        a.ranks = [int(r) for r in a.ranks.split(",") if r.strip()]
+    except ValueError:
+        raise BenchError(f"--ranks {a.ranks!r}: expected comma-separated integers") from None
+    if not a.ranks or min(a.ranks) < 1:
+        raise BenchError(f"--ranks {a.ranks}: rank counts must be >= 1")
+    if a.steps is not None and a.steps < 1:
+        raise BenchError(f"--steps {a.steps}: must be >= 1")
+    return a
+
+
+# ------------------------------------------------------------------ dataset
+
+
+def ensure_dataset(cfg: Config, data_dir: Path) -> Path:
+    """Generate ``cfg.generate`` under ``data_dir`` unless a stamp says it is there.
+
+    The stamp (written last, so a half-written set is redone) holds the generate
+    section and seed; any difference regenerates from scratch.
+    """
+    from data.generate import generate_dataset
+
+    want = {"generate": dataclasses.asdict(cfg.generate), "seed": cfg.seed}
+    stamp = data_dir / STAMP
+    if stamp.is_file() and json.loads(stamp.read_text()) == want:
+        print(f"reusing dataset {data_dir}")
+        return data_dir
+    if data_dir.exists():
+        shutil.rmtree(data_dir)
+    t0 = time.perf_counter()
+    generate_dataset(str(data_dir), cfg.generate, seed=cfg.seed)
+    _write_atomic(stamp, json.dumps(want, indent=1))
+    print(f"generated {cfg.generate.rows} rows in {data_dir} ({time.perf_counter() - t0:.1f} s)")
+    return data_dir
+
+
+# ------------------------------------------------------------------ one run
+
+
+def run_engine(config: str, overrides: list[str], engine: str, ranks: int, steps: int,
+               data_dir: Path, runs: Path) -> dict[str, Any]:
+    """Train ``engine`` on ``ranks`` torchrun processes for ``steps``; return its row."""
+    run_dir = runs / f"{engine}_{ranks}"
+    if run_dir.exists():
+        shutil.rmtree(run_dir)  # a run dir with a checkpoint would resume
+    run_dir.mkdir(parents=True)
+    cmd = launch_command(config, overrides, engine, ranks, steps, data_dir, run_dir)
+    env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // ranks)),
+           "PYTHONUNBUFFERED": "1",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    print(f"running {engine} on {ranks} rank(s), {steps} steps ...", flush=True)
+    log = run_dir.parent / f"{engine}_{ranks}.log"
+    t0 = time.perf_counter()
+    with open(log, "w") as f:
+        code = subprocess.run(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, check=False).returncode
+    if code != 0:
+        tail = log.read_text()[-2000:]
+        raise BenchError(f"{engine} on {ranks} rank(s) exited {code}; log {log}:\n{tail}")
+    row = collect(run_dir / "metrics.jsonl")
+    row.update(engine=engine, ranks=ranks, wall_s=time.perf_counter() - t0)
+    return row
+
+
+def launch_command(config: str, overrides: list[str], engine: str, ranks: int, steps: int,
+                   data_dir: Path, run_dir: Path) -> list[str]:
+    """``python -m torch.distributed.run ... -m dlrm train`` for one bench row."""
+    log_every = max(1, min(10, steps // 5))  # at least a few windows after the warm-up one
+    train = [f"embeddings.backend={engine}", f"train.max_steps={steps}", "train.progress=false",
+             f"train.log_every={log_every}", "train.checkpoint_every=0", "train.eval_every=0",
+             f"data.train={data_dir}", "data.eval="]
+    if "time_sections" in {f.name for f in dataclasses.fields(TrainConfig)}:
+        train.append("train.time_sections=true")
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
+            "-m", "dlrm", "train", "--config", str(Path(config).resolve()), "--out", str(run_dir),
+            *overrides, *train]
+
+
+def collect(metrics: Path) -> dict[str, Any]:
+    """Samples/s (median of windows after the first), sections and peak memory of a run."""
+    events = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    summary = next((e for e in reversed(events) if e.get("event") == "summary"), {})
+    windows = [e["window_samples_per_s"] for e in events
+               if e.get("event") == "train" and "window_samples_per_s" in e][1:]
+    rate = statistics.median(windows) if windows else float(summary.get("samples_per_s", 0.0))
+    sections = summary.get("sections_ms") or {}
+    return {
+        "samples_per_s": rate,
+        "windows": len(windows),
+        "steps": summary.get("steps"),
+        "sections_ms": {k: sections.get(k) for k in SECTIONS},
+        "peak_memory_mb": summary.get("peak_memory_mb"),
+    }
+
+
+def add_ratios(rows: list[dict[str, Any]]) -> None:
+    """Each row's samples/s over the TorchRec row of the same rank count (None if absent)."""
+    base = {r["ranks"]: r["samples_per_s"] for r in rows if r["engine"] == "torchrec"}
+    for r in rows:
+        b = base.get(r["ranks"])
+        r["vs_torchrec"] = r["samples_per_s"] / b if b else None
+
+
+# ------------------------------------------------------------------ reader
+
+
+def reader_rate(cfg: Config, data_dir: Path) -> dict[str, Any]:
+    """Rows/s of ParquetReader decoding the bench set into batches on one core."""
+    import torch
+
+    from data.files import expand_paths
+    from data.generate import generator_schema
+    from data.reader import ParquetReader
+
+    torch.set_num_threads(1)
+    reader = ParquetReader(expand_paths(str(data_dir)), generator_schema(cfg.generate),
+                           cfg.data.batch_size, shuffle=False, prefetch=0)
+    rows = 0
+    t0 = time.perf_counter()
+    for batch in reader.epoch(0):
+        rows += batch.size
+    seconds = time.perf_counter() - t0
+    return {"rows": rows, "seconds": seconds, "rows_per_s": rows / seconds if seconds else 0.0,
+            "batch_size": cfg.data.batch_size}
+
+
+# ------------------------------------------------------------------ report
+
+
+def _fmt(value: Any, spec: str = ".1f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def format_table(rows: list[dict[str, Any]]) -> str:
+    """One line per row: samples/s, ratio, ms per step by section, peak MB per rank."""
+    head = ["engine", "ranks", "samples/s", "vs torchrec", *SECTION_HEADS, "peak MB/rank"]
+    body = []
+    for r in rows:
+        peak = r["peak_memory_mb"]
+        body.append([
+            r["engine"], str(r["ranks"]), _fmt(r["samples_per_s"], ",.0f"),
+            _fmt(r["vs_torchrec"], ".2f") + ("x" if r["vs_torchrec"] is not None else ""),
+            *(_fmt(r["sections_ms"][k]) for k in SECTIONS),
+            "/".join(f"{m:.0f}" for m in peak) if peak else "-",
+        ])
+    widths = [max(len(x) for x in col) for col in zip(head, *body)]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(line, widths)) for line in [head, *body]]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "sections: ms per step (rank 0)\n" + "\n".join(lines)
+
+
+def format_limit(limit: dict[str, float], rows: list[dict[str, Any]]) -> str:
+    """The measured machine, the model's cost and each row's fraction of the bound."""
+    fractions = ", ".join(f"{r['engine']}@{r['ranks']} {100 * r['fraction_of_bound']:.1f}%" for r in rows)
+    return (
+        f"machine: mm fp32 {limit['matmul_fp32_gflops']:.1f} GFLOP/s, "
+        f"mm bf16 {limit['matmul_bf16_gflops']:.1f} GFLOP/s, copy {limit['bandwidth_gb_s']:.1f} GB/s\n"
+        f"model: {limit['flops_per_sample'] / 1e6:.2f} MFLOP/sample (fwd+bwd), "
+        f"{limit['embedding_bytes_per_sample'] / 1e3:.1f} kB embedding traffic/sample\n"
+        f"limit: {limit['samples_per_s_bound']:,.0f} samples/s; fraction reached: {fractions}"
+    )
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def write_json(path: Path, report: dict[str, Any]) -> None:
+    """All figures as JSON, written to a temp name and renamed."""
+    _write_atomic(path, json.dumps(report, indent=1) + "\n")
+
+
+def write_png(path: Path, rows: list[dict[str, Any]], limit: dict[str, float]) -> None:
+    """Bars of samples/s per row with the machine limit as a line; temp name, then rename."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(1.6 * len(rows) + 3, 4), dpi=100)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    labels = [f"{r['engine']}\n{r['ranks']} rank(s)" for r in rows]
+    colors = ["tab:blue" if r["engine"] == "native" else "tab:orange" for r in rows]
+    ax.bar(labels, [r["samples_per_s"] for r in rows], color=colors)
+    ax.axhline(limit["samples_per_s_bound"], ls="--", c="grey", lw=1, label="machine limit")
+    ax.set(ylabel="samples/s", title="dlrm bench")
+    ax.set_yscale("log")
+    ax.legend(loc="upper right")
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    fig.savefig(tmp, format="png")
+    os.replace(tmp, path)

@@ -1,0 +1,148 @@
+"""What this machine could do at best for a model: a roofline-style upper bound.
+
+    samples/s  <=  1 / (flops_per_sample / matmul_rate + bytes_per_sample / bandwidth)
+
+The rates are measured here (torch.mm on MLP-sized matrices, a large tensor copy);
+the per-sample costs are counted from the config:
+
+    FLOPs   forward: each Linear in→out of the bottom and top MLP   2·in·out
+                     dot interaction: X Xᵀ with X [F+1, D]          2·(F+1)²·D
+                     (DCNv2: each cross layer as its Linear layers)
+            training ≈ 3 x forward (backward = two matmuls per forward one)
+    bytes   per embedding lookup: read the row, D·4 bytes, and about 3x that again
+            for the gradient write and the row's read-modify-write in the update
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from data.generate import GenerateConfig
+from dlrm.config import Config
+
+BYTES_PER_FLOAT = 4
+UPDATE_FACTOR = 3  # gradient write + update read/write, in units of one row read
+BACKWARD_FACTOR = 3  # forward + backward ≈ 3 x forward
+
+
+@dataclass(frozen=True)
+class ModelCost:
+    """Work of one training sample (forward + backward + update)."""
+
+    flops: float
+    embedding_bytes: float
+    lookups: float  # embedding rows read per sample (bags: mean length)
+
+
+def linear_flops(sizes: list[int]) -> int:
+    """Forward FLOPs of a chain of Linear layers with widths ``sizes`` (in first)."""
+    return sum(2 * a * b for a, b in itertools.pairwise(sizes))
+
+
+def interaction_flops(cfg: Config, num_sparse: int) -> tuple[int, int]:
+    """(forward FLOPs of the interaction, width of the top MLP's input)."""
+    dim, n = cfg.model.embedding_dim, num_sparse + 1
+    if cfg.model.interaction == "dot":
+        return 2 * n * n * dim, dim + n * (n - 1) // 2
+    width = n * dim
+    per_layer = 2 * width * (cfg.model.dcn_rank * 2 if cfg.model.dcn_rank else width)
+    return cfg.model.dcn_layers * per_layer, width
+
+
+def lookups_per_sample(gen: GenerateConfig) -> float:
+    """Ids per sample: one per one-hot feature, a mean bag of max_bag/2 per multi-hot one."""
+    return (gen.sparse - gen.multi_hot) + gen.multi_hot * gen.max_bag / 2
+
+
+def model_cost(cfg: Config) -> ModelCost:
+    """FLOPs and embedding bytes per training sample of ``cfg`` on its generated data."""
+    gen = cfg.generate
+    inter, top_in = interaction_flops(cfg, gen.sparse)
+    forward = (
+        linear_flops([gen.dense, *cfg.model.bottom_mlp])
+        + inter
+        + linear_flops([top_in, *cfg.model.top_mlp])
+    )
+    lookups = lookups_per_sample(gen)
+    row_bytes = cfg.model.embedding_dim * BYTES_PER_FLOAT
+    return ModelCost(
+        flops=float(BACKWARD_FACTOR * forward),
+        embedding_bytes=lookups * row_bytes * (1 + UPDATE_FACTOR),
+        lookups=lookups,
+    )
+
+
+def _best_seconds(fn: Callable[[], object], rounds: int = 7, min_round_s: float = 0.02) -> float:
+    """Seconds per call of ``fn``: the best of ``rounds`` rounds of calls, each at
+    least ``min_round_s`` long. Best, not median: this is an upper bound, and
+    other processes on the machine only ever slow a round down."""
+    for _ in range(3):  # warm-up: thread pools, oneDNN kernels for this shape
+        fn()
+    t0 = time.perf_counter()
+    fn()
+    calls = max(1, int(min_round_s / max(time.perf_counter() - t0, 1e-9)))
+    best = float("inf")
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        best = min(best, (time.perf_counter() - t0) / calls)
+    return best
+
+
+def matmul_rate(m: int, k: int, n: int, dtype: torch.dtype = torch.float32, rounds: int = 7) -> float:
+    """FLOP/s of torch.mm [m, k] x [k, n] in ``dtype`` on this machine's CPU cores.
+
+    The larger of: all intra-op threads together, and one thread times the thread
+    count. Small products on all threads stall whenever another process holds one
+    core (every parallel region waits for the descheduled thread), so the
+    one-thread figure scaled up keeps the bound an upper bound on a busy machine.
+    """
+    a = torch.randn(m, k).to(dtype)
+    b = torch.randn(k, n).to(dtype)
+    threads = torch.get_num_threads()
+    together = 2.0 * m * k * n / _best_seconds(lambda: torch.mm(a, b), rounds)
+    torch.set_num_threads(1)
+    try:
+        single = 2.0 * m * k * n / _best_seconds(lambda: torch.mm(a, b), rounds)
+    finally:
+        torch.set_num_threads(threads)
+    return max(together, single * threads)
+
+
+def copy_bandwidth(mbytes: int = 256, rounds: int = 5) -> float:
+    """Bytes/s of a large tensor copy (each byte read once and written once)."""
+    src = torch.ones(mbytes * (1 << 20) // BYTES_PER_FLOAT)
+    dst = torch.empty_like(src)
+    seconds = _best_seconds(lambda: dst.copy_(src), rounds)
+    return 2.0 * src.numel() * BYTES_PER_FLOAT / seconds
+
+
+def mlp_matmul_shape(cfg: Config) -> tuple[int, int, int]:
+    """An MLP-sized product: the global batch times the widest layer, square."""
+    width = max([*cfg.model.bottom_mlp, *cfg.model.top_mlp])
+    return cfg.data.batch_size, width, width
+
+
+def machine_limit(cfg: Config) -> dict[str, float]:
+    """Measured rates, the model's per-sample cost and the samples/s upper bound."""
+    m, k, n = mlp_matmul_shape(cfg)
+    fp32 = matmul_rate(m, k, n)
+    bf16 = matmul_rate(m, k, n, torch.bfloat16, rounds=3)
+    bandwidth = copy_bandwidth()
+    cost = model_cost(cfg)
+    bound = 1.0 / (cost.flops / fp32 + cost.embedding_bytes / bandwidth)
+    return {
+        "matmul_fp32_gflops": fp32 / 1e9,
+        "matmul_bf16_gflops": bf16 / 1e9,
+        "bandwidth_gb_s": bandwidth / 1e9,
+        "flops_per_sample": cost.flops,
+        "embedding_bytes_per_sample": cost.embedding_bytes,
+        "lookups_per_sample": cost.lookups,
+        "samples_per_s_bound": bound,
+    }

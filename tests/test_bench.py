@@ -1,0 +1,78 @@
+"""`dlrm bench` end to end on the tiny config (real torchrun ranks, 20 steps), its
+reader-only mode, and the model cost formula of dlrm/limits.py against a hand count."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dlrm.cli import main
+from dlrm.config import load_config
+from dlrm.interaction import DotInteraction
+from dlrm.limits import model_cost
+from tests.conftest import TINY
+
+SMALL = ["generate.rows=20000", "generate.row_group_rows=4096"]
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def bench(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("bench")
+    code = main(["bench", "--config", str(TINY), "--ranks", "1", "--steps", "20", "--out", str(out),
+                 *SMALL])
+    assert code == 0
+    return out
+
+
+def test_bench_rows_ratios_and_limit(bench: Path) -> None:
+    report = json.loads((bench / "bench.json").read_text())
+    rows = {(r["engine"], r["ranks"]): r for r in report["rows"]}
+    assert set(rows) == {("native", 1), ("torchrec", 1)}
+    for r in rows.values():
+        assert r["samples_per_s"] > 0
+        assert r["steps"] == 20
+        assert r["fraction_of_bound"] > 0
+    assert rows["torchrec", 1]["vs_torchrec"] == 1.0
+    native = rows["native", 1]
+    assert native["vs_torchrec"] == pytest.approx(
+        native["samples_per_s"] / rows["torchrec", 1]["samples_per_s"])
+    limit = report["limit"]
+    for key in ("matmul_fp32_gflops", "matmul_bf16_gflops", "bandwidth_gb_s", "flops_per_sample",
+                "embedding_bytes_per_sample", "samples_per_s_bound"):
+        assert limit[key] > 0, key
+    assert (bench / "bench.png").read_bytes()[:8] == PNG_MAGIC
+    assert not list(bench.glob(".*tmp*"))  # temp names renamed away
+
+
+def test_reader_only_reuses_dataset(bench: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    stamp = (bench / "data" / "generate.json").stat().st_mtime_ns
+    code = main(["bench", "--config", str(TINY), "--reader-only", "--out", str(bench), *SMALL])
+    assert code == 0
+    assert "reusing dataset" in capsys.readouterr().out
+    assert (bench / "data" / "generate.json").stat().st_mtime_ns == stamp
+    reader = json.loads((bench / "bench.json").read_text())["reader"]
+    assert reader["rows"] == 20000
+    assert reader["rows_per_s"] > 0
+
+
+def test_bad_ranks_is_a_user_error(tmp_path: Path) -> None:
+    assert main(["bench", "--config", str(TINY), "--ranks", "0", "--out", str(tmp_path)]) == 2
+
+
+def test_model_cost_by_hand() -> None:
+    cfg = load_config(None, [
+        "generate.dense=3", "generate.sparse=2", "generate.multi_hot=1", "generate.max_bag=4",
+        "model.embedding_dim=2", "model.bottom_mlp=[4,2]", "model.top_mlp=[5,1]",
+        "model.interaction=dot",
+    ])
+    # bottom 3→4→2: 2·3·4 + 2·4·2 = 40; dot over F+1 = 3 vectors of D = 2: 2·3²·2 = 36;
+    # top input D + 3·2/2 = 5, 5→5→1: 2·5·5 + 2·5·1 = 60; training = 3 x (40+36+60).
+    assert DotInteraction(2, 2).out_features == 5
+    cost = model_cost(cfg)
+    assert cost.flops == 3 * (40 + 36 + 60)
+    # lookups: 1 one-hot + a mean bag of 4/2; each reads 2·4 bytes and moves 3x that more.
+    assert cost.lookups == 3
+    assert cost.embedding_bytes == 3 * 2 * 4 * 4
