@@ -54,7 +54,9 @@ def cmd_bench(argv: list[str]) -> int:
         reader = reader_rate(cfg, data_dir)
         print(f"reader: {reader['rows_per_s']:,.0f} rows/s decoded into batches of "
               f"{reader['batch_size']} on one core ({reader['rows']} rows)")
-        write_json(out / "bench.json", {"config": a.config, "reader": reader})
+        path = out / "bench.json"  # kept beside the training rows of an earlier bench
+        report = json.loads(path.read_text()) if path.is_file() else {"config": a.config}
+        write_json(path, {**report, "reader": reader})
         return 0
     steps = a.steps or cfg.train.max_steps or 200
     print(f"skipped (not available yet): {', '.join(SKIPPED)}")

@@ -53,7 +53,9 @@ def test_reader_only_reuses_dataset(bench: Path, capsys: pytest.CaptureFixture[s
     assert code == 0
     assert "reusing dataset" in capsys.readouterr().out
     assert (bench / "data" / "generate.json").stat().st_mtime_ns == stamp
-    reader = json.loads((bench / "bench.json").read_text())["reader"]
+    report = json.loads((bench / "bench.json").read_text())
+    assert len(report["rows"]) == 2  # the training rows are kept
+    reader = report["reader"]
     assert reader["rows"] == 20000
     assert reader["rows_per_s"] > 0
 
