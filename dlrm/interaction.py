@@ -29,8 +29,29 @@ class DotInteraction(nn.Module):
         """dense [B, D], pooled [B, F*D] → [B, D + (F+1)F/2]."""
         batch = dense.shape[0]
         stacked = torch.cat([dense, pooled], dim=1).view(batch, self.num_vectors, self.dim)
-        z = torch.bmm(stacked, stacked.transpose(1, 2)).view(batch, -1)
-        return torch.cat([dense, z.index_select(1, self.pairs)], dim=1)
+        return torch.cat([dense, _PairDots.apply(stacked, self.pairs)], dim=1)
+
+
+class _PairDots(torch.autograd.Function):
+    """Upper-triangle dots of X X^T with a one-bmm backward.
+
+    Z = X X^T is symmetric, so with G the scattered output gradient,
+    dX = (G + G^T) X: one bmm where autograd's bmm backward runs two.
+    """
+
+    @staticmethod
+    def forward(ctx, stacked, pairs):  # type: ignore[override]
+        ctx.save_for_backward(stacked, pairs)
+        batch, n, _ = stacked.shape
+        z = torch.bmm(stacked, stacked.transpose(1, 2)).view(batch, n * n)
+        return z.index_select(1, pairs)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        stacked, pairs = ctx.saved_tensors
+        batch, n, _ = stacked.shape
+        g = grad.new_zeros(batch, n * n).index_copy_(1, pairs, grad).view(batch, n, n)
+        return torch.bmm(g + g.transpose(1, 2), stacked), None
 
 
 class CrossInteraction(nn.Module):

@@ -92,3 +92,18 @@ def test_lr_schedule_warmup_and_decay() -> None:
     assert factors[:4] == [0.25, 0.5, 0.75, 1.0]
     assert factors[4:11] == [1.0] * 7
     assert factors[12] == pytest.approx(0.6) and factors[15] == 0.0 and factors[16] == 0.0
+
+
+def test_dot_interaction_gradient_matches_autograd() -> None:
+    torch.manual_seed(1)
+    dense = torch.randn(6, 4, requires_grad=True)
+    pooled = torch.randn(6, 3 * 4, requires_grad=True)
+    upstream = torch.randn(6, 4 + 6)
+    (DotInteraction(3, 4)(dense, pooled) * upstream).sum().backward()
+    d2, p2 = dense.detach().clone().requires_grad_(), pooled.detach().clone().requires_grad_()
+    x = torch.cat([d2, p2], 1).view(6, 4, 4)
+    rows, cols = torch.triu_indices(4, 4, offset=1)
+    ref = torch.cat([d2, torch.bmm(x, x.transpose(1, 2))[:, rows, cols]], 1)
+    (ref * upstream).sum().backward()
+    torch.testing.assert_close(dense.grad, d2.grad)
+    torch.testing.assert_close(pooled.grad, p2.grad)
