@@ -1,0 +1,149 @@
+"""Which rows are hot: count accesses on a sample of the data, keep the most used.
+
+    sample of batches ──count_accesses──► counts per table [rows] int64
+                                              │ choose_hot_rows (global ranking,
+                                              ▼  weight + optimizer bytes ≤ budget)
+                                          HotProfile: sorted hot row ids per table
+
+Ranking is global: a row of a small, busy table beats a row of a big, quiet one.
+Ties go to the earlier table, then the lower row id, so a profile is reproducible.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+
+from embeddings.optim import SparseOptimizer
+from embeddings.table import TableSpec
+
+if TYPE_CHECKING:
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+DEFAULT_SAMPLE_FRACTION = 0.05
+DEFAULT_MAX_SECONDS = 60.0
+
+
+def default_max_batches(total_batches: int, fraction: float = DEFAULT_SAMPLE_FRACTION) -> int:
+    """The default sample: 5% of the training batches (at least one)."""
+    return max(1, int(total_batches * fraction))
+
+
+def count_accesses(
+    batches: Iterable[KeyedJaggedTensor],
+    tables: list[TableSpec],
+    max_batches: int | None = None,
+    max_seconds: float | None = DEFAULT_MAX_SECONDS,
+) -> dict[str, torch.Tensor]:
+    """Per table, how often each row was looked up in ``batches`` ([rows] int64).
+
+    Features sharing a table add up. Stops after ``max_batches`` batches or once
+    ``max_seconds`` have passed, whichever comes first (None: no bound). Default
+    policy (the caller's): ``default_max_batches`` = 5% of the data, 60 s at most.
+    """
+    counts = {t.name: torch.zeros(t.rows, dtype=torch.int64) for t in tables}
+    table_of = {f: t.name for t in tables for f in t.features}
+    start = time.monotonic()
+    for i, kjt in enumerate(batches):
+        if max_batches is not None and i >= max_batches:
+            break
+        for feature, jt in kjt.to_dict().items():
+            name = table_of.get(feature)
+            if name is not None:
+                counts[name] += torch.bincount(jt.values().cpu(), minlength=counts[name].numel())
+        if max_seconds is not None and time.monotonic() - start >= max_seconds:
+            break
+    return counts
+
+
+def row_bytes(table: TableSpec, optimizer: SparseOptimizer) -> int:
+    """Device bytes of one hot row: fp32 weight + per-row optimizer state."""
+    return table.dim * 4 + optimizer.state_bytes_per_row(table.dim)
+
+
+def choose_hot_rows(
+    counts: dict[str, torch.Tensor],
+    tables: list[TableSpec],
+    optimizer: SparseOptimizer,
+    budget_bytes: int,
+) -> dict[str, torch.Tensor]:
+    """The most-accessed rows over all tables whose bytes fit ``budget_bytes``.
+
+    Rows are taken in ranking order (count desc, then table order, then row id)
+    until the next one would exceed the budget; zero-count rows are never hot.
+    Returns per table the sorted hot row ids (int64, possibly empty).
+    """
+    flat = torch.cat([counts[t.name].to(torch.int64) for t in tables])
+    table_idx = torch.cat([torch.full((t.rows,), i, dtype=torch.int64) for i, t in enumerate(tables)])
+    row_id = torch.cat([torch.arange(t.rows, dtype=torch.int64) for t in tables])
+    cost = torch.tensor([row_bytes(t, optimizer) for t in tables], dtype=torch.int64)
+    # Concatenation order is (table order, row id); a stable sort keeps it for ties.
+    order = torch.sort(flat, descending=True, stable=True).indices
+    order = order[flat[order] > 0]
+    taken = order[torch.cumsum(cost[table_idx[order]], 0) <= budget_bytes]
+    out = {}
+    for i, t in enumerate(tables):
+        out[t.name] = torch.sort(row_id[taken[table_idx[taken] == i]]).values
+    return out
+
+
+@dataclass
+class HotProfile:
+    """The hot set: per table, sorted hot row ids; plus what it was chosen from.
+
+    ``features``: feature → table (for ``hit_rate``). ``summary``: per table,
+    sampled lookups and how many of them hit a hot row.
+    """
+
+    hot: dict[str, torch.Tensor]
+    features: dict[str, str]
+    budget_bytes: int
+    summary: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    @staticmethod
+    def build(
+        counts: dict[str, torch.Tensor],
+        tables: list[TableSpec],
+        optimizer: SparseOptimizer,
+        budget_bytes: int,
+    ) -> HotProfile:
+        hot = choose_hot_rows(counts, tables, optimizer, budget_bytes)
+        summary = {
+            t.name: {
+                "lookups": int(counts[t.name].sum()),
+                "hot_lookups": int(counts[t.name][hot[t.name]].sum()),
+                "hot_rows": int(hot[t.name].numel()),
+            }
+            for t in tables
+        }
+        features = {f: t.name for t in tables for f in t.features}
+        return HotProfile(hot, features, budget_bytes, summary)
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Atomic: written beside ``path`` then renamed over it."""
+        path = os.fspath(path)
+        tmp = f"{path}.tmp{os.getpid()}"
+        payload = {"hot": self.hot, "features": self.features,
+                   "budget_bytes": self.budget_bytes, "summary": self.summary}
+        torch.save(payload, tmp)
+        os.replace(tmp, path)
+
+    @staticmethod
+    def load(path: str | os.PathLike) -> HotProfile:
+        payload = torch.load(os.fspath(path), weights_only=True)
+        return HotProfile(payload["hot"], payload["features"], payload["budget_bytes"], payload["summary"])
+
+    def hit_rate(self, kjt: KeyedJaggedTensor) -> float:
+        """Share of ``kjt``'s lookups that hit a hot row (0.0 when it has none)."""
+        hits = total = 0
+        for feature, jt in kjt.to_dict().items():
+            values = jt.values()
+            total += values.numel()
+            hot = self.hot[self.features[feature]].to(values.device)
+            hits += int(torch.isin(values, hot).sum())
+        return hits / total if total else 0.0

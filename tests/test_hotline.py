@@ -1,0 +1,211 @@
+"""Hotline tiers equal the single-process collection: every optimizer, fused and
+kept, hot sets of none / half / all touched rows, with a refresh mid-training;
+plus the profile (counts, budgeted ranking, save/load, hit rate) and split()."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from embeddings.collection import LocalEmbeddingCollection
+from embeddings.hotline.profile import HotProfile, choose_hot_rows, count_accesses, row_bytes
+from embeddings.hotline.tiers import HotlineEmbeddingCollection
+from embeddings.optim import SparseAdam, make_sparse_optimizer
+from embeddings.table import Pooling, TableSpec
+from tests.test_embeddings import random_kjt, tables_fixture
+
+FEATURES = ["a", "b", "c", "d"]
+LR = 0.1
+
+
+def rows_of(tables: list[TableSpec]) -> dict[str, int]:
+    return {f: t.rows for t in tables for f in t.features}
+
+
+def touched(tables: list[TableSpec], kjts: list[KeyedJaggedTensor]) -> dict[str, torch.Tensor]:
+    table_of = {f: t.name for t in tables for f in t.features}
+    parts: dict[str, list[torch.Tensor]] = {t.name: [] for t in tables}
+    for kjt in kjts:
+        for f, jt in kjt.to_dict().items():
+            parts[table_of[f]].append(jt.values())
+    return {name: torch.unique(torch.cat(p)) for name, p in parts.items()}
+
+
+def profile_of(tables: list[TableSpec], hot: dict[str, torch.Tensor]) -> HotProfile:
+    return HotProfile(hot, {f: t.name for t in tables for f in t.features}, budget_bytes=0)
+
+
+def hot_sets(tables, kjts, share: str, phase: int) -> dict[str, torch.Tensor]:
+    """none / half (even or odd positions of the touched rows, by phase) / all."""
+    out = {}
+    for name, ids in touched(tables, kjts).items():
+        if share == "none":
+            out[name] = ids[:0]
+        elif share == "all":
+            out[name] = ids
+        else:
+            out[name] = ids[phase % 2 :: 2]
+    return out
+
+
+def assert_same_tables(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
+    assert sorted(got) == sorted(want)
+    for key, value in want.items():
+        torch.testing.assert_close(got[key], value, rtol=1e-5, atol=1e-7, msg=key)
+
+
+@pytest.mark.parametrize("refresh", [False, True])
+@pytest.mark.parametrize("share", ["none", "half", "all"])
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("kind", ["sgd", "rowwise_adagrad", "adam"])
+def test_hotline_equals_local_collection(kind: str, fused: bool, share: str, refresh: bool) -> None:
+    steps = 4
+    pooling = Pooling.MEAN if kind == "rowwise_adagrad" else Pooling.SUM
+    tables = tables_fixture(pooling)
+    # Single-hot batches first, multi-hot after.
+    kjts = [random_kjt(FEATURES, rows_of(tables), batch=6, max_len=1 if s < 2 else 3, seed=s)
+            for s in range(steps)]
+    ups = [torch.randn(6, 16, generator=torch.Generator().manual_seed(100 + s)) for s in range(steps)]
+    ref = LocalEmbeddingCollection(tables, make_sparse_optimizer(kind), fused=fused, seed=5)
+    hot = HotlineEmbeddingCollection(
+        tables, profile_of(tables, hot_sets(tables, kjts, share, 0)), make_sparse_optimizer(kind),
+        fused=fused, seed=5,
+    )
+    assert_same_tables(hot.export_tables(), ref.export_tables())
+    for s, (kjt, up) in enumerate(zip(kjts, ups)):
+        if refresh and s == steps // 2:
+            before = {k: v.clone() for k, v in hot.export_tables().items()}
+            # Always a different set: the other half of the touched rows.
+            hot.refresh(profile_of(tables, hot_sets(tables, kjts, "half", 1)))
+            assert_same_tables(hot.export_tables(), before)
+        for coll in (ref, hot):
+            coll.set_lr(LR)
+            out = coll(kjt)
+            (out * up).sum().backward()
+            coll.step()
+        assert hot.last_stats["hot_hit_rate"] == pytest.approx(hot.profile.hit_rate(kjt))
+    assert_same_tables(hot.export_tables(), ref.export_tables())
+    if kind == "adam":
+        assert int(hot.hot_state["step"]) == int(hot.host.state["step"]) == steps
+
+
+@pytest.mark.parametrize("kind", ["rowwise_adagrad", "adam"])
+def test_popular_then_non_popular_micro_batches_equal_one_step(kind: str) -> None:
+    tables = tables_fixture()
+    kjts = [random_kjt(FEATURES, rows_of(tables), batch=16, max_len=2, seed=s) for s in range(3)]
+    ups = [torch.randn(16, 16, generator=torch.Generator().manual_seed(7 + s)) for s in range(3)]
+    # Hot: the rows most used in the data, so some samples are popular and some not.
+    counts = count_accesses(kjts, tables)
+    budget = 40 * row_bytes(tables[0], make_sparse_optimizer(kind))
+    profile = HotProfile.build(counts, tables, make_sparse_optimizer(kind), budget)
+    ref = LocalEmbeddingCollection(tables, make_sparse_optimizer(kind), fused=False, seed=2)
+    hot = HotlineEmbeddingCollection(tables, profile, make_sparse_optimizer(kind), fused=False, seed=2)
+    shares = []
+    for kjt, up in zip(kjts, ups):
+        ref.set_lr(LR)
+        (ref(kjt) * up).sum().backward()
+        ref.step()
+        hot.set_lr(LR)
+        popular = hot.split(kjt)
+        shares.append(float(popular.float().mean()))
+        for mask in (popular, ~popular):
+            part = select(kjt, mask)
+            (hot(part) * up[mask]).sum().backward()
+        hot.step()
+    assert 0 < min(shares) and max(shares) < 1
+    assert_same_tables(hot.export_tables(), ref.export_tables())
+
+
+def select(kjt: KeyedJaggedTensor, mask: torch.Tensor) -> KeyedJaggedTensor:
+    """The samples of ``kjt`` where ``mask`` holds, every feature."""
+    lengths, values = [], []
+    for f in kjt.keys():  # noqa: SIM118 (a KJT is not a dict)
+        jt = kjt[f]
+        keep = torch.repeat_interleave(mask, jt.lengths())
+        lengths.append(jt.lengths()[mask])
+        values.append(jt.values()[keep])
+    return KeyedJaggedTensor(keys=kjt.keys(), values=torch.cat(values), lengths=torch.cat(lengths),
+                             stride=int(mask.sum()))
+
+
+def test_split_and_hit_rate_match_a_hand_count() -> None:
+    tables = tables_fixture()
+    kjt = random_kjt(FEATURES, rows_of(tables), batch=12, max_len=3, seed=9)
+    hot = {"t0": torch.arange(0, 50, 3), "t_shared": torch.arange(0, 30, 2), "t2": torch.tensor([1, 5])}
+    profile = profile_of(tables, hot)
+    coll = HotlineEmbeddingCollection(tables, profile, make_sparse_optimizer("sgd"))
+    table_of = {f: t.name for t in tables for f in t.features}
+    popular, hits, total = [True] * 12, 0, 0
+    for f in FEATURES:
+        jt = kjt[f]
+        for b, ids in enumerate(jt.values().split(jt.lengths().tolist())):
+            for i in ids.tolist():
+                is_hot = i in set(hot[table_of[f]].tolist())
+                hits += is_hot
+                total += 1
+                popular[b] = popular[b] and is_hot
+    assert coll.split(kjt).tolist() == popular
+    assert 0 < sum(popular) < 12
+    assert profile.hit_rate(kjt) == pytest.approx(hits / total)
+    coll(kjt)
+    assert coll.last_stats["hot_hit_rate"] == pytest.approx(hits / total)
+    assert coll.last_stats["popular_share"] == pytest.approx(sum(popular) / 12)
+
+
+def test_count_accesses_adds_shared_features_and_stops() -> None:
+    tables = tables_fixture()
+    kjt = KeyedJaggedTensor(keys=FEATURES, values=torch.tensor([3, 3, 1, 1, 2, 6]),
+                            lengths=torch.tensor([2, 0, 1, 1, 1, 0, 0, 1]))
+    counts = count_accesses([kjt, kjt, kjt], tables, max_batches=2)
+    assert counts["t0"][3] == 4 and counts["t0"].sum() == 4
+    assert counts["t_shared"][1] == 4 and counts["t_shared"][2] == 2 and counts["t_shared"].sum() == 6
+    assert counts["t2"][6] == 2 and counts["t2"].sum() == 2
+
+
+def assert_rows(hot: dict[str, torch.Tensor], want: dict[str, list[int]]) -> bool:
+    return {k: v.tolist() for k, v in hot.items()} == want
+
+
+def test_choose_hot_rows_ranks_globally_within_budget() -> None:
+    tables = tables_fixture()
+    opt = SparseAdam()
+    per_row = row_bytes(tables[0], opt)
+    assert per_row == 4 * 4 + 2 * 4 * 4
+    counts = {t.name: torch.zeros(t.rows, dtype=torch.int64) for t in tables}
+    counts["t0"][[10, 20]] = torch.tensor([5, 1])
+    counts["t_shared"][[4, 7]] = torch.tensor([9, 5])  # 7 ties t0's 10: t0 comes first
+    counts["t2"][3] = 2
+    hot = choose_hot_rows(counts, tables, opt, budget_bytes=3 * per_row + per_row - 1)
+    assert assert_rows(hot, {"t0": [10], "t_shared": [4, 7], "t2": []})
+    hot = choose_hot_rows(counts, tables, opt, budget_bytes=2 * per_row)
+    assert assert_rows(hot, {"t0": [10], "t_shared": [4], "t2": []})
+    hot = choose_hot_rows(counts, tables, opt, budget_bytes=10**9)  # zero counts never hot
+    assert assert_rows(hot, {"t0": [10, 20], "t_shared": [4, 7], "t2": [3]})
+    assert all(v.dtype == torch.int64 for v in hot.values())
+    assert assert_rows(choose_hot_rows(counts, tables, opt, 0), {"t0": [], "t_shared": [], "t2": []})
+
+
+def test_profile_save_load_roundtrip(tmp_path) -> None:
+    tables = tables_fixture()
+    counts = {t.name: torch.arange(t.rows, dtype=torch.int64) % 3 for t in tables}
+    profile = HotProfile.build(counts, tables, make_sparse_optimizer("rowwise_adagrad"), 20 * 20)
+    path = tmp_path / "hot.pt"
+    profile.save(path)
+    loaded = HotProfile.load(path)
+    assert list(tmp_path.iterdir()) == [path]
+    assert loaded.features == profile.features and loaded.budget_bytes == 400
+    assert loaded.summary == profile.summary
+    assert sum(s["hot_rows"] for s in loaded.summary.values()) == 20
+    for name in profile.hot:
+        assert torch.equal(loaded.hot[name], profile.hot[name])
+
+
+def test_import_tables_reaches_the_hot_tier() -> None:
+    tables = tables_fixture()
+    src = LocalEmbeddingCollection(tables, make_sparse_optimizer("adam"), seed=1)
+    hot = {"t0": torch.tensor([0, 4]), "t_shared": torch.tensor([2]), "t2": torch.tensor([6])}
+    coll = HotlineEmbeddingCollection(tables, profile_of(tables, hot), make_sparse_optimizer("adam"), seed=2)
+    coll.import_tables({k: v.clone() for k, v in src.export_tables().items()})
+    assert torch.equal(coll.hot_weight[0], src.weight[0]) and torch.equal(coll.hot_weight[3], src.weight[50 + 30 + 6])
+    assert_same_tables(coll.export_tables(), src.export_tables())
