@@ -45,6 +45,31 @@ class Batch:
             labels=self.labels.pin_memory(),
         )
 
+    def select(self, index: torch.Tensor) -> Batch:
+        """The samples at ``index`` (int64 [k]), in that order: a micro-batch.
+
+            feature-major bags [f0: b0 b1 b2 | f1: b0 b1 b2], index [2, 0]
+            → [f0: b2 b0 | f1: b2 b0]
+        """
+        from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+        keys = self.sparse.keys()
+        batch = self.size
+        lengths = self.sparse.lengths()
+        bags = (torch.arange(len(keys)).unsqueeze(1) * batch + index.unsqueeze(0)).flatten()
+        new_lengths = lengths.index_select(0, bags)
+        starts = torch.cumsum(lengths, 0) - lengths
+        total = int(new_lengths.sum())
+        new_starts = torch.cumsum(new_lengths, 0) - new_lengths
+        shift = torch.repeat_interleave(starts[bags] - new_starts, new_lengths, output_size=total)
+        values = self.sparse.values().index_select(0, torch.arange(total) + shift)
+        return Batch(
+            dense=self.dense.index_select(0, index),
+            sparse=KeyedJaggedTensor(keys=keys, values=values, lengths=new_lengths,
+                                     stride=int(index.numel())),
+            labels=self.labels.index_select(0, index),
+        )
+
     def record_stream(self, stream: torch.cuda.Stream) -> None:
         self.dense.record_stream(stream)
         self.labels.record_stream(stream)

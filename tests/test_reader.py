@@ -341,3 +341,23 @@ def test_global_batch_size_is_the_sum_of_rank_batches(tmp_path) -> None:
         per_rank = [[b.size for b in rd.epoch(0)] for rd in readers]
         for step in range(readers[0].steps_per_epoch()):
             assert readers[0].global_batch_size(step) == sum(sizes[step] for sizes in per_rank)
+
+
+def test_batch_select_takes_whole_samples(tmp_path) -> None:
+    import torch
+
+    from data.reader import ParquetReader
+    from tests.data_helpers import tiny_dataset
+
+    files, schema = tiny_dataset(tmp_path)
+    batch = next(iter(ParquetReader(files, schema, 40, prefetch=0).epoch(0)))
+    index = torch.tensor([5, 0, 39, 5])
+    part = batch.select(index)
+    assert part.size == 4 and torch.equal(part.dense, batch.dense[index])
+    assert torch.equal(part.labels, batch.labels[index])
+    whole, sub = batch.sparse.to_dict(), part.sparse.to_dict()
+    for key in batch.sparse.keys():
+        want = [whole[key].to_dense()[i].tolist() for i in index.tolist()]
+        assert [row.tolist() for row in sub[key].to_dense()] == want
+    empty = batch.select(torch.zeros(0, dtype=torch.int64))
+    assert empty.size == 0 and empty.sparse.values().numel() == 0
