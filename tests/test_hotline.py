@@ -83,7 +83,14 @@ def test_hotline_equals_local_collection(kind: str, fused: bool, share: str, ref
             coll.set_lr(LR)
             out = coll(kjt)
             (out * up).sum().backward()
-            coll.step()
+        if not fused:
+            want, got = ref.kv_gradients(), hot.kv_gradients()
+            assert sorted(got) == sorted(want)
+            for name, g in want.items():
+                assert torch.equal(got[name].ids, g.ids)
+                torch.testing.assert_close(got[name].rows, g.rows)
+        ref.step()
+        hot.step()
         assert hot.last_stats["hot_hit_rate"] == pytest.approx(hot.profile.hit_rate(kjt))
     assert_same_tables(hot.export_tables(), ref.export_tables())
     if kind == "adam":
@@ -209,3 +216,15 @@ def test_import_tables_reaches_the_hot_tier() -> None:
     coll.import_tables({k: v.clone() for k, v in src.export_tables().items()})
     assert torch.equal(coll.hot_weight[0], src.weight[0]) and torch.equal(coll.hot_weight[3], src.weight[50 + 30 + 6])
     assert_same_tables(coll.export_tables(), src.export_tables())
+
+
+def test_cold_rows_gathered_ahead_and_checked() -> None:
+    tables = tables_fixture()
+    a, b = (random_kjt(FEATURES, rows_of(tables), batch=5, max_len=2, seed=s) for s in (1, 2))
+    hot = {"t0": torch.arange(0, 50, 2), "t_shared": torch.arange(0, 30, 2), "t2": torch.tensor([0])}
+    coll = HotlineEmbeddingCollection(tables, profile_of(tables, hot), make_sparse_optimizer("sgd"))
+    cold = coll.gather_cold(a)
+    assert torch.equal(coll(a, cold), coll(a))
+    assert coll.last_stats["cold_rows"] == cold.ids.numel() > 0
+    with pytest.raises(ValueError, match="another batch"):
+        coll(b, cold)
