@@ -356,7 +356,7 @@ def test_batch_select_takes_whole_samples(tmp_path) -> None:
     assert part.size == 4 and torch.equal(part.dense, batch.dense[index])
     assert torch.equal(part.labels, batch.labels[index])
     whole, sub = batch.sparse.to_dict(), part.sparse.to_dict()
-    for key in batch.sparse.keys():
+    for key in whole:
         want = [whole[key].to_dense()[i].tolist() for i in index.tolist()]
         assert [row.tolist() for row in sub[key].to_dense()] == want
     empty = batch.select(torch.zeros(0, dtype=torch.int64))
