@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from data.errors import UserError
+from dlrm.checkpoint import write_atomic
 from dlrm.config import Config, TrainConfig, load_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -120,7 +121,7 @@ def ensure_dataset(cfg: Config, data_dir: Path) -> Path:
         shutil.rmtree(data_dir)
     t0 = time.perf_counter()
     generate_dataset(str(data_dir), cfg.generate, seed=cfg.seed)
-    _write_atomic(stamp, json.dumps(want, indent=1))
+    write_atomic(stamp, json.dumps(want, indent=1))
     print(f"generated {cfg.generate.rows} rows in {data_dir} ({time.perf_counter() - t0:.1f} s)")
     return data_dir
 
@@ -251,15 +252,9 @@ def format_limit(limit: dict[str, float], rows: list[dict[str, Any]]) -> str:
     )
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def write_json(path: Path, report: dict[str, Any]) -> None:
     """All figures as JSON, written to a temp name and renamed."""
-    _write_atomic(path, json.dumps(report, indent=1) + "\n")
+    write_atomic(path, json.dumps(report, indent=1) + "\n")
 
 
 def write_png(path: Path, rows: list[dict[str, Any]], limit: dict[str, float]) -> None:
