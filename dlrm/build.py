@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from data.schema import Schema
-from dlrm.config import Config
+from dlrm.config import Config, ConfigError
 from dlrm.distributed import DistInfo
 from dlrm.model import DLRM
 from embeddings.collection import EmbeddingCollection, LocalEmbeddingCollection
@@ -31,7 +31,11 @@ def tables_from_schema(schema: Schema, dim: int, pooling: str = "sum") -> list[T
 
 
 def build_model(
-    cfg: Config, schema: Schema, device: torch.device | str = "cpu", info: DistInfo | None = None
+    cfg: Config,
+    schema: Schema,
+    device: torch.device | str = "cpu",
+    info: DistInfo | None = None,
+    hot_profile: object | None = None,
 ) -> torch.nn.Module:
     """The DLRM of ``cfg`` for ``schema``, initialised from ``cfg.seed``.
 
@@ -48,7 +52,21 @@ def build_model(
     # Gradient accumulation keeps KV gradients until the k-th micro-batch.
     fused = cfg.embeddings.fused and cfg.train.accumulate == 1
     collection: EmbeddingCollection
-    if info is None or info.world_size == 1:
+    if cfg.embeddings.placement == "hotline":
+        from embeddings.hotline.profile import HotProfile
+        from embeddings.hotline.tiers import HotlineEmbeddingCollection
+
+        if info is not None and info.world_size > 1:
+            raise ConfigError("embeddings.placement=hotline runs on one process for now")
+        if not isinstance(hot_profile, HotProfile):
+            raise ValueError("hotline placement needs a hot profile (dlrm.hotline.make_profile)")
+        # Kept (not fused) gradients: the popular and the non-popular micro-batch
+        # of a mini-batch add up to one optimizer step.
+        collection = HotlineEmbeddingCollection(
+            tables, hot_profile, make_sparse_optimizer(cfg.optim.sparse, cfg.optim.eps),
+            fused=False, seed=cfg.seed, device=device,
+        )
+    elif info is None or info.world_size == 1:
         collection = LocalEmbeddingCollection(
             tables,
             make_sparse_optimizer(cfg.optim.sparse, cfg.optim.eps),

@@ -95,7 +95,10 @@ def save_checkpoint(
         from dlrm.model import unwrap
         from dlrm.sharded_checkpoint import save_embeddings
 
-        save_embeddings(tmp / "embeddings", embeddings)
+        host = getattr(embeddings, "host", None)  # Hotline: save the host tier, complete
+        if host is not None:
+            embeddings.sync_to_host()
+        save_embeddings(tmp / "embeddings", host if host is not None else embeddings)
         state["dense"] = unwrap(model.dense_arch).state_dict()
     else:  # torchrec backend: whole tables in state.pt (one process)
         state.update(model.export_state())
@@ -150,7 +153,12 @@ def load_checkpoint(
             missing, unexpected = unwrap(model.dense_arch).load_state_dict(state["dense"], strict=False)
             if missing or unexpected:
                 raise KeyError(f"dense state: missing {missing[:1]}, unexpected {unexpected[:1]}")
-            load_embeddings(ckpt / "embeddings", embeddings)
+            host = getattr(embeddings, "host", None)
+            if host is not None:  # Hotline: load the host tier, then the hot rows from it
+                load_embeddings(ckpt / "embeddings", host)
+                embeddings.import_tables(host.export_tables())
+            else:
+                load_embeddings(ckpt / "embeddings", embeddings)
         else:
             model.import_state(state)
         if dense_opt is not None:

@@ -91,9 +91,23 @@ class EmbeddingsConfig:
     fused: bool = True
     # Hybrid parallel (more than one rank): the planner places every table unless
     # pinned here, within memory_per_rank (e.g. "16GB"; empty = no limit).
+    # sharded: tables on the ranks per the plan; hotline: hot rows on the device,
+    # the rest in host memory, popular / non-popular micro-batches (see hotline:)
+    placement: Literal["sharded", "hotline"] = "sharded"
     plan: dict[str, TablePlacement] = field(default_factory=dict)
     memory_per_rank: str = ""
     replicate_max_bytes: int = 1 << 20  # tables this small are replicated (data_parallel)
+
+
+@dataclass
+class HotlineConfig:
+    """embeddings.placement=hotline: which rows are hot and how they are chosen."""
+
+    budget: str = "256MB"  # device bytes for hot rows (weights + optimizer state)
+    profile_fraction: float = 0.05  # share of the training batches profiled at start
+    profile_seconds: float = 60.0  # profiling time bound
+    refresh_every: int = 0  # steps; re-choose the hot rows from the batches since (0 = never)
+    pipeline: bool = True  # gather cold rows on a host thread during the popular micro-batch
 
 
 @dataclass
@@ -122,6 +136,7 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     embeddings: EmbeddingsConfig = field(default_factory=EmbeddingsConfig)
+    hotline: HotlineConfig = field(default_factory=HotlineConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
 
 

@@ -79,8 +79,12 @@ class DLRM(nn.Module):
         self.embeddings = embeddings
         self.dense_arch: nn.Module = DenseArch(num_dense, len(embeddings.features), dim, cfg)
 
-    def forward(self, dense: torch.Tensor, sparse: KeyedJaggedTensor) -> torch.Tensor:
-        """Logits [B]."""
+    def forward(
+        self, dense: torch.Tensor, sparse: KeyedJaggedTensor, cold: object | None = None
+    ) -> torch.Tensor:
+        """Logits [B]. ``cold``: Hotline's cold rows gathered ahead for this batch."""
+        if cold is not None:
+            return self.dense_arch(dense, self.embeddings(sparse, cold=cold))
         start = getattr(self.embeddings, "start", None)
         if start is None:
             return self.dense_arch(dense, self.embeddings(sparse))

@@ -164,7 +164,15 @@ def train(cfg: Config, run_dir: str | Path, echo: Callable[[str], None] = print)
         ckpt_io.write_atomic(
             run_dir / "schema.json", json.dumps(ckpt_io.schema_to_json(schema), indent=1)
         )
-    model = build_model(cfg, schema, info.device, info)
+    hot_profile = None
+    if cfg.embeddings.placement == "hotline":
+        from dlrm.build import tables_from_schema
+        from dlrm.hotline import make_profile
+
+        tables = tables_from_schema(schema, cfg.model.embedding_dim, cfg.embeddings.pooling)
+        reader = make_reader(cfg, data.train_files, schema, True, info.rank, info.world_size)
+        hot_profile = make_profile(cfg, tables, reader, run_dir, say)
+    model = build_model(cfg, schema, info.device, info, hot_profile)
     plan = getattr(model.embeddings, "plan", None) if hasattr(model, "embeddings") else None
     if plan is not None and info.is_main:
         from dlrm.plan_cli import plan_from_config
@@ -218,6 +226,14 @@ def _fit(
         log.write({"event": "eval", "step": progress.global_step, **metrics})
         return metrics
 
+    hotline = None
+    if cfg.embeddings.placement == "hotline":
+        from dlrm.build import tables_from_schema
+        from dlrm.hotline import HotlineSteps
+
+        tables = tables_from_schema(schema, cfg.model.embedding_dim, cfg.embeddings.pooling)
+        hotline = HotlineSteps(model, cfg, tables)
+
     from tqdm import tqdm
 
     bar = tqdm(total=total_steps, initial=progress.global_step, unit="step", file=sys.stderr,
@@ -248,17 +264,22 @@ def _fit(
             dense_opt.zero_grad(set_to_none=True)
             embedding_before = sum(TIMER.totals[s] for s in EMBEDDING_SECTIONS)
             for i, batch in enumerate(group):
-                batch = batch.to(info.device, non_blocking=True)
                 sync = i == len(group) - 1
-                with contextlib.nullcontext() if sync else _no_sync(model):
-                    bce = loss_fn(model(batch.dense, batch.sparse), batch.labels)
-                    (bce * loss_scale(info, global_rows)).backward()
-                window += torch.tensor([float(bce.detach()), batch.size], dtype=torch.float64)
+                # Hotline: popular then non-popular micro-batch, cold rows gathered ahead.
+                micro = hotline.micro_batches(batch) if hotline else [(batch, None)]
+                for part, cold in micro:
+                    part = part.to(info.device, non_blocking=True)
+                    with contextlib.nullcontext() if sync else _no_sync(model):
+                        bce = loss_fn(model(part.dense, part.sparse, cold=cold), part.labels)
+                        (bce * loss_scale(info, global_rows)).backward()
+                    window += torch.tensor([float(bce.detach()), part.size], dtype=torch.float64)
             t_dense = time.perf_counter()
             forward_backward = t_dense - t0
             dense_opt.step()
             dense_update = time.perf_counter() - t_dense
             model.end_step()
+            if hotline:
+                hotline.after_step(progress.global_step + 1)
             progress.global_step += 1
             progress.step_in_epoch = first + len(group)
             elapsed = time.perf_counter() - t_fetch  # data wait included
@@ -284,6 +305,8 @@ def _fit(
                            "samples_per_s": rate,
                            "window_samples_per_s": window_rows / max(window_seconds, 1e-9)})
                 window_rows, window_seconds = 0, 0.0
+                if hotline:
+                    log.write({"event": "hotline", "step": step, **hotline.stats()})
                 bar.set_postfix(loss=f"{loss_sum / max(rows, 1):.4f}", sps=f"{rate:,.0f}")
                 window.zero_()
             if cfg.train.eval_every and step % cfg.train.eval_every == 0 and step < total_steps:
@@ -302,6 +325,9 @@ def _fit(
             name: 1000 * TIMER.totals[name] / timed_steps for name in SECTIONS
         }
     TIMER.enabled = False
+    if hotline:
+        summary["hotline"] = hotline.stats(whole_run=True)
+        hotline.close()
     if last_eval is not None:
         summary.update({f"eval_{k}": v for k, v in last_eval.items()})
     log.write(summary)

@@ -19,6 +19,7 @@ def run_state(run: Path) -> dict[str, torch.Tensor]:
     meta = ck.load_meta(ckpt)
     cfg = from_dict(Config, meta["config"], "")
     cfg.train.accumulate = 1
+    cfg.embeddings.placement = "sharded"  # a plain model holds every table
     schema = ck.schema_from_json(meta["schema"])
     model = build_model(cfg, schema)
     with contextlib.closing(model):  # the torchrec backend's model owns a process group

@@ -1,0 +1,51 @@
+"""Hotline training equals ordinary training: same parameters after k steps with
+every sparse optimizer, with re-profiling mid-run, with and without the pipeline;
+its stats are logged; it resumes exactly."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dlrm.config import load_config
+from dlrm.trainer import train
+from tests.conftest import TINY, tiny_overrides
+from tests.run_state import assert_states_close, run_state
+
+HOTLINE = ("embeddings.placement=hotline", "hotline.budget=1MB")
+
+
+def run(tiny_data, out: Path, *extra: str) -> dict:
+    cfg = load_config(TINY, tiny_overrides(**{"data.train": tiny_data["train"], "data.eval": ""})
+                      + ["train.max_steps=12", "train.log_every=4", *extra])
+    return train(cfg, out, echo=lambda s: None)
+
+
+@pytest.mark.parametrize("optim", ["sgd", "rowwise_adagrad", "adam"])
+def test_hotline_equals_ordinary_training(tiny_data, tmp_path: Path, optim: str) -> None:
+    run(tiny_data, tmp_path / "plain", f"optim.sparse={optim}")
+    summary = run(tiny_data, tmp_path / "hot", f"optim.sparse={optim}", *HOTLINE)
+    assert_states_close(run_state(tmp_path / "hot"), run_state(tmp_path / "plain"), f"hotline {optim}")
+    stats = summary["hotline"]
+    assert 0.5 < stats["hot_hit_rate"] < 1.0
+    assert 0.0 < stats["popular_share"] < 1.0  # both micro-batches really ran
+    assert (tmp_path / "hot" / "hot_profile.pt").is_file()
+    events = [json.loads(x) for x in (tmp_path / "hot" / "metrics.jsonl").read_text().splitlines()]
+    hot_lines = [e for e in events if e["event"] == "hotline"]
+    assert len(hot_lines) == 3 and all(e["gather_ms"] >= 0 for e in hot_lines)
+
+
+@pytest.mark.parametrize("extra", [("hotline.refresh_every=5",), ("hotline.pipeline=false",)])
+def test_refresh_and_no_pipeline_stay_exact(tiny_data, tmp_path: Path, extra: tuple[str, ...]) -> None:
+    run(tiny_data, tmp_path / "plain", "optim.sparse=rowwise_adagrad")
+    run(tiny_data, tmp_path / "hot", "optim.sparse=rowwise_adagrad", *HOTLINE, *extra)
+    assert_states_close(run_state(tmp_path / "hot"), run_state(tmp_path / "plain"), str(extra))
+
+
+def test_hotline_resume_equals_uninterrupted(tiny_data, tmp_path: Path) -> None:
+    run(tiny_data, tmp_path / "straight", "optim.sparse=adam", *HOTLINE)
+    run(tiny_data, tmp_path / "resumed", "optim.sparse=adam", "train.max_steps=5", *HOTLINE)
+    run(tiny_data, tmp_path / "resumed", "optim.sparse=adam", *HOTLINE)
+    assert_states_close(run_state(tmp_path / "resumed"), run_state(tmp_path / "straight"), "resume")
