@@ -270,7 +270,9 @@ def _fit(
                 for part, cold in micro:
                     part = part.to(info.device, non_blocking=True)
                     with contextlib.nullcontext() if sync else _no_sync(model):
-                        bce = loss_fn(model(part.dense, part.sparse, cold=cold), part.labels)
+                        logits = (model(part.dense, part.sparse) if cold is None
+                                  else model(part.dense, part.sparse, cold=cold))
+                        bce = loss_fn(logits, part.labels)
                         (bce * loss_scale(info, global_rows)).backward()
                     window += torch.tensor([float(bce.detach()), part.size], dtype=torch.float64)
             t_dense = time.perf_counter()
