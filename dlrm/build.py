@@ -43,10 +43,12 @@ def build_model(
     dense_parameters(), begin_step(sparse_lr), end_step(), export/import_state().
     """
     if cfg.embeddings.backend == "torchrec":
-        from dlrm.torchrec_model import build_torchrec_dlrm
+        from dlrm.torchrec_model import build_torchrec_dlrm, constraints_from_pins
 
+        pins = {name: p.sharding for name, p in cfg.embeddings.plan.items()}
         return build_torchrec_dlrm(
-            schema, cfg.model, cfg.optim, cfg.embeddings.pooling, torch.device(device), cfg.seed
+            schema, cfg.model, cfg.optim, cfg.embeddings.pooling, torch.device(device), cfg.seed,
+            constraints=constraints_from_pins(pins, torch.device(device)),
         )
     tables = tables_from_schema(schema, cfg.model.embedding_dim, cfg.embeddings.pooling)
     # Gradient accumulation keeps KV gradients until the k-th micro-batch.

@@ -220,6 +220,24 @@ def build_torchrec_dlrm(
     return model
 
 
+def constraints_from_pins(pins: dict[str, str], device: torch.device) -> dict[str, ParameterConstraints]:
+    """Our ``embeddings.plan`` pins (table → sharding type) as TorchRec planner constraints.
+
+    TorchRec's fused kernels shard table-, column- and (with CUDA only) row-wise;
+    its data-parallel tables use an unfused kernel, which this backend does not.
+    """
+    allowed = {"table_wise", "column_wise"} | ({"row_wise"} if device.type == "cuda" else set())
+    out = {}
+    for table, sharding in pins.items():
+        if sharding not in allowed:
+            raise ConfigError(
+                f"embeddings.plan.{table}.sharding={sharding}: the torchrec backend shards "
+                f"{', '.join(sorted(allowed))} here"
+            )
+        out[table] = ParameterConstraints(sharding_types=[sharding], compute_kernels=["fused"])
+    return out
+
+
 def _dlrm(ebc: EmbeddingBagCollection, n_dense: int, cfg: ModelConfig) -> DLRM:
     if cfg.interaction == "dcn":
         return DLRM_DCN(

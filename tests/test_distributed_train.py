@@ -55,7 +55,9 @@ def config_for(data: dict[str, Path], overrides: list[str]):
     )
 
 
-TORCHREC = ("embeddings.backend=torchrec",)
+# TorchRec shards table- and column-wise on CPU; later overrides win over the pins above.
+TORCHREC = ("embeddings.backend=torchrec",
+            "embeddings.plan={C1: {sharding: table_wise}, C2: {sharding: column_wise}}")
 EXTRA_W2 = {
     "torchrec_sgd": ("sgd", TORCHREC),
     "torchrec_adagrad": ("rowwise_adagrad", TORCHREC),

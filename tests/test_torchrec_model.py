@@ -243,3 +243,14 @@ def test_adam_on_cpu_is_a_config_error() -> None:
             0,
         )
     assert not dist.is_initialized()
+
+
+def test_plan_pins_become_torchrec_constraints() -> None:
+    from dlrm.config import ConfigError
+    from dlrm.torchrec_model import constraints_from_pins
+
+    got = constraints_from_pins({"a": "table_wise", "c": "column_wise"}, torch.device("cpu"))
+    assert got["a"].sharding_types == ["table_wise"] and got["c"].sharding_types == ["column_wise"]
+    for bad in ("row_wise", "data_parallel"):
+        with pytest.raises(ConfigError, match=bad):
+            constraints_from_pins({"a": bad}, torch.device("cpu"))
