@@ -46,7 +46,14 @@ def init_distributed(backend: str = "auto", device: str = "auto", timeout_s: int
     if backend == "nccl" and not cuda:
         raise UserError("train.backend=nccl needs CUDA devices; use gloo on CPU")
     if not dist.is_initialized():
-        dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+        timeout = timedelta(seconds=timeout_s)
+        # torchrun keeps one store across restarts (--max-restarts): keys of a killed
+        # incarnation (its ranks' addresses) would be read by the next one. Each
+        # incarnation gets its own key prefix.
+        store, rank, size = next(dist.rendezvous("env://", timeout=timeout))
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        store = dist.PrefixStore(f"dlrm/attempt{attempt}/", store)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=timeout)
     return DistInfo(dist.get_rank(), dist.get_world_size(), local_rank, dev, backend)
 
 
