@@ -54,10 +54,10 @@ def make_profile(
 class HotlineSteps:
     """Micro-batches of each mini-batch, cold rows gathered ahead; stats as JSON."""
 
-    def __init__(self, model: torch.nn.Module, cfg: Config, tables: list[TableSpec]) -> None:
+    def __init__(self, model: torch.nn.Module, cfg: Config) -> None:
         self.embeddings = model.embeddings
         self.cfg = cfg
-        self.tables = tables
+        self.tables: list[TableSpec] = self.embeddings.tables
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hotline-gather")
         self.counts: dict[str, torch.Tensor] | None = None
         self._window: dict[str, float] = {}

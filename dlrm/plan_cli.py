@@ -84,7 +84,7 @@ def plan_from_config(
     """
     from dlrm.build import tables_from_schema
     from embeddings.optim import make_sparse_optimizer
-    from embeddings.plan import auto_plan, describe_plan, parse_size, plan_memory
+    from embeddings.plan import auto_plan, parse_size
 
     tables = tables_from_schema(schema, cfg.model.embedding_dim, cfg.embeddings.pooling)
     optimizer = make_sparse_optimizer(cfg.optim.sparse, cfg.optim.eps)
@@ -101,5 +101,22 @@ def plan_from_config(
         pinned=pinned_tables(cfg.embeddings.plan),
         pooling_factors=pooling_factors,
     )
-    memory = plan_memory(plan, tables, optimizer, batch, pooling_factors)
-    return plan, describe_plan(plan, tables, memory, budget)
+    return plan, describe(cfg, schema, plan, budget, pooling_factors)
+
+
+def describe(
+    cfg: Config,
+    schema: Schema,
+    plan: ShardingPlan,
+    budget: int | None = None,
+    pooling_factors: dict[str, float] | None = None,
+) -> str:
+    """A plan's tables and each rank's memory, as printed at the start of a run."""
+    from dlrm.build import tables_from_schema
+    from embeddings.optim import make_sparse_optimizer
+    from embeddings.plan import describe_plan, plan_memory
+
+    tables = tables_from_schema(schema, cfg.model.embedding_dim, cfg.embeddings.pooling)
+    optimizer = make_sparse_optimizer(cfg.optim.sparse, cfg.optim.eps)
+    memory = plan_memory(plan, tables, optimizer, cfg.data.batch_size, pooling_factors)
+    return describe_plan(plan, tables, memory, budget)

@@ -175,9 +175,10 @@ def train(cfg: Config, run_dir: str | Path, echo: Callable[[str], None] = print)
     model = build_model(cfg, schema, info.device, info, hot_profile)
     plan = getattr(model.embeddings, "plan", None) if hasattr(model, "embeddings") else None
     if plan is not None and info.is_main:
-        from dlrm.plan_cli import plan_from_config
+        from dlrm.plan_cli import describe
+        from embeddings.plan import parse_size
 
-        say(plan_from_config(cfg, schema, info.world_size)[1])
+        say(describe(cfg, schema, plan, parse_size(cfg.embeddings.memory_per_rank)))
         ckpt_io.write_atomic(run_dir / "plan.json", plan.to_json())
     barrier(info)
     with contextlib.closing(model):  # the torchrec backend owns a process group
@@ -228,11 +229,9 @@ def _fit(
 
     hotline = None
     if cfg.embeddings.placement == "hotline":
-        from dlrm.build import tables_from_schema
         from dlrm.hotline import HotlineSteps
 
-        tables = tables_from_schema(schema, cfg.model.embedding_dim, cfg.embeddings.pooling)
-        hotline = HotlineSteps(model, cfg, tables)
+        hotline = HotlineSteps(model, cfg)
 
     from tqdm import tqdm
 
@@ -240,7 +239,8 @@ def _fit(
                disable=not (cfg.train.progress and info.is_main), dynamic_ncols=True)
     model.train()
     timed_rows, timed_seconds, timed_steps, warmup = 0, 0.0, 0, 5
-    window = torch.zeros(2, dtype=torch.float64)  # BCE sum, rows (this rank)
+    # BCE sum (a device tensor: no sync per step) and rows of this rank since the last log
+    window_loss, window_local_rows = torch.zeros((), device=info.device), 0
     window_rows, window_seconds = 0, 0.0  # global rows and wall time since the last log
     TIMER.enabled = cfg.train.time_sections
     TIMER.reset()
@@ -274,7 +274,8 @@ def _fit(
                                   else model(part.dense, part.sparse, cold=cold))
                         bce = loss_fn(logits, part.labels)
                         (bce * loss_scale(info, global_rows)).backward()
-                    window += torch.tensor([float(bce.detach()), part.size], dtype=torch.float64)
+                    window_loss += bce.detach()
+                    window_local_rows += part.size
             t_dense = time.perf_counter()
             forward_backward = t_dense - t0
             dense_opt.step()
@@ -301,7 +302,7 @@ def _fit(
             bar.update(1)
             step = progress.global_step
             if cfg.train.log_every and step % cfg.train.log_every == 0:
-                loss_sum, rows = all_reduce_sum(window.tolist(), info)
+                loss_sum, rows = all_reduce_sum([float(window_loss), window_local_rows], info)
                 rate = timed_rows / timed_seconds if timed_seconds else 0.0
                 log.write({"event": "train", "step": step, "loss": loss_sum / max(rows, 1),
                            "samples_per_s": rate,
@@ -310,7 +311,8 @@ def _fit(
                 if hotline:
                     log.write({"event": "hotline", "step": step, **hotline.stats()})
                 bar.set_postfix(loss=f"{loss_sum / max(rows, 1):.4f}", sps=f"{rate:,.0f}")
-                window.zero_()
+                window_loss.zero_()
+                window_local_rows = 0
             if cfg.train.eval_every and step % cfg.train.eval_every == 0 and step < total_steps:
                 last_eval = run_eval()
             if cfg.train.checkpoint_every and step % cfg.train.checkpoint_every == 0:

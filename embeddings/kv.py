@@ -55,6 +55,3 @@ class KVGradient:
         lo = int(torch.searchsorted(self.ids, start))
         hi = int(torch.searchsorted(self.ids, end))
         return KVGradient(self.ids[lo:hi] - start, self.rows[lo:hi])
-
-    def scale(self, factor: float) -> KVGradient:
-        return KVGradient(self.ids, self.rows * factor)

@@ -149,6 +149,7 @@ class ShardedEmbeddingCollection(EmbeddingCollection):
             )
             self.stores.append(store)
             self.store_slots.append(slots)
+        self._shards_by_name = {shard_name(s.shard): s.shard for s in mine}
         self.column_rowwise = column_rowwise and any(
             tp.sharding is ShardingType.COLUMN_WISE for tp in plan.tables.values()
         )
@@ -352,11 +353,7 @@ class ShardedEmbeddingCollection(EmbeddingCollection):
         return row_sq
 
     def _shard_of(self, name: str) -> Shard:
-        for slots in self.store_slots:
-            for s in slots:
-                if shard_name(s.shard) == name:
-                    return s.shard
-        raise KeyError(name)
+        return self._shards_by_name[name]
 
     def kv_gradients(self) -> dict[str, KVGradient]:
         out: dict[str, KVGradient] = {}
