@@ -44,6 +44,10 @@ class DataConfig:
     prefetch: int = 4  # batches decoded ahead by the background worker
     id_policy: Literal["error", "hash", "modulo"] = "error"  # ids >= table rows
     dense_nan: Literal["error", "zero"] = "error"  # NaN/inf dense values
+    # Bad rows or row groups (nulls, NaN, bad ids, unreadable or vanished files):
+    # fail = stop with file / row group / column / row; skip = drop them, count them,
+    # report them at the end and list them in RUN/bad_data.jsonl.
+    on_error: Literal["fail", "skip"] = "fail"
     # Read in the batch order of a job of this many ranks (0 = this job's own);
     # one process with order_world_size=W sees the global batches of a W-rank job.
     order_world_size: int = 0
@@ -117,6 +121,8 @@ class TrainConfig:
     eval_every: int = 0  # steps; 0 = only at the end
     log_every: int = 50
     checkpoint_every: int = 0  # steps; 0 = only at the end
+    checkpoint_seconds: float = 0.0  # also checkpoint when this much time passed (0 = off)
+    keep_checkpoints: int = 2  # complete checkpoints kept in RUN/ (newest first)
     threads: int = 0  # torch intra-op threads; 0 = torch's default
     device: Literal["auto", "cpu", "cuda"] = "auto"  # auto: cuda when available
     backend: Literal["auto", "gloo", "nccl"] = "auto"  # under torchrun; auto: nccl with CUDA
