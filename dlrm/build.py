@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from data.schema import Schema
-from dlrm.config import Config, ConfigError
+from dlrm.config import Config
 from dlrm.distributed import DistInfo
 from dlrm.model import DLRM
 from embeddings.collection import EmbeddingCollection, LocalEmbeddingCollection
@@ -58,15 +58,23 @@ def build_model(
         from embeddings.hotline.profile import HotProfile
         from embeddings.hotline.tiers import HotlineEmbeddingCollection
 
-        if info is not None and info.world_size > 1:
-            raise ConfigError("embeddings.placement=hotline runs on one process for now")
         if not isinstance(hot_profile, HotProfile):
             raise ValueError("hotline placement needs a hot profile (dlrm.hotline.make_profile)")
+        plan = group = None
+        if info is not None and info.world_size > 1:
+            # Cold rows sharded over the ranks' host memory by the plan; their
+            # all-to-alls run on the host, so on a gloo group of their own.
+            import torch.distributed as dist
+
+            from dlrm.plan_cli import plan_from_config
+
+            plan, _ = plan_from_config(cfg, schema, info.world_size)
+            group = dist.new_group(backend="gloo")
         # Kept (not fused) gradients: the popular and the non-popular micro-batch
         # of a mini-batch add up to one optimizer step.
         collection = HotlineEmbeddingCollection(
             tables, hot_profile, make_sparse_optimizer(cfg.optim.sparse, cfg.optim.eps),
-            fused=False, seed=cfg.seed, device=device,
+            fused=False, seed=cfg.seed, device=device, plan=plan, group=group,
         )
     elif info is None or info.world_size == 1:
         collection = LocalEmbeddingCollection(

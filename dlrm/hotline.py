@@ -7,6 +7,13 @@
 
 The host applies cold updates at the step's end, before the next step's gather
 reads them (read-after-write is ordered by the step boundary).
+
+Several ranks: every rank splits its own share of the global batch; the host
+thread's "gather" is then the sharded host tier's lookup (ids all-to-all, the
+owners' host lookups, pooled all-to-all), which runs while the popular
+micro-batch computes. The non-popular micro-batch runs on every rank, empty or
+not (its lookup is a collective, and it is the micro-batch DDP syncs on); the
+profile's counts are summed over the ranks, so every rank has the same hot rows.
 """
 
 from __future__ import annotations
@@ -21,7 +28,9 @@ import torch
 
 from data.batch import Batch
 from dlrm.config import Config
+from dlrm.distributed import DistInfo, all_reduce_sum
 from embeddings.hotline.profile import HotProfile, count_accesses, default_max_batches
+from embeddings.hotline.tiers import HOT_ONLY
 from embeddings.optim import make_sparse_optimizer
 from embeddings.plan import parse_size
 from embeddings.table import TableSpec
@@ -30,11 +39,20 @@ PROFILE_FILE = "hot_profile.pt"
 
 
 def make_profile(
-    cfg: Config, tables: list[TableSpec], reader: Any, run_dir: Path, say: Callable[[str], None]
+    cfg: Config,
+    tables: list[TableSpec],
+    reader: Any,
+    run_dir: Path,
+    say: Callable[[str], None],
+    info: DistInfo | None = None,
 ) -> HotProfile:
-    """The run's hot set: reused from RUN/hot_profile.pt, else profiled on a sample."""
+    """The run's hot set: reused from RUN/hot_profile.pt, else profiled on a sample
+    (several ranks: each counts its share, the counts are summed, rank 0 saves)."""
+    info = info or DistInfo()
     path = run_dir / PROFILE_FILE
-    if path.is_file():
+    # Every rank looks before anyone can write it: rank 0 saves only after the
+    # counts' all-reduce, which every rank joins after looking.
+    if all_reduce_sum([float(path.is_file())], info)[0] == info.world_size:
         say(f"hotline: reusing the hot profile {path}")
         return HotProfile.load(path)
     budget = parse_size(cfg.hotline.budget) or 0
@@ -42,21 +60,37 @@ def make_profile(
     counts = count_accesses(
         (b.sparse for b in reader.epoch(0)), tables, sample, cfg.hotline.profile_seconds
     )
+    counts = sum_counts(counts, tables, info)
     optimizer = make_sparse_optimizer(cfg.optim.sparse, cfg.optim.eps)
     profile = HotProfile.build(counts, tables, optimizer, budget)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    profile.save(path)
+    if info.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        profile.save(path)
     hot = sum(int(ids.numel()) for ids in profile.hot.values())
     say(f"hotline: {hot:,} hot rows within {cfg.hotline.budget} from {sample} profiled batches")
     return profile
 
 
+def sum_counts(
+    counts: dict[str, torch.Tensor], tables: list[TableSpec], info: DistInfo
+) -> dict[str, torch.Tensor]:
+    """Access counts summed over the ranks (one all-reduce of all tables' counts)."""
+    if info.world_size == 1:
+        return counts
+    import torch.distributed as dist
+
+    flat = torch.cat([counts[t.name] for t in tables]).to(info.device)
+    dist.all_reduce(flat)
+    return dict(zip([t.name for t in tables], flat.cpu().split([t.rows for t in tables])))
+
+
 class HotlineSteps:
     """Micro-batches of each mini-batch, cold rows gathered ahead; stats as JSON."""
 
-    def __init__(self, model: torch.nn.Module, cfg: Config) -> None:
+    def __init__(self, model: torch.nn.Module, cfg: Config, info: DistInfo | None = None) -> None:
         self.embeddings = model.embeddings
         self.cfg = cfg
+        self.info = info or DistInfo()
         self.tables: list[TableSpec] = self.embeddings.tables
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hotline-gather")
         self.counts: dict[str, torch.Tensor] | None = None
@@ -67,34 +101,40 @@ class HotlineSteps:
     def reset_window(self) -> None:
         """Close the current window: add it to the run's totals, keep it as the last."""
         self._last = dict(self._window)
-        for key in ("steps", "hit", "popular", "gather", "wait"):
+        for key in ("steps", "hit", "popular", "gather", "transfer", "wait"):
             self._total[key] = self._total.get(key, 0.0) + self._window.get(key, 0.0)
             self._window[key] = 0.0
 
-    def micro_batches(self, batch: Batch) -> Iterator[tuple[Batch, Any]]:
-        """(popular, None), then (non-popular, its cold rows); empty parts skipped."""
+    def micro_batches(self, batch: Batch) -> Iterator[tuple[Batch, Any, bool]]:
+        """(popular, HOT_ONLY, False), then (non-popular, its cold rows, True): the
+        part, its ``cold`` argument, and whether it is the step's last micro-batch.
+        An empty part is skipped, but on several ranks the non-popular one never is."""
         emb = self.embeddings
         popular_mask = emb.split(batch.sparse)
         popular = batch.select(popular_mask.nonzero().flatten())
         rest = batch.select((~popular_mask).nonzero().flatten())
         self._observe(batch, popular_mask)
+        collective = emb.sharded
         future = None
-        if rest.size and self.cfg.hotline.pipeline:
+        if (rest.size or collective) and self.cfg.hotline.pipeline:
             future = self.pool.submit(self._gather, rest)
         if popular.size:
-            yield popular, None
-        if rest.size:
-            cold = None
+            yield popular, HOT_ONLY, not (rest.size or collective)
+        if rest.size or collective:
             if future is not None:
                 t0 = time.perf_counter()
                 cold = future.result()
                 self._window["wait"] += time.perf_counter() - t0
-            yield rest, cold
+            else:
+                t0 = time.perf_counter()
+                cold = self._gather(rest)
+                self._window["wait"] += time.perf_counter() - t0
+            yield rest, cold, True
 
     def _gather(self, rest: Batch) -> Any:
-        t0 = time.perf_counter()
         cold = self.embeddings.gather_cold(rest.sparse)
-        self._window["gather"] += time.perf_counter() - t0
+        self._window["gather"] += cold.gather_s
+        self._window["transfer"] += cold.transfer_s
         return cold
 
     def _observe(self, batch: Batch, popular_mask: torch.Tensor) -> None:
@@ -114,23 +154,27 @@ class HotlineSteps:
         if every and step % every == 0 and self.counts is not None:
             optimizer = make_sparse_optimizer(self.cfg.optim.sparse, self.cfg.optim.eps)
             budget = parse_size(self.cfg.hotline.budget) or 0
-            self.embeddings.refresh(HotProfile.build(self.counts, self.tables, optimizer, budget))
+            counts = sum_counts(self.counts, self.tables, self.info)
+            self.embeddings.refresh(HotProfile.build(counts, self.tables, optimizer, budget))
             self.counts = None
 
     def stats(self, whole_run: bool = False) -> dict[str, float]:
-        """Hit rate, popular share, host gather and wait ms per step, and the share of
-        the gather hidden behind the popular micro-batch, over the window since the
-        last call (then a new window starts) or over the whole run."""
+        """Hit rate, popular share, host gather, transfer to the device and wait ms
+        per step, and the share of gather + transfer hidden behind the popular
+        micro-batch, over the window since the last call (then a new window starts)
+        or over the whole run. Several ranks: this rank's view."""
         self.reset_window()
         w = self._total if whole_run else self._last
         steps = max(w["steps"], 1)
-        gather, wait = w["gather"], w["wait"]
+        gather, transfer, wait = w["gather"], w["transfer"], w["wait"]
+        busy = gather + transfer
         out = {
             "hot_hit_rate": w["hit"] / steps,
             "popular_share": w["popular"] / steps,
             "gather_ms": 1000 * gather / steps,
+            "transfer_ms": 1000 * transfer / steps,
             "gather_wait_ms": 1000 * wait / steps,
-            "gather_hidden": (1 - wait / gather) if gather > 0 else 1.0,
+            "gather_hidden": max(0.0, 1 - wait / busy) if busy > 0 else 1.0,
         }
         return out
 

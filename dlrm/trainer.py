@@ -171,7 +171,7 @@ def train(cfg: Config, run_dir: str | Path, echo: Callable[[str], None] = print)
 
         tables = tables_from_schema(schema, cfg.model.embedding_dim, cfg.embeddings.pooling)
         reader = make_reader(cfg, data.train_files, schema, True, info.rank, info.world_size)
-        hot_profile = make_profile(cfg, tables, reader, run_dir, say)
+        hot_profile = make_profile(cfg, tables, reader, run_dir, say, info)
     model = build_model(cfg, schema, info.device, info, hot_profile)
     plan = getattr(model.embeddings, "plan", None) if hasattr(model, "embeddings") else None
     if plan is not None and info.is_main:
@@ -231,7 +231,7 @@ def _fit(
     if cfg.embeddings.placement == "hotline":
         from dlrm.hotline import HotlineSteps
 
-        hotline = HotlineSteps(model, cfg)
+        hotline = HotlineSteps(model, cfg, info)
 
     from tqdm import tqdm
 
@@ -264,10 +264,10 @@ def _fit(
             dense_opt.zero_grad(set_to_none=True)
             embedding_before = sum(TIMER.totals[s] for s in EMBEDDING_SECTIONS)
             for i, batch in enumerate(group):
-                sync = i == len(group) - 1
                 # Hotline: popular then non-popular micro-batch, cold rows gathered ahead.
-                micro = hotline.micro_batches(batch) if hotline else [(batch, None)]
-                for part, cold in micro:
+                micro = hotline.micro_batches(batch) if hotline else [(batch, None, True)]
+                for part, cold, last in micro:
+                    sync = last and i == len(group) - 1  # DDP syncs on the step's last backward
                     part = part.to(info.device, non_blocking=True)
                     with contextlib.nullcontext() if sync else _no_sync(model):
                         logits = (model(part.dense, part.sparse) if cold is None

@@ -203,7 +203,7 @@ class ShardedEmbeddingCollection(EmbeddingCollection):
             dp_pooled = self.replicated.store.lookup(dp_values, dp_lengths, batch)
             pooled.update(zip(self.dp_features, dp_pooled.unbind(0)))
         out = torch.cat([pooled[f] for f in self.features], dim=1)
-        return _ScaleGrad.apply(out, self.grad_scale) if self.grad_scale != 1.0 else out
+        return scale_grad(out, self.grad_scale)
 
     def _send_ids(self, started: Started) -> None:
         W, batch = self.world_size, started.batch
@@ -402,6 +402,11 @@ class ShardedEmbeddingCollection(EmbeddingCollection):
 def plan_rows(plan: ShardingPlan, shard: Shard) -> int:
     """Row count of the full table the shard belongs to."""
     return max(s.row_end for s in plan.tables[shard.table].shards)
+
+
+def scale_grad(x: torch.Tensor, scale: float) -> torch.Tensor:
+    """``x`` in forward; its gradient times ``scale`` in backward (see dlrm/parallel.py)."""
+    return _ScaleGrad.apply(x, scale) if scale != 1.0 else x
 
 
 class _ScaleGrad(torch.autograd.Function):

@@ -1,0 +1,56 @@
+"""Hotline on several ranks equals ordinary training in one process: hot rows
+replicated (KV all-gather), cold rows sharded over the ranks' host memory by a
+mixed plan (table-, column-, row-wise, replicated), every sparse optimizer, mean
+pooling, a hot set refreshed mid-run; W ranks (gloo) against one process reading
+the same global batches (data.order_world_size=W)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from dlrm.trainer import train
+from tests.multiprocess import run_ranks
+from tests.run_state import assert_states_close, run_state
+from tests.test_distributed_train import case_overrides, config_for, losses, small_data, summary
+
+__all__ = ["small_data"]  # the module-scoped data fixture, shared
+
+# Part of the touched rows fit: both micro-batches run on every rank.
+HOTLINE = ("embeddings.placement=hotline", "hotline.budget=560KB", "hotline.profile_fraction=0.5")
+CASES = {
+    "sgd_refresh": ("sgd", ("hotline.refresh_every=3",)),
+    "adagrad": ("rowwise_adagrad", ()),
+    "adam": ("adam", ("optim.dense=adam",)),
+    "mean_nopipe": ("sgd", ("embeddings.pooling=mean", "hotline.pipeline=false")),
+}
+CASES_W3 = {k: CASES[k] for k in ("sgd_refresh", "adagrad")}
+
+
+def train_ranks(rank: int, world_size: int, data: dict[str, Path], out: Path, cases: dict) -> None:
+    for name, (optim, extra) in cases.items():
+        overrides = case_overrides(world_size, optim, (*extra, *HOTLINE))
+        train(config_for(data, overrides), out / f"{name}_W{world_size}", echo=lambda s: None)
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_hotline_ranks_equal_one_process(world_size: int, small_data, tmp_path: Path) -> None:
+    cases = CASES if world_size == 2 else CASES_W3
+    run_ranks(world_size, train_ranks, small_data, tmp_path, cases)
+    for name, (optim, extra) in cases.items():
+        # The reference is ordinary training (no Hotline) on the same global batches.
+        plain = [x for x in extra if not x.startswith("hotline.")]
+        ref = tmp_path / f"{name}_ref{world_size}"
+        overrides = case_overrides(1, optim, tuple(plain)) + [f"data.order_world_size={world_size}"]
+        train(config_for(small_data, overrides), ref, echo=lambda s: None)
+        run = tmp_path / f"{name}_W{world_size}"
+        assert json.loads((run / "plan.json").read_text())["world_size"] == world_size
+        assert_states_close(run_state(run), run_state(ref), f"hotline {name} W={world_size}")
+        torch.testing.assert_close(losses(run), losses(ref), rtol=1e-5, atol=1e-7)
+        assert summary(run)["eval_auc"] == pytest.approx(summary(ref)["eval_auc"], abs=1e-9)
+        stats = summary(run)["hotline"]
+        assert 0.0 < stats["popular_share"] < 1.0, stats  # both micro-batches ran
+        assert 0.0 < stats["hot_hit_rate"] < 1.0, stats
