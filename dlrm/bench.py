@@ -37,7 +37,6 @@ ENGINES = {
     "hotline": ["embeddings.placement=hotline"],
     "host_embedding": ["embeddings.placement=hotline", "hotline.budget=1B", "hotline.pipeline=false"],
 }
-ONE_PROCESS = ("hotline", "host_embedding")  # Hotline runs on one process for now
 SECTIONS = ("data_wait", "input_alltoall", "lookup", "output_alltoall", "mlp",
             "embedding_update", "dense_update")
 SECTION_HEADS = ("wait", "in a2a", "lookup", "out a2a", "mlp", "emb upd", "dense upd")
@@ -69,7 +68,7 @@ def cmd_bench(argv: list[str]) -> int:
     steps = a.steps or cfg.train.max_steps or 200
     rows = [
         run_engine(a.config, a.overrides, engine, n, steps, data_dir, out / "runs")
-        for n in a.ranks for engine in ENGINES if n == 1 or engine not in ONE_PROCESS
+        for n in a.ranks for engine in ENGINES
     ]
     add_ratios(rows)
     from dlrm.limits import machine_limit
@@ -83,7 +82,8 @@ def cmd_bench(argv: list[str]) -> int:
             h = row["hotline"]
             print(f"{row['engine']}: hot hit rate {h['hot_hit_rate']:.1%}, popular share "
                   f"{h['popular_share']:.1%}, host gather {h['gather_ms']:.1f} ms/step, "
-                  f"{h['gather_hidden']:.0%} of it hidden")
+                  f"transfer {h['transfer_ms']:.1f} ms/step, {h['gather_hidden']:.0%} of both "
+                  f"hidden ({row['ranks']} rank{'s' if row['ranks'] > 1 else ''}, rank 0's view)")
     print(format_limit(limit, rows))
     report = {"config": a.config, "steps": steps, "rows": rows, "limit": limit,
               }

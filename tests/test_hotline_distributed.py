@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from dlrm.trainer import train
+from tests.conftest import TINY
 from tests.multiprocess import run_ranks
 from tests.run_state import assert_states_close, run_state
 from tests.test_distributed_train import case_overrides, config_for, losses, small_data, summary
@@ -54,3 +55,21 @@ def test_hotline_ranks_equal_one_process(world_size: int, small_data, tmp_path: 
         stats = summary(run)["hotline"]
         assert 0.0 < stats["popular_share"] < 1.0, stats  # both micro-batches ran
         assert 0.0 < stats["hot_hit_rate"] < 1.0, stats
+
+
+def test_torchrun_hotline_resumes_exactly(small_data, tmp_path: Path) -> None:
+    """`torchrun -m dlrm train` with Hotline, stopped after 4 steps (checkpoint: hot
+    rows written back into the sharded host tier) and resumed, equals one process."""
+    from tests.test_torchrun import torchrun
+
+    overrides = case_overrides(2, "adam", HOTLINE) + ["train.progress=false"]
+    args = ["train", "--config", str(TINY), "--out", str(tmp_path / "run"),
+            f"data.train={small_data['train']}", f"data.eval={small_data['eval']}", *overrides]
+    first = torchrun(2, *args, "train.max_steps=4")
+    assert "hotline:" in first.stdout + first.stderr  # the profile was made
+    second = torchrun(2, *args)
+    assert "resumed from" in second.stdout + second.stderr
+    ref = tmp_path / "ref"
+    train(config_for(small_data, case_overrides(1, "adam") + ["data.order_world_size=2"]), ref,
+          echo=lambda s: None)
+    assert_states_close(run_state(tmp_path / "run"), run_state(ref), "torchrun hotline resume")
