@@ -122,7 +122,10 @@ class TrainConfig:
     log_every: int = 50
     checkpoint_every: int = 0  # steps; 0 = only at the end
     checkpoint_seconds: float = 0.0  # also checkpoint when this much time passed (0 = off)
-    keep_checkpoints: int = 2  # complete checkpoints kept in RUN/ (newest first)
+    keep_checkpoints: int = 2  # complete checkpoints kept in RUN/checkpoints/ (the newest)
+    # Record the rows each rank trains on: the values of this column (dense integer
+    # or single-hot sparse) per step in RUN/trace/rank-R.jsonl ("" = off; tests, audits)
+    trace_rows: str = ""
     threads: int = 0  # torch intra-op threads; 0 = torch's default
     device: Literal["auto", "cpu", "cuda"] = "auto"  # auto: cuda when available
     backend: Literal["auto", "gloo", "nccl"] = "auto"  # under torchrun; auto: nccl with CUDA

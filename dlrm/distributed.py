@@ -7,6 +7,7 @@ LOCAL_RANK; one process without them runs alone with no process group.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -88,3 +89,58 @@ def barrier(info: DistInfo) -> None:
 
 def _comm_device(info: DistInfo) -> torch.device:
     return info.device if info.backend == "nccl" else torch.device("cpu")
+
+
+def broadcast_flag(flag: bool, info: DistInfo) -> bool:
+    """Rank 0's ``flag`` on every rank (a decision all ranks must take together)."""
+    if info.world_size == 1:
+        return flag
+    t = torch.tensor([int(flag)], dtype=torch.int64, device=_comm_device(info))
+    dist.broadcast(t, src=0)
+    return bool(t.item())
+
+
+def broadcast_object(obj: object, info: DistInfo) -> object:
+    """Rank 0's picklable ``obj`` on every rank."""
+    if info.world_size == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0, device=_comm_device(info))
+    return box[0]
+
+
+def all_gather_objects(obj: object, info: DistInfo) -> list[object]:
+    """Every rank's picklable ``obj``, in rank order, on every rank."""
+    if info.world_size == 1:
+        return [obj]
+    out: list[object] = [None] * info.world_size
+    dist.all_gather_object(out, obj)
+    return out
+
+
+# What gloo and NCCL say when a collective's peer is gone or silent.
+_TIMED_OUT = re.compile(r"Timed out waiting (\d+)ms|timed out|Timeout|watchdog", re.IGNORECASE)
+_LOST_PEER = re.compile(r"Connection (reset|closed) by peer|Broken pipe|Connection refused|"
+                        r"Read error|Write error|NCCL communicator was aborted", re.IGNORECASE)
+
+
+def collective_failure(error: BaseException) -> str | None:
+    """One line for an error raised by a collective whose peer died or hangs, or
+    None when ``error`` is something else (a bug keeps its traceback).
+
+        rank 0: a collective timed out after 5s (train.timeout_s): a peer died or hangs
+        rank 0: a collective lost its connection to a peer: a peer died (see its log)
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    if not isinstance(error, RuntimeError):  # DistBackendError is one too
+        return None
+    text = str(error)
+    rank = dist.get_rank()
+    timed_out = _TIMED_OUT.search(text)
+    if timed_out:
+        after = f" after {int(timed_out.group(1)) / 1000:g}s" if timed_out.group(1) else ""
+        return f"rank {rank}: a collective timed out{after} (train.timeout_s): a peer died or hangs"
+    if _LOST_PEER.search(text):
+        return f"rank {rank}: a collective lost its connection to a peer: a peer died (see its log)"
+    return None

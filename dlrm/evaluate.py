@@ -27,23 +27,30 @@ def evaluate_checkpoint(
 
     ckpt = ckpt_io.find_checkpoint(Path(run))
     if ckpt is None:
-        raise ckpt_io.CheckpointError(f"no checkpoint in {run} (expected {run}/checkpoint/meta.json)")
+        raise ckpt_io.CheckpointError(
+            f"no checkpoint in {run} (expected {run}/{ckpt_io.CHECKPOINTS}/step-N/meta.json)")
     meta = ckpt_io.load_meta(ckpt)
     cfg: Config = from_dict(Config, meta["config"], "")
     if batch_size:
         cfg.data.eval_batch_size = batch_size
     schema = ckpt_io.schema_from_json(meta["schema"])
     files = expand_paths(data)
-    check_files(files, schema)
+    check_files(files, schema, cfg.data.on_error)
     info = init_distributed(cfg.train.backend, cfg.train.device, cfg.train.timeout_s)
     model = build_model(cfg, schema, info.device, info)
     with contextlib.closing(model):
-        ckpt_io.load_checkpoint(ckpt, model, None, None, schema)
+        ckpt_io.load_checkpoint(ckpt, model, None, None, schema, info)  # verified first
         reader = make_reader(cfg, files, schema, False, info.rank, info.world_size)
         try:
             result, scores, labels = evaluate(model, reader, info)
         except ValueError as e:
             raise UserError(f"data {data}: {e}") from None
+        if cfg.data.on_error == "skip":  # the run's policy: say what was dropped
+            from data.bad_data import count
+            from dlrm.bad_data_report import gather_lines, records_by_split
+
+            records = records_by_split(gather_lines({"eval": reader}, info)).get("eval", [])
+            result["bad_data"] = {**count(records), "records": [r.to_json() for r in records]}
     if not info.is_main:
         return None
     if plots_dir:

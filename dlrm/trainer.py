@@ -12,7 +12,7 @@ Under torchrun every rank runs this loop on its share of each global batch
 (see dlrm/parallel.py for why the loss is scaled by W); rank 0 prints, logs and
 writes the run directory's files.
 
-Resuming from ``RUN/checkpoint`` continues at the exact next batch (the reader's
+Resuming from ``RUN/checkpoints/`` continues at the exact next batch (the reader's
 batch t is a pure function of seed, epoch and t) with the same optimizer state,
 so a resumed run ends with the same parameters as one never stopped.
 """
@@ -196,14 +196,15 @@ def _fit(
     schema = data.schema
     dense_opt = build_dense_optimizer(cfg, model.dense_parameters())
     progress = ckpt_io.Progress()
-    existing = ckpt_io.find_checkpoint(run_dir)
+    existing = ckpt_io.find_resumable(run_dir, info, say)  # newest that verifies
     if existing is not None:
         if cfg.embeddings.backend == "torchrec" and cfg.optim.sparse != "sgd":
             raise ckpt_io.CheckpointError(
                 f"checkpoint {existing}: resuming embeddings.backend=torchrec needs optim.sparse=sgd "
                 "(its fused optimizer state is not saved); use a new --out"
             )
-        progress = ckpt_io.load_checkpoint(existing, model, dense_opt, to_dict(cfg), schema)
+        progress = ckpt_io.load_checkpoint(existing, model, dense_opt, to_dict(cfg), schema, info,
+                                           verified=True)
         say(f"resumed from {existing} at step {progress.global_step}")
 
     reader = make_reader(cfg, data.train_files, schema, True, info.rank, info.world_size)
@@ -217,8 +218,21 @@ def _fit(
     log = JsonLog(run_dir / "metrics.jsonl", enabled=info.is_main)
     loss_fn = torch.nn.BCEWithLogitsLoss(reduction="sum")
 
+    schedule = ckpt_io.CheckpointSchedule(
+        cfg.train.checkpoint_every, cfg.train.checkpoint_seconds, cfg.train.keep_checkpoints, info,
+        saved_step=progress.global_step if existing is not None else None)
+    trace = None
+    if cfg.train.trace_rows:
+        from dlrm.trace import RowTrace
+
+        trace = RowTrace(run_dir, cfg.train.trace_rows, schema, info.rank, progress.global_step)
+
     def save() -> None:
-        ckpt_io.save_checkpoint(run_dir, model, dense_opt, progress, to_dict(cfg), schema, info)
+        if schedule.saved_step == progress.global_step:
+            return  # saved at this step already
+        ckpt_io.save_checkpoint(run_dir, model, dense_opt, progress, to_dict(cfg), schema, info,
+                                keep=cfg.train.keep_checkpoints)
+        schedule.saved(progress.global_step)
 
     def run_eval() -> dict[str, Any] | None:
         if eval_reader is None:
@@ -285,6 +299,8 @@ def _fit(
                 hotline.after_step(progress.global_step + 1)
             progress.global_step += 1
             progress.step_in_epoch = first + len(group)
+            if trace:
+                trace.write(progress, first, group)
             elapsed = time.perf_counter() - t_fetch  # data wait included
             window_rows += global_rows
             window_seconds += elapsed
@@ -315,7 +331,7 @@ def _fit(
                 window_local_rows = 0
             if cfg.train.eval_every and step % cfg.train.eval_every == 0 and step < total_steps:
                 last_eval = run_eval()
-            if cfg.train.checkpoint_every and step % cfg.train.checkpoint_every == 0:
+            if schedule.due(step):
                 save()
     bar.close()
     save()

@@ -55,11 +55,11 @@ def test_train_learns_and_eval_matches_sklearn(tiny_data, tmp_path: Path, capsys
     from dlrm.config import Config, from_dict
     from dlrm.trainer import make_reader, predict
 
-    meta = ck.load_meta(run / "checkpoint")
+    meta = ck.load_meta(ck.find_checkpoint(run))
     cfg = from_dict(Config, meta["config"], "")
     schema = ck.schema_from_json(meta["schema"])
     model = build_model(cfg, schema)
-    ck.load_checkpoint(run / "checkpoint", model, None, None, schema)
+    ck.load_checkpoint(ck.find_checkpoint(run), model, None, None, schema)
     scores, labels = predict(model, make_reader(cfg, expand_paths(str(tiny_data["eval"])), schema, False).epoch(0))
     assert result["auc"] == pytest.approx(roc_auc_score(labels.numpy(), scores.numpy()), abs=1e-6)
     assert result["logloss"] == pytest.approx(log_loss(labels.numpy(), scores.numpy()), rel=1e-6)

@@ -1,0 +1,215 @@
+"""Checkpoints: kept on a schedule, verified before loading, never running code.
+
+One short single-process run (checkpoints at steps 3, 6, 9 and 10, the last three
+kept) is copied and damaged in every way the issue names: each damage is refused
+with one line naming the file and why (exit 2), and a resume falls back from a
+corrupt newest checkpoint to the one before it, ending where the undamaged run
+ended. The 2-rank crash tests are in test_exactly_once.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import pickle
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from dlrm import checkpoint as ck
+from dlrm.cli import main
+from tests.conftest import TINY, tiny_overrides
+from tests.data_helpers import tiny_dataset
+from tests.multiprocess import run_ranks
+from tests.run_state import run_state
+
+STEPS = 10
+
+
+def train_argv(data: Path, run: Path, *extra: str) -> list[str]:
+    return ["train", "--config", str(TINY), "--out", str(run), *tiny_overrides(),
+            f"data.train={data}", "data.batch_size=128", "train.epochs=2",
+            f"train.max_steps={STEPS}", "train.checkpoint_every=3", "train.keep_checkpoints=3", *extra]
+
+
+def one_line_error(capsys, code: int, *needles: str) -> str:
+    err = capsys.readouterr().err.strip()
+    assert code == 2, err
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    for needle in needles:
+        assert needle in err, (needle, err)
+    return err
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> tuple[Path, Path, dict[str, torch.Tensor]]:
+    root = tmp_path_factory.mktemp("ckpt_safety")
+    (root / "data").mkdir()
+    tiny_dataset(root / "data", file_rows=(300, 170, 530, 41), row_group_rows=50)
+    assert main(train_argv(root / "data", root / "run")) == 0
+    return root / "data", root / "run", run_state(root / "run")
+
+
+def steps_kept(run: Path) -> list[str]:
+    return sorted(p.name for p in (run / ck.CHECKPOINTS).iterdir())
+
+
+def test_schedule_keeps_the_newest_and_the_manifest_covers_every_file(trained) -> None:
+    _, run, _ = trained
+    # every 3 steps (3, 6, 9) and at the end (10); the 3 newest kept, nothing partial
+    assert steps_kept(run) == ["step-000000006", "step-000000009", "step-000000010"]
+    ckpt = ck.find_checkpoint(run)
+    meta = ck.load_meta(ckpt)
+    files = {str(f.relative_to(ckpt)) for f in ckpt.rglob("*") if f.is_file()} - {"meta.json"}
+    assert set(meta["files"]) == files
+    assert {"state.pt", "embeddings/.metadata"} < files and any(f.endswith(".distcp") for f in files)
+    for name, entry in meta["files"].items():
+        assert entry["sha256"] == hashlib.sha256((ckpt / name).read_bytes()).hexdigest(), name
+    assert meta["progress"]["global_step"] == STEPS and meta["config"]["train"]["max_steps"] == STEPS
+    assert meta["format_version"] == ck.FORMAT_VERSION and "meta_sha256" in meta
+
+
+def test_checkpoint_seconds_saves_on_time(trained, tmp_path: Path) -> None:
+    data, _, _ = trained
+    # A clock this short is due after every step; 0 steps would never be.
+    assert main(train_argv(data, tmp_path / "run", "train.max_steps=4", "train.checkpoint_every=0",
+                           "train.checkpoint_seconds=0.000000001", "train.keep_checkpoints=10")) == 0
+    assert steps_kept(tmp_path / "run") == [f"step-00000000{i}" for i in (1, 2, 3, 4)]
+
+
+def _rank0_decides(rank: int, world_size: int) -> list[bool]:
+    from dlrm.distributed import DistInfo
+
+    info = DistInfo(rank, world_size, rank, torch.device("cpu"), "gloo")
+    schedule = ck.CheckpointSchedule(0, 1000.0, 2, info)
+    verdicts = []
+    for late_rank in (0, 1):  # one rank's clock says "late", the other's does not
+        schedule.saved_at = float("-inf") if rank == late_rank else float("inf")
+        verdicts.append(schedule.due(step=7))
+    return verdicts
+
+
+def test_time_decision_is_rank_zeros() -> None:
+    # Rank 0's clock decides for all ranks: they always agree, so they save together.
+    assert run_ranks(2, _rank0_decides) == [[True, False], [True, False]]
+
+
+def damaged_copy(run: Path, dst: Path, damage: str) -> tuple[Path, str, str]:
+    """A copy of ``run`` whose newest checkpoint has ``damage``; (copy, file, reason)."""
+    shutil.copytree(run, dst)
+    ckpt = ck.find_checkpoint(dst)
+    shard = next(p for p in (ckpt / "embeddings").iterdir() if p.suffix == ".distcp")
+    if damage == "bit_flip_in_shard":
+        data = bytearray(shard.read_bytes())
+        data[len(data) // 2] ^= 0x10
+        shard.write_bytes(bytes(data))
+        return dst, f"embeddings/{shard.name}", "does not match its sha256"
+    if damage == "truncated_state":
+        state = ckpt / "state.pt"
+        state.write_bytes(state.read_bytes()[:1000])
+        return dst, "state.pt", "truncated"
+    if damage == "missing_metadata":
+        (ckpt / "embeddings" / ".metadata").unlink()
+        return dst, "embeddings/.metadata", "is missing"
+    if damage == "edited_meta":
+        meta = json.loads((ckpt / "meta.json").read_text())
+        meta["progress"]["global_step"] = 3
+        (ckpt / "meta.json").write_text(json.dumps(meta))
+        return dst, "meta.json", "does not match its sha256"
+    raise AssertionError(damage)
+
+
+DAMAGES = ["bit_flip_in_shard", "truncated_state", "missing_metadata", "edited_meta"]
+
+
+@pytest.mark.parametrize("damage", DAMAGES)
+def test_damaged_checkpoint_refused_naming_file_and_why(trained, tmp_path: Path, capsys,
+                                                        damage: str) -> None:
+    data, run, _ = trained
+    copy, name, why = damaged_copy(run, tmp_path / "run", damage)
+    ckpt = ck.find_checkpoint(copy)
+    code = main(["eval", "--checkpoint", str(ckpt), "--data", str(data)])
+    one_line_error(capsys, code, str(ckpt), name, why)
+    # the run directory: eval takes the newest and does not fall back to an older model
+    code = main(["eval", "--checkpoint", str(copy), "--data", str(data)])
+    one_line_error(capsys, code, name, why)
+
+
+def test_resume_falls_back_from_a_corrupt_newest_checkpoint(trained, tmp_path: Path, capsys) -> None:
+    data, run, want = trained
+    copy, name, _ = damaged_copy(run, tmp_path / "run", "bit_flip_in_shard")
+    capsys.readouterr()
+    assert main(train_argv(data, copy)) == 0  # resumes at step 9, runs step 10 again
+    out = capsys.readouterr().out
+    assert f"step-000000010: {name} does not match its sha256" in out, out
+    assert "resumed from" in out and "step-000000009 at step 9" in out, out
+    assert steps_kept(copy) == ["step-000000006", "step-000000009", "step-000000010",
+                                "step-000000010.corrupt"]
+    got = run_state(copy)
+    for key, value in want.items():
+        assert torch.equal(got[key], value), key
+
+
+def test_resume_refused_when_every_checkpoint_is_corrupt(trained, tmp_path: Path, capsys) -> None:
+    data, run, _ = trained
+    shutil.copytree(run, tmp_path / "run")
+    for ckpt in ck.checkpoints(tmp_path / "run"):
+        (ckpt / "state.pt").write_bytes(b"")
+    code = main(train_argv(data, tmp_path / "run"))
+    one_line_error(capsys, code, "step-000000010", "state.pt is 0 bytes")
+    assert len(ck.checkpoints(tmp_path / "run")) == 3  # nothing moved
+
+
+def test_other_format_version_refused(trained, tmp_path: Path, capsys) -> None:
+    data, run, _ = trained
+    shutil.copytree(run, tmp_path / "run")
+    ckpt = ck.find_checkpoint(tmp_path / "run")
+    meta = json.loads((ckpt / "meta.json").read_text())
+    meta["format_version"] = 99  # as a later program would write it, checksum and all
+    meta["meta_sha256"] = ck._meta_digest(meta)
+    (ckpt / "meta.json").write_text(json.dumps(meta))
+    code = main(train_argv(data, tmp_path / "run"))
+    one_line_error(capsys, code, "meta.json", "format version 99, this program reads")
+    # the layout of format 2 (RUN/checkpoint/) is found and refused, not ignored
+    legacy = tmp_path / "old" / ck.LEGACY
+    legacy.mkdir(parents=True)
+    (legacy / "meta.json").write_text(json.dumps({"format_version": 2}))
+    code = main(train_argv(data, tmp_path / "old"))
+    one_line_error(capsys, code, "checkpoint/meta.json", "format version 2")
+
+
+def test_other_model_config_refused(trained, tmp_path: Path, capsys) -> None:
+    data, run, _ = trained
+    shutil.copytree(run, tmp_path / "run")
+    code = main(train_argv(data, tmp_path / "run", "model.embedding_dim=8", "model.bottom_mlp=[8]"))
+    one_line_error(capsys, code, "step-000000010", "model.embedding_dim is 16 there, 8 here")
+    code = main(train_argv(data, tmp_path / "run", "optim.sparse=adam"))
+    one_line_error(capsys, code, "optim.sparse is 'rowwise_adagrad' there, 'adam' here")
+
+
+class _Payload:
+    """Unpickling this runs ``Path.touch`` on a marker file."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple:
+        return (Path.touch, (self.marker,))
+
+
+def test_loading_never_runs_code_from_the_checkpoint(trained, tmp_path: Path, capsys) -> None:
+    data, run, _ = trained
+    shutil.copytree(run, tmp_path / "run")
+    ckpt = ck.find_checkpoint(tmp_path / "run")
+    marker = tmp_path / "code-ran"
+    (ckpt / "state.pt").write_bytes(pickle.dumps({"rng": _Payload(marker)}))
+    # a forger who also fixes the manifest gets past the checksums, not past weights_only
+    meta = json.loads((ckpt / "meta.json").read_text())
+    meta["files"]["state.pt"] = ck._digest(ckpt / "state.pt")
+    meta["meta_sha256"] = ck._meta_digest(meta)
+    (ckpt / "meta.json").write_text(json.dumps(meta))
+    code = main(["eval", "--checkpoint", str(ckpt), "--data", str(data)])
+    one_line_error(capsys, code, "state.pt", "cannot be loaded")
+    assert not marker.exists()
