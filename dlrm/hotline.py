@@ -110,10 +110,10 @@ class HotlineSteps:
         part, its ``cold`` argument, and whether it is the step's last micro-batch.
         An empty part is skipped, but on several ranks the non-popular one never is."""
         emb = self.embeddings
-        popular_mask = emb.split(batch.sparse)
+        popular_mask, hit_rate = emb.classify(batch.sparse)
         popular = batch.select(popular_mask.nonzero().flatten())
         rest = batch.select((~popular_mask).nonzero().flatten())
-        self._observe(batch, popular_mask)
+        self._observe(batch, popular_mask, hit_rate)
         collective = emb.sharded
         future = None
         if (rest.size or collective) and self.cfg.hotline.pipeline:
@@ -137,10 +137,10 @@ class HotlineSteps:
         self._window["transfer"] += cold.transfer_s
         return cold
 
-    def _observe(self, batch: Batch, popular_mask: torch.Tensor) -> None:
+    def _observe(self, batch: Batch, popular_mask: torch.Tensor, hit_rate: float) -> None:
         w = self._window
         w["steps"] += 1
-        w["hit"] += self.embeddings.profile.hit_rate(batch.sparse)
+        w["hit"] += hit_rate
         w["popular"] += float(popular_mask.float().mean()) if popular_mask.numel() else 0.0
         if self.cfg.hotline.refresh_every:
             counts = count_accesses([batch.sparse], self.tables)

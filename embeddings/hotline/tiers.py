@@ -261,9 +261,14 @@ class HotlineEmbeddingCollection(EmbeddingCollection):
 
     def split(self, sparse: KeyedJaggedTensor) -> torch.Tensor:
         """Popular mask [B] (bool): samples whose every lookup hits a hot row."""
+        return self.classify(sparse)[0]
+
+    def classify(self, sparse: KeyedJaggedTensor) -> tuple[torch.Tensor, float]:
+        """(popular mask [B], share of the lookups that hit a hot row)."""
         ids, lengths, batch = self._ids(sparse)
         is_hot, _ = self._is_hot(ids)
-        return self._cold_lengths(lengths, is_hot).view(len(self.features), batch).sum(dim=0) == 0
+        popular = self._cold_lengths(lengths, is_hot).view(len(self.features), batch).sum(dim=0) == 0
+        return popular, float(is_hot.sum()) / max(ids.numel(), 1)
 
     @staticmethod
     def _cold_lengths(lengths: torch.Tensor, is_hot: torch.Tensor) -> torch.Tensor:
