@@ -7,6 +7,9 @@ in-process; heavy imports happen inside the verbs so ``dlrm --help`` is instant.
     dlrm eval --checkpoint RUN_DIR --data PATH [--plots DIR]
     dlrm plan --config FILE --world-size N [--memory-per-rank SIZE]
     dlrm bench --config FILE [--ranks 1,2] [--steps N] [--out DIR] [--reader-only] [key.sub=value ...]
+
+Exit codes: 0 done; 2 a user error (bad data, config or checkpoint), one line naming
+the culprit; 3 a collective failed (a peer rank died or hangs past train.timeout_s).
 """
 
 from __future__ import annotations
@@ -124,8 +127,23 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"dlrm {verb}: interrupted", file=sys.stderr)
         return 130
+    except RuntimeError as e:
+        line = _collective_failure(e)
+        if line is None:
+            raise  # a bug: keep the traceback
+        print(f"dlrm {verb}: error: {line}", file=sys.stderr)
+        return 3
     finally:
         _leave_process_group(together=ok)
+
+
+def _collective_failure(error: RuntimeError) -> str | None:
+    """One line for a collective whose peer died or hangs (train.timeout_s), else None."""
+    if "torch.distributed" not in sys.modules:
+        return None
+    from dlrm.distributed import collective_failure
+
+    return collective_failure(error)
 
 
 def _leave_process_group(together: bool) -> None:

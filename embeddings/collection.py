@@ -11,12 +11,17 @@ collections implement the same interface elsewhere in this package.
 
 from __future__ import annotations
 
+import re
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
+from data.errors import UserError
 from embeddings.init import init_rows
 from embeddings.kv import KVGradient
 from embeddings.lookup import pooled_lookup
@@ -117,17 +122,25 @@ class LocalEmbeddingCollection(EmbeddingCollection):
             persistent=False,
         )
 
-        weight = torch.empty(total, self.dim, device=device)
+        largest = max(self.tables, key=lambda t: t.rows)
+        stacked = (f"table {largest.name} ({total:,} rows x {self.dim})" if len(self.tables) == 1 else
+                   f"{len(self.tables)} stacked tables ({total:,} rows x {self.dim}; the largest: "
+                   f"{largest.name}, {largest.rows:,} rows)")
+        with _naming_oom(f"the embedding weight of {stacked}", total * self.dim * 4, device):
+            weight = torch.empty(total, self.dim, device=device)
         for t in self.tables:
             start = self.row_offsets[t.name]
             init_name, init_rows_total, r0, c0 = table_origin.get(t.name, (t.name, t.rows, 0, 0))
-            weight[start : start + t.rows] = init_rows(
-                init_name, init_rows_total, init_dim.get(t.name, t.dim), seed,
-                r0, r0 + t.rows, c0, c0 + t.dim,
-            )
+            with _naming_oom(f"the initial rows of table {t.name}", t.bytes, device):
+                weight[start : start + t.rows] = init_rows(
+                    init_name, init_rows_total, init_dim.get(t.name, t.dim), seed,
+                    r0, r0 + t.rows, c0, c0 + t.dim,
+                )
         # requires_grad so autograd calls our backward; its .grad stays None.
         self.weight = nn.Parameter(weight)
-        initial_state = optimizer.init_state(total, self.dim, device)
+        state_bytes = _state_bytes(optimizer, total, self.dim)
+        with _naming_oom(f"the {type(optimizer).__name__} state of {stacked}", state_bytes, device):
+            initial_state = optimizer.init_state(total, self.dim, device)
         self._state_names = list(initial_state)
         for name, tensor in initial_state.items():
             self.register_buffer(f"optim_{name}", tensor)
@@ -228,3 +241,43 @@ class LocalEmbeddingCollection(EmbeddingCollection):
                 if src.shape != dst.shape:
                     raise ValueError(f"{key}: shape {tuple(src.shape)} != {tuple(dst.shape)}")
                 dst.copy_(src)
+
+
+class AllocationError(UserError):
+    """A table or buffer that does not fit this process's memory."""
+
+
+@contextmanager
+def _naming_oom(what: str, nbytes: int, device: torch.device) -> Iterator[None]:
+    """Turn an allocator's out-of-memory error into one line naming ``what``."""
+    try:
+        yield
+    except RuntimeError as e:  # torch.OutOfMemoryError (CUDA) is one too
+        text = str(e)
+        if not isinstance(e, torch.OutOfMemoryError) and not any(
+            s in text for s in ("can't allocate memory", "not enough memory", "out of memory")
+        ):
+            raise
+        rank = f"rank {dist.get_rank()}: " if dist.is_available() and dist.is_initialized() else ""
+        asked = re.search(r"tried to allocate (\d+) bytes", text)
+        also = (f"; the allocator was asked for {_size(int(asked.group(1)))}"
+                if asked and int(asked.group(1)) != nbytes else "")
+        raise AllocationError(
+            f"{rank}out of memory allocating {what}: {_size(nbytes)} on {device}{also}"
+        ) from None
+
+
+def _state_bytes(optimizer: SparseOptimizer, rows: int, dim: int) -> int:
+    """Bytes of ``optimizer``'s state for a rows x dim table, read off a 3 x 2 probe."""
+    total = 0
+    for t in optimizer.init_state(3, 2, torch.device("cpu")).values():
+        if tuple(t.shape) in ((3,), (3, 2)):
+            total += rows * (dim if t.dim() == 2 else 1) * t.element_size()
+    return total
+
+
+def _size(nbytes: int) -> str:
+    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.1f} {unit}"
+    return f"{nbytes} bytes"
