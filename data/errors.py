@@ -30,4 +30,5 @@ class DataError(UserError):
         if row is not None:
             where.append(f"row {row}")
         self.file, self.column, self.row_group, self.row = file, column, row_group, row
+        self.reason = message  # the message without its place
         super().__init__(f"{', '.join(where)}: {message}" if where else message)

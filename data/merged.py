@@ -13,6 +13,7 @@ from collections.abc import Iterator
 
 import torch
 
+from data.bad_data import BadDataLog
 from data.batch import Batch
 
 
@@ -56,6 +57,11 @@ class MergedReader:
 
     def global_batch_size(self, step: int) -> int:
         return self.readers[0].global_batch_size(step)
+
+    @property
+    def bad_data(self) -> BadDataLog:
+        """What the W readers dropped (``on_error="skip"``), together."""
+        return BadDataLog(rec for r in self.readers for rec in r.bad_data.records)
 
     def epoch(self, epoch: int, start_step: int = 0) -> Iterator[Batch]:
         streams = [r.epoch(epoch, start_step) for r in self.readers]

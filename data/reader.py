@@ -33,24 +33,34 @@ group and the row within the file: a null or out-of-[0, 1] label; a null, NaN or
 infinite dense value (``dense_nan="zero"`` puts 0 there instead); a null or negative
 id; an id >= its table's rows (``id_policy``: "error"; "modulo": id % rows; "hash":
 splitmix64(id) % rows; only out-of-range ids are mapped, ids in range stay as they
-are); a column whose type does not fit the schema.
+are); a column whose type does not fit the schema; a row group that cannot be read
+(corrupt, its file gone).
+
+``on_error="skip"`` drops instead (see :mod:`data.bad_data`): files whose footer is
+unreadable or whose columns differ from the schema are left out of the layout at the
+start; a bad value drops its row, an unreadable row group its rows, where the layout put
+them: batch t is then batch t of the same layout minus the dropped rows, so steps, ranks
+and resuming behave as above and batches come out shorter (possibly empty).
+``bad_data`` holds the records of what was dropped, each added when the first batch of
+the window it was found in is handed out.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 import torch
 
+from data.bad_data import ON_ERROR, BadDataLog, BadRecord
 from data.batch import Batch
 from data.errors import DataError, UserError
 from data.files import open_parquet
-from data.schema import Schema, SparseFeature, allowed_kinds, check_files, column_kind, type_name
+from data.schema import Schema, SparseFeature, allowed_kinds, column_kind, screen_files, type_name
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -64,8 +74,9 @@ class ParquetReader:
     """Mini-batches of one rank's share of a Parquet dataset; see the module docstring.
 
     ``num_rows`` counts the rows of all ranks together; ``local_batch_size`` is
-    this rank's b_r. The constructor reads only footers (``check_files``), so a
-    missing column or a wrong type fails before training starts.
+    this rank's b_r. The constructor reads only footers (``screen_files``), so a
+    missing column or a wrong type fails before training starts (or, with
+    ``on_error="skip"``, leaves its file out; ``files`` are the files read).
     """
 
     def __init__(
@@ -82,19 +93,24 @@ class ParquetReader:
         prefetch: int = 4,
         id_policy: str = "error",
         dense_nan: str = "error",
+        on_error: str = "fail",
     ) -> None:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} outside world size {world_size}")
-        if id_policy not in ID_POLICIES or dense_nan not in DENSE_NAN_POLICIES:
-            raise ValueError(f"id_policy {id_policy!r} / dense_nan {dense_nan!r} unknown")
+        if (id_policy not in ID_POLICIES or dense_nan not in DENSE_NAN_POLICIES
+                or on_error not in ON_ERROR):
+            raise ValueError(f"id_policy {id_policy!r} / dense_nan {dense_nan!r} / "
+                             f"on_error {on_error!r} unknown")
         if batch_size < world_size:
             raise UserError(f"batch size {batch_size} is smaller than the {world_size} ranks")
-        self.files, self.schema = list(files), schema
+        self.schema = schema
         self.rank, self.world_size = rank, world_size
         self.shuffle, self.seed, self.prefetch = shuffle, seed & (2**64 - 1), prefetch
-        self.id_policy, self.dense_nan = id_policy, dense_nan
-        check_files(self.files, schema)
-        self._units = _units(self.files)
+        self.id_policy, self.dense_nan, self.skip = id_policy, dense_nan, on_error == "skip"
+        screened = screen_files(list(files), schema, on_error)
+        self.files = screened.files
+        self.bad_data = BadDataLog(screened.left_out)
+        self._units = _units(screened.row_groups)
         self.num_rows = int(self._units.rows.sum())
         self.batch_size = batch_size
         self.local_batch_size = _share(batch_size, world_size, rank)
@@ -111,7 +127,9 @@ class ParquetReader:
 
     def global_batch_size(self, step: int) -> int:
         """Rows of batch ``step`` summed over all ranks (known to every rank, no
-        communication): the divisor of a global-mean loss when batches run short."""
+        communication): the divisor of a global-mean loss when batches run short.
+        With ``on_error="skip"`` this is before dropping: the real count needs the
+        ranks' batch sizes summed."""
         total = 0
         for r in range(self.world_size):
             lo, hi = _row_range(self.num_rows, self.world_size, r)
@@ -126,49 +144,75 @@ class ParquetReader:
         if epoch < 0:
             raise ValueError(f"epoch {epoch} is negative")
         batches = self._batches(epoch, start_step)
-        return _in_background(batches, self.prefetch) if self.prefetch > 0 else batches
+        if self.prefetch > 0:
+            batches = _in_background(batches, self.prefetch)
+        return self._logged(batches)
 
     # ------------------------------------------------------------------ internals
 
-    def _batches(self, epoch: int, start_step: int) -> Iterator[Batch]:
+    def _logged(self, items: Iterator[tuple[Batch, list[BadRecord]]]) -> Iterator[Batch]:
+        """The batches of ``items``; the records beside them go to ``bad_data`` as each
+        batch is handed out (in the consumer's thread)."""
+        try:
+            for batch, found in items:
+                if found:
+                    self.bad_data.add(found)
+                yield batch
+        finally:
+            items.close()
+
+    def _batches(self, epoch: int, start_step: int
+                 ) -> Generator[tuple[Batch, list[BadRecord]], None, None]:
+        """(batch, records found in its window if it is the window's first batch)."""
         order = np.arange(len(self._units.rows))
         if self.shuffle:
             order = np.random.default_rng([self.seed, epoch]).permutation(order)
         starts = np.concatenate([[0], np.cumsum(self._units.rows[order])])
         source = _RowGroups(self.files, self.schema.columns)
         b, size = self.local_batch_size, self._hi - self._lo
-        window, loaded = None, -1
+        window, loaded, found = None, -1, []
         for t in range(start_step, self._steps):
             if t * b >= size:
-                yield _Rows.empty(self.schema).batch(0, 0, self.schema)
+                yield _Rows.empty(self.schema).batch(0, 0, self.schema), []
                 continue
             k = t * b // self._window
             if k != loaded:
-                window, loaded = self._read_window(source, order, starts, epoch, k), k
+                window, found = self._read_window(source, order, starts, epoch, k)
+                loaded = k
             first = t * b - k * self._window
-            yield window.batch(first, first + min(b, size - t * b), self.schema)
+            yield window.batch(first, first + min(b, size - t * b), self.schema), found
+            found = []
 
     def _read_window(
         self, source: _RowGroups, order: np.ndarray, starts: np.ndarray, epoch: int, k: int
-    ) -> _Rows:
-        """Rows [k*S, (k+1)*S) of this rank's range, decoded and (if shuffle) permuted."""
+    ) -> tuple[_Rows, list[BadRecord]]:
+        """Rows [k*S, (k+1)*S) of this rank's range, decoded and (if shuffle) permuted,
+        and the records of what was dropped from them (``on_error="skip"``)."""
         r0 = self._lo + k * self._window
         r1 = min(r0 + self._window, self._hi)
         u = int(np.searchsorted(starts, r0, side="right")) - 1
-        chunks = []
+        chunks: list[_Rows] = []
+        found: list[BadRecord] = []
         while u < len(order) and starts[u] < r1:
             unit = int(order[u])
             s0, s1 = max(r0 - starts[u], 0), min(r1 - starts[u], self._units.rows[unit])
             f, g = int(self._units.file[unit]), int(self._units.row_group[unit])
-            table = source.read(f, g).slice(s0, s1 - s0)
             where = _Where(self.files[f], g, int(self._units.row0[unit] + s0))
-            chunks.append(_decode(table, self.schema, where, self.id_policy, self.dense_nan))
+            try:
+                table = source.read(f, g, int(self._units.rows[unit])).slice(s0, s1 - s0)
+                chunks.append(_decode(table, self.schema, where, self.id_policy, self.dense_nan,
+                                      found if self.skip else None))
+            except DataError as e:
+                if not self.skip:
+                    raise
+                chunks.append(_Rows.dropped(self.schema, s1 - s0))
+                found.append(where.record(e.reason, e.column, 0, rows=s1 - s0))
             u += 1
         rows = _Rows.concat(chunks)
         if self.shuffle:
             rng = np.random.default_rng([self.seed, epoch, self.rank, k])
             rows = rows.take(rng.permutation(rows.size))
-        return rows
+        return rows, found
 
 
 # --------------------------------------------------------------------------- layout
@@ -200,13 +244,12 @@ class _Units:
     row0: np.ndarray  # [U] index within its file of the row group's first row
 
 
-def _units(files: list[str]) -> _Units:
+def _units(row_groups: list[list[int]]) -> _Units:
+    """Units from the rows of each row group of each file (``Screened.row_groups``)."""
     cols: list[list[int]] = [[], [], [], []]
-    for f, path in enumerate(files):
-        md = open_parquet(path).metadata
+    for f, sizes in enumerate(row_groups):
         row0 = 0
-        for g in range(md.num_row_groups):
-            n = md.row_group(g).num_rows
+        for g, n in enumerate(sizes):
             if n:
                 for c, v in zip(cols, (f, g, n, row0)):
                     c.append(v)
@@ -222,18 +265,27 @@ class _RowGroups:
         self._open: tuple[int, pq.ParquetFile] | None = None
         self._last: tuple[int, int, pa.Table] | None = None
 
-    def read(self, f: int, g: int) -> pa.Table:
+    def read(self, f: int, g: int, rows: int) -> pa.Table:
+        """Row group g of file f, which the footers said holds ``rows`` rows; a
+        DataError naming both if it cannot be read (corrupt, file gone or changed)."""
         import pyarrow as pa
 
         if self._last is not None and self._last[:2] == (f, g):
             return self._last[2]
-        if self._open is None or self._open[0] != f:
-            self._open = (f, open_parquet(self.files[f]))
+        path = self.files[f]
         try:
+            if self._open is None or self._open[0] != f:
+                self._open = None
+                self._open = (f, open_parquet(path))
             table = self._open[1].read_row_group(g, columns=self.columns)
+        except DataError as e:
+            raise DataError(e.reason, file=path, row_group=g) from None
         except (pa.ArrowException, OSError) as e:
-            raise DataError(f"cannot read ({str(e).strip()[:200]})", file=self.files[f],
-                            row_group=g) from None
+            text = " ".join("".join(c if c.isprintable() else " " for c in str(e)).split())
+            raise DataError(f"cannot read ({text[:200]})", file=path, row_group=g) from None
+        if table.num_rows != rows:
+            raise DataError(f"holds {table.num_rows} rows, {rows} when the run started "
+                            "(file changed while reading?)", file=path, row_group=g)
         self._last = (f, g, table)
         return table
 
@@ -246,12 +298,14 @@ class _Rows:
     """Decoded rows in numpy: labels [n], dense [n, n_dense], one id column per feature.
 
     ``ids[i]`` is (values, offsets): offsets [n + 1] for a bag column, None for a
-    single-hot column (then values has exactly n entries).
+    single-hot column (then values has exactly n entries). ``keep`` [n] marks the
+    rows a batch takes (None: all); dropped rows keep their place until then.
     """
 
     labels: np.ndarray
     dense: np.ndarray
     ids: list[tuple[np.ndarray, np.ndarray | None]]
+    keep: np.ndarray | None = None
 
     @property
     def size(self) -> int:
@@ -267,9 +321,24 @@ class _Rows:
         )
 
     @staticmethod
+    def dropped(schema: Schema, n: int) -> _Rows:
+        """n placeholder rows, none kept (an unreadable row group's slice)."""
+        return _Rows(
+            np.zeros(n, np.float32),
+            np.zeros((n, len(schema.dense)), np.float32),
+            [(np.zeros(0 if f.multi_hot else n, np.int64),
+              np.zeros(n + 1, np.int64) if f.multi_hot else None) for f in schema.sparse],
+            np.zeros(n, dtype=bool),
+        )
+
+    @staticmethod
     def concat(chunks: list[_Rows]) -> _Rows:
         if len(chunks) == 1:
             return chunks[0]
+        keep = None
+        if any(c.keep is not None for c in chunks):
+            keep = np.concatenate([np.ones(c.size, bool) if c.keep is None else c.keep
+                                   for c in chunks])
         ids = []
         for i, (_, offsets) in enumerate(chunks[0].ids):
             values = np.concatenate([c.ids[i][0] for c in chunks])
@@ -281,6 +350,7 @@ class _Rows:
             np.concatenate([c.labels for c in chunks]),
             np.concatenate([c.dense for c in chunks]),
             ids,
+            keep,
         )
 
     def take(self, perm: np.ndarray) -> _Rows:
@@ -294,12 +364,16 @@ class _Rows:
             new = _offsets(lengths)
             shift = np.repeat(offsets[:-1][perm] - new[:-1], lengths)
             ids.append((values[np.arange(new[-1]) + shift], new))
-        return _Rows(self.labels[perm], self.dense[perm], ids)
+        keep = None if self.keep is None else self.keep[perm]
+        return _Rows(self.labels[perm], self.dense[perm], ids, keep)
 
     def batch(self, a: int, b: int, schema: Schema) -> Batch:
-        """Rows [a, b) as a Batch with a feature-major KeyedJaggedTensor."""
+        """Rows [a, b) as a Batch with a feature-major KeyedJaggedTensor (kept rows only)."""
         from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+        if self.keep is not None and not self.keep[a:b].all():
+            kept = a + np.flatnonzero(self.keep[a:b])
+            return self.take(kept).batch(0, len(kept), schema)
         n = b - a
         values, lengths = [], []
         for vals, offsets in self.ids:
@@ -334,7 +408,7 @@ def _offsets(lengths: np.ndarray) -> np.ndarray:
 
 @dataclass
 class _Where:
-    """Where a decoded slice comes from, for error messages."""
+    """Where a decoded slice comes from, for error messages and records."""
 
     file: str
     row_group: int
@@ -344,59 +418,87 @@ class _Where:
         row = None if index is None else self.row0 + int(index)
         return DataError(message, file=self.file, column=column, row_group=self.row_group, row=row)
 
+    def record(self, reason: str, column: str | None, index: int, rows: int = 1) -> BadRecord:
+        return BadRecord(self.file, reason, self.row_group, column, self.row0 + int(index), rows)
+
+
+class _Problems:
+    """Bad values of one slice: the first raises (``found`` None: on_error="fail"), or
+    each is recorded in ``found`` and its row dropped from ``keep`` [n] ("skip")."""
+
+    def __init__(self, where: _Where, n: int, found: list[BadRecord] | None) -> None:
+        self.where, self.found = where, found
+        self.keep = np.ones(n, dtype=bool)
+
+    def flag(self, bad: np.ndarray, column: str, reason: Callable[[int], str]) -> None:
+        """``bad`` [n] marks the rows whose value in ``column`` is bad; reason(i) says why."""
+        if not bad.any():
+            return
+        if self.found is None:
+            i = int(np.argmax(bad))
+            raise self.where.error(reason(i), column, i)
+        for i in np.flatnonzero(bad).tolist():
+            self.found.append(self.where.record(reason(i), column, i))
+        self.keep &= ~bad
+
 
 def _decode(table: pa.Table, schema: Schema, where: _Where, id_policy: str,
-            dense_nan: str) -> _Rows:
-    """Check and convert one slice of a row group to numpy (no per-row Python)."""
+            dense_nan: str, found: list[BadRecord] | None = None) -> _Rows:
+    """Check and convert one slice of a row group to numpy (no per-row Python, except
+    once per bad value when ``found`` collects them). A column missing or of a type
+    that does not fit is a DataError for the whole slice."""
     for name in schema.columns:
+        if table.schema.get_field_index(name) < 0:
+            raise where.error("column is missing (file changed while reading?)", name)
         t = table.schema.field(name).type
         if column_kind(t) not in allowed_kinds(schema, name):
             raise where.error(f"type {type_name(t)} does not fit the schema "
                               f"({' or '.join(allowed_kinds(schema, name))})", name)
-    labels = _labels(table.column(schema.label), schema.label, where)
+    problems = _Problems(where, table.num_rows, found)
+    labels = _labels(table.column(schema.label), schema.label, problems)
     dense = np.empty((table.num_rows, len(schema.dense)), dtype=np.float32)
     for j, name in enumerate(schema.dense):
-        dense[:, j] = _dense(table.column(name), name, where, dense_nan)
-    ids = [_ids(table.column(f.name), f, where, id_policy) for f in schema.sparse]
-    return _Rows(labels, dense, ids)
+        dense[:, j] = _dense(table.column(name), name, problems, dense_nan)
+    ids = [_ids(table.column(f.name), f, problems, id_policy) for f in schema.sparse]
+    return _Rows(labels, dense, ids, None if problems.keep.all() else problems.keep)
 
 
-def _first_null(col: pa.ChunkedArray | pa.Array) -> int:
+def _nulls(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
     import pyarrow.compute as pc
 
-    return int(pc.index(pc.is_null(col), True).as_py())
+    return np.asarray(pc.is_null(col).to_numpy(zero_copy_only=False), dtype=bool)
 
 
-def _labels(col: pa.ChunkedArray, name: str, where: _Where) -> np.ndarray:
+def _labels(col: pa.ChunkedArray, name: str, problems: _Problems) -> np.ndarray:
+    import pyarrow.compute as pc
+
     if col.null_count:
-        raise where.error("null label", name, _first_null(col))
+        problems.flag(_nulls(col), name, lambda i: "null label")
+        col = pc.fill_null(col, 0)
     y = col.to_numpy().astype(np.float32, copy=False)
-    bad = ~((y >= 0) & (y <= 1))
-    if bad.any():
-        i = int(np.argmax(bad))
-        raise where.error(f"label {y[i]} outside [0, 1]", name, i)
+    problems.flag(~((y >= 0) & (y <= 1)), name, lambda i: f"label {y[i]} outside [0, 1]")
     return y
 
 
-def _dense(col: pa.ChunkedArray, name: str, where: _Where, policy: str) -> np.ndarray:
+def _dense(col: pa.ChunkedArray, name: str, problems: _Problems, policy: str) -> np.ndarray:
     import pyarrow.compute as pc
 
+    hint = " (set data.dense_nan=zero to use 0)"
     if col.null_count:
         if policy == "error":
-            raise where.error("null dense value (set data.dense_nan=zero to use 0)", name,
-                              _first_null(col))
+            problems.flag(_nulls(col), name, lambda i: "null dense value" + hint)
         col = pc.fill_null(col, 0)
     x = col.to_numpy().astype(np.float32, copy=False)
     bad = ~np.isfinite(x)
     if bad.any():
         if policy == "error":
-            i = int(np.argmax(bad))
-            raise where.error(f"dense value {x[i]} (set data.dense_nan=zero to use 0)", name, i)
-        x = np.where(bad, np.float32(0), x)
+            problems.flag(bad, name, lambda i: f"dense value {x[i]}" + hint)
+        else:
+            x = np.where(bad, np.float32(0), x)
     return x
 
 
-def _ids(col: pa.ChunkedArray, feature: SparseFeature, where: _Where,
+def _ids(col: pa.ChunkedArray, feature: SparseFeature, problems: _Problems,
          policy: str) -> tuple[np.ndarray, np.ndarray | None]:
     """Ids of one feature as (values, offsets or None), validated and policy-mapped."""
     import pyarrow.compute as pc
@@ -404,46 +506,52 @@ def _ids(col: pa.ChunkedArray, feature: SparseFeature, where: _Where,
     name = feature.name
     if not feature.multi_hot:
         if col.null_count:
-            raise where.error("null id", name, _first_null(col))
+            problems.flag(_nulls(col), name, lambda i: "null id")
+            col = pc.fill_null(col, 0)
         values = col.to_numpy().astype(np.int64, copy=False)
-        return _map_ids(values, feature, where, policy, None), None
+        return _map_ids(values, feature, problems, policy, None), None
     arr = col.combine_chunks()
     lengths = pc.fill_null(pc.list_value_length(arr), 0).to_numpy().astype(np.int64)
     offsets = _offsets(lengths)
     flat = arr.flatten()
     if flat.null_count:
-        i = _first_null(flat)
-        raise where.error("null id inside a bag", name, _row_of(offsets, i))
+        problems.flag(_bag_rows(offsets, _nulls(flat)), name, lambda i: "null id inside a bag")
+        flat = pc.fill_null(flat, 0)
     values = flat.to_numpy().astype(np.int64, copy=False)
-    return _map_ids(values, feature, where, policy, offsets), offsets
+    return _map_ids(values, feature, problems, policy, offsets), offsets
 
 
-def _row_of(offsets: np.ndarray, value_index: int) -> int:
-    return int(np.searchsorted(offsets, value_index, side="right")) - 1
+def _bag_rows(offsets: np.ndarray, bad_values: np.ndarray) -> np.ndarray:
+    """Rows [n] holding at least one of the bag values marked in ``bad_values``."""
+    rows = np.zeros(len(offsets) - 1, dtype=bool)
+    rows[np.searchsorted(offsets, np.flatnonzero(bad_values), side="right") - 1] = True
+    return rows
 
 
-def _map_ids(values: np.ndarray, feature: SparseFeature, where: _Where, policy: str,
+def _map_ids(values: np.ndarray, feature: SparseFeature, problems: _Problems, policy: str,
              offsets: np.ndarray | None) -> np.ndarray:
     """Reject negative ids; map or reject ids >= the table's rows as ``policy`` says."""
     if values.size == 0:
         return values
     rows = feature.rows
 
-    def row(i: int) -> int:
-        return i if offsets is None else _row_of(offsets, i)
+    def flag(bad: np.ndarray, what: Callable[[int], str]) -> None:
+        """Flag the rows of the values marked in ``bad``, each by its first bad value."""
+        def reason(i: int) -> str:
+            lo, hi = (i, i + 1) if offsets is None else (offsets[i], offsets[i + 1])
+            return what(int(values[lo:hi][bad[lo:hi]][0]))
+
+        problems.flag(bad if offsets is None else _bag_rows(offsets, bad), feature.name, reason)
 
     if values.min() < 0:
-        i = int(np.argmax(values < 0))
-        raise where.error(f"negative id {values[i]}", feature.name, row(i))
+        flag(values < 0, lambda v: f"negative id {v}")
     if values.max() < rows:
         return values
     big = values >= rows
     if policy == "error":
-        i = int(np.argmax(big))
-        raise where.error(
-            f"id {values[i]} >= table rows {rows} (set data.rows, or data.id_policy=hash/modulo)",
-            feature.name, row(i),
-        )
+        flag(big, lambda v: f"id {v} >= table rows {rows} (set data.rows, or "
+                            "data.id_policy=hash/modulo)")
+        return values
     if policy == "modulo":
         return np.where(big, values % rows, values)
     out = values.copy()

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from data.bad_data import BadRecord
 from data.errors import DataError
 
 if TYPE_CHECKING:
@@ -113,6 +114,7 @@ def infer_schema(
     sparse: list[str] | None = None,
     rows: dict[str, int] | None = None,
     tables: dict[str, str] | None = None,
+    on_error: str = "fail",
 ) -> Schema:
     """A Schema read from Parquet footers only (no data pages, except as noted).
 
@@ -126,11 +128,17 @@ def infer_schema(
     the max (the one fallback that reads data). Features sharing a table
     (``tables``: feature → table name) get the largest of their row counts,
     explicit counts taking precedence over inferred ones.
+
+    With ``on_error="skip"`` the first readable file gives the columns, and files that
+    cannot be read or whose columns differ from its are left out (the reader reports
+    them); otherwise such a file is a DataError.
     """
     from data.files import open_parquet
 
     if not files:
         raise DataError("no data files to infer a schema from")
+    if on_error == "skip":
+        files = _readable(files)
     rows, tables = dict(rows or {}), dict(tables or {})
     first = open_parquet(files[0]).schema_arrow
     if first.get_field_index(label) < 0:
@@ -153,6 +161,9 @@ def infer_schema(
             if name not in sparse_names:
                 raise DataError(f"data.{what} names a column that is not a sparse feature",
                                 column=name)
+    if on_error == "skip":
+        wanted = [label, *dense_names, *sparse_names]
+        files = [f for f in files if _type_names(f, wanted) == _type_names(files[0], wanted)]
     inferred = _max_ids(files, [n for n in sparse_names if n not in rows])
     table_of = {n: tables.get(n) or n for n in sparse_names}
     table_rows: dict[str, int] = {}
@@ -173,6 +184,32 @@ def infer_schema(
             for n in sparse_names
         ),
     )
+
+
+def _readable(files: list[str]) -> list[str]:
+    """The files whose footers open; a DataError naming the first if none does."""
+    from data.files import open_parquet
+
+    out, first_error = [], None
+    for path in files:
+        try:
+            open_parquet(path)
+            out.append(path)
+        except DataError as e:
+            first_error = first_error or e
+    if not out:
+        raise DataError(f"none of the {len(files)} data file(s) is readable, the first: "
+                        f"{first_error}")
+    return out
+
+
+def _type_names(path: str, columns: list[str]) -> list[str | None]:
+    """Type name of each column in a file's footer (None where it is missing)."""
+    from data.files import open_parquet
+
+    arrow = open_parquet(path).schema_arrow
+    return [type_name(arrow.field(c).type) if arrow.get_field_index(c) >= 0 else None
+            for c in columns]
 
 
 def _max_ids(files: list[str], names: list[str]) -> dict[str, int]:
@@ -206,39 +243,80 @@ def _max_ids(files: list[str], names: list[str]) -> dict[str, int]:
     return best
 
 
-def check_files(files: list[str], schema: Schema) -> list[int]:
-    """Check every file's footer against ``schema``; return the row count of each file.
+@dataclass
+class Screened:
+    """The files a reader may use, their row groups' sizes, and the files left out."""
 
-    A file that is not Parquet (or is truncated), a missing column, a column of
-    the wrong kind, or of a type that differs from the first file's, is a
-    DataError naming the file and column; so is a dataset of 0 rows in total.
+    files: list[str]
+    row_groups: list[list[int]]  # rows of each row group of each usable file
+    left_out: list[BadRecord]  # on_error="skip" only
+
+
+def screen_files(files: list[str], schema: Schema, on_error: str = "fail") -> Screened:
+    """Check every file's footer against ``schema``, in order.
+
+    A file that is not Parquet (or is truncated), lacks a column, has a column of the
+    wrong kind, or of a type that differs from the first usable file's, is a DataError
+    naming the file and column (``on_error="fail"``), or is left out and recorded
+    (``"skip"``). Either way a dataset of 0 usable rows is a DataError.
     """
     from data.files import open_parquet
 
     if not files:
         raise DataError("no data files given")
-    seen: dict[str, tuple[str, str]] = {}  # column → (type name, first file)
-    counts = []
+    seen: dict[str, tuple[str, str]] = {}  # column → (type name, first usable file)
+    out = Screened([], [], [])
     for path in files:
-        pf = open_parquet(path)
-        arrow = pf.schema_arrow
-        for col in schema.columns:
-            if arrow.get_field_index(col) < 0:
-                raise DataError("column is missing (or appears twice)", file=path, column=col)
-            t = arrow.field(col).type
-            allowed = allowed_kinds(schema, col)
-            if column_kind(t) not in allowed:
-                raise DataError(
-                    f"type {type_name(t)} is not the expected {' or '.join(allowed)}",
-                    file=path, column=col,
-                )
-            name = type_name(t)
-            before = seen.setdefault(col, (name, path))
-            if before[0] != name:
-                raise DataError(
-                    f"type {name} differs from {before[0]} in {before[1]}", file=path, column=col
-                )
-        counts.append(pf.metadata.num_rows)
-    if sum(counts) == 0:
+        rows = None
+        try:
+            pf = open_parquet(path)
+            rows = pf.metadata.num_rows
+            types = _column_types(pf.schema_arrow, path, schema, seen)
+        except DataError as e:
+            if on_error != "skip":
+                raise
+            out.left_out.append(BadRecord(path, e.reason, column=e.column,
+                                          row=None if rows is None else 0, rows=rows))
+            continue
+        for col, name in types.items():
+            seen.setdefault(col, (name, path))
+        md = pf.metadata
+        out.files.append(path)
+        out.row_groups.append([md.row_group(g).num_rows for g in range(md.num_row_groups)])
+    if sum(map(sum, out.row_groups)) == 0:
+        if out.left_out:
+            first = out.left_out[0]
+            raise DataError(f"no usable rows: {len(out.left_out)} of the {len(files)} data "
+                            f"file(s) left out, the first {first.file} ({first.reason})")
         raise DataError(f"the {len(files)} data file(s) hold 0 rows, starting with {files[0]}")
-    return counts
+    return out
+
+
+def _column_types(arrow: pa.Schema, path: str, schema: Schema,
+                  seen: dict[str, tuple[str, str]]) -> dict[str, str]:
+    """Type name of each of the schema's columns in one file; a DataError if one is wrong."""
+    types = {}
+    for col in schema.columns:
+        if arrow.get_field_index(col) < 0:
+            raise DataError("column is missing (or appears twice)", file=path, column=col)
+        t = arrow.field(col).type
+        allowed = allowed_kinds(schema, col)
+        if column_kind(t) not in allowed:
+            raise DataError(
+                f"type {type_name(t)} is not the expected {' or '.join(allowed)}",
+                file=path, column=col,
+            )
+        name = type_name(t)
+        before = seen.get(col, (name, path))
+        if before[0] != name:
+            raise DataError(
+                f"type {name} differs from {before[0]} in {before[1]}", file=path, column=col
+            )
+        types[col] = name
+    return types
+
+
+def check_files(files: list[str], schema: Schema, on_error: str = "fail") -> list[int]:
+    """Check every file's footer against ``schema`` (see ``screen_files``); return the
+    row count of each usable file."""
+    return [sum(groups) for groups in screen_files(files, schema, on_error).row_groups]
