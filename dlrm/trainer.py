@@ -67,10 +67,11 @@ def resolve_data(cfg: Config) -> RunData:
         sparse=cfg.data.sparse or None,
         rows=cfg.data.rows or None,
         tables=cfg.data.tables or None,
+        on_error=cfg.data.on_error,
     )
-    check_files(train_files, schema)
+    check_files(train_files, schema, cfg.data.on_error)  # skip: bad files left out, reported
     if eval_files:
-        check_files(eval_files, schema)
+        check_files(eval_files, schema, cfg.data.on_error)
     return RunData(train_files, eval_files, schema)
 
 
@@ -94,6 +95,7 @@ def make_reader(
             prefetch=prefetch,
             id_policy=cfg.data.id_policy,
             dense_nan=cfg.data.dense_nan,
+            on_error=cfg.data.on_error,
         )
 
     order = cfg.data.order_world_size
@@ -215,6 +217,12 @@ def _fit(
         make_reader(cfg, data.eval_files, schema, False, info.rank, info.world_size)
         if data.eval_files else None
     )
+    bad_data = None  # data.on_error=skip: what the readers dropped, RUN/bad_data.jsonl
+    if cfg.data.on_error == "skip":
+        from dlrm.bad_data_report import BadDataReport
+
+        readers = {"train": reader, **({"eval": eval_reader} if eval_reader else {})}
+        bad_data = BadDataReport(run_dir, info, readers, resumed=existing is not None)
     log = JsonLog(run_dir / "metrics.jsonl", enabled=info.is_main)
     loss_fn = torch.nn.BCEWithLogitsLoss(reduction="sum")
 
@@ -233,6 +241,8 @@ def _fit(
         ckpt_io.save_checkpoint(run_dir, model, dense_opt, progress, to_dict(cfg), schema, info,
                                 keep=cfg.train.keep_checkpoints)
         schedule.saved(progress.global_step)
+        if bad_data is not None:
+            bad_data.write()  # the records so far, kept through a crash
 
     def run_eval() -> dict[str, Any] | None:
         if eval_reader is None:
@@ -270,7 +280,11 @@ def _fit(
                 progress.step_in_epoch = 0
                 break
             t0 = time.perf_counter()
-            global_rows = sum(reader.global_batch_size(first + i) for i in range(len(group)))
+            if bad_data is None:
+                global_rows = sum(reader.global_batch_size(first + i) for i in range(len(group)))
+            else:  # dropped rows shorten batches: count what this step trains on all ranks
+                global_rows = int(all_reduce_sum([sum(b.size for b in group)], info)[0])
+                bad_data.rows_trained += global_rows
             factor = lr_factor(cfg, progress.global_step)
             for param_group in dense_opt.param_groups:
                 param_group["lr"] = cfg.optim.dense_lr * factor
@@ -350,12 +364,16 @@ def _fit(
         hotline.close()
     if last_eval is not None:
         summary.update({f"eval_{k}": v for k, v in last_eval.items()})
+    if bad_data is not None:
+        summary["bad_data"] = bad_data.write()
     log.write(summary)
     say(json.dumps(summary))
     line = f"trained {progress.global_step} steps at {rate:,.0f} samples/s"
     if last_eval is not None:
         line += f"; eval AUC {last_eval['auc']:.4f}, logloss {last_eval['logloss']:.4f}"
     say(line)
+    if bad_data is not None:
+        say(bad_data.line(summary["bad_data"]))
     return summary
 
 
