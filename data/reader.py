@@ -488,7 +488,8 @@ def _dense(col: pa.ChunkedArray, name: str, problems: _Problems, policy: str) ->
         if policy == "error":
             problems.flag(_nulls(col), name, lambda i: "null dense value" + hint)
         col = pc.fill_null(col, 0)
-    x = col.to_numpy().astype(np.float32, copy=False)
+    with np.errstate(over="ignore"):  # a float64 beyond float32: inf, flagged below
+        x = col.to_numpy().astype(np.float32, copy=False)
     bad = ~np.isfinite(x)
     if bad.any():
         if policy == "error":

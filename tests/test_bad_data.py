@@ -317,6 +317,13 @@ def test_cli_skip_trains_and_reports_every_bad_input(tmp_path: Path, capsys) -> 
     assert (f"skipped {n_bad + B_ROWS} bad rows in 3 row groups and 2 whole files "
             f"(eval: {n_bad} rows, 3 row groups, 0 files); see {run / 'bad_data.jsonl'}") in out
 
+    # dlrm eval under the run's policy lists what it skipped
+    assert main(["eval", "--checkpoint", str(run), "--data", files["a"]]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["rows"] == A_ROWS - n_bad and result["bad_data"]["rows"] == n_bad
+    assert {(x["column"], x["row"]) for x in result["bad_data"]["records"]} == \
+        {(c, r) for c, r, _, _ in VALUES.values()}
+
 
 def test_cli_skip_without_bad_data_writes_an_empty_report(tmp_path: Path, capsys) -> None:
     e = write(tmp_path / "e.parquet", columns(0, 40))
