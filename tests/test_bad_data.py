@@ -376,3 +376,36 @@ def test_two_ranks_skip_the_rows_one_process_skips(tmp_path: Path) -> None:
         return set((run / "bad_data.jsonl").read_text().splitlines())
 
     assert records(tmp_path / "w2") == records(ref)
+
+
+def test_resumed_run_keeps_the_records_of_the_first(tmp_path: Path, capsys) -> None:
+    """Windows of 8 rows: the first incarnation reads only the first window; the resumed
+    one never reads it again, so its records survive only through bad_data.jsonl."""
+    dataset(tmp_path / "data")
+    run = tmp_path / "run"
+    argv = train_argv(tmp_path / "data", run, "data.on_error=skip", "data.shuffle_buffer=8")
+    assert main([*argv, "train.max_steps=1"]) == 0
+    first = set((run / "bad_data.jsonl").read_text().splitlines())
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "resumed from" in out
+    lines = (run / "bad_data.jsonl").read_text().splitlines()
+    assert first < set(lines) and len(lines) == len(set(lines))
+    rows = {(Path(x["file"]).name, x["row"]) for x in map(json.loads, lines)}
+    assert rows == {("a.parquet", r) for _, r, _, _ in VALUES.values()} | {
+        ("c.parquet", 0), ("d.parquet", None)}
+
+
+def test_schema_inference_leaves_bad_files_out_under_skip(tmp_path: Path) -> None:
+    from data.schema import infer_schema
+
+    files = dataset(tmp_path / "data")  # a: ids up to 10 (C1) and 11 (C2)
+    cols = columns(A_ROWS, B_ROWS)
+    cols["C1"] = [500] * B_ROWS
+    c = write(tmp_path / "c500.parquet", cols, {"C1": pa.float64()})  # drifted, ids to 500
+    paths = [files["a"], c, files["d"], files["e"]]
+    with pytest.raises(DataError, match="d.parquet: not a readable Parquet file"):
+        infer_schema(paths, dense=["I1", "I2"])
+    schema = infer_schema(paths, dense=["I1", "I2"], on_error="skip")
+    assert [(f.name, f.rows, f.multi_hot) for f in schema.sparse] == [
+        ("C1", 11, False), ("C2", 12, True)]  # max ids of a and e only
