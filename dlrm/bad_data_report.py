@@ -27,8 +27,9 @@ FILE = "bad_data.jsonl"
 
 
 class BadDataReport:
-    """Gathers the readers' records into ``RUN/bad_data.jsonl``; counts what training
-    really used (``rows_trained``, added by the training loop)."""
+    """Gathers the readers' records into ``RUN/bad_data.jsonl``; counts the rows this
+    process's steps really trained, over all ranks (``rows_trained``, added by the
+    training loop; since the start or resume of this incarnation)."""
 
     def __init__(self, run_dir: Path, info: DistInfo, readers: dict[str, Any],
                  resumed: bool) -> None:
@@ -47,7 +48,7 @@ class BadDataReport:
         lines = list(dict.fromkeys(self._earlier + gather_lines(self.readers, self.info)))
         if self.info.is_main:
             ckpt_io.write_atomic(self.path, "".join(x + "\n" for x in lines))
-        by_split = records_by_split(lines)
+        by_split = {split: [] for split in self.readers} | records_by_split(lines)
         out: dict[str, Any] = dict(count(by_split.pop("train", [])),
                                    rows_trained=self.rows_trained)
         for split, records in by_split.items():
