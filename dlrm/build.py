@@ -10,7 +10,7 @@ import torch
 
 from data.schema import Schema
 from dlrm.config import Config
-from dlrm.distributed import DistInfo
+from dlrm.distributed import DistInfo, new_group
 from dlrm.model import DLRM
 from embeddings.collection import EmbeddingCollection, LocalEmbeddingCollection
 from embeddings.optim import make_sparse_optimizer
@@ -64,12 +64,10 @@ def build_model(
         if info is not None and info.world_size > 1:
             # Cold rows sharded over the ranks' host memory by the plan; their
             # all-to-alls run on the host, so on a gloo group of their own.
-            import torch.distributed as dist
-
             from dlrm.plan_cli import plan_from_config
 
             plan, _ = plan_from_config(cfg, schema, info.world_size)
-            group = dist.new_group(backend="gloo")
+            group = new_group(info, backend="gloo")
         # Kept (not fused) gradients: the popular and the non-popular micro-batch
         # of a mini-batch add up to one optimizer step.
         collection = HotlineEmbeddingCollection(
@@ -85,8 +83,6 @@ def build_model(
             device=device,
         )
     else:
-        import torch.distributed as dist
-
         from dlrm.plan_cli import plan_from_config
         from embeddings.sharded import ShardedEmbeddingCollection
 
@@ -94,7 +90,7 @@ def build_model(
         # The embedding all-to-alls get their own process group: DDP (and its comm
         # hooks, which issue collectives from callback threads) use the default one,
         # and two threads on one gloo group can order collectives differently per rank.
-        group = dist.new_group(backend=info.backend)
+        group = new_group(info)
         collection = ShardedEmbeddingCollection(
             tables,
             plan,

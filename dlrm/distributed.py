@@ -24,6 +24,7 @@ class DistInfo:
     local_rank: int = 0
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     backend: str = ""
+    timeout_s: int = 600  # collectives of every group (train.timeout_s)
 
     @property
     def is_main(self) -> bool:
@@ -55,7 +56,13 @@ def init_distributed(backend: str = "auto", device: str = "auto", timeout_s: int
         attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
         store = dist.PrefixStore(f"dlrm/attempt{attempt}/", store)
         dist.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=timeout)
-    return DistInfo(dist.get_rank(), dist.get_world_size(), local_rank, dev, backend)
+    return DistInfo(dist.get_rank(), dist.get_world_size(), local_rank, dev, backend, timeout_s)
+
+
+def new_group(info: DistInfo, backend: str | None = None) -> dist.ProcessGroup:
+    """A process group of all ranks with the job's collective timeout (a plain
+    ``dist.new_group`` waits torch's default of 30 minutes for a dead peer)."""
+    return dist.new_group(backend=backend or info.backend, timeout=timedelta(seconds=info.timeout_s))
 
 
 def all_reduce_sum(values: list[float], info: DistInfo) -> list[float]:
@@ -130,12 +137,16 @@ def collective_failure(error: BaseException) -> str | None:
 
         rank 0: a collective timed out after 5s (train.timeout_s): a peer died or hangs
         rank 0: a collective lost its connection to a peer: a peer died (see its log)
+        rank 0: the other ranks did not all join (Timed out after 6 seconds waiting for clients. 1/2 clients joined.)
     """
-    if not (dist.is_available() and dist.is_initialized()):
-        return None
-    if not isinstance(error, RuntimeError):  # DistBackendError is one too
+    if not (dist.is_available() and isinstance(error, RuntimeError)):  # DistError is one too
         return None
     text = str(error)
+    if isinstance(error, dist.DistStoreError) and "waiting for clients" in text:  # rendezvous
+        first = text.strip().splitlines()[0]
+        return f"rank {os.environ.get('RANK', '?')}: the other ranks did not all join ({first})"
+    if not dist.is_initialized():
+        return None
     rank = dist.get_rank()
     timed_out = _TIMED_OUT.search(text)
     if timed_out:

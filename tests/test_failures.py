@@ -1,6 +1,7 @@
-"""Failures that are not the data's: a peer rank that hangs or dies mid-training, and
-a table that does not fit memory. Each ends the process with one line saying what
-happened (a hang after train.timeout_s instead of forever)."""
+"""Failures that are not the data's: a peer rank that hangs or dies mid-training or
+never joins, and a table that does not fit memory. Each ends the process with one
+line saying what happened (a hang after train.timeout_s instead of forever; every
+process group, the embeddings' own included, has that timeout)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from embeddings.optim import make_sparse_optimizer
 from embeddings.table import TableSpec
 from tests.conftest import REPO, TINY, tiny_overrides
 from tests.data_helpers import tiny_dataset
-from tests.multiprocess import free_port
+from tests.multiprocess import free_port, run_ranks
 
 TIMEOUT_S = 5
 
@@ -88,6 +89,49 @@ def test_a_peer_that_hangs_or_dies_ends_the_job_with_one_line(data, tmp_path: Pa
         # waiting may time out instead. Either way: one line, well before a hang.
         assert lines[0].startswith((lost, timed_out)), lines[0]
         assert waited < TIMEOUT_S + 30, waited
+
+
+def _embedding_group_collective(rank: int, world_size: int) -> tuple[float, str] | None:
+    from data.schema import Schema, SparseFeature
+    from dlrm.build import build_model
+    from dlrm.config import load_config
+    from dlrm.distributed import DistInfo
+
+    cfg = load_config(TINY, ["train.timeout_s=2", "embeddings.replicate_max_bytes=0"])
+    schema = Schema("label", ("I1",), (SparseFeature("C1", 50), SparseFeature("C2", 50)))
+    info = DistInfo(rank, world_size, rank, torch.device("cpu"), "gloo", timeout_s=2)
+    model = build_model(cfg, schema, info.device, info)
+    if rank == 1:
+        time.sleep(8)  # never joins the collective below
+        return None
+    t0 = time.time()
+    try:
+        torch.distributed.all_reduce(torch.ones(1), group=model.embeddings.group)
+    except RuntimeError as e:
+        return time.time() - t0, str(e)
+    return time.time() - t0, "no error"
+
+
+def test_the_embedding_group_times_out_after_timeout_s() -> None:
+    # Its own process group (not the default one): without the job's timeout it
+    # would wait torch's default of 30 minutes.
+    waited, error = run_ranks(2, _embedding_group_collective)[0]
+    assert "Timed out" in error and 1.5 < waited < 7, (waited, error)
+
+
+def test_a_rank_whose_peers_never_join_stops_after_the_timeout(data, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    alone = start_rank(0, free_port(), data, run)  # WORLD_SIZE=2, nobody else comes
+    t0 = time.time()
+    try:
+        code = alone.wait(timeout=TIMEOUT_S + 60)
+    finally:
+        if alone.poll() is None:
+            alone.kill()
+    err = run.with_name("run.rank0.err").read_text().strip()
+    assert code == 3 and len(err.splitlines()) == 1, err
+    assert err.startswith("dlrm train: error: rank 0: the other ranks did not all join"), err
+    assert "1/2 clients joined" in err and time.time() - t0 < TIMEOUT_S + 30, err
 
 
 def test_table_too_big_for_memory_names_the_table(data, tmp_path: Path, capsys) -> None:
