@@ -167,9 +167,7 @@ class LocalEmbeddingCollection(EmbeddingCollection):
         if self.pooling is Pooling.MEAN:
             inv = 1.0 / lengths.clamp(min=1).to(self.weight.dtype)
             scale = torch.repeat_interleave(inv, lengths, output_size=values.numel())
-        # Fused SGD adds the per-lookup rows straight into the weight (no coalesce).
-        direct = self._apply_lookups if self.fused and self.optimizer.linear else None
-        pooled = pooled_lookup(self.weight, ids, offsets, self._receive, scale, direct)  # [F*B, D]
+        pooled = pooled_lookup(self.weight, ids, offsets, self._receive, scale)  # [F*B, D]
         return pooled.view(num_features, batch, self.dim)
 
     # ------------------------------------------------------------------ updates
@@ -177,10 +175,6 @@ class LocalEmbeddingCollection(EmbeddingCollection):
     def state(self) -> dict[str, torch.Tensor]:
         """Optimizer state tensors (buffers, so they follow ``.to(device)``)."""
         return {name: getattr(self, f"optim_{name}") for name in self._state_names}
-
-    def _apply_lookups(self, ids: torch.Tensor, rows: torch.Tensor) -> None:
-        with section("embedding_update"):
-            self.optimizer.apply_lookups(self.weight.data, ids, rows, self.lr)
 
     def _receive(self, grad: KVGradient) -> None:
         if self.fused:

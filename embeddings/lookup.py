@@ -11,10 +11,6 @@
     backward: grad_pooled [S, D] ──gather per id──► [N, D] ──coalesce──► KVGradient
               handed to ``sink`` (apply it now, or keep it for later);
               weight's autograd gradient is None: nothing table-sized is built.
-
-    A linear update (SGD applied at once) may take the per-lookup rows as they
-    are (``apply_lookups(ids, rows)``): adding every lookup's row is the same
-    sum as adding the coalesced rows, without the unique's sort and second pass.
 """
 
 from __future__ import annotations
@@ -29,7 +25,6 @@ from embeddings.kv import KVGradient
 from embeddings.timing import section
 
 KVSink = Callable[[KVGradient], None]
-LookupSink = Callable[[torch.Tensor, torch.Tensor], None]
 
 
 class _PooledLookup(torch.autograd.Function):
@@ -41,11 +36,9 @@ class _PooledLookup(torch.autograd.Function):
         offsets: torch.Tensor,
         scale: torch.Tensor | None,
         sink: KVSink,
-        apply_lookups: LookupSink | None,
     ) -> torch.Tensor:
         ctx.save_for_backward(ids, offsets, scale)
         ctx.sink = sink
-        ctx.apply_lookups = apply_lookups
         with section("lookup"):
             return F.embedding_bag(
                 ids, weight, offsets, mode="sum", include_last_offset=True, per_sample_weights=scale
@@ -62,13 +55,9 @@ class _PooledLookup(torch.autograd.Function):
             rows = grad_pooled.index_select(0, bag_of_id)
             if scale is not None:
                 rows = rows * scale.unsqueeze(1)
-            if ctx.apply_lookups is None:
-                grad = KVGradient.from_lookups(ids, rows)
-        if ctx.apply_lookups is not None:
-            ctx.apply_lookups(ids, rows)
-        else:
-            ctx.sink(grad)
-        return None, None, None, None, None, None
+            grad = KVGradient.from_lookups(ids, rows)
+        ctx.sink(grad)
+        return None, None, None, None, None
 
 
 def pooled_lookup(
@@ -77,8 +66,6 @@ def pooled_lookup(
     offsets: torch.Tensor,
     sink: KVSink,
     scale: torch.Tensor | None = None,
-    apply_lookups: LookupSink | None = None,
 ) -> torch.Tensor:
-    """[S, D] pooled bags; on backward, ``sink`` receives the KVGradient of ``weight``
-    (or ``apply_lookups`` its uncoalesced per-lookup rows, see above)."""
-    return _PooledLookup.apply(weight, ids, offsets, scale, sink, apply_lookups)
+    """[S, D] pooled bags; on backward, ``sink`` receives the KVGradient of ``weight``."""
+    return _PooledLookup.apply(weight, ids, offsets, scale, sink)

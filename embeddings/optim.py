@@ -53,13 +53,6 @@ class SparseOptimizer(ABC):
         ``grad.rows`` hold only some columns (row-wise Adagrad needs the whole row).
         """
 
-    # A linear rule (SGD) may be applied to per-lookup rows, repeats and all:
-    # see ``apply_lookups`` and embeddings/lookup.py.
-    linear = False
-
-    def apply_lookups(self, weight: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor, lr: float) -> None:
-        raise TypeError(f"{type(self).__name__} is not linear: coalesce into a KVGradient first")
-
     def state_bytes_per_row(self, dim: int) -> int:
         """Bytes of per-row state (per-table scalars such as Adam's step excluded)."""
         state = self.init_state(2, dim, torch.device("cpu"))
@@ -67,15 +60,8 @@ class SparseOptimizer(ABC):
 
 
 class SparseSGD(SparseOptimizer):
-    linear = True
-
     def init_state(self, rows: int, dim: int, device: torch.device) -> dict[str, torch.Tensor]:
         return {}
-
-    @torch.no_grad()
-    def apply_lookups(self, weight: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor, lr: float) -> None:
-        """w[ids[j]] -= lr * rows[j] for every lookup j: the coalesced update's sum."""
-        weight.index_add_(0, ids, rows, alpha=-lr)
 
     @torch.no_grad()
     def apply(
