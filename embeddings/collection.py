@@ -22,6 +22,7 @@ import torch.distributed as dist
 from torch import nn
 
 from data.errors import UserError
+from embeddings.alltoall import permute_bags
 from embeddings.init import init_rows
 from embeddings.kv import KVGradient
 from embeddings.lookup import pooled_lookup
@@ -150,25 +151,37 @@ class LocalEmbeddingCollection(EmbeddingCollection):
     def forward(self, sparse: KeyedJaggedTensor) -> torch.Tensor:
         if sparse.keys() != self.features:
             sparse = sparse.permute([sparse.keys().index(f) for f in self.features])
-        batch = sparse.stride()
-        pooled = self.lookup(sparse.values(), sparse.lengths(), batch)  # [F, B, D]
-        return pooled.transpose(0, 1).reshape(batch, len(self.features) * self.dim)
+        batch, num_features = sparse.stride(), len(self.features)
+        ids = self._stacked_ids(sparse.values(), sparse.lengths(), batch)
+        # Bags in sample-major order (b0f0, b0f1, .., b1f0, ..): the pooled rows then
+        # come out as [B, F*D] already, instead of [F, B, D] copied by a transpose.
+        order = torch.arange(num_features * batch, device=ids.device)
+        order = order.view(num_features, batch).t().flatten()
+        lengths, ids = permute_bags(sparse.lengths(), ids, order)
+        return self._pool(ids, lengths).view(batch, num_features * self.dim)
 
     def lookup(self, values: torch.Tensor, lengths: torch.Tensor, batch: int) -> torch.Tensor:
         """Feature-major jagged ids (lengths [F*B]) → pooled [F, B, D]."""
-        num_features = len(self.features)
-        per_feature = lengths.view(num_features, batch).sum(dim=1)
-        ids = values + torch.repeat_interleave(
+        ids = self._stacked_ids(values, lengths, batch)
+        return self._pool(ids, lengths).view(len(self.features), batch, self.dim)
+
+    def _stacked_ids(self, values: torch.Tensor, lengths: torch.Tensor, batch: int) -> torch.Tensor:
+        """Feature-major ids shifted into the stacked weight's rows."""
+        per_feature = lengths.view(len(self.features), batch).sum(dim=1)
+        return values + torch.repeat_interleave(
             self.feature_offsets, per_feature, output_size=values.numel()
         )
+
+    def _pool(self, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """Pooled [S, D] of the bags ``lengths`` [S] over stacked ``ids``."""
+        values = ids
         offsets = torch.zeros(lengths.numel() + 1, dtype=torch.int64, device=values.device)
         torch.cumsum(lengths, dim=0, out=offsets[1:])
         scale = None
         if self.pooling is Pooling.MEAN:
             inv = 1.0 / lengths.clamp(min=1).to(self.weight.dtype)
             scale = torch.repeat_interleave(inv, lengths, output_size=values.numel())
-        pooled = pooled_lookup(self.weight, ids, offsets, self._receive, scale)  # [F*B, D]
-        return pooled.view(num_features, batch, self.dim)
+        return pooled_lookup(self.weight, ids, offsets, self._receive, scale)
 
     # ------------------------------------------------------------------ updates
     @property
