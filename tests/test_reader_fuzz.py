@@ -29,6 +29,7 @@ from hypothesis import strategies as st
 from data.errors import DataError
 from data.reader import ParquetReader
 from data.schema import Schema, SparseFeature
+from tests.test_reader import _splitmix64
 
 FLOATS = (pa.float32(), pa.float64())
 INTS = (pa.int32(), pa.int64())
@@ -176,14 +177,6 @@ def usable_files(case: Case) -> list[bool]:
 def _f32(v: float) -> float:
     with np.errstate(over="ignore"):
         return float(np.float32(v))
-
-
-def _splitmix64(x: int) -> int:
-    m = (1 << 64) - 1
-    z = (x + 0x9E3779B97F4A7C15) & m
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & m
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & m
-    return z ^ (z >> 31)
 
 
 def _id(v: int, rows: int, policy: str) -> int | None:
