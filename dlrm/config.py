@@ -133,6 +133,10 @@ class TrainConfig:
     ddp_hook: Literal["none", "fp16", "bf16", "powersgd"] = "none"
     powersgd_warmup: int = 100  # uncompressed steps before PowerSGD starts
     timeout_s: int = 600  # collectives; a dead peer ends the job instead of hanging
+    # bf16: the MLPs and the interaction run under autocast (bf16 matmuls, fp32
+    # weights); embeddings, optimizers, loss and eval stay fp32. Opt-in: results
+    # then differ from fp32 training by bf16 rounding (see README).
+    precision: Literal["fp32", "bf16"] = "fp32"
     time_sections: bool = False  # ms per step by section in the summary (dlrm bench)
     progress: bool = True
 

@@ -51,7 +51,9 @@ class _PairDots(torch.autograd.Function):
         stacked, pairs = ctx.saved_tensors
         batch, n, _ = stacked.shape
         g = grad.new_zeros(batch, n * n).index_copy_(1, pairs, grad).view(batch, n, n)
-        return torch.bmm(g + g.transpose(1, 2), stacked), None
+        # Under autocast the forward bmm ran in the gradient's (lower) precision.
+        grad_stacked = torch.bmm(g + g.transpose(1, 2), stacked.to(g.dtype))
+        return grad_stacked.to(stacked.dtype), None
 
 
 class CrossInteraction(nn.Module):

@@ -257,6 +257,11 @@ def _fit(
 
         hotline = HotlineSteps(model, cfg, info)
 
+    # train.precision=bf16: matmuls of the dense arch in bf16 (embedding lookups and
+    # all-to-alls are not autocast ops: they stay fp32), loss and updates in fp32.
+    autocast = torch.autocast(info.device.type, dtype=torch.bfloat16,
+                              enabled=cfg.train.precision == "bf16")
+
     from tqdm import tqdm
 
     bar = tqdm(total=total_steps, initial=progress.global_step, unit="step", file=sys.stderr,
@@ -298,9 +303,10 @@ def _fit(
                     sync = last and i == len(group) - 1  # DDP syncs on the step's last backward
                     part = part.to(info.device, non_blocking=True)
                     with contextlib.nullcontext() if sync else _no_sync(model):
-                        logits = (model(part.dense, part.sparse) if cold is None
-                                  else model(part.dense, part.sparse, cold=cold))
-                        bce = loss_fn(logits, part.labels)
+                        with autocast:
+                            logits = (model(part.dense, part.sparse) if cold is None
+                                      else model(part.dense, part.sparse, cold=cold))
+                        bce = loss_fn(logits.float(), part.labels)
                         (bce * loss_scale(info, global_rows)).backward()
                     window_loss += bce.detach()
                     window_local_rows += part.size
