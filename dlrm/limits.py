@@ -137,6 +137,7 @@ def machine_limit(cfg: Config) -> dict[str, float]:
     bandwidth = copy_bandwidth()
     cost = model_cost(cfg)
     bound = 1.0 / (cost.flops / fp32 + cost.embedding_bytes / bandwidth)
+    bound_bf16 = 1.0 / (cost.flops / bf16 + cost.embedding_bytes / bandwidth)
     return {
         "matmul_fp32_gflops": fp32 / 1e9,
         "matmul_bf16_gflops": bf16 / 1e9,
@@ -145,4 +146,5 @@ def machine_limit(cfg: Config) -> dict[str, float]:
         "embedding_bytes_per_sample": cost.embedding_bytes,
         "lookups_per_sample": cost.lookups,
         "samples_per_s_bound": bound,
+        "samples_per_s_bound_bf16": bound_bf16,  # for runs with train.precision=bf16
     }

@@ -39,12 +39,16 @@ def test_bench_rows_ratios_and_limit(bench: Path) -> None:
         assert r["steps"] == 20
         assert r["fraction_of_bound"] > 0
     assert rows["torchrec", 1]["vs_torchrec"] == 1.0
+    bf16 = rows["native_bf16", 1]  # measured against the bf16 bound
+    assert bf16["precision"] == "bf16" and rows["native", 1]["precision"] == "fp32"
+    assert bf16["fraction_of_bound"] == pytest.approx(
+        bf16["samples_per_s"] / report["limit"]["samples_per_s_bound_bf16"])
     native = rows["native", 1]
     assert native["vs_torchrec"] == pytest.approx(
         native["samples_per_s"] / rows["torchrec", 1]["samples_per_s"])
     limit = report["limit"]
     for key in ("matmul_fp32_gflops", "matmul_bf16_gflops", "bandwidth_gb_s", "flops_per_sample",
-                "embedding_bytes_per_sample", "samples_per_s_bound"):
+                "embedding_bytes_per_sample", "samples_per_s_bound", "samples_per_s_bound_bf16"):
         assert limit[key] > 0, key
     assert (bench / "bench.png").read_bytes()[:8] == PNG_MAGIC
     assert not list(bench.glob(".*tmp*"))  # temp names renamed away
