@@ -127,12 +127,12 @@ class LocalEmbeddingCollection(EmbeddingCollection):
         stacked = (f"table {largest.name} ({total:,} rows x {self.dim})" if len(self.tables) == 1 else
                    f"{len(self.tables)} stacked tables ({total:,} rows x {self.dim}; the largest: "
                    f"{largest.name}, {largest.rows:,} rows)")
-        with _naming_oom(f"the embedding weight of {stacked}", total * self.dim * 4, device):
+        with naming_oom(f"the embedding weight of {stacked}", total * self.dim * 4, device):
             weight = torch.empty(total, self.dim, device=device)
         for t in self.tables:
             start = self.row_offsets[t.name]
             init_name, init_rows_total, r0, c0 = table_origin.get(t.name, (t.name, t.rows, 0, 0))
-            with _naming_oom(f"the initial rows of table {t.name}", t.bytes, device):
+            with naming_oom(f"the initial rows of table {t.name}", t.bytes, device):
                 weight[start : start + t.rows] = init_rows(
                     init_name, init_rows_total, init_dim.get(t.name, t.dim), seed,
                     r0, r0 + t.rows, c0, c0 + t.dim,
@@ -140,7 +140,7 @@ class LocalEmbeddingCollection(EmbeddingCollection):
         # requires_grad so autograd calls our backward; its .grad stays None.
         self.weight = nn.Parameter(weight)
         state_bytes = _state_bytes(optimizer, total, self.dim)
-        with _naming_oom(f"the {type(optimizer).__name__} state of {stacked}", state_bytes, device):
+        with naming_oom(f"the {type(optimizer).__name__} state of {stacked}", state_bytes, device):
             initial_state = optimizer.init_state(total, self.dim, device)
         self._state_names = list(initial_state)
         for name, tensor in initial_state.items():
@@ -261,7 +261,7 @@ class AllocationError(UserError):
 
 
 @contextmanager
-def _naming_oom(what: str, nbytes: int, device: torch.device) -> Iterator[None]:
+def naming_oom(what: str, nbytes: int, device: torch.device) -> Iterator[None]:
     """Turn an allocator's out-of-memory error into one line naming ``what``."""
     try:
         yield

@@ -228,3 +228,20 @@ def test_cold_rows_gathered_ahead_and_checked() -> None:
     assert coll.last_stats["cold_rows"] == cold.ids.numel() > 0
     with pytest.raises(ValueError, match="another batch"):
         coll(b, cold)
+
+
+class _HotGreedySGD(type(make_sparse_optimizer("sgd"))):
+    """SGD whose state for exactly 7 rows (the hot tier below) is more than any machine has."""
+
+    def init_state(self, rows: int, dim: int, device: torch.device) -> dict[str, torch.Tensor]:
+        return {"waste": torch.zeros(rows << 40, device=device)} if rows == 7 else {}
+
+
+def test_hot_tier_out_of_memory_is_one_line_naming_it() -> None:
+    from embeddings.collection import AllocationError
+
+    tables = [TableSpec("t", rows=100, dim=4, features=("a",))]
+    profile = profile_of(tables, {"t": torch.arange(7)})
+    with pytest.raises(AllocationError, match=r"out of memory allocating the Hotline hot tier "
+                                              r"\(7 rows x 4 with _HotGreedySGD state; see hotline.budget\)"):
+        HotlineEmbeddingCollection(tables, profile, _HotGreedySGD())

@@ -54,7 +54,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from embeddings.collection import EmbeddingCollection, LocalEmbeddingCollection
+from embeddings.collection import EmbeddingCollection, LocalEmbeddingCollection, naming_oom
 from embeddings.hotline.profile import HotProfile
 from embeddings.kv import KVGradient
 from embeddings.lookup import pooled_lookup
@@ -183,10 +183,19 @@ class HotlineEmbeddingCollection(EmbeddingCollection):
             parts.append(torch.unique(ids) + self.row_offsets[t.name])
         return torch.cat(parts)
 
-    @torch.no_grad()
     def _load_hot(self, stacked_ids: torch.Tensor, device: torch.device) -> None:
         """Copy rows ``stacked_ids`` (sorted) and their state from host to the device
-        (several ranks: a collective, every rank reads the same rows)."""
+        (several ranks: a collective, every rank reads the same rows); out of memory
+        is one line naming the hot tier."""
+        rows = stacked_ids.numel()
+        nbytes = rows * (self.dim * 4 + self.optimizer.state_bytes_per_row(self.dim))
+        what = (f"the Hotline hot tier ({rows:,} rows x {self.dim} with "
+                f"{type(self.optimizer).__name__} state; see hotline.budget)")
+        with naming_oom(what, nbytes, device):
+            self._copy_hot(stacked_ids, device)
+
+    @torch.no_grad()
+    def _copy_hot(self, stacked_ids: torch.Tensor, device: torch.device) -> None:
         self.register_buffer("hot_ids", stacked_ids.to(device), persistent=False)
         if self.sharded:
             from embeddings.hotline.sharded_rows import read_rows
