@@ -16,44 +16,52 @@ from torch import nn
 class DotInteraction(nn.Module):
     def __init__(self, num_sparse: int, dim: int) -> None:
         super().__init__()
-        n = num_sparse + 1
-        rows, cols = torch.triu_indices(n, n, offset=1)
-        # Flat positions of the strict upper triangle in Z viewed as [B, n*n]:
+        rows, cols = torch.triu_indices(num_sparse, num_sparse, offset=1)
+        # Flat positions of the strict upper triangle of P P^T viewed as [B, F*F]:
         # one index_select instead of a two-index gather.
-        self.register_buffer("pairs", rows * n + cols, persistent=False)
-        self.num_vectors = n
+        self.register_buffer("pairs", rows * num_sparse + cols, persistent=False)
+        self.num_sparse = num_sparse
         self.dim = dim
+        n = num_sparse + 1
         self.out_features = dim + n * (n - 1) // 2
 
     def forward(self, dense: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
         """dense [B, D], pooled [B, F*D] → [B, D + (F+1)F/2]."""
-        batch = dense.shape[0]
-        stacked = torch.cat([dense, pooled], dim=1).view(batch, self.num_vectors, self.dim)
-        return torch.cat([dense, _PairDots.apply(stacked, self.pairs)], dim=1)
+        pooled = pooled.view(dense.shape[0], self.num_sparse, self.dim)
+        return _PairDots.apply(dense, pooled, self.pairs)
 
 
 class _PairDots(torch.autograd.Function):
-    """Upper-triangle dots of X X^T with a one-bmm backward.
+    """[dense | upper-triangle dots of X X^T] for X = [dense | e_1 | .. | e_F],
+    without stacking X (a [B, F+1, D] copy each way):
 
-    Z = X X^T is symmetric, so with G the scattered output gradient,
-    dX = (G + G^T) X: one bmm where autograd's bmm backward runs two.
+        X X^T = | d·d   d·P^T |     the triangle: row 0 → P d       [B, F]
+                | P d   P P^T |                   rows 1.. → P P^T's triangle
+
+    Backward, with G the scattered gradient of P P^T's triangle and g the one
+    of P d:  dP = (G + G^T) P + g d^T  (one baddbmm),  dd = P^T g.
     """
 
     @staticmethod
-    def forward(ctx, stacked, pairs):  # type: ignore[override]
-        ctx.save_for_backward(stacked, pairs)
-        batch, n, _ = stacked.shape
-        z = torch.bmm(stacked, stacked.transpose(1, 2)).view(batch, n * n)
-        return z.index_select(1, pairs)
+    def forward(ctx, dense, pooled, pairs):  # type: ignore[override]
+        ctx.save_for_backward(dense, pooled, pairs)
+        batch, num_sparse, _ = pooled.shape
+        with_dense = torch.bmm(pooled, dense.unsqueeze(2)).view(batch, num_sparse)
+        among = torch.bmm(pooled, pooled.transpose(1, 2)).view(batch, num_sparse * num_sparse)
+        return torch.cat([dense, with_dense, among.index_select(1, pairs)], dim=1)
 
     @staticmethod
     def backward(ctx, grad):  # type: ignore[override]
-        stacked, pairs = ctx.saved_tensors
-        batch, n, _ = stacked.shape
-        g = grad.new_zeros(batch, n * n).index_copy_(1, pairs, grad).view(batch, n, n)
-        # Under autocast the forward bmm ran in the gradient's (lower) precision.
-        grad_stacked = torch.bmm(g + g.transpose(1, 2), stacked.to(g.dtype))
-        return grad_stacked.to(stacked.dtype), None
+        dense, pooled, pairs = ctx.saved_tensors
+        batch, num_sparse, dim = pooled.shape
+        # Under autocast the forward's products ran in the gradient's (lower) precision.
+        p, d = pooled.to(grad.dtype), dense.to(grad.dtype)
+        g_dense, g_with, g_among = grad.split([dim, num_sparse, pairs.numel()], dim=1)
+        g = grad.new_zeros(batch, num_sparse * num_sparse).index_copy_(1, pairs, g_among)
+        g = g.view(batch, num_sparse, num_sparse)
+        grad_pooled = torch.baddbmm(g_with.unsqueeze(2) * d.unsqueeze(1), g + g.transpose(1, 2), p)
+        grad_dense = g_dense + torch.bmm(g_with.unsqueeze(1), p).view(batch, dim)
+        return grad_dense.to(dense.dtype), grad_pooled.to(pooled.dtype), None
 
 
 class CrossInteraction(nn.Module):
