@@ -29,7 +29,7 @@ def mlp(in_features: int, sizes: list[int], relu_last: bool) -> nn.Sequential:
     for i, out_features in enumerate(sizes):
         layers.append(nn.Linear(in_features, out_features))
         if relu_last or i < len(sizes) - 1:
-            layers.append(nn.ReLU())
+            layers.append(nn.ReLU(inplace=True))  # no extra [B, width] tensor per layer
         in_features = out_features
     return nn.Sequential(*layers)
 
