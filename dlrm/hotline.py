@@ -121,14 +121,9 @@ class HotlineSteps:
         if popular.size:
             yield popular, HOT_ONLY, not (rest.size or collective)
         if rest.size or collective:
-            if future is not None:
-                t0 = time.perf_counter()
-                cold = future.result()
-                self._window["wait"] += time.perf_counter() - t0
-            else:
-                t0 = time.perf_counter()
-                cold = self._gather(rest)
-                self._window["wait"] += time.perf_counter() - t0
+            t0 = time.perf_counter()  # waiting for the gather (all of it without the pipeline)
+            cold = future.result() if future is not None else self._gather(rest)
+            self._window["wait"] += time.perf_counter() - t0
             yield rest, cold, True
 
     def _gather(self, rest: Batch) -> Any:

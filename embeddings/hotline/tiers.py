@@ -56,9 +56,12 @@ from torch import nn
 
 from embeddings.collection import EmbeddingCollection, LocalEmbeddingCollection, naming_oom
 from embeddings.hotline.profile import HotProfile
+from embeddings.hotline.sharded_rows import read_rows, write_rows
 from embeddings.kv import KVGradient
 from embeddings.lookup import pooled_lookup
 from embeddings.optim import SparseOptimizer
+from embeddings.sharded import ShardedEmbeddingCollection, scale_grad
+from embeddings.sharding.data_parallel import allgather_kv
 from embeddings.table import Pooling, TableSpec
 
 if TYPE_CHECKING:
@@ -66,7 +69,6 @@ if TYPE_CHECKING:
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
     from embeddings.plan import ShardingPlan
-    from embeddings.sharded import ShardedEmbeddingCollection
 
 HOT_ONLY = "hot-only"  # ``cold`` of a popular micro-batch: no cold lookup at all (no collective)
 
@@ -120,8 +122,6 @@ class HotlineEmbeddingCollection(EmbeddingCollection):
         self.sharded = plan is not None
         host_tier: LocalEmbeddingCollection | ShardedEmbeddingCollection
         if plan is not None:
-            from embeddings.sharded import ShardedEmbeddingCollection
-
             if fused:
                 raise ValueError("Hotline on several ranks keeps gradients: hot ones are all-gathered")
             # Sum pooling on the host side: a mean divides by the WHOLE bag's length,
@@ -158,7 +158,7 @@ class HotlineEmbeddingCollection(EmbeddingCollection):
         self._state_names = list(probe)
         self._hot_kept: list[KVGradient] = []
         self._cold_kept: list[KVGradient] = []
-        self.last_stats: dict[str, float] = {}
+        self._last: tuple[torch.Tensor, int, torch.Tensor, int, torch.Tensor | int] | None = None
         self.profile = profile
         self._load_hot(self._stacked_hot_ids(profile), device)
 
@@ -198,8 +198,6 @@ class HotlineEmbeddingCollection(EmbeddingCollection):
     def _copy_hot(self, stacked_ids: torch.Tensor, device: torch.device) -> None:
         self.register_buffer("hot_ids", stacked_ids.to(device), persistent=False)
         if self.sharded:
-            from embeddings.hotline.sharded_rows import read_rows
-
             fresh = self.optimizer.init_state(stacked_ids.numel(), self.dim, torch.device("cpu"))
             weight = read_rows(self.host, self.row_offsets, stacked_ids.cpu(), fresh, self._row_state)
             self.hot_weight = nn.Parameter(weight.to(device))
@@ -219,8 +217,6 @@ class HotlineEmbeddingCollection(EmbeddingCollection):
         """Write the hot rows and their optimizer state into the host tier (several
         ranks: each into the shards it owns; no communication)."""
         if self.sharded:
-            from embeddings.hotline.sharded_rows import write_rows
-
             write_rows(self.host, self.row_offsets, self.hot_ids, self.hot_weight.data, self.hot_state,
                        self._row_state)
             return
@@ -387,17 +383,24 @@ class HotlineEmbeddingCollection(EmbeddingCollection):
         if self.pooling is Pooling.MEAN:
             whole = lengths.view(num_features, batch).t().clamp(min=1).to(pooled.dtype)
             pooled = pooled / whole.unsqueeze(2)
-        self._note_stats(is_hot, cold_lengths, batch, int((~is_hot).sum()))
-        from embeddings.sharded import scale_grad
-
+        self._note_stats(is_hot, cold_lengths, batch, (~is_hot).sum())
         return scale_grad(pooled.reshape(batch, num_features * self.dim), self.grad_scale)
 
     def _note_stats(self, is_hot: torch.Tensor, cold_lengths: torch.Tensor, batch: int,
-                    cold_rows: int) -> None:
+                    cold_rows: torch.Tensor | int) -> None:
+        """Kept as tensors: read through ``last_stats`` (no device sync per forward)."""
         popular = cold_lengths.view(len(self.features), batch).sum(dim=0) == 0
-        self.last_stats = {
-            "hot_hit_rate": float(is_hot.sum()) / max(is_hot.numel(), 1),
-            "popular_share": float(popular.sum()) / max(batch, 1),
+        self._last = (is_hot.sum(), is_hot.numel(), popular.sum(), batch, cold_rows)
+
+    @property
+    def last_stats(self) -> dict[str, float]:
+        """Hit rate, popular share and cold rows of the last forward."""
+        if self._last is None:
+            return {}
+        hits, lookups, popular, batch, cold_rows = self._last
+        return {
+            "hot_hit_rate": float(hits) / max(lookups, 1),
+            "popular_share": float(popular) / max(batch, 1),
             "cold_rows": float(cold_rows),
         }
 
@@ -430,8 +433,6 @@ class HotlineEmbeddingCollection(EmbeddingCollection):
             return
         hot = _merge(self._hot_kept, self.hot_weight)
         if self.sharded:
-            from embeddings.sharding.data_parallel import allgather_kv
-
             synced = allgather_kv(KVGradient(hot.ids.cpu(), hot.rows.cpu()), self.host.group)
             hot = KVGradient(synced.ids.to(hot.ids.device), synced.rows.to(hot.rows.device))
             self._apply_hot(hot)
