@@ -20,6 +20,8 @@ class DotInteraction(nn.Module):
         # Flat positions of the strict upper triangle of P P^T viewed as [B, F*F]:
         # one index_select instead of a two-index gather.
         self.register_buffer("pairs", rows * num_sparse + cols, persistent=False)
+        # The same pairs as (j, i): where the backward mirrors their gradient.
+        self.register_buffer("pairs_mirrored", cols * num_sparse + rows, persistent=False)
         self.num_sparse = num_sparse
         self.dim = dim
         n = num_sparse + 1
@@ -28,40 +30,46 @@ class DotInteraction(nn.Module):
     def forward(self, dense: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
         """dense [B, D], pooled [B, F*D] → [B, D + (F+1)F/2]."""
         pooled = pooled.view(dense.shape[0], self.num_sparse, self.dim)
-        return _PairDots.apply(dense, pooled, self.pairs)
+        return _PairDots.apply(dense, pooled, self.pairs, self.pairs_mirrored)
 
 
 class _PairDots(torch.autograd.Function):
     """[dense | upper-triangle dots of X X^T] for X = [dense | e_1 | .. | e_F],
     without stacking X (a [B, F+1, D] copy each way):
 
-        X X^T = | d·d   d·P^T |     the triangle: row 0 → P d       [B, F]
+        X X^T = | d·d   d·P^T |     the triangle: row 0 → d P^T     [B, F]
                 | P d   P P^T |                   rows 1.. → P P^T's triangle
 
-    Backward, with G the scattered gradient of P P^T's triangle and g the one
-    of P d:  dP = (G + G^T) P + g d^T  (one baddbmm),  dd = P^T g.
+    Backward, with S the symmetric gradient of P P^T (the triangle's gradient
+    scattered to both (i, j) and (j, i)) and g the one of d P^T:
+        dP = S P + g d^T   (one bmm, then the outer product added in place)
+        dd = g P
+    Each step builds no [B, F, D] temporary besides dP itself: a freshly
+    allocated 13 MB buffer costs as much in page faults as the product.
     """
 
     @staticmethod
-    def forward(ctx, dense, pooled, pairs):  # type: ignore[override]
-        ctx.save_for_backward(dense, pooled, pairs)
+    def forward(ctx, dense, pooled, pairs, pairs_mirrored):  # type: ignore[override]
+        ctx.save_for_backward(dense, pooled, pairs, pairs_mirrored)
         batch, num_sparse, _ = pooled.shape
-        with_dense = torch.bmm(pooled, dense.unsqueeze(2)).view(batch, num_sparse)
+        # [B, 1, D] x [B, D, F]: a row times a matrix runs faster than P d.
+        with_dense = torch.bmm(dense.unsqueeze(1), pooled.transpose(1, 2)).view(batch, num_sparse)
         among = torch.bmm(pooled, pooled.transpose(1, 2)).view(batch, num_sparse * num_sparse)
         return torch.cat([dense, with_dense, among.index_select(1, pairs)], dim=1)
 
     @staticmethod
     def backward(ctx, grad):  # type: ignore[override]
-        dense, pooled, pairs = ctx.saved_tensors
+        dense, pooled, pairs, pairs_mirrored = ctx.saved_tensors
         batch, num_sparse, dim = pooled.shape
         # Under autocast the forward's products ran in the gradient's (lower) precision.
         p, d = pooled.to(grad.dtype), dense.to(grad.dtype)
         g_dense, g_with, g_among = grad.split([dim, num_sparse, pairs.numel()], dim=1)
-        g = grad.new_zeros(batch, num_sparse * num_sparse).index_copy_(1, pairs, g_among)
-        g = g.view(batch, num_sparse, num_sparse)
-        grad_pooled = torch.baddbmm(g_with.unsqueeze(2) * d.unsqueeze(1), g + g.transpose(1, 2), p)
-        grad_dense = g_dense + torch.bmm(g_with.unsqueeze(1), p).view(batch, dim)
-        return grad_dense.to(dense.dtype), grad_pooled.to(pooled.dtype), None
+        sym = grad.new_zeros(batch, num_sparse * num_sparse)
+        sym.index_copy_(1, pairs, g_among).index_copy_(1, pairs_mirrored, g_among)
+        grad_pooled = torch.bmm(sym.view(batch, num_sparse, num_sparse), p)
+        grad_pooled.addcmul_(g_with.unsqueeze(2), d.unsqueeze(1))
+        grad_dense = torch.bmm(g_with.unsqueeze(1), p).view(batch, dim).add_(g_dense)
+        return grad_dense.to(dense.dtype), grad_pooled.to(pooled.dtype), None, None
 
 
 class CrossInteraction(nn.Module):
