@@ -127,6 +127,9 @@ class TrainConfig:
     # or single-hot sparse) per step in RUN/trace/rank-R.jsonl ("" = off; tests, audits)
     trace_rows: str = ""
     threads: int = 0  # torch intra-op threads; 0 = torch's default
+    # Keep freed host memory in the process (glibc malloc thresholds) so each
+    # step's large temporaries are not page-faulted in again (dlrm/host_memory.py)
+    reuse_host_memory: bool = True
     device: Literal["auto", "cpu", "cuda"] = "auto"  # auto: cuda when available
     backend: Literal["auto", "gloo", "nccl"] = "auto"  # under torchrun; auto: nccl with CUDA
     accumulate: int = 1  # micro-batches per optimizer step (one step = a k times larger batch)

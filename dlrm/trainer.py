@@ -37,6 +37,7 @@ from dlrm import checkpoint as ckpt_io
 from dlrm.build import build_dense_optimizer, build_model, lr_factor
 from dlrm.config import Config, to_dict, to_yaml
 from dlrm.distributed import DistInfo, all_gather_rows, all_reduce_sum, barrier, init_distributed
+from dlrm.host_memory import reuse_freed_memory
 from dlrm.parallel import loss_scale
 from embeddings.timing import EMBEDDING_SECTIONS, TIMER
 
@@ -155,6 +156,8 @@ def train(cfg: Config, run_dir: str | Path, echo: Callable[[str], None] = print)
     run_dir = Path(run_dir)
     if cfg.train.threads > 0:
         torch.set_num_threads(cfg.train.threads)
+    if cfg.train.reuse_host_memory:
+        reuse_freed_memory()
     info = init_distributed(cfg.train.backend, cfg.train.device, cfg.train.timeout_s)
     say = echo if info.is_main else (lambda _: None)
     say("config:\n" + to_yaml(cfg).rstrip())
