@@ -5,7 +5,7 @@ as those rows only, never as a dense table-sized tensor:
 
     lookups   ids  [N]      = [7, 3, 7, 9]        one entry per id looked up
               rows [N, D]   = [g0, g1, g2, g3]    d loss / d (that lookup's row)
-                  │ coalesce: unique + index_add
+                  │ coalesce: stable sort by id, then one segment sum
                   ▼
     KVGradient ids  [U]     = [3, 7, 9]           unique, ascending
                rows [U, D]  = [g1, g0+g2, g3]
@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 
 @dataclass
@@ -27,11 +28,32 @@ class KVGradient:
     rows: torch.Tensor  # [U, D]
 
     @staticmethod
-    def from_lookups(ids: torch.Tensor, rows: torch.Tensor) -> KVGradient:
-        """Sum the gradient rows of repeated ids. ids [N], rows [N, D]."""
-        unique, inverse = torch.unique(ids, sorted=True, return_inverse=True)
-        summed = rows.new_zeros((unique.numel(), rows.shape[1]))
-        summed.index_add_(0, inverse, rows)
+    def from_lookups(
+        ids: torch.Tensor,
+        rows: torch.Tensor,
+        index: torch.Tensor | None = None,
+        weights: torch.Tensor | None = None,
+    ) -> KVGradient:
+        """Sum the gradient rows of repeated ids. ids [N], rows [N, D].
+
+        With ``index`` [N], lookup k's row is ``rows[index[k]]`` (scaled by
+        ``weights[k]`` if given): a pooled gradient [S, D] is coalesced without
+        first expanding it to one row per lookup.
+
+        The sum is one ``embedding_bag`` over the lookups in (stable) id order:
+        each id's rows are added in lookup order, as ``index_add_`` would, in one
+        multi-threaded pass (``index_add_`` adds row by row on the CPU; 4.4 ->
+        2.0 ms for a bench step's 53k lookups, bit-equal).
+        """
+        sorted_ids, order = torch.sort(ids, stable=True)
+        unique, counts = torch.unique_consecutive(sorted_ids, return_counts=True)
+        offsets = torch.zeros(counts.numel() + 1, dtype=torch.long, device=ids.device)
+        torch.cumsum(counts, 0, out=offsets[1:])
+        source = order if index is None else index.index_select(0, order)
+        summed = F.embedding_bag(
+            source, rows, offsets, mode="sum", include_last_offset=True,
+            per_sample_weights=None if weights is None else weights.index_select(0, order),
+        )
         return KVGradient(unique, summed)
 
     @staticmethod

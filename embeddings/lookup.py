@@ -52,10 +52,7 @@ class _PooledLookup(torch.autograd.Function):
             bag_of_id = torch.repeat_interleave(
                 torch.arange(lengths.numel(), device=ids.device), lengths, output_size=ids.numel()
             )
-            rows = grad_pooled.index_select(0, bag_of_id)
-            if scale is not None:
-                rows = rows * scale.unsqueeze(1)
-            grad = KVGradient.from_lookups(ids, rows)
+            grad = KVGradient.from_lookups(ids, grad_pooled, index=bag_of_id, weights=scale)
         ctx.sink(grad)
         return None, None, None, None, None
 
