@@ -71,7 +71,7 @@ def cmd_bench(argv: list[str]) -> int:
     steps = a.steps or cfg.train.max_steps or 200
     rows = [
         run_engine(a.config, a.overrides, engine, n, steps, data_dir, out / "runs")
-        for n in a.ranks for engine in ENGINES
+        for n in a.ranks for engine in a.engines
     ]
     add_ratios(rows)
     from dlrm.limits import machine_limit
@@ -107,6 +107,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--ranks", default="1", help="comma-separated rank counts, e.g. 1,2")
     p.add_argument("--steps", type=int, default=None, help="training steps per run (default: train.max_steps)")
     p.add_argument("--out", default="runs/bench", help="output directory")
+    p.add_argument("--engines", default=",".join(ENGINES),
+                   help=f"comma-separated subset of {', '.join(ENGINES)} (default: all)")
     p.add_argument("--reader-only", action="store_true", help="only Parquet decode rate on one core")
     p.add_argument("overrides", nargs="*", help="key.sub=value config overrides")
     a = p.parse_args(argv)
@@ -116,6 +118,10 @@ def _parse(argv: list[str]) -> argparse.Namespace:
         raise BenchError(f"--ranks {a.ranks!r}: expected comma-separated integers") from None
     if not a.ranks or min(a.ranks) < 1:
         raise BenchError(f"--ranks {a.ranks}: rank counts must be >= 1")
+    a.engines = [e.strip() for e in a.engines.split(",") if e.strip()]
+    unknown = [e for e in a.engines if e not in ENGINES]
+    if unknown or not a.engines:
+        raise BenchError(f"--engines {unknown or a.engines}: choose from {', '.join(ENGINES)}")
     if a.steps is not None and a.steps < 1:
         raise BenchError(f"--steps {a.steps}: must be >= 1")
     return a

@@ -71,6 +71,17 @@ def test_bad_ranks_is_a_user_error(tmp_path: Path) -> None:
     assert main(["bench", "--config", str(TINY), "--ranks", "0", "--out", str(tmp_path)]) == 2
 
 
+def test_engine_subset(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "--config", str(TINY), "--engines", "native,tensorflow",
+                 "--out", str(tmp_path)]) == 2
+    assert "tensorflow" in capsys.readouterr().err
+    code = main(["bench", "--config", str(TINY), "--engines", "native", "--steps", "6",
+                 "--out", str(tmp_path), *SMALL])
+    assert code == 0
+    rows = json.loads((tmp_path / "bench.json").read_text())["rows"]
+    assert [(r["engine"], r["vs_torchrec"]) for r in rows] == [("native", None)]
+
+
 def test_model_cost_by_hand() -> None:
     cfg = load_config(None, [
         "generate.dense=3", "generate.sparse=2", "generate.multi_hot=1", "generate.max_bag=4",
