@@ -141,6 +141,10 @@ class TrainConfig:
     # then differ from fp32 training by bf16 rounding (see README).
     precision: Literal["fp32", "bf16"] = "fp32"
     time_sections: bool = False  # ms per step by section in the summary (dlrm bench)
+    # torch.profiler over steps profile_start .. +profile_steps-1: RUN/profile/rank-R.txt
+    # (operators by time) and .json (Chrome trace); 0 steps = off
+    profile_start: int = 10
+    profile_steps: int = 0
     progress: bool = True
 
 

@@ -39,6 +39,7 @@ from dlrm.config import Config, to_dict, to_yaml
 from dlrm.distributed import DistInfo, all_gather_rows, all_reduce_sum, barrier, init_distributed
 from dlrm.host_memory import reuse_freed_memory
 from dlrm.parallel import loss_scale
+from dlrm.profiling import StepProfiler
 from embeddings.timing import EMBEDDING_SECTIONS, TIMER
 
 SECTIONS = ("data_wait", "input_alltoall", "lookup", "output_alltoall", "mlp",
@@ -276,6 +277,8 @@ def _fit(
     window_rows, window_seconds = 0, 0.0  # global rows and wall time since the last log
     TIMER.enabled = cfg.train.time_sections
     TIMER.reset()
+    profiler = StepProfiler(cfg.train.profile_start, cfg.train.profile_steps, run_dir, info.rank,
+                            info.device)
     last_eval = None
     while progress.global_step < total_steps:
         batches = iter(reader.epoch(progress.epoch, start_step=progress.step_in_epoch))
@@ -296,6 +299,7 @@ def _fit(
             factor = lr_factor(cfg, progress.global_step)
             for param_group in dense_opt.param_groups:
                 param_group["lr"] = cfg.optim.dense_lr * factor
+            profiler.before(progress.global_step)
             model.begin_step(cfg.optim.sparse_lr * factor)
             dense_opt.zero_grad(set_to_none=True)
             embedding_before = sum(TIMER.totals[s] for s in EMBEDDING_SECTIONS)
@@ -320,6 +324,7 @@ def _fit(
             model.end_step()
             if hotline:
                 hotline.after_step(progress.global_step + 1)
+            profiler.after(progress.global_step)
             progress.global_step += 1
             progress.step_in_epoch = first + len(group)
             if trace:
@@ -357,6 +362,7 @@ def _fit(
             if schedule.due(step):
                 save()
     bar.close()
+    profiler.close()
     save()
     last_eval = run_eval() or last_eval
     rate = timed_rows / timed_seconds if timed_seconds else 0.0

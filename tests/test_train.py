@@ -114,3 +114,23 @@ def test_section_times_add_up_to_the_step_time(tiny_data, tmp_path: Path) -> Non
     # Everything but Python glue between sections is accounted for.
     assert 0.7 * step_ms <= sum(sections.values()) <= 1.01 * step_ms, (sections, step_ms)
     assert len(summary["peak_memory_mb"]) == 1 and summary["peak_memory_mb"][0] > 10
+
+
+def test_profile_steps_writes_operator_table_and_trace(tiny_data, tmp_path: Path) -> None:
+    run = tmp_path / "profiled"
+    run_train(tiny_data, run, **{"train.max_steps": 8, "train.profile_start": 3,
+                                 "train.profile_steps": 2, "data.eval": ""})
+    text = (run / "profile" / "rank-0.txt").read_text()
+    assert text.startswith("steps 3..4, rank 0")
+    assert "page faults" in text.splitlines()[1]
+    assert "aten::addmm" in text  # the MLP's operators were recorded
+    trace = json.loads((run / "profile" / "rank-0.json").read_text())
+    assert any(e.get("name") == "aten::embedding_bag" for e in trace["traceEvents"])
+    assert not list((run / "profile").glob(".*"))  # temp names renamed away
+
+
+def test_profile_window_past_the_end_still_writes(tiny_data, tmp_path: Path) -> None:
+    run = tmp_path / "short"
+    run_train(tiny_data, run, **{"train.max_steps": 5, "train.profile_start": 3,
+                                 "train.profile_steps": 10, "data.eval": ""})
+    assert (run / "profile" / "rank-0.txt").read_text().startswith("steps 3..4, rank 0")
