@@ -9,6 +9,7 @@ step. Raising both thresholds makes the heap recycle them instead.
 
 Blocks above 32 MiB (embedding tables, optimizer state) still get their own
 mapping; the price is that up to 1 GiB of freed heap stays with the process.
+(Those tables get 2 MiB pages instead: embeddings/huge_pages.py.)
 """
 
 from __future__ import annotations
@@ -36,3 +37,4 @@ def reuse_freed_memory() -> bool:
     return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(
         mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)
     )
+

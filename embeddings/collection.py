@@ -23,6 +23,7 @@ from torch import nn
 
 from data.errors import UserError
 from embeddings.alltoall import permute_bags
+from embeddings.huge_pages import advise_huge_pages
 from embeddings.init import init_rows
 from embeddings.kv import KVGradient
 from embeddings.lookup import pooled_lookup
@@ -129,6 +130,7 @@ class LocalEmbeddingCollection(EmbeddingCollection):
                    f"{largest.name}, {largest.rows:,} rows)")
         with naming_oom(f"the embedding weight of {stacked}", total * self.dim * 4, device):
             weight = torch.empty(total, self.dim, device=device)
+            advise_huge_pages(weight)  # before the first write: rows are touched at random
         for t in self.tables:
             start = self.row_offsets[t.name]
             init_name, init_rows_total, r0, c0 = table_origin.get(t.name, (t.name, t.rows, 0, 0))
@@ -142,6 +144,8 @@ class LocalEmbeddingCollection(EmbeddingCollection):
         state_bytes = _state_bytes(optimizer, total, self.dim)
         with naming_oom(f"the {type(optimizer).__name__} state of {stacked}", state_bytes, device):
             initial_state = optimizer.init_state(total, self.dim, device)
+        for tensor in initial_state.values():
+            advise_huge_pages(tensor)  # already zeroed: khugepaged collapses it later
         self._state_names = list(initial_state)
         for name, tensor in initial_state.items():
             self.register_buffer(f"optim_{name}", tensor)

@@ -1,0 +1,51 @@
+"""Embedding tables in host memory get 2 MiB pages (embeddings/huge_pages.py):
+read back from the kernel's own accounting, /proc/self/smaps."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from embeddings.collection import LocalEmbeddingCollection
+from embeddings.huge_pages import advise_huge_pages
+from embeddings.optim import make_sparse_optimizer
+from embeddings.table import TableSpec
+
+THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+MODE = THP.read_text().split("[")[1].split("]")[0] if THP.is_file() else "absent"
+pytestmark = pytest.mark.skipif(MODE not in ("madvise", "always"), reason=f"THP {MODE}")
+
+
+def huge_kib(tensor: torch.Tensor) -> int:
+    """AnonHugePages of the mappings that hold ``tensor`` (madvise splits its
+    mapping: the 2 MiB-aligned interior becomes a mapping of its own)."""
+    start = tensor.untyped_storage().data_ptr()
+    end = start + tensor.untyped_storage().nbytes()
+    total, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()[0]
+        if "-" in head and ":" not in head:
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            inside = lo < end and start < hi
+        elif inside and head == "AnonHugePages:":
+            total += int(line.split()[1])
+    return total
+
+
+def test_advised_tensor_is_backed_by_huge_pages() -> None:
+    plain, advised = torch.empty(128 << 18), torch.empty(128 << 18)  # 128 MiB each
+    assert advise_huge_pages(advised)
+    plain.fill_(1.0)
+    advised.fill_(1.0)
+    assert huge_kib(advised) >= 100 << 10  # nearly all of its 128 MiB
+    if MODE == "madvise":
+        assert huge_kib(plain) == 0
+    assert not advise_huge_pages(torch.empty(1000))  # small: left alone
+
+
+def test_embedding_table_weight_gets_huge_pages() -> None:
+    tables = [TableSpec(name="t", rows=600_000, dim=64, features=("f",))]  # 154 MB
+    collection = LocalEmbeddingCollection(tables, make_sparse_optimizer("sgd"), seed=0)
+    assert huge_kib(collection.weight) >= 100 << 10
