@@ -10,6 +10,7 @@ DCNv2 cross:  x0 = [dense | e_1 | .. | e_F] flattened [B, (F+1)D];
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -20,8 +21,14 @@ class DotInteraction(nn.Module):
         # Flat positions of the strict upper triangle of P P^T viewed as [B, F*F]:
         # one index_select instead of a two-index gather.
         self.register_buffer("pairs", rows * num_sparse + cols, persistent=False)
-        # The same pairs as (j, i): where the backward mirrors their gradient.
-        self.register_buffer("pairs_mirrored", cols * num_sparse + rows, persistent=False)
+        # For each cell (i, j) of the F x F grid: 1 + the pair (i, j) or (j, i) it
+        # belongs to, 0 on the diagonal. The backward builds the symmetric gradient
+        # of P P^T with one gather from [0 | pair gradients].
+        cell_pair = torch.zeros(num_sparse * num_sparse, dtype=torch.int64)
+        numbers = torch.arange(1, rows.numel() + 1)
+        cell_pair[rows * num_sparse + cols] = numbers
+        cell_pair[cols * num_sparse + rows] = numbers
+        self.register_buffer("cell_pair", cell_pair, persistent=False)
         self.num_sparse = num_sparse
         self.dim = dim
         n = num_sparse + 1
@@ -30,7 +37,7 @@ class DotInteraction(nn.Module):
     def forward(self, dense: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
         """dense [B, D], pooled [B, F*D] → [B, D + (F+1)F/2]."""
         pooled = pooled.view(dense.shape[0], self.num_sparse, self.dim)
-        return _PairDots.apply(dense, pooled, self.pairs, self.pairs_mirrored)
+        return _PairDots.apply(dense, pooled, self.pairs, self.cell_pair)
 
 
 class _PairDots(torch.autograd.Function):
@@ -41,7 +48,7 @@ class _PairDots(torch.autograd.Function):
                 | P d   P P^T |                   rows 1.. → P P^T's triangle
 
     Backward, with S the symmetric gradient of P P^T (the triangle's gradient
-    scattered to both (i, j) and (j, i)) and g the one of d P^T:
+    at both (i, j) and (j, i), one gather) and g the one of d P^T:
         dP = S P + g d^T   (one bmm, then the outer product added in place)
         dd = g P
     Each step builds no [B, F, D] temporary besides dP itself: a freshly
@@ -49,8 +56,8 @@ class _PairDots(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, dense, pooled, pairs, pairs_mirrored):  # type: ignore[override]
-        ctx.save_for_backward(dense, pooled, pairs, pairs_mirrored)
+    def forward(ctx, dense, pooled, pairs, cell_pair):  # type: ignore[override]
+        ctx.save_for_backward(dense, pooled, pairs, cell_pair)
         batch, num_sparse, _ = pooled.shape
         # [B, 1, D] x [B, D, F]: a row times a matrix runs faster than P d.
         with_dense = torch.bmm(dense.unsqueeze(1), pooled.transpose(1, 2)).view(batch, num_sparse)
@@ -59,13 +66,12 @@ class _PairDots(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):  # type: ignore[override]
-        dense, pooled, pairs, pairs_mirrored = ctx.saved_tensors
+        dense, pooled, pairs, cell_pair = ctx.saved_tensors
         batch, num_sparse, dim = pooled.shape
         # Under autocast the forward's products ran in the gradient's (lower) precision.
         p, d = pooled.to(grad.dtype), dense.to(grad.dtype)
         g_dense, g_with, g_among = grad.split([dim, num_sparse, pairs.numel()], dim=1)
-        sym = grad.new_zeros(batch, num_sparse * num_sparse)
-        sym.index_copy_(1, pairs, g_among).index_copy_(1, pairs_mirrored, g_among)
+        sym = F.pad(g_among, (1, 0)).index_select(1, cell_pair)  # [B, F*F]
         grad_pooled = torch.bmm(sym.view(batch, num_sparse, num_sparse), p)
         grad_pooled.addcmul_(g_with.unsqueeze(2), d.unsqueeze(1))
         grad_dense = torch.bmm(g_with.unsqueeze(1), p).view(batch, dim).add_(g_dense)
