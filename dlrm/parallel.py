@@ -2,14 +2,19 @@
 
     embeddings ── sharded by the plan (built in dlrm/build.py), all-to-all inside
     dense_arch ── apply_ddp: DistributedDataParallel, optional comm hook
-    loss scale ── each rank's loss is  W * sum(local BCE) / global batch:
-                  DDP averages dense gradients over W → exact global-mean gradient;
-                  the pooled vectors' gradient is scaled by 1/W before it reaches the
-                  (summing) embedding side → exact there too.
+    loss scale ── without a compression hook, each rank's loss is
+                  sum(local BCE) / global batch, and DDP SUMS the dense gradients
+                  (a hook replacing its default average) → the exact global-mean
+                  gradient on both sides, with nothing to rescale.
+                  With ddp_hook=fp16|bf16|powersgd (those hooks average), the loss
+                  is W * sum(local BCE) / global batch and the pooled vectors'
+                  gradient is scaled by 1/W before it reaches the (summing)
+                  embedding side. That costs a pass over [B, F*D] per step.
 """
 
 from __future__ import annotations
 
+import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from dlrm.config import Config
@@ -25,8 +30,10 @@ def apply_ddp(model: DLRM, info: DistInfo, cfg: Config) -> None:
 
 
 def register_comm_hook(ddp: DistributedDataParallel, hook: str, powersgd_warmup: int) -> None:
-    """fp16/bf16 compression or PowerSGD (uncompressed for ``powersgd_warmup`` steps)."""
+    """fp16/bf16 compression or PowerSGD (uncompressed for ``powersgd_warmup`` steps);
+    "none": a plain sum (see the module docstring)."""
     if hook == "none":
+        ddp.register_comm_hook(None, allreduce_sum_hook)
         return
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
@@ -43,17 +50,31 @@ def register_comm_hook(ddp: DistributedDataParallel, hook: str, powersgd_warmup:
         raise ValueError(hook)
 
 
+def allreduce_sum_hook(group, bucket):  # type: ignore[no-untyped-def]
+    """DDP's all-reduce without its division by the world size. (No annotations:
+    DDP checks them against the real classes, and this module's are strings.)"""
+    work = dist.all_reduce(bucket.buffer(), group=group or dist.group.WORLD, async_op=True)
+    return work.get_future().then(lambda fut: fut.value()[0])
+
+
+def averaging(cfg: Config) -> bool:
+    """True when DDP averages dense gradients over ranks: the compression hooks, and
+    the TorchRec backend (its own DDP; it divides pooled gradients by W itself)."""
+    return cfg.train.ddp_hook != "none" or cfg.embeddings.backend == "torchrec"
+
+
 def parallelize(model: DLRM, info: DistInfo, cfg: Config) -> DLRM:
     """Apply data parallelism to the dense side and the matching gradient scale."""
     if info.world_size > 1:
         apply_ddp(model, info, cfg)
-        model.embeddings.grad_scale = 1.0 / info.world_size  # type: ignore[attr-defined]
+        if averaging(cfg):
+            model.embeddings.grad_scale = 1.0 / info.world_size  # type: ignore[attr-defined]
     return model
 
 
-def loss_scale(info: DistInfo, global_rows: int) -> float:
-    """Multiplier of sum(local BCE) that makes the DDP-averaged gradient exact."""
-    return info.world_size / max(global_rows, 1)
+def loss_scale(info: DistInfo, global_rows: int, cfg: Config) -> float:
+    """Multiplier of sum(local BCE) that makes the synchronised gradient exact."""
+    return (info.world_size if averaging(cfg) else 1.0) / max(global_rows, 1)
 
 
 

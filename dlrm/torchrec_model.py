@@ -204,10 +204,10 @@ def build_torchrec_dlrm(
         arch.to(device)
 
     opt_cls = _SPARSE_OPTIMIZERS[optim_cfg.sparse]
-    # No compensation for our loss convention (each rank's loss is W x its share of
-    # the global mean, for DDP): TorchRec divides pooled gradients by the world
-    # size in its all-to-all backward (comm_ops gradient division), so its
-    # embeddings already see the exact gradient.
+    # No compensation for this backend's loss convention (each rank's loss is W x its
+    # share of the global mean, for DDP's average: dlrm/parallel.py): TorchRec divides
+    # pooled gradients by the world size in its all-to-all backward (comm_ops
+    # gradient division), so its embeddings already see the exact gradient.
     opt_kwargs: dict[str, Any] = {"lr": optim_cfg.sparse_lr}
     if optim_cfg.sparse != "sgd":
         opt_kwargs["eps"] = optim_cfg.eps

@@ -314,7 +314,7 @@ def _fit(
                             logits = (model(part.dense, part.sparse) if cold is None
                                       else model(part.dense, part.sparse, cold=cold))
                         bce = loss_fn(logits.float(), part.labels)
-                        (bce * loss_scale(info, global_rows)).backward()
+                        (bce * loss_scale(info, global_rows, cfg)).backward()
                     window_loss += bce.detach()
                     window_local_rows += part.size
             t_dense = time.perf_counter()
