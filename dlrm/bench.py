@@ -69,10 +69,13 @@ def cmd_bench(argv: list[str]) -> int:
         write_json(path, {**report, "reader": reader})
         return 0
     steps = a.steps or cfg.train.max_steps or 200
-    rows = [
-        run_engine(a.config, a.overrides, engine, n, steps, data_dir, out / "runs")
-        for n in a.ranks for engine in a.engines
+    # Rounds interleave the engines (A B A B, not A A B B), so a slow spell of a
+    # shared machine falls on every engine rather than on one.
+    runs = [
+        run_engine(a.config, a.overrides, engine, n, steps, data_dir, out / "runs", round_=r)
+        for r in range(a.repeat) for n in a.ranks for engine in a.engines
     ]
+    rows = merge_rounds(runs)
     add_ratios(rows)
     from dlrm.limits import machine_limit
 
@@ -107,6 +110,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--ranks", default="1", help="comma-separated rank counts, e.g. 1,2")
     p.add_argument("--steps", type=int, default=None, help="training steps per run (default: train.max_steps)")
     p.add_argument("--out", default="runs/bench", help="output directory")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="rounds of every run, interleaved; each row is the median round")
     p.add_argument("--engines", default=",".join(ENGINES),
                    help=f"comma-separated subset of {', '.join(ENGINES)} (default: all)")
     p.add_argument("--reader-only", action="store_true", help="only Parquet decode rate on one core")
@@ -122,6 +127,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     unknown = [e for e in a.engines if e not in ENGINES]
     if unknown or not a.engines:
         raise BenchError(f"--engines {unknown or a.engines}: choose from {', '.join(ENGINES)}")
+    if a.repeat < 1:
+        raise BenchError(f"--repeat {a.repeat}: must be >= 1")
     if a.steps is not None and a.steps < 1:
         raise BenchError(f"--steps {a.steps}: must be >= 1")
     return a
@@ -156,9 +163,9 @@ def ensure_dataset(cfg: Config, data_dir: Path) -> Path:
 
 
 def run_engine(config: str, overrides: list[str], engine: str, ranks: int, steps: int,
-               data_dir: Path, runs: Path) -> dict[str, Any]:
+               data_dir: Path, runs: Path, round_: int = 0) -> dict[str, Any]:
     """Train ``engine`` on ``ranks`` torchrun processes for ``steps``; return its row."""
-    run_dir = runs / f"{engine}_{ranks}"
+    run_dir = runs / (f"{engine}_{ranks}" + (f"_round{round_}" if round_ else ""))
     if run_dir.exists():
         shutil.rmtree(run_dir)  # a run dir with a checkpoint would resume
     run_dir.mkdir(parents=True)
@@ -166,8 +173,9 @@ def run_engine(config: str, overrides: list[str], engine: str, ranks: int, steps
     env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // ranks)),
            "PYTHONUNBUFFERED": "1",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    print(f"running {engine} on {ranks} rank(s), {steps} steps ...", flush=True)
-    log = run_dir.parent / f"{engine}_{ranks}.log"
+    print(f"running {engine} on {ranks} rank(s), {steps} steps"
+          + (f" (round {round_ + 1})" if round_ else "") + " ...", flush=True)
+    log = run_dir.parent / f"{run_dir.name}.log"
     t0 = time.perf_counter()
     with open(log, "w") as f:
         code = subprocess.run(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, check=False).returncode
@@ -209,6 +217,21 @@ def collect(metrics: Path) -> dict[str, Any]:
         "peak_memory_mb": summary.get("peak_memory_mb"),
         "hotline": summary.get("hotline"),  # hit rate, popular share, gather hidden
     }
+
+
+def merge_rounds(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (engine, ranks): the round of median samples/s (the lower middle
+    of an even count), with every round's rate kept in ``rounds``."""
+    groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for run in runs:
+        groups.setdefault((run["engine"], run["ranks"]), []).append(run)
+    rows = []
+    for group in groups.values():
+        ordered = sorted(group, key=lambda r: r["samples_per_s"])
+        row = dict(ordered[(len(ordered) - 1) // 2])
+        row["rounds"] = [r["samples_per_s"] for r in group]
+        rows.append(row)
+    return rows
 
 
 def add_ratios(rows: list[dict[str, Any]]) -> None:

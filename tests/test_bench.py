@@ -96,3 +96,17 @@ def test_model_cost_by_hand() -> None:
     # lookups: 1 one-hot + a mean bag of 4/2; each reads 2·4 bytes and moves 3x that more.
     assert cost.lookups == 3
     assert cost.embedding_bytes == 3 * 2 * 4 * 4
+
+
+def test_rounds_merge_to_the_median_round() -> None:
+    from dlrm.bench import merge_rounds
+
+    runs = [{"engine": e, "ranks": 1, "samples_per_s": v, "tag": (e, i)}
+            for i, (a, b) in enumerate([(30.0, 20.0), (10.0, 22.0), (20.0, 21.0)])
+            for e, v in (("native", a), ("torchrec", b))]
+    rows = {r["engine"]: r for r in merge_rounds(runs)}
+    assert rows["native"]["samples_per_s"] == 20.0 and rows["native"]["tag"] == ("native", 2)
+    assert rows["native"]["rounds"] == [30.0, 10.0, 20.0]  # in the order they ran
+    assert rows["torchrec"]["samples_per_s"] == 21.0
+    two = merge_rounds(runs[:4])  # even count: the lower middle, a real round
+    assert {r["engine"]: r["samples_per_s"] for r in two} == {"native": 10.0, "torchrec": 20.0}
