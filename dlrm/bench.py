@@ -37,6 +37,8 @@ ENGINES = {
     # AUC stays within 0.005 of fp32 in tests/test_quality_vs_torchrec.py).
     "native_bf16": ["embeddings.backend=native", "train.precision=bf16"],
     "torchrec": ["embeddings.backend=torchrec"],
+    # TorchRec under the same autocast: the bf16 rows' ratio is taken against it.
+    "torchrec_bf16": ["embeddings.backend=torchrec", "train.precision=bf16"],
     "hotline": ["embeddings.placement=hotline"],
     "host_embedding": ["embeddings.placement=hotline", "hotline.budget=1B", "hotline.pipeline=false"],
 }
@@ -76,16 +78,16 @@ def cmd_bench(argv: list[str]) -> int:
         for r in range(a.repeat) for n in a.ranks for engine in a.engines
     ]
     rows = merge_rounds(runs)
+    for row in rows:
+        settings = [o for o in [*ENGINES[row["engine"]], *a.overrides] if o.startswith("train.precision=")]
+        row["precision"] = "bf16" if settings and settings[-1] == "train.precision=bf16" else "fp32"
     add_ratios(rows)
     from dlrm.limits import machine_limit
 
     limit = machine_limit(cfg)
     for row in rows:
         # A bf16 run is measured against the bound of the bf16 matmul rate.
-        settings = [o for o in [*ENGINES[row["engine"]], *a.overrides] if o.startswith("train.precision=")]
-        bf16 = bool(settings) and settings[-1] == "train.precision=bf16"
-        row["precision"] = "bf16" if bf16 else "fp32"
-        key = "samples_per_s_bound_bf16" if bf16 else "samples_per_s_bound"
+        key = "samples_per_s_bound_bf16" if row["precision"] == "bf16" else "samples_per_s_bound"
         row["fraction_of_bound"] = row["samples_per_s"] / limit[key]
     print(format_table(rows))
     for row in rows:
@@ -235,11 +237,16 @@ def merge_rounds(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def add_ratios(rows: list[dict[str, Any]]) -> None:
-    """Each row's samples/s over the TorchRec row of the same rank count (None if absent)."""
-    base = {r["ranks"]: r["samples_per_s"] for r in rows if r["engine"] == "torchrec"}
+    """Each row's samples/s over the TorchRec row of the same rank count and precision;
+    without a TorchRec row of its precision, over the fp32 one (None without either).
+    ``vs_torchrec_precision`` says which was used."""
+    base = {(r["ranks"], r["precision"]): r["samples_per_s"]
+            for r in rows if r["engine"] in ("torchrec", "torchrec_bf16")}
     for r in rows:
-        b = base.get(r["ranks"])
+        precision = r["precision"] if (r["ranks"], r["precision"]) in base else "fp32"
+        b = base.get((r["ranks"], precision))
         r["vs_torchrec"] = r["samples_per_s"] / b if b else None
+        r["vs_torchrec_precision"] = precision if b else None
 
 
 # ------------------------------------------------------------------ reader

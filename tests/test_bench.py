@@ -30,8 +30,8 @@ def bench(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_bench_rows_ratios_and_limit(bench: Path) -> None:
     report = json.loads((bench / "bench.json").read_text())
     rows = {(r["engine"], r["ranks"]): r for r in report["rows"]}
-    assert set(rows) == {("native", 1), ("native_bf16", 1), ("torchrec", 1), ("hotline", 1),
-                         ("host_embedding", 1)}
+    assert set(rows) == {("native", 1), ("native_bf16", 1), ("torchrec", 1), ("torchrec_bf16", 1),
+                         ("hotline", 1), ("host_embedding", 1)}
     assert rows["host_embedding", 1]["hotline"]["hot_hit_rate"] == 0.0  # nothing on the device
     assert rows["hotline", 1]["hotline"]["hot_hit_rate"] > 0.5
     for r in rows.values():
@@ -46,6 +46,11 @@ def test_bench_rows_ratios_and_limit(bench: Path) -> None:
     native = rows["native", 1]
     assert native["vs_torchrec"] == pytest.approx(
         native["samples_per_s"] / rows["torchrec", 1]["samples_per_s"])
+    # bf16 against TorchRec under the same autocast
+    assert rows["torchrec_bf16", 1]["precision"] == "bf16"
+    assert bf16["vs_torchrec"] == pytest.approx(
+        bf16["samples_per_s"] / rows["torchrec_bf16", 1]["samples_per_s"])
+    assert bf16["vs_torchrec_precision"] == "bf16" and native["vs_torchrec_precision"] == "fp32"
     limit = report["limit"]
     for key in ("matmul_fp32_gflops", "matmul_bf16_gflops", "bandwidth_gb_s", "flops_per_sample",
                 "embedding_bytes_per_sample", "samples_per_s_bound", "samples_per_s_bound_bf16"):
@@ -61,7 +66,7 @@ def test_reader_only_reuses_dataset(bench: Path, capsys: pytest.CaptureFixture[s
     assert "reusing dataset" in capsys.readouterr().out
     assert (bench / "data" / "generate.json").stat().st_mtime_ns == stamp
     report = json.loads((bench / "bench.json").read_text())
-    assert len(report["rows"]) == 5  # the training rows are kept
+    assert len(report["rows"]) == 6  # the training rows are kept
     reader = report["reader"]
     assert reader["rows"] == 20000
     assert reader["rows_per_s"] > 0
