@@ -44,6 +44,7 @@ from embeddings.collection import EmbeddingCollection, LocalEmbeddingCollection
 from embeddings.kv import KVGradient
 from embeddings.optim import RowWiseAdagrad, SparseOptimizer
 from embeddings.plan import Shard, ShardingPlan, ShardingType
+from embeddings.pooled_layout import Placement, pack_by_source, unpack_pooled
 from embeddings.sharding import router_for
 from embeddings.sharding.data_parallel import ReplicatedTables, allgather_kv
 from embeddings.table import Pooling, TableSpec
@@ -192,18 +193,48 @@ class ShardedEmbeddingCollection(EmbeddingCollection):
 
     def finish(self, started: Started) -> torch.Tensor:
         """Pooled [B, F*D] of a :meth:`start`-ed batch."""
-        batch, ids_of, lengths_of = started.batch, started.ids_of, started.lengths_of
-        pooled: dict[str, torch.Tensor] = {}
+        batch, lengths_of = started.batch, started.lengths_of
+        column_of = {f: i * self.dim for i, f in enumerate(self.features)}
+        sources: list[torch.Tensor] = []
+        placements: list[Placement] = []
+        divisors: list[tuple[int, int, torch.Tensor]] = []
         if self.mp_features:
-            pooled.update(self._model_parallel(started))
+            sources.append(self._model_parallel(started))
+            placements += self._received_placements(batch, column_of)
+            if self.mean:  # over the whole bag, after the pieces are combined
+                divisors = [(column_of[f], self.dim, lengths_of[f].clamp(min=1)) for f in self.mp_features]
         if self.replicated is not None:
             dp_lengths = (torch.cat([lengths_of[f] for f in self.dp_features]) if batch
                           else started.lengths[:0])
-            dp_values = torch.cat([ids_of[f] for f in self.dp_features])
-            dp_pooled = self.replicated.store.lookup(dp_values, dp_lengths, batch)
-            pooled.update(zip(self.dp_features, dp_pooled.unbind(0)))
-        out = torch.cat([pooled[f] for f in self.features], dim=1)
+            dp_values = torch.cat([started.ids_of[f] for f in self.dp_features])
+            dp_pooled = self.replicated.store.lookup(dp_values, dp_lengths, batch)  # [n, B, D]
+            sources.append(dp_pooled.contiguous())
+            placements += [Placement(len(sources) - 1, i * batch * self.dim, column_of[f], self.dim, False)
+                           for i, f in enumerate(self.dp_features)]
+        out = unpack_pooled(sources, placements, batch, len(self.features) * self.dim, divisors)
         return scale_grad(out, self.grad_scale)
+
+    def _received_placements(self, batch: int, column_of: dict[str, int]) -> list[Placement]:
+        """Where each block of the received buffer goes: owner by owner, slot by slot,
+        [B, cols] each; a feature's pieces side by side, or added (row-wise), in
+        piece order."""
+        block_of: dict[tuple[str, int], tuple[int, int]] = {}
+        offset = 0
+        for d in range(self.world_size):
+            for s in self.slots_on[d]:
+                block_of[s.feature, s.piece] = (offset, s.shard.cols)
+                offset += batch * s.shard.cols
+        placements = []
+        for f in self.mp_features:
+            table = self._table_of[f]
+            adds = self.routers[table].accumulates
+            column = column_of[f]
+            for piece in range(len(self.plan.tables[table].shards)):
+                start, cols = block_of[f, piece]
+                placements.append(Placement(0, start, column, cols, add=adds and piece > 0))
+                if not adds:
+                    column += cols
+        return placements
 
     def _send_ids(self, started: Started) -> None:
         W, batch = self.world_size, started.batch
@@ -230,8 +261,9 @@ class ShardedEmbeddingCollection(EmbeddingCollection):
             torch.cat(parts), [int(p.numel()) for p in parts], started.recv_splits, self.group
         )
 
-    def _model_parallel(self, started: Started) -> dict[str, torch.Tensor]:
-        W, batch, lengths_of = self.world_size, started.batch, started.lengths_of
+    def _model_parallel(self, started: Started) -> torch.Tensor:
+        """Look up this rank's shards for every source; the received pooled blocks (flat)."""
+        W, batch = self.world_size, started.batch
         src_batch, recv_splits = started.src_batch, started.recv_splits
         n = len(self.slots_on[self.rank])
         recv = started.ids.wait()
@@ -249,7 +281,7 @@ class ShardedEmbeddingCollection(EmbeddingCollection):
         ).flatten()
         lengths_sm, values_sm = permute_bags(src_lengths, src_values, order)
 
-        send, first_slot, first_value = [], 0, 0
+        first_slot, first_value = 0, 0
         per_store = []
         lengths_by_slot = lengths_sm.view(n, total) if n else lengths_sm.view(0, total)
         for store, slots in zip(self.stores, self.store_slots):
@@ -260,37 +292,16 @@ class ShardedEmbeddingCollection(EmbeddingCollection):
             per_store.append(store.lookup(store_values, store_lengths, total))  # [k, total, w]
             first_slot += k
             first_value += count
-        # (2): pooled pieces back to the sources, slot order, B_s rows each.
-        # split, not slicing: a slice's backward zero-fills the whole tensor each time.
-        by_source = [pooled.split(src_batch, dim=1) for pooled in per_store]
-        for s in range(W):
-            for pieces_of_store in by_source:
-                send.append(pieces_of_store[s].reshape(-1))
+        # (2): pooled pieces back to the sources, B_s rows of every slot each.
         send_splits = [
             sum(p.shape[0] * b * p.shape[2] for p in per_store) for b in src_batch
         ]
         recv_splits_f = [sum(batch * s.shard.cols for s in self.slots_on[d]) for d in range(W)]
-        send_buffer = torch.cat(send) if send else torch.zeros(0)
+        send_buffer = pack_by_source(per_store, src_batch) if per_store else torch.zeros(0)
         if not send_buffer.requires_grad:
             # Every rank must take part in the backward all-to-all, even with nothing to send.
             send_buffer = send_buffer + self._anchor()
-        recv_pooled = alltoall_pooled(send_buffer, send_splits, recv_splits_f, self.group)
-
-        pieces: dict[str, list[torch.Tensor | None]] = {
-            f: [None] * len(self.plan.tables[self._table_of[f]].shards) for f in self.mp_features
-        }
-        sizes = [batch * s.shard.cols for d in range(W) for s in self.slots_on[d]]
-        blocks = iter(recv_pooled.split(sizes))
-        for d in range(W):
-            for s in self.slots_on[d]:
-                pieces[s.feature][s.piece] = next(blocks).view(batch, s.shard.cols)
-        out = {}
-        for f in self.mp_features:
-            pooled = self.routers[self._table_of[f]].combine(pieces[f])  # type: ignore[arg-type]
-            if self.mean:
-                pooled = pooled / lengths_of[f].clamp(min=1).unsqueeze(1).to(pooled.dtype)
-            out[f] = pooled
-        return out
+        return alltoall_pooled(send_buffer, send_splits, recv_splits_f, self.group)
 
     def _anchor(self) -> torch.Tensor:
         """A zero that carries autograd: any store's weight, or the replicated one's."""

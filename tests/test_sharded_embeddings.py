@@ -78,30 +78,43 @@ def train_sharded(rank: int, world_size: int, cases, pooling: Pooling = Pooling.
         coll = ShardedEmbeddingCollection(
             tables, plan, lambda kind=optim: make_sparse_optimizer(kind), fused=fused, seed=7
         )
+        outputs = {}
         for step in range(STEPS):
             kjt, upstream = local_slice(step, rank, world_size)
             coll.set_lr(LR)
             pooled = coll(kjt)
             assert pooled.shape == (kjt.stride(), len(FEATURES) * DIM)
+            outputs[f"pooled@{step}"] = pooled.detach().clone()
             (pooled * upstream).sum().backward()
             coll.step()
-        results[(plan_name, optim, fused)] = gather_tables(coll)
+        # The forward too: the loss's gradient does not depend on the pooled values.
+        results[(plan_name, optim, fused)] = {**gather_tables(coll), **outputs}
     return results
 
 
 def train_reference(optim: str, pooling: Pooling = Pooling.SUM) -> dict[str, torch.Tensor]:
     coll = LocalEmbeddingCollection(make_tables(pooling), make_sparse_optimizer(optim), fused=True, seed=7)
+    outputs = {}
     for step in range(STEPS):
         kjt, upstream = local_slice(step, 0, 1)
         coll.set_lr(LR)
-        (coll(kjt) * upstream).sum().backward()
+        pooled = coll(kjt)
+        outputs[f"pooled@{step}"] = pooled.detach().clone()
+        (pooled * upstream).sum().backward()
         coll.step()
-    return {k: v.clone() for k, v in coll.export_tables().items()}
+    return {**{k: v.clone() for k, v in coll.export_tables().items()}, **outputs}
 
 
-def assert_tables_equal(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], label: str) -> None:
+def assert_tables_equal(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], label: str,
+                        rank: int = 0, world_size: int = 1) -> None:
+    """Tables and optimizer state equal; each step's pooled output equal to the
+    reference's rows of this rank's slice of the global batch."""
     assert set(got) == set(want), (label, sorted(got), sorted(want))
+    sizes = [GLOBAL_BATCH // world_size + (1 if r < GLOBAL_BATCH % world_size else 0) for r in range(world_size)]
+    start = sum(sizes[:rank])
     for key, expected in want.items():
+        if key.startswith("pooled@"):
+            expected = expected[start : start + sizes[rank]]
         torch.testing.assert_close(
             got[key], expected, rtol=1e-5, atol=1e-6, msg=lambda m, key=key: f"{label} {key}: {m}"
         )
@@ -119,14 +132,17 @@ def test_sharded_equals_single_process(world_size: int) -> None:
     references = {o: train_reference(o) for o in ("sgd", "rowwise_adagrad", "adam")}
     for case in CASES:
         for rank in range(world_size):
-            assert_tables_equal(per_rank[rank][case], references[case[1]], f"W={world_size} rank {rank} {case}")
+            assert_tables_equal(per_rank[rank][case], references[case[1]], f"W={world_size} rank {rank} {case}",
+                                rank, world_size)
 
 
 def test_mean_pooling_row_and_column_wise() -> None:
     cases = [("mixed", "sgd", True), ("row_wise", "adam", False)]
     per_rank = run_ranks(2, train_sharded, cases, Pooling.MEAN)
     for case in cases:
-        assert_tables_equal(per_rank[0][case], train_reference(case[1], Pooling.MEAN), f"mean {case}")
+        for rank in range(2):
+            assert_tables_equal(per_rank[rank][case], train_reference(case[1], Pooling.MEAN),
+                                f"mean {case} rank {rank}", rank, 2)
 
 
 def record_collectives(rank: int, world_size: int) -> list[tuple[str, int]]:

@@ -14,6 +14,6 @@ class Router(Protocol):
         """ids [N] of one feature, lengths [B] → per shard (lengths [B], ids)."""
         ...
 
-    def combine(self, pieces: list[torch.Tensor]) -> torch.Tensor:
-        """Per-shard pooled pieces (shard order) → pooled [B, D]."""
-        ...
+    # How per-shard pooled pieces (shard order) make the pooled [B, D]: added
+    # (True) or side by side (False); done by embeddings/pooled_layout.py.
+    accumulates: bool

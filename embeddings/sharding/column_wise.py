@@ -12,11 +12,10 @@ import torch
 
 
 class ColumnWiseRouter:
+    accumulates = False  # pieces sit side by side (embeddings/pooled_layout.py)
+
     def __init__(self, num_shards: int) -> None:
         self.num_shards = num_shards
 
     def route(self, ids: torch.Tensor, lengths: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         return [(lengths, ids)] * self.num_shards
-
-    def combine(self, pieces: list[torch.Tensor]) -> torch.Tensor:
-        return torch.cat(pieces, dim=1)

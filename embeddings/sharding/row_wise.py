@@ -12,6 +12,8 @@ import torch
 
 
 class RowWiseRouter:
+    accumulates = True  # partial sums are added (embeddings/pooled_layout.py)
+
     def __init__(self, row_starts: list[int]) -> None:
         self.row_starts = torch.tensor(row_starts, dtype=torch.int64)
 
@@ -29,9 +31,3 @@ class RowWiseRouter:
         per_sample = per_sample.view(shards, batch)
         counts = per_sample.sum(dim=1).tolist()
         return list(zip(per_sample.unbind(0), local_ids.split(counts)))
-
-    def combine(self, pieces: list[torch.Tensor]) -> torch.Tensor:
-        out = pieces[0]
-        for p in pieces[1:]:
-            out = out + p
-        return out

@@ -10,8 +10,7 @@ import torch
 
 
 class TableWiseRouter:
+    accumulates = False  # one piece (embeddings/pooled_layout.py)
+
     def route(self, ids: torch.Tensor, lengths: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         return [(lengths, ids)]
-
-    def combine(self, pieces: list[torch.Tensor]) -> torch.Tensor:
-        return pieces[0]
