@@ -186,6 +186,9 @@ def run_engine(config: str, overrides: list[str], engine: str, ranks: int, steps
         raise BenchError(f"{engine} on {ranks} rank(s) exited {code}; log {log}:\n{tail}")
     row = collect(run_dir / "metrics.jsonl")
     row.update(engine=engine, ranks=ranks, wall_s=time.perf_counter() - t0)
+    # The run's final checkpoint (GBs for the bench tables) is of no use to the bench:
+    # a --repeat 3 bench would otherwise leave 36 of them behind.
+    shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
     return row
 
 

@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import dataclasses
 import pickle
+import shutil
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -368,7 +369,19 @@ def _error_from(e: CheckpointException, path: str | Path, verb: str) -> Checkpoi
     failure = next(iter(e.failures.values()))[0]
     if isinstance(failure, CheckpointError):
         return failure
-    return CheckpointError(f"checkpoint {path}: {verb} ({_one_line(failure)})")
+    return CheckpointError(f"checkpoint {path}: {verb} ({_one_line(failure)}){_free_space(path)}")
+
+
+def _free_space(path: str | Path) -> str:
+    """"; N MB free on its file system": a full disk shows up as odd writer errors."""
+    existing = Path(path)
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    try:
+        free = shutil.disk_usage(existing).free
+    except OSError:
+        return ""
+    return f"; {free / 2**20:,.1f} MB free on its file system"
 
 
 def _one_line(e: BaseException) -> str:

@@ -56,6 +56,8 @@ def test_bench_rows_ratios_and_limit(bench: Path) -> None:
                 "embedding_bytes_per_sample", "samples_per_s_bound", "samples_per_s_bound_bf16"):
         assert limit[key] > 0, key
     assert (bench / "bench.png").read_bytes()[:8] == PNG_MAGIC
+    assert (bench / "runs" / "native_1" / "metrics.jsonl").is_file()
+    assert not list((bench / "runs").glob("*/checkpoints"))  # GBs each on the bench tables
     assert not list(bench.glob(".*tmp*"))  # temp names renamed away
 
 

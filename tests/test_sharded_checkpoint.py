@@ -209,3 +209,11 @@ def test_bad_checkpoints_raise_checkpoint_error(saved_run, tmp_path: Path) -> No
     (evil / ".metadata").write_bytes(b"\x80\x04garbage")
     with pytest.raises(CheckpointError, match=r"\.metadata is unreadable"):
         load_embeddings(evil, local())
+
+
+def test_write_error_names_free_space(tmp_path: Path) -> None:
+    from dlrm.sharded_checkpoint import _free_space
+
+    line = _free_space(tmp_path / "not" / "yet" / "there")  # reports the nearest existing dir
+    assert line.startswith("; ") and line.endswith(" MB free on its file system")
+    assert float(line[2:].split()[0].replace(",", "")) > 0
