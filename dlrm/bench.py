@@ -328,7 +328,8 @@ def write_png(path: Path, rows: list[dict[str, Any]], limit: dict[str, float]) -
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
     labels = [f"{r['engine']}\n{r['ranks']} rank(s)" for r in rows]
-    palette = dict(zip(ENGINES, ("tab:blue", "tab:cyan", "tab:orange", "tab:green", "tab:gray")))
+    palette = dict(zip(ENGINES, ("tab:blue", "tab:cyan", "tab:orange", "tab:olive", "tab:green",
+                                 "tab:gray")))
     colors = [palette.get(r["engine"], "tab:purple") for r in rows]
     bars = ax.bar(labels, [r["samples_per_s"] for r in rows], color=colors)
     ax.bar_label(bars, labels=[f"{r['samples_per_s']:,.0f}" for r in rows])

@@ -5,8 +5,9 @@ A training step allocates and frees the same dozen large tensors every time
 bench model). glibc serves blocks above its mmap threshold with a fresh mmap and
 unmaps them on free (the threshold adapts, but not to every size and order a
 step frees in), and trims the heap top beyond its trim threshold, so steps keep
-page-faulting some of those buffers in again: about 1 ms per 13 MB. Measured on
-the bench step: 5-15% faster with the tuning (same data, alternating runs). Raising both thresholds makes the heap recycle them instead.
+page-faulting some of those buffers in again: about 1 ms per 13 MB. Raising both
+thresholds makes the heap recycle them instead: the bench step ran 5-15% faster
+(same data, alternating runs).
 
 Blocks above 32 MiB (embedding tables, optimizer state) still get their own
 mapping; the price is that up to 1 GiB of freed heap stays with the process.

@@ -37,7 +37,7 @@ class StepProfiler:
             activities.append(torch.profiler.ProfilerActivity.CUDA)
         self._prof = torch.profiler.profile(activities=activities, record_shapes=True)
         self._prof.__enter__()
-        self._first = step
+        self._first = self._last = step
         self._usage = resource.getrusage(resource.RUSAGE_SELF)
         self._wall = time.perf_counter()
 
@@ -54,7 +54,7 @@ class StepProfiler:
             return
         prof, self._prof, self._done = self._prof, None, True
         prof.__exit__(None, None, None)
-        steps = max(1, getattr(self, "_last", self._first) - self._first + 1)
+        steps = self._last - self._first + 1
         wall = (time.perf_counter() - self._wall) / steps
         now, then = resource.getrusage(resource.RUSAGE_SELF), self._usage
         # Page faults (fresh memory being mapped in) and involuntary context switches

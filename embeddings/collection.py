@@ -178,13 +178,12 @@ class LocalEmbeddingCollection(EmbeddingCollection):
 
     def _pool(self, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """Pooled [S, D] of the bags ``lengths`` [S] over stacked ``ids``."""
-        values = ids
-        offsets = torch.zeros(lengths.numel() + 1, dtype=torch.int64, device=values.device)
+        offsets = torch.zeros(lengths.numel() + 1, dtype=torch.int64, device=ids.device)
         torch.cumsum(lengths, dim=0, out=offsets[1:])
         scale = None
         if self.pooling is Pooling.MEAN:
             inv = 1.0 / lengths.clamp(min=1).to(self.weight.dtype)
-            scale = torch.repeat_interleave(inv, lengths, output_size=values.numel())
+            scale = torch.repeat_interleave(inv, lengths, output_size=ids.numel())
         return pooled_lookup(self.weight, ids, offsets, self._receive, scale)
 
     # ------------------------------------------------------------------ updates

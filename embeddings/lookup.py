@@ -8,7 +8,7 @@
         ▼
     pooled [S, D]   pooled[s] = sum_j scale[j] * weight[ids[j]] over bag s
 
-    backward: grad_pooled [S, D] ──gather per id──► [N, D] ──coalesce──► KVGradient
+    backward: grad_pooled [S, D] ──gather per id + coalesce (one embedding_bag)──► KVGradient
               handed to ``sink`` (apply it now, or keep it for later);
               weight's autograd gradient is None: nothing table-sized is built.
 """

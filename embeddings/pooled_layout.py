@@ -26,6 +26,7 @@ view and cat instead, autograd copied at nearly every link (three copies of
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,7 +89,8 @@ def unpack_pooled(
 ) -> torch.Tensor:
     """Blocks of ``sources`` into [batch, width], in placement order, then each
     (column, cols, lengths [B]) of ``divisors`` divided by its lengths (mean
-    pooling). Every output column must be covered by a non-adding placement."""
+    pooling; a placement lies within one divisor's columns or none). Every output
+    column must be covered by a non-adding placement."""
     covered = [0] * len(sources)
     for p in placements:
         covered[p.source] += batch * p.cols
@@ -120,14 +122,18 @@ class _Unpack(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
         batch = grad.shape[0]
-        if ctx.divisors:  # d(out / n) = grad / n, before it reaches the pieces
-            grad = grad.clone()
-            for column, cols, lengths in ctx.divisors:
-                grad[:, column : column + cols].div_(lengths.unsqueeze(1).to(grad.dtype))
+        # d(out / n) = grad / n: divided on its way into each block, no extra pass.
+        divisors = sorted(ctx.divisors, key=lambda d: d[0])
+        starts = [column for column, _, _ in divisors]
         # Each source element lies in exactly one block (checked in unpack_pooled).
         grads = [grad.new_empty(shape) for shape in ctx.shapes]
         flat = [g.view(-1) for g in grads]
         for p in ctx.placements:
             block = flat[p.source][p.offset : p.offset + batch * p.cols].view(batch, p.cols)
-            block.copy_(grad[:, p.column : p.column + p.cols])
+            part = grad[:, p.column : p.column + p.cols]
+            i = bisect.bisect_right(starts, p.column) - 1
+            if i >= 0 and p.column < starts[i] + divisors[i][1]:
+                torch.div(part, divisors[i][2].unsqueeze(1).to(grad.dtype), out=block)
+            else:
+                block.copy_(part)
         return (None, None, None, None, *grads)

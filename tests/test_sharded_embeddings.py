@@ -44,11 +44,16 @@ def global_batch(step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return lengths, values, upstream
 
 
-def local_slice(step: int, rank: int, world_size: int) -> tuple[KeyedJaggedTensor, torch.Tensor]:
-    lengths, values, upstream = global_batch(step)
+def rank_rows(rank: int, world_size: int) -> tuple[int, int]:
+    """[start, end) of the global batch that ``rank`` trains on (uneven shares)."""
     sizes = [GLOBAL_BATCH // world_size + (1 if r < GLOBAL_BATCH % world_size else 0) for r in range(world_size)]
     start = sum(sizes[:rank])
-    end = start + sizes[rank]
+    return start, start + sizes[rank]
+
+
+def local_slice(step: int, rank: int, world_size: int) -> tuple[KeyedJaggedTensor, torch.Tensor]:
+    lengths, values, upstream = global_batch(step)
+    start, end = rank_rows(rank, world_size)
     per_feature = values.split(lengths.sum(1).tolist())
     vals, lens = [], []
     for i, ids in enumerate(per_feature):
@@ -110,11 +115,10 @@ def assert_tables_equal(got: dict[str, torch.Tensor], want: dict[str, torch.Tens
     """Tables and optimizer state equal; each step's pooled output equal to the
     reference's rows of this rank's slice of the global batch."""
     assert set(got) == set(want), (label, sorted(got), sorted(want))
-    sizes = [GLOBAL_BATCH // world_size + (1 if r < GLOBAL_BATCH % world_size else 0) for r in range(world_size)]
-    start = sum(sizes[:rank])
+    start, end = rank_rows(rank, world_size)
     for key, expected in want.items():
         if key.startswith("pooled@"):
-            expected = expected[start : start + sizes[rank]]
+            expected = expected[start:end]
         torch.testing.assert_close(
             got[key], expected, rtol=1e-5, atol=1e-6, msg=lambda m, key=key: f"{label} {key}: {m}"
         )
