@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 DEMO_DIR ?= demo
 
-.PHONY: setup demo test lint bench
+.PHONY: setup demo test test-fast test-gpu lint bench
 
 setup:
 	@bash scripts/setup.sh
@@ -16,6 +16,14 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest tests
+
+# The fast set (under a minute): no multi-process launches, nothing over ~2 s.
+test-fast: setup
+	$(PY) -m pytest -m "not slow and not distributed" tests
+
+# CUDA tests alone (skipped on a machine without CUDA).
+test-gpu: setup
+	$(PY) -m pytest -m gpu tests
 
 lint: setup
 	$(PY) -m ruff check dlrm embeddings data tests

@@ -1,4 +1,5 @@
-"""Shared fixtures: small generated datasets, made once per test session."""
+"""Shared fixtures (small generated datasets, made once per test session) and the
+``gpu`` marker's skip without CUDA. Markers: see pyproject.toml."""
 
 from __future__ import annotations
 
@@ -11,6 +12,19 @@ from dlrm.config import load_config
 REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "configs" / "tiny.yaml"
 SHARED_CRITEO = REPO.parent / "shared" / "data" / "criteo"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``gpu`` are skipped where CUDA is not available."""
+    gpu = [item for item in items if item.get_closest_marker("gpu")]
+    if not gpu:
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        skip = pytest.mark.skip(reason="needs CUDA")
+        for item in gpu:
+            item.add_marker(skip)
 
 
 def tiny_overrides(**extra: object) -> list[str]:
