@@ -61,7 +61,7 @@ def cmd_train(argv: list[str]) -> int:
     p.add_argument("overrides", nargs="*", help="key.sub=value config overrides")
     a = p.parse_args(argv)
     from dlrm.config import load_config
-    from dlrm.trainer import train
+    from dlrm.train.trainer import train
 
     cfg = load_config(a.config, a.overrides)
     train(cfg, a.out)
@@ -75,7 +75,7 @@ def cmd_eval(argv: list[str]) -> int:
     p.add_argument("--plots", default=None, help="write ROC and calibration PNGs here")
     p.add_argument("--batch-size", type=int, default=None)
     a = p.parse_args(argv)
-    from dlrm.evaluate import evaluate_checkpoint
+    from dlrm.eval.evaluate import evaluate_checkpoint
 
     result = evaluate_checkpoint(a.checkpoint, a.data, plots_dir=a.plots, batch_size=a.batch_size)
     if result is not None:  # rank 0 of a torchrun job, or the only process
@@ -84,13 +84,13 @@ def cmd_eval(argv: list[str]) -> int:
 
 
 def cmd_plan(argv: list[str]) -> int:
-    from dlrm.plan_cli import cmd_plan as plan
+    from dlrm.parallel.planning import cmd_plan as plan
 
     return plan(argv)
 
 
 def cmd_bench(argv: list[str]) -> int:
-    from dlrm.bench import cmd_bench as bench
+    from dlrm.bench.run import cmd_bench as bench
 
     return bench(argv)
 
@@ -141,7 +141,7 @@ def _collective_failure(error: RuntimeError) -> str | None:
     """One line for a collective whose peer died or hangs (train.timeout_s), else None."""
     if "torch.distributed" not in sys.modules:
         return None
-    from dlrm.distributed import collective_failure
+    from dlrm.parallel.distributed import collective_failure
 
     return collective_failure(error)
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import torch
 
-from dlrm import checkpoint as ck
-from dlrm.build import build_model
+from dlrm.checkpoint import manager as ck
+from dlrm.parallel.parallelize import build_model
 from dlrm.config import Config, from_dict
 
 

@@ -23,7 +23,7 @@ from data.reader import ParquetReader
 from data.schema import Schema, SparseFeature
 from dlrm.cli import main
 from dlrm.config import load_config
-from dlrm.trainer import train
+from dlrm.train.trainer import train
 from tests.conftest import TINY, tiny_overrides
 from tests.data_helpers import write_parquet
 from tests.multiprocess import run_ranks

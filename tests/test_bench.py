@@ -10,8 +10,8 @@ import pytest
 
 from dlrm.cli import main
 from dlrm.config import load_config
-from dlrm.interaction import DotInteraction
-from dlrm.limits import model_cost
+from dlrm.models.interaction import DotInteraction
+from dlrm.bench.limits import model_cost
 from tests.conftest import TINY
 
 SMALL = ["generate.rows=20000", "generate.row_group_rows=4096"]
@@ -106,7 +106,7 @@ def test_model_cost_by_hand() -> None:
 
 
 def test_rounds_merge_to_the_median_round() -> None:
-    from dlrm.bench import merge_rounds
+    from dlrm.bench.run import merge_rounds
 
     runs = [{"engine": e, "ranks": 1, "samples_per_s": v, "tag": (e, i)}
             for i, (a, b) in enumerate([(30.0, 20.0), (10.0, 22.0), (20.0, 21.0)])

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dlrm import checkpoint as ck
+from dlrm.checkpoint import manager as ck
 from dlrm.cli import main
 from tests.conftest import TINY, tiny_overrides
 from tests.data_helpers import tiny_dataset
@@ -80,7 +80,7 @@ def test_checkpoint_seconds_saves_on_time(trained, tmp_path: Path) -> None:
 
 
 def _rank0_decides(rank: int, world_size: int) -> list[bool]:
-    from dlrm.distributed import DistInfo
+    from dlrm.parallel.distributed import DistInfo
 
     info = DistInfo(rank, world_size, rank, torch.device("cpu"), "gloo")
     schedule = ck.CheckpointSchedule(0, 1000.0, 2, info)

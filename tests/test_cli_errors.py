@@ -178,7 +178,7 @@ def test_incompatible_checkpoint_refused(tmp_path: Path, capsys) -> None:
 def test_corrupt_checkpoint_refused(tmp_path: Path, capsys) -> None:
     f = write(tmp_path / "d.parquet", good_columns(np.random.default_rng(9)))
     assert run_cli(train_argv(f, tmp_path / "run"), capsys)[0] == 0
-    from dlrm.checkpoint import find_checkpoint
+    from dlrm.checkpoint.manager import find_checkpoint
 
     state = find_checkpoint(tmp_path / "run") / "state.pt"
     state.write_bytes(state.read_bytes()[:100])

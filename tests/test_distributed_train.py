@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from dlrm.config import load_config
-from dlrm.trainer import train
+from dlrm.train.trainer import train
 from tests.conftest import TINY, tiny_overrides
 from tests.multiprocess import run_ranks
 from tests.run_state import assert_states_close, run_state

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dlrm import checkpoint as ck
+from dlrm.checkpoint import manager as ck
 from tests.conftest import REPO, TINY
 from tests.data_helpers import tiny_dataset
 from tests.multiprocess import free_port

@@ -13,7 +13,7 @@ from tests.conftest import REPO
 
 FREE_ONE_BUFFER = """
 import sys, torch
-from dlrm.host_memory import reuse_freed_memory
+from dlrm.train.host_memory import reuse_freed_memory
 if sys.argv[1] == "tuned":
     assert reuse_freed_memory()
 def resident():

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dlrm.trainer import train
+from dlrm.train.trainer import train
 from tests.conftest import TINY
 from tests.multiprocess import run_ranks
 from tests.run_state import assert_states_close, run_state

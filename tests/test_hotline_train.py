@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from dlrm.config import load_config
-from dlrm.trainer import train
+from dlrm.train.trainer import train
 from tests.conftest import TINY, tiny_overrides
 from tests.run_state import assert_states_close, run_state
 

@@ -1,4 +1,4 @@
-"""dlrm.metrics against sklearn, and dlrm.plots writing real PNGs."""
+"""dlrm.eval.metrics against sklearn, and dlrm.eval.plots writing real PNGs."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 import torch
 from sklearn.metrics import log_loss, roc_auc_score, roc_curve
 
-from dlrm import metrics
-from dlrm.plots import write_plots
+from dlrm.eval import metrics
+from dlrm.eval.plots import write_plots
 
 
 def _data(n: int, ctr: float, seed: int, signal: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
@@ -141,7 +141,7 @@ def test_user_errors_are_value_errors(scores: list, labels: list, match: str) ->
 
 def test_metrics_import_is_light() -> None:
     code = (
-        "import sys, dlrm.metrics; "
+        "import sys, dlrm.eval.metrics; "
         "print(any(m.startswith(('torch', 'matplotlib')) for m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

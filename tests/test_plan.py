@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from dlrm.plan_cli import cmd_plan
+from dlrm.parallel.planning import cmd_plan
 from embeddings.optim import make_sparse_optimizer
 from embeddings.plan import (
     PlanError,

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from dlrm.config import load_config
-from dlrm.trainer import train
+from dlrm.train.trainer import train
 from tests.conftest import SHARED_CRITEO, TINY, tiny_overrides
 
 

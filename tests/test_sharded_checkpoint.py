@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from dlrm.checkpoint import CheckpointError
-from dlrm.sharded_checkpoint import load_embeddings, save_embeddings
+from dlrm.checkpoint.manager import CheckpointError
+from dlrm.checkpoint.tables import load_embeddings, save_embeddings
 from embeddings.collection import LocalEmbeddingCollection
 from embeddings.optim import make_sparse_optimizer
 from embeddings.plan import ShardingType, fixed_plan
@@ -212,7 +212,7 @@ def test_bad_checkpoints_raise_checkpoint_error(saved_run, tmp_path: Path) -> No
 
 
 def test_write_error_names_free_space(tmp_path: Path) -> None:
-    from dlrm.sharded_checkpoint import _free_space
+    from dlrm.checkpoint.tables import _free_space
 
     line = _free_space(tmp_path / "not" / "yet" / "there")  # reports the nearest existing dir
     assert line.startswith("; ") and line.endswith(" MB free on its file system")

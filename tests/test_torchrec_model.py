@@ -20,9 +20,9 @@ pytest.importorskip("torchrec")
 from torchrec import KeyedJaggedTensor
 
 from data.schema import Schema, SparseFeature
-from dlrm.build import tables_from_schema
+from dlrm.parallel.parallelize import tables_from_schema
 from dlrm.config import ConfigError, ModelConfig, OptimConfig
-from dlrm.torchrec_model import TorchRecDLRM, build_torchrec_dlrm
+from dlrm.models.torchrec_dlrm import TorchRecDLRM, build_torchrec_dlrm
 from embeddings.collection import LocalEmbeddingCollection
 from embeddings.optim import make_sparse_optimizer
 
@@ -247,7 +247,7 @@ def test_adam_on_cpu_is_a_config_error() -> None:
 
 def test_plan_pins_become_torchrec_constraints() -> None:
     from dlrm.config import ConfigError
-    from dlrm.torchrec_model import constraints_from_pins
+    from dlrm.models.torchrec_dlrm import constraints_from_pins
 
     got = constraints_from_pins({"a": "table_wise", "c": "column_wise"}, torch.device("cpu"))
     assert got["a"].sharding_types == ["table_wise"] and got["c"].sharding_types == ["column_wise"]

@@ -87,7 +87,7 @@ def test_torchrun_train_eval_and_resharding(data, tmp_path: Path, capsys) -> Non
 
 def test_two_nodes_two_processes_equal_one_process(data, tmp_path: Path) -> None:
     from dlrm.config import load_config
-    from dlrm.trainer import train
+    from dlrm.train.trainer import train
 
     run = tmp_path / "nodes"
     endpoint = f"127.0.0.1:{free_port()}"

@@ -13,7 +13,7 @@ from sklearn.metrics import log_loss, roc_auc_score
 
 from dlrm.cli import main
 from dlrm.config import load_config
-from dlrm.trainer import train
+from dlrm.train.trainer import train
 from tests.conftest import TINY, tiny_overrides
 from tests.run_state import run_state
 
@@ -50,10 +50,10 @@ def test_train_learns_and_eval_matches_sklearn(tiny_data, tmp_path: Path, capsys
 
     # Independent reference: recompute predictions and hand them to sklearn.
     from data.files import expand_paths
-    from dlrm import checkpoint as ck
-    from dlrm.build import build_model
+    from dlrm.checkpoint import manager as ck
+    from dlrm.parallel.parallelize import build_model
     from dlrm.config import Config, from_dict
-    from dlrm.trainer import make_reader, predict
+    from dlrm.train.trainer import make_reader, predict
 
     meta = ck.load_meta(ck.find_checkpoint(run))
     cfg = from_dict(Config, meta["config"], "")

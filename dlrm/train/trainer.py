@@ -33,13 +33,13 @@ import torch
 
 from data.errors import DataError
 from data.schema import Schema
-from dlrm import checkpoint as ckpt_io
-from dlrm.build import build_dense_optimizer, build_model, lr_factor
+from dlrm.checkpoint import manager as ckpt_io
+from dlrm.parallel.parallelize import build_dense_optimizer, build_model, lr_factor
 from dlrm.config import Config, to_dict, to_yaml
-from dlrm.distributed import DistInfo, all_gather_rows, all_reduce_sum, barrier, init_distributed
-from dlrm.host_memory import reuse_freed_memory
-from dlrm.parallel import loss_scale
-from dlrm.profiling import StepProfiler
+from dlrm.parallel.distributed import DistInfo, all_gather_rows, all_reduce_sum, barrier, init_distributed
+from dlrm.train.host_memory import reuse_freed_memory
+from dlrm.parallel.ddp import loss_scale
+from dlrm.train.profiling import StepProfiler
 from embeddings.timing import EMBEDDING_SECTIONS, TIMER
 
 SECTIONS = ("data_wait", "input_alltoall", "lookup", "output_alltoall", "mlp",
@@ -131,7 +131,7 @@ def evaluate(
     model: torch.nn.Module, reader, info: DistInfo | None = None
 ) -> tuple[dict[str, Any], torch.Tensor, torch.Tensor]:
     """Metrics of the whole eval set (all ranks' shares gathered), scores, labels."""
-    from dlrm.metrics import evaluate_predictions
+    from dlrm.eval.metrics import evaluate_predictions
 
     info = info or DistInfo()
     scores, labels = predict(model, reader.epoch(0), info.device)
@@ -172,8 +172,8 @@ def train(cfg: Config, run_dir: str | Path, echo: Callable[[str], None] = print)
         )
     hot_profile = None
     if cfg.embeddings.placement == "hotline":
-        from dlrm.build import tables_from_schema
-        from dlrm.hotline import make_profile
+        from dlrm.parallel.parallelize import tables_from_schema
+        from dlrm.train.hotline import make_profile
 
         tables = tables_from_schema(schema, cfg.model.embedding_dim, cfg.embeddings.pooling)
         reader = make_reader(cfg, data.train_files, schema, True, info.rank, info.world_size)
@@ -181,7 +181,7 @@ def train(cfg: Config, run_dir: str | Path, echo: Callable[[str], None] = print)
     model = build_model(cfg, schema, info.device, info, hot_profile)
     plan = getattr(model.embeddings, "plan", None) if hasattr(model, "embeddings") else None
     if plan is not None and info.is_main:
-        from dlrm.plan_cli import describe
+        from dlrm.parallel.planning import describe
         from embeddings.plan import parse_size
 
         say(describe(cfg, schema, plan, parse_size(cfg.embeddings.memory_per_rank)))
@@ -223,7 +223,7 @@ def _fit(
     )
     bad_data = None  # data.on_error=skip: what the readers dropped, RUN/bad_data.jsonl
     if cfg.data.on_error == "skip":
-        from dlrm.bad_data_report import BadDataReport
+        from dlrm.train.bad_data_report import BadDataReport
 
         readers = {"train": reader, **({"eval": eval_reader} if eval_reader else {})}
         bad_data = BadDataReport(run_dir, info, readers, resumed=existing is not None)
@@ -235,7 +235,7 @@ def _fit(
         saved_step=progress.global_step if existing is not None else None)
     trace = None
     if cfg.train.trace_rows:
-        from dlrm.trace import RowTrace
+        from dlrm.train.trace import RowTrace
 
         trace = RowTrace(run_dir, cfg.train.trace_rows, schema, info.rank, progress.global_step)
 
@@ -257,7 +257,7 @@ def _fit(
 
     hotline = None
     if cfg.embeddings.placement == "hotline":
-        from dlrm.hotline import HotlineSteps
+        from dlrm.train.hotline import HotlineSteps
 
         hotline = HotlineSteps(model, cfg, info)
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from data.batch import Batch
 from data.schema import Schema
-from dlrm.checkpoint import Progress
+from dlrm.checkpoint.manager import Progress
 
 
 class RowTrace:

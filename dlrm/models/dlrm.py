@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from dlrm.config import ModelConfig
-from dlrm.interaction import CrossInteraction, DotInteraction
+from dlrm.models.interaction import CrossInteraction, DotInteraction
 from embeddings.collection import EmbeddingCollection
 
 if TYPE_CHECKING:

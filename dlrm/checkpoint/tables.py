@@ -73,7 +73,7 @@ from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorS
 from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner
 from torch.futures import Future
 
-from dlrm.checkpoint import CheckpointError
+from dlrm.checkpoint.manager import CheckpointError
 from embeddings.collection import LocalEmbeddingCollection
 from embeddings.optim import SparseOptimizer
 from embeddings.plan import Shard, ShardingType

@@ -20,8 +20,8 @@ import torch
 
 from data.bad_data import BadRecord, count
 from data.errors import DataError
-from dlrm import checkpoint as ckpt_io
-from dlrm.distributed import DistInfo, all_gather_rows
+from dlrm.checkpoint import manager as ckpt_io
+from dlrm.parallel.distributed import DistInfo, all_gather_rows
 
 FILE = "bad_data.jsonl"
 

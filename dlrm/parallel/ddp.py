@@ -18,8 +18,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from dlrm.config import Config
-from dlrm.distributed import DistInfo
-from dlrm.model import DLRM
+from dlrm.parallel.distributed import DistInfo
+from dlrm.models.dlrm import DLRM
 
 
 def apply_ddp(model: DLRM, info: DistInfo, cfg: Config) -> None:

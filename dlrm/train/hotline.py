@@ -28,7 +28,7 @@ import torch
 
 from data.batch import Batch
 from dlrm.config import Config
-from dlrm.distributed import DistInfo, all_reduce_sum
+from dlrm.parallel.distributed import DistInfo, all_reduce_sum
 from embeddings.hotline.profile import HotProfile, count_accesses, default_max_batches
 from embeddings.hotline.tiers import HOT_ONLY
 from embeddings.optim import make_sparse_optimizer

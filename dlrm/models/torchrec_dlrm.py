@@ -182,7 +182,7 @@ def build_torchrec_dlrm(
     owns_pg = _ensure_process_group(device)
     table_features: dict[str, list[str]] = {}
     table_rows: dict[str, int] = {}
-    for f in schema.sparse:  # shared tables: the largest row count, as in dlrm.build
+    for f in schema.sparse:  # shared tables: the largest row count, as in dlrm.parallel.parallelize
         table_features.setdefault(f.table_name, []).append(f.name)
         table_rows[f.table_name] = max(table_rows.get(f.table_name, 0), f.rows)
     dim = model_cfg.embedding_dim

@@ -132,7 +132,7 @@ class CheckpointSchedule:
         """Whether to save after ``step`` (a collective when checkpoint_seconds > 0)."""
         due = bool(self.every_steps) and step % self.every_steps == 0
         if self.every_seconds > 0:
-            from dlrm.distributed import broadcast_flag
+            from dlrm.parallel.distributed import broadcast_flag
 
             late = time.monotonic() - self.saved_at >= self.every_seconds
             due = broadcast_flag(late, self.info) or due
@@ -157,8 +157,8 @@ def save_checkpoint(
 ) -> Path:
     """Save RUN/checkpoints/step-N and keep the newest ``keep``; see the module
     docstring. Collective when there are several ranks: all call it at the same step."""
-    from dlrm.distributed import DistInfo, all_gather_objects, barrier, broadcast_object
-    from dlrm.faults import inject
+    from dlrm.parallel.distributed import DistInfo, all_gather_objects, barrier, broadcast_object
+    from dlrm.checkpoint.faults import inject
 
     info = info or DistInfo()
     root = Path(run_dir) / CHECKPOINTS
@@ -176,8 +176,8 @@ def save_checkpoint(
     plan = None
     embeddings = getattr(model, "embeddings", None)
     if embeddings is not None:
-        from dlrm.model import unwrap
-        from dlrm.sharded_checkpoint import save_embeddings
+        from dlrm.models.dlrm import unwrap
+        from dlrm.checkpoint.tables import save_embeddings
 
         host = getattr(embeddings, "host", None)  # Hotline: save the host tier, complete
         if host is not None:
@@ -287,7 +287,7 @@ def find_resumable(run_dir: Path, info: Any = None, warn: Callable[[str], None] 
     inspect). If all are corrupt, the newest one's error is raised and nothing
     moved. Another format version is raised at once: older checkpoints would not
     fit either. The same answer on every rank (rank 0 lists, all verify a share)."""
-    from dlrm.distributed import DistInfo, barrier, broadcast_object
+    from dlrm.parallel.distributed import DistInfo, barrier, broadcast_object
 
     info = info or DistInfo()
     corrupt: list[tuple[Path, CheckpointCorrupt]] = []
@@ -338,8 +338,8 @@ def load_checkpoint(
     try:
         embeddings = getattr(model, "embeddings", None)
         if embeddings is not None:
-            from dlrm.model import unwrap
-            from dlrm.sharded_checkpoint import load_embeddings
+            from dlrm.models.dlrm import unwrap
+            from dlrm.checkpoint.tables import load_embeddings
 
             missing, unexpected = unwrap(model.dense_arch).load_state_dict(state["dense"], strict=False)
             if missing or unexpected:
@@ -388,7 +388,7 @@ def verify(ckpt: Path, meta: dict[str, Any], info: Any = None) -> None:
     """Check every file of the manifest (present, size, sha256); raise
     :class:`CheckpointCorrupt` naming the first bad one. With several ranks each
     hashes a share and all get the same verdict (a collective)."""
-    from dlrm.distributed import DistInfo, all_gather_objects
+    from dlrm.parallel.distributed import DistInfo, all_gather_objects
 
     info = info or DistInfo()
     manifest = meta["files"]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from dlrm.checkpoint import write_atomic
+from dlrm.checkpoint.manager import write_atomic
 
 
 class StepProfiler:

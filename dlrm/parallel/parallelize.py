@@ -10,8 +10,8 @@ import torch
 
 from data.schema import Schema
 from dlrm.config import Config
-from dlrm.distributed import DistInfo, new_group
-from dlrm.model import DLRM
+from dlrm.parallel.distributed import DistInfo, new_group
+from dlrm.models.dlrm import DLRM
 from embeddings.collection import EmbeddingCollection, LocalEmbeddingCollection
 from embeddings.optim import make_sparse_optimizer
 from embeddings.table import Pooling, TableSpec
@@ -43,7 +43,7 @@ def build_model(
     dense_parameters(), begin_step(sparse_lr), end_step(), export/import_state().
     """
     if cfg.embeddings.backend == "torchrec":
-        from dlrm.torchrec_model import build_torchrec_dlrm, constraints_from_pins
+        from dlrm.models.torchrec_dlrm import build_torchrec_dlrm, constraints_from_pins
 
         pins = {name: p.sharding for name, p in cfg.embeddings.plan.items()}
         return build_torchrec_dlrm(
@@ -59,12 +59,12 @@ def build_model(
         from embeddings.hotline.tiers import HotlineEmbeddingCollection
 
         if not isinstance(hot_profile, HotProfile):
-            raise ValueError("hotline placement needs a hot profile (dlrm.hotline.make_profile)")
+            raise ValueError("hotline placement needs a hot profile (dlrm.train.hotline.make_profile)")
         plan = group = None
         if info is not None and info.world_size > 1:
             # Cold rows sharded over the ranks' host memory by the plan; their
             # all-to-alls run on the host, so on a gloo group of their own.
-            from dlrm.plan_cli import plan_from_config
+            from dlrm.parallel.planning import plan_from_config
 
             plan, _ = plan_from_config(cfg, schema, info.world_size)
             group = new_group(info, backend="gloo")
@@ -83,7 +83,7 @@ def build_model(
             device=device,
         )
     else:
-        from dlrm.plan_cli import plan_from_config
+        from dlrm.parallel.planning import plan_from_config
         from embeddings.sharded import ShardedEmbeddingCollection
 
         plan, _ = plan_from_config(cfg, schema, info.world_size)
@@ -103,7 +103,7 @@ def build_model(
     torch.manual_seed(cfg.seed)
     model = DLRM(len(schema.dense), collection, cfg.model).to(device)
     if info is not None:
-        from dlrm.parallel import parallelize
+        from dlrm.parallel.ddp import parallelize
 
         parallelize(model, info, cfg)
     return model

@@ -82,7 +82,7 @@ def plan_from_config(
     ``memory_per_rank`` (a size string) replaces ``cfg.embeddings.memory_per_rank``
     when given. A table that does not fit, or a bad pin, is a PlanError.
     """
-    from dlrm.build import tables_from_schema
+    from dlrm.parallel.parallelize import tables_from_schema
     from embeddings.optim import make_sparse_optimizer
     from embeddings.plan import auto_plan, parse_size
 
@@ -112,7 +112,7 @@ def describe(
     pooling_factors: dict[str, float] | None = None,
 ) -> str:
     """A plan's tables and each rank's memory, as printed at the start of a run."""
-    from dlrm.build import tables_from_schema
+    from dlrm.parallel.parallelize import tables_from_schema
     from embeddings.optim import make_sparse_optimizer
     from embeddings.plan import describe_plan, plan_memory
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from data.errors import UserError
-from dlrm.checkpoint import write_atomic
+from dlrm.checkpoint.manager import write_atomic
 from dlrm.config import Config, TrainConfig, load_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -82,7 +82,7 @@ def cmd_bench(argv: list[str]) -> int:
         settings = [o for o in [*ENGINES[row["engine"]], *a.overrides] if o.startswith("train.precision=")]
         row["precision"] = "bf16" if settings and settings[-1] == "train.precision=bf16" else "fp32"
     add_ratios(rows)
-    from dlrm.limits import machine_limit
+    from dlrm.bench.limits import machine_limit
 
     limit = machine_limit(cfg)
     for row in rows:

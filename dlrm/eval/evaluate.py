@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from data.errors import UserError
-from dlrm import checkpoint as ckpt_io
+from dlrm.checkpoint import manager as ckpt_io
 
 
 def evaluate_checkpoint(
@@ -20,10 +20,10 @@ def evaluate_checkpoint(
     """
     from data.files import expand_paths
     from data.schema import check_files
-    from dlrm.build import build_model
+    from dlrm.parallel.parallelize import build_model
     from dlrm.config import Config, from_dict
-    from dlrm.distributed import init_distributed
-    from dlrm.trainer import evaluate, make_reader
+    from dlrm.parallel.distributed import init_distributed
+    from dlrm.train.trainer import evaluate, make_reader
 
     ckpt = ckpt_io.find_checkpoint(Path(run))
     if ckpt is None:
@@ -47,14 +47,14 @@ def evaluate_checkpoint(
             raise UserError(f"data {data}: {e}") from None
         if cfg.data.on_error == "skip":  # the run's policy: say what was dropped
             from data.bad_data import count
-            from dlrm.bad_data_report import gather_lines, records_by_split
+            from dlrm.train.bad_data_report import gather_lines, records_by_split
 
             records = records_by_split(gather_lines({"eval": reader}, info)).get("eval", [])
             result["bad_data"] = {**count(records), "records": [r.to_json() for r in records]}
     if not info.is_main:
         return None
     if plots_dir:
-        from dlrm.plots import write_plots
+        from dlrm.eval.plots import write_plots
 
         result["plots"] = write_plots(scores.numpy(), labels.numpy(), plots_dir)
     return result

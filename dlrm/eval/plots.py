@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from dlrm.metrics import auc, calibration_curve, roc_curve_points
+from dlrm.eval.metrics import auc, calibration_curve, roc_curve_points
 
 ROC_FILE = "roc.png"
 CALIBRATION_FILE = "calibration.png"

@@ -1,0 +1,1 @@
+"""``dlrm bench``: our engine beside TorchRec in one run, and the machine's limit."""

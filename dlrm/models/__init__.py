@@ -1,0 +1,2 @@
+"""The models: plain PyTorch DLRM (knows no ranks), its interactions, and TorchRec's DLRM
+as the second backend."""
