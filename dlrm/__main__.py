@@ -38,6 +38,6 @@ def _our_packages_first() -> None:
 
 _our_packages_first()
 
-from dlrm.cli import main  # noqa: E402 (after the sys.path fix, on purpose)
+from dlrm.cli import main  # after the sys.path fix, on purpose
 
 sys.exit(main())
