@@ -124,17 +124,6 @@ def _table_rows(cfg: GenerateConfig) -> list[int]:
 # --------------------------------------------------------------------------- hidden model
 
 
-def _mix64(x: np.ndarray) -> np.ndarray:
-    """SplitMix64's finaliser on uint64 [n] (as data.reader.splitmix64; kept here so this
-    module stays free of torch)."""
-    import numpy as np
-
-    z = x.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return z ^ (z >> np.uint64(31))
-
-
 class _Zipf:
     """Ranks 0..n-1 with P(r) ∝ (r + 1)^-s, by inverse CDF.
 
@@ -200,7 +189,9 @@ class _Table:
         """Standardised effect of each id [m]: a normal drawn by hashing (table, id)."""
         import numpy as np
 
-        h = _mix64(ids.astype(np.uint64) ^ np.uint64(self.key))
+        from data.hashing import splitmix64
+
+        h = splitmix64(ids.astype(np.uint64) ^ np.uint64(self.key))
         u1 = ((h >> np.uint64(32)).astype(np.float64) + 0.5) / 2.0**32
         u2 = ((h & np.uint64(0xFFFFFFFF)).astype(np.float64) + 0.5) / 2.0**32
         z = np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * np.pi * u2)
@@ -212,6 +203,8 @@ class _HiddenModel:
 
     def __init__(self, cfg: GenerateConfig) -> None:
         import numpy as np
+
+        from data.hashing import splitmix64
 
         self.cfg = cfg
         rows = _table_rows(cfg)
@@ -226,7 +219,7 @@ class _HiddenModel:
         self.c_sparse = SIGMA * math.sqrt(1 - share)
         sigma = cfg.signal * math.hypot(self.c_dense, self.c_sparse if cfg.sparse else 0.0)
         self.bias = math.log(CTR / (1 - CTR)) * math.sqrt(1 + math.pi * sigma**2 / 8)
-        keys = _mix64(np.arange(cfg.sparse, dtype=np.uint64) + np.uint64(MODEL_SEED << 20))
+        keys = splitmix64(np.arange(cfg.sparse, dtype=np.uint64) + np.uint64(MODEL_SEED << 20))
         self.tables = []
         zipfs: dict[int, _Zipf] = {}
         for t, n in enumerate(rows):

@@ -60,6 +60,7 @@ from data.bad_data import ON_ERROR, BadDataLog, BadRecord
 from data.batch import Batch
 from data.errors import DataError, UserError
 from data.files import open_parquet
+from data.hashing import splitmix64
 from data.schema import Schema, SparseFeature, allowed_kinds, column_kind, screen_files, type_name
 
 if TYPE_CHECKING:
@@ -558,14 +559,6 @@ def _map_ids(values: np.ndarray, feature: SparseFeature, problems: _Problems, po
     out = values.copy()
     out[big] = (splitmix64(values[big]) % np.uint64(rows)).astype(np.int64)
     return out
-
-
-def splitmix64(x: np.ndarray) -> np.ndarray:
-    """SplitMix64's finaliser, elementwise: a fixed 64-bit mixing hash, uint64 [n] → [n]."""
-    z = x.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return z ^ (z >> np.uint64(31))
 
 
 # --------------------------------------------------------------------------- prefetch

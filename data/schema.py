@@ -55,21 +55,6 @@ CRITEO_DENSE = tuple(f"I{i}" for i in range(1, 14))
 CRITEO_SPARSE = tuple(f"C{i}" for i in range(1, 27))
 
 
-def criteo_schema(rows: int | list[int], multi_hot: bool = False) -> Schema:
-    """Criteo's layout; ``rows`` is one row count for all 26 tables or one per table."""
-    counts = [rows] * len(CRITEO_SPARSE) if isinstance(rows, int) else list(rows)
-    if len(counts) != len(CRITEO_SPARSE):
-        raise ValueError(f"criteo_schema needs 26 row counts, got {len(counts)}")
-    return Schema(
-        label="label",
-        dense=CRITEO_DENSE,
-        sparse=tuple(
-            SparseFeature(name=c, rows=n, multi_hot=multi_hot)
-            for c, n in zip(CRITEO_SPARSE, counts)
-        ),
-    )
-
-
 # --------------------------------------------------------------------------- Parquet footers
 
 _FLOAT, _INT, _INT_LIST = "float", "int", "list<int>"
