@@ -5,9 +5,9 @@
     write_parts(out_dir, tables, ...)      part-00000.parquet, part-00001.parquet, ...
 
 Names starting with '.' or '_' are skipped inside directories (``_SUCCESS``,
-``.part-00000.parquet.tmp`` of a writer still at work). Every file is written
-under such a temporary name and renamed when complete, so a reader never sees
-half a file.
+``.part-00000.parquet.tmp<pid>`` of a writer still at work). Every file is written
+under such a temporary name and renamed when complete (:mod:`data.atomic`), so a
+reader never sees half a file.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from data.atomic import AtomicPath
 from data.errors import DataError
 
 if TYPE_CHECKING:
@@ -101,7 +102,7 @@ def write_parts(
     The stream is re-cut into row groups of ``row_group_rows`` rows and files of
     ``file_rows`` rows (the last of each may be short; a row group never spans
     two files). Memory holds one row group. Each file is written as
-    ``.part-NNNNN.parquet.tmp`` and renamed when complete; if the stream fails,
+    ``.part-NNNNN.parquet.tmp<pid>`` and renamed when complete; if the stream fails,
     the files of this run are removed again. Stale ``part-NNNNN.parquet`` files
     of an earlier, longer run are removed so the directory holds exactly this
     dataset.
@@ -151,9 +152,9 @@ class _PartWriter:
         import pyarrow.parquet as pq
 
         self.path = os.path.join(out_dir, f"part-{index:05d}.parquet")
-        self.tmp = os.path.join(out_dir, f".part-{index:05d}.parquet.tmp")
+        self._file = AtomicPath(self.path)
         self.rows = 0
-        self._writer = pq.ParquetWriter(self.tmp, schema)
+        self._writer = pq.ParquetWriter(str(self._file.tmp), schema)
 
     def write(self, table: pa.Table) -> None:
         self._writer.write_table(table, row_group_size=table.num_rows)
@@ -161,13 +162,12 @@ class _PartWriter:
 
     def close(self) -> str:
         self._writer.close()
-        os.replace(self.tmp, self.path)
+        self._file.commit()
         return self.path
 
     def abort(self) -> None:
         self._writer.close()
-        if os.path.exists(self.tmp):
-            os.remove(self.tmp)
+        self._file.abort()
 
 
 def _remove_stale_parts(out_dir: str, keep: int) -> None:

@@ -1,4 +1,5 @@
-"""expand_paths, infer_schema and check_files against hand-made Parquet files."""
+"""expand_paths, infer_schema and check_files against hand-made Parquet files; atomic
+writes (data.atomic, write_parts)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from data.atomic import atomic_path, write_atomic
 from data.errors import DataError
-from data.files import expand_paths
+from data.files import expand_paths, write_parts
 from data.schema import Schema, SparseFeature, check_files, infer_schema
 from tests.data_helpers import write_parquet
 
@@ -176,3 +178,48 @@ def test_check_files_empty_dataset(tmp_path: Path) -> None:
                                  "C3": pa.list_(I64)})
     with pytest.raises(DataError, match="0 rows"):
         check_files([empty, empty], SCHEMA)
+
+
+# --------------------------------------------------------------------------- atomic writes
+
+
+def test_write_atomic_text_and_bytes_replace_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "f.json"
+    write_atomic(path, "first é")
+    assert path.read_text(encoding="utf-8") == "first é"
+    write_atomic(str(path), b"\x00second")
+    assert path.read_bytes() == b"\x00second"
+    assert os.listdir(tmp_path) == ["f.json"]  # no temporary file left
+
+
+def test_atomic_path_keeps_the_old_file_when_the_writer_fails(tmp_path: Path) -> None:
+    path = tmp_path / "plot.png"
+    path.write_text("old")
+    with pytest.raises(RuntimeError), atomic_path(path) as tmp:
+        assert tmp.parent == tmp_path and tmp.name.startswith(".")  # hidden, same directory
+        tmp.write_text("half")
+        raise RuntimeError("writer died")
+    assert path.read_text() == "old" and os.listdir(tmp_path) == ["plot.png"]
+    with atomic_path(path) as tmp:
+        tmp.write_text("new")
+        assert path.read_text() == "old"  # nothing visible before the block ends
+    assert path.read_text() == "new" and os.listdir(tmp_path) == ["plot.png"]
+
+
+def test_write_parts_failing_mid_stream_leaves_no_files(tmp_path: Path) -> None:
+    schema = pa.schema([("x", pa.int64())])
+
+    def tables():
+        for i in range(3):
+            yield pa.table({"x": pa.array(range(i * 4, i * 4 + 4), I64)})
+        raise RuntimeError("source died")
+
+    with pytest.raises(RuntimeError, match="source died"):
+        write_parts(str(tmp_path / "out"), tables(), schema, file_rows=5, row_group_rows=2)
+    assert os.listdir(tmp_path / "out") == []
+    whole = [pa.table({"x": pa.array(range(7), I64)})]
+    paths = write_parts(str(tmp_path / "out"), whole, schema, file_rows=5, row_group_rows=2)
+    assert paths == [str(tmp_path / "out" / "part-00000.parquet"),
+                     str(tmp_path / "out" / "part-00001.parquet")]
+    assert sorted(os.listdir(tmp_path / "out")) == ["part-00000.parquet", "part-00001.parquet"]
+    assert pq.read_table(paths[1]).column("x").to_pylist() == [5, 6]

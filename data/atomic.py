@@ -1,0 +1,68 @@
+"""Atomic file writes: a reader sees the old file or the whole new one, never half.
+
+    write_atomic(path, text_or_bytes)       small files written in one go
+    with atomic_path(path) as tmp:          writers that want a path of their own
+        fig.savefig(tmp)                    (matplotlib, torch.save, export_chrome_trace)
+    AtomicPath(path) ... .commit()/.abort() the same, for a writer that outlives a block
+                                            (a ParquetWriter kept open across calls)
+
+Each writes ``.NAME.tmpPID`` beside ``path`` (same directory, so the rename stays on one
+file system; hidden, so directory listings that skip '.' names never pick it up; the
+pid keeps two processes from sharing one), fsyncs it, renames it over ``path`` and
+fsyncs the directory, so after a crash the name holds one complete version. A failure
+before the rename removes the temporary file and leaves ``path`` as it was.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+
+class AtomicPath:
+    """A temporary path beside ``path``; :meth:`commit` puts what was written there at ``path``."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self.tmp = self.path.with_name(f".{self.path.name}.tmp{os.getpid()}")
+
+    def commit(self) -> Path:
+        """fsync the temporary file, rename it over ``path``, fsync the directory; ``path``."""
+        _fsync(self.tmp)
+        os.replace(self.tmp, self.path)
+        _fsync(self.path.parent)
+        return self.path
+
+    def abort(self) -> None:
+        """Remove the temporary file, if any; ``path`` is left as it was."""
+        self.tmp.unlink(missing_ok=True)
+
+
+@contextmanager
+def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield a temporary path to write; on leaving the block it becomes ``path`` (or, on
+    an exception, is removed)."""
+    target = AtomicPath(path)
+    try:
+        yield target.tmp
+    except BaseException:
+        target.abort()
+        raise
+    target.commit()
+
+
+def write_atomic(path: str | os.PathLike[str], content: str | bytes) -> None:
+    """Write ``content`` (text as UTF-8) to ``path`` atomically."""
+    data = content.encode() if isinstance(content, str) else content
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
