@@ -17,6 +17,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+# Re-exported for embeddings/sharded.py until it imports it from embeddings.jagged.
+from embeddings.jagged import permute_bags  # noqa: F401
 from embeddings.timing import section
 
 
@@ -100,44 +102,3 @@ def alltoall_pooled(
     if size == 1:
         return send
     return _AllToAllPooled.apply(send, send_splits, recv_splits, group)
-
-
-def permute_bags(
-    lengths: torch.Tensor, values: torch.Tensor, order: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Reorder jagged bags: bag i of the result is bag ``order[i]`` of the input.
-
-        lengths [2, 0, 1], values [a b | | c], order [2, 0, 1]
-        → lengths [1, 2, 0], values [c | a b |]
-    """
-    if _fbgemm_ops():
-        new_lengths, new_values, _ = torch.ops.fbgemm.permute_1D_sparse_data(
-            order.to(torch.int32), lengths, values, None, None
-        )
-        return new_lengths, new_values
-    new_lengths = lengths.index_select(0, order)
-    total = int(values.numel())
-    shift = torch.repeat_interleave(
-        bag_starts(lengths).index_select(0, order) - bag_starts(new_lengths),
-        new_lengths,
-        output_size=total,
-    )
-    index = torch.arange(total, device=values.device) + shift
-    return new_lengths, values.index_select(0, index)
-
-
-def bag_starts(lengths: torch.Tensor) -> torch.Tensor:
-    """Exclusive prefix sum: where each bag starts in the values."""
-    starts = torch.zeros_like(lengths)
-    if lengths.numel() > 1:
-        torch.cumsum(lengths[:-1], 0, out=starts[1:])
-    return starts
-
-
-def _fbgemm_ops() -> bool:
-    """Whether fbgemm's sparse ops are loaded (they are wherever torchrec is)."""
-    try:
-        import fbgemm_gpu  # noqa: F401  (registers torch.ops.fbgemm)
-    except ImportError:
-        return False
-    return hasattr(torch.ops.fbgemm, "permute_1D_sparse_data")

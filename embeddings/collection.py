@@ -22,9 +22,9 @@ import torch.distributed as dist
 from torch import nn
 
 from data.errors import UserError
-from embeddings.alltoall import permute_bags
 from embeddings.huge_pages import advise_huge_pages
 from embeddings.init import init_rows
+from embeddings.jagged import bag_offsets, in_feature_order, permute_bags, stacked_ids
 from embeddings.kv import KVGradient
 from embeddings.lookup import pooled_lookup
 from embeddings.optim import SparseOptimizer
@@ -141,7 +141,7 @@ class LocalEmbeddingCollection(EmbeddingCollection):
                 )
         # requires_grad so autograd calls our backward; its .grad stays None.
         self.weight = nn.Parameter(weight)
-        state_bytes = _state_bytes(optimizer, total, self.dim)
+        state_bytes = total * optimizer.state_bytes_per_row(self.dim)
         with naming_oom(f"the {type(optimizer).__name__} state of {stacked}", state_bytes, device):
             initial_state = optimizer.init_state(total, self.dim, device)
         for tensor in initial_state.values():
@@ -153,33 +153,24 @@ class LocalEmbeddingCollection(EmbeddingCollection):
 
     # ------------------------------------------------------------------ forward
     def forward(self, sparse: KeyedJaggedTensor) -> torch.Tensor:
-        if sparse.keys() != self.features:
-            sparse = sparse.permute([sparse.keys().index(f) for f in self.features])
-        batch, num_features = sparse.stride(), len(self.features)
-        ids = self._stacked_ids(sparse.values(), sparse.lengths(), batch)
+        values, lengths, batch = in_feature_order(sparse, self.features)
+        num_features = len(self.features)
+        ids = stacked_ids(values, lengths, self.feature_offsets, batch)
         # Bags in sample-major order (b0f0, b0f1, .., b1f0, ..): the pooled rows then
         # come out as [B, F*D] already, instead of [F, B, D] copied by a transpose.
         order = torch.arange(num_features * batch, device=ids.device)
         order = order.view(num_features, batch).t().flatten()
-        lengths, ids = permute_bags(sparse.lengths(), ids, order)
+        lengths, ids = permute_bags(lengths, ids, order)
         return self._pool(ids, lengths).view(batch, num_features * self.dim)
 
     def lookup(self, values: torch.Tensor, lengths: torch.Tensor, batch: int) -> torch.Tensor:
         """Feature-major jagged ids (lengths [F*B]) → pooled [F, B, D]."""
-        ids = self._stacked_ids(values, lengths, batch)
+        ids = stacked_ids(values, lengths, self.feature_offsets, batch)
         return self._pool(ids, lengths).view(len(self.features), batch, self.dim)
-
-    def _stacked_ids(self, values: torch.Tensor, lengths: torch.Tensor, batch: int) -> torch.Tensor:
-        """Feature-major ids shifted into the stacked weight's rows."""
-        per_feature = lengths.view(len(self.features), batch).sum(dim=1)
-        return values + torch.repeat_interleave(
-            self.feature_offsets, per_feature, output_size=values.numel()
-        )
 
     def _pool(self, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """Pooled [S, D] of the bags ``lengths`` [S] over stacked ``ids``."""
-        offsets = torch.zeros(lengths.numel() + 1, dtype=torch.int64, device=ids.device)
-        torch.cumsum(lengths, dim=0, out=offsets[1:])
+        offsets = bag_offsets(lengths)
         scale = None
         if self.pooling is Pooling.MEAN:
             inv = 1.0 / lengths.clamp(min=1).to(self.weight.dtype)
@@ -190,7 +181,13 @@ class LocalEmbeddingCollection(EmbeddingCollection):
     @property
     def state(self) -> dict[str, torch.Tensor]:
         """Optimizer state tensors (buffers, so they follow ``.to(device)``)."""
-        return {name: getattr(self, f"optim_{name}") for name in self._state_names}
+        return {name: self.get_buffer(f"optim_{name}") for name in self._state_names}
+
+    def pin_memory(self) -> None:
+        """Page-lock the weight and state: copies to and from a GPU go by DMA."""
+        self.weight.data = self.weight.data.pin_memory()
+        for name, tensor in self.state.items():
+            self.register_buffer(f"optim_{name}", tensor.pin_memory())
 
     def _receive(self, grad: KVGradient) -> None:
         if self.fused:
@@ -282,14 +279,6 @@ def naming_oom(what: str, nbytes: int, device: torch.device) -> Iterator[None]:
             f"{rank}out of memory allocating {what}: {_size(nbytes)} on {device}{also}"
         ) from None
 
-
-def _state_bytes(optimizer: SparseOptimizer, rows: int, dim: int) -> int:
-    """Bytes of ``optimizer``'s state for a rows x dim table, read off a 3 x 2 probe."""
-    total = 0
-    for t in optimizer.init_state(3, 2, torch.device("cpu")).values():
-        if tuple(t.shape) in ((3,), (3, 2)):
-            total += rows * (dim if t.dim() == 2 else 1) * t.element_size()
-    return total
 
 
 def _size(nbytes: int) -> str:

@@ -42,8 +42,8 @@ class KVGradient:
 
         The sum is one ``embedding_bag`` over the lookups in (stable) id order:
         each id's rows are added in lookup order, as ``index_add_`` would, in one
-        multi-threaded pass (``index_add_`` adds row by row on the CPU; 4.4 ->
-        2.0 ms for a bench step's 53k lookups, bit-equal).
+        multi-threaded pass (``index_add_`` adds row by row on the CPU, which is
+        slower for a step's lookups; the sums are bit-equal).
         """
         sorted_ids, order = torch.sort(ids, stable=True)
         unique, counts = torch.unique_consecutive(sorted_ids, return_counts=True)

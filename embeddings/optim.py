@@ -9,12 +9,17 @@ state, are left exactly as they were ("lazy" updates).
                      (fbgemm's EXACT_ROWWISE_ADAGRAD: one scalar of state per row)
     Adam (lazy)      as torch.optim.SparseAdam: moments of touched rows only,
                      bias correction from the table's step count
+
+Each optimizer declares its state (``state_layout``): a name per tensor, and
+whether it is a vector per row, a scalar per row or a scalar per table. Memory
+sizing, the Hotline tiers and the checkpoint read that declaration.
 """
 
 from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from enum import Enum
 
 import torch
@@ -28,6 +33,39 @@ class SparseOptimizerType(str, Enum):
     ADAM = "adam"
 
 
+class StateKind(str, Enum):
+    """The shape of one optimizer-state tensor of a rows x dim table."""
+
+    ROW_VECTOR = "element"  # [rows, dim]: one value per weight element (Adam's moments)
+    ROW_SCALAR = "row"  # [rows]: one value per row (row-wise Adagrad's sum)
+    TABLE_SCALAR = "scalar"  # [1]: one value per table (Adam's step)
+
+
+@dataclass(frozen=True)
+class StateSpec:
+    kind: StateKind
+    dtype: torch.dtype = torch.float32
+
+    @property
+    def per_row(self) -> bool:
+        """Whether the tensor has one entry per row (sliced with the rows)."""
+        return self.kind is not StateKind.TABLE_SCALAR
+
+    def row_bytes(self, dim: int) -> int:
+        """Bytes per row (0 for a per-table scalar)."""
+        per_row = {StateKind.ROW_VECTOR: dim, StateKind.ROW_SCALAR: 1}.get(self.kind, 0)
+        return per_row * self.dtype.itemsize
+
+    def zeros(self, rows: int, dim: int, device: torch.device) -> torch.Tensor:
+        """The initial tensor. A per-table scalar is made on the CPU, where Python
+        reads it every step without waiting for a device."""
+        if self.kind is StateKind.ROW_VECTOR:
+            return torch.zeros(rows, dim, dtype=self.dtype, device=device)
+        if self.kind is StateKind.ROW_SCALAR:
+            return torch.zeros(rows, dtype=self.dtype, device=device)
+        return torch.zeros(1, dtype=self.dtype)
+
+
 class SparseOptimizer(ABC):
     """Stateless rule; the state tensors live with the table (see ``init_state``)."""
 
@@ -35,8 +73,12 @@ class SparseOptimizer(ABC):
         self.eps = eps
 
     @abstractmethod
+    def state_layout(self) -> dict[str, StateSpec]:
+        """The state tensors this optimizer keeps per table, by name."""
+
     def init_state(self, rows: int, dim: int, device: torch.device) -> dict[str, torch.Tensor]:
-        """State for a table of ``rows`` x ``dim``; a tensor per name, rows first."""
+        """State for a table of ``rows`` x ``dim``: zeros, as ``state_layout`` says."""
+        return {name: spec.zeros(rows, dim, device) for name, spec in self.state_layout().items()}
 
     @abstractmethod
     def apply(
@@ -55,22 +97,25 @@ class SparseOptimizer(ABC):
 
     def state_bytes_per_row(self, dim: int) -> int:
         """Bytes of per-row state (per-table scalars such as Adam's step excluded)."""
-        state = self.init_state(2, dim, torch.device("cpu"))
-        return sum(t[0].numel() * t.element_size() for t in state.values() if t.shape[0] == 2)
+        return sum(spec.row_bytes(dim) for spec in self.state_layout().values())
+
+    def per_row_state(self) -> list[str]:
+        """Names of the state tensors with one entry per row."""
+        return [name for name, spec in self.state_layout().items() if spec.per_row]
 
 
 def add_rows(weight: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor, alpha: float) -> None:
     """``weight[ids] += alpha * rows`` for UNIQUE ``ids`` (a KVGradient's).
 
     Gather, add, scatter back: the same arithmetic as ``index_add_`` (one add per
-    element, bit-equal), which on the CPU adds row by row: 36.7k rows of a
-    5.2M x 64 table took 10.1 ms with ``index_add_``, 4.4 ms this way (2 threads).
+    element, bit-equal); on the CPU ``index_add_`` adds row by row, which is slower
+    for the many rows one step touches.
     """
     weight.index_copy_(0, ids, weight.index_select(0, ids).add_(rows, alpha=alpha))
 
 
 class SparseSGD(SparseOptimizer):
-    def init_state(self, rows: int, dim: int, device: torch.device) -> dict[str, torch.Tensor]:
+    def state_layout(self) -> dict[str, StateSpec]:
         return {}
 
     @torch.no_grad()
@@ -86,8 +131,8 @@ class SparseSGD(SparseOptimizer):
 
 
 class RowWiseAdagrad(SparseOptimizer):
-    def init_state(self, rows: int, dim: int, device: torch.device) -> dict[str, torch.Tensor]:
-        return {"sum": torch.zeros(rows, device=device)}
+    def state_layout(self) -> dict[str, StateSpec]:
+        return {"sum": StateSpec(StateKind.ROW_SCALAR)}
 
     @torch.no_grad()
     def apply(
@@ -112,12 +157,12 @@ class SparseAdam(SparseOptimizer):
         super().__init__(eps)
         self.betas = betas
 
-    def init_state(self, rows: int, dim: int, device: torch.device) -> dict[str, torch.Tensor]:
+    def state_layout(self) -> dict[str, StateSpec]:
         return {
-            "exp_avg": torch.zeros(rows, dim, device=device),
-            "exp_avg_sq": torch.zeros(rows, dim, device=device),
+            "exp_avg": StateSpec(StateKind.ROW_VECTOR),
+            "exp_avg_sq": StateSpec(StateKind.ROW_VECTOR),
             # Steps taken by this table, as torch.optim.SparseAdam counts them.
-            "step": torch.zeros(1, dtype=torch.int64),
+            "step": StateSpec(StateKind.TABLE_SCALAR, torch.int64),
         }
 
     @torch.no_grad()

@@ -1,0 +1,95 @@
+"""Jagged ids: a KJT's bags in the collection's feature order, shifted into stacked rows.
+
+A KJT holds its bags feature-major, in its own key order; a collection reads them
+in its feature order, and a stacked weight holds its tables one after another:
+
+    KJT keys [b, a], B = 2      lengths [1 0 | 2 0]   values [x | y z]
+        │ in_feature_order(features=[a, b])   (one permute_bags)
+        ▼
+    lengths [2 0 | 1 0]   values [y z | x]        bag f*B + b = (feature f, sample b)
+        │ stacked_ids(feature_offsets=[0, 50])  (table of a at row 0, of b at row 50)
+        ▼
+    ids [y z | x+50]                              rows of the stacked weight
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+
+def in_feature_order(
+    sparse: KeyedJaggedTensor, features: list[str]
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(values [N], lengths [F*B], B) of ``sparse``'s ``features``, in that order."""
+    batch = sparse.stride()
+    lengths, values = sparse.lengths(), sparse.values()
+    keys = sparse.keys()
+    if keys != features:
+        order = torch.tensor([keys.index(f) for f in features], dtype=torch.int64)
+        bag_order = (order.unsqueeze(1) * batch + torch.arange(batch)).flatten()
+        lengths, values = permute_bags(lengths, values, bag_order.to(lengths.device))
+    return values, lengths, batch
+
+
+def stacked_ids(
+    values: torch.Tensor, lengths: torch.Tensor, feature_offsets: torch.Tensor, batch: int
+) -> torch.Tensor:
+    """Feature-major ids [N] shifted by their feature's table offset (``feature_offsets``
+    [F], one per feature) into the rows of a stacked weight."""
+    per_feature = lengths.view(feature_offsets.numel(), batch).sum(dim=1)
+    return values + torch.repeat_interleave(
+        feature_offsets.to(values.device), per_feature, output_size=values.numel()
+    )
+
+
+def permute_bags(
+    lengths: torch.Tensor, values: torch.Tensor, order: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reorder jagged bags: bag i of the result is bag ``order[i]`` of the input.
+
+        lengths [2, 0, 1], values [a b | | c], order [2, 0, 1]
+        → lengths [1, 2, 0], values [c | a b |]
+    """
+    if _fbgemm_ops():
+        new_lengths, new_values, _ = torch.ops.fbgemm.permute_1D_sparse_data(
+            order.to(torch.int32), lengths, values, None, None
+        )
+        return new_lengths, new_values
+    new_lengths = lengths.index_select(0, order)
+    total = int(values.numel())
+    shift = torch.repeat_interleave(
+        bag_starts(lengths).index_select(0, order) - bag_starts(new_lengths),
+        new_lengths,
+        output_size=total,
+    )
+    index = torch.arange(total, device=values.device) + shift
+    return new_lengths, values.index_select(0, index)
+
+
+def bag_starts(lengths: torch.Tensor) -> torch.Tensor:
+    """Exclusive prefix sum: where each bag starts in the values."""
+    starts = torch.zeros_like(lengths)
+    if lengths.numel() > 1:
+        torch.cumsum(lengths[:-1], 0, out=starts[1:])
+    return starts
+
+
+def bag_offsets(lengths: torch.Tensor) -> torch.Tensor:
+    """Inclusive offsets [S + 1] of bags ``lengths`` [S] (``embedding_bag``'s form)."""
+    offsets = torch.zeros(lengths.numel() + 1, dtype=torch.int64, device=lengths.device)
+    torch.cumsum(lengths, dim=0, out=offsets[1:])
+    return offsets
+
+
+def _fbgemm_ops() -> bool:
+    """Whether fbgemm's sparse ops are loaded (they are wherever torchrec is)."""
+    try:
+        import fbgemm_gpu  # noqa: F401  (registers torch.ops.fbgemm)
+    except ImportError:
+        return False
+    return hasattr(torch.ops.fbgemm, "permute_1D_sparse_data")
