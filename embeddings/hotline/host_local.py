@@ -1,0 +1,175 @@
+"""The host tier of one process: every row in one stacked ``LocalEmbeddingCollection``.
+
+    forward:   unique cold ids ──index_select on the host──► rows [U, D]
+               ──copy (CUDA: pinned buffer, side stream)──► ColdRows on the device
+               pooled bag = Σ hot part + Σ cold part  (mean: each id scaled by
+               1 / FULL bag length, as the single-process collection does)
+    backward:  cold KVGradient (stacked ids, moved home) ──► host optimizer
+               (applied at once when fused, else kept until step())
+"""
+
+from __future__ import annotations
+
+import time
+from functools import partial
+
+import torch
+
+from embeddings.collection import LocalEmbeddingCollection
+from embeddings.hotline.hot_tier import HotTier
+from embeddings.hotline.lookups import ColdPooled, ColdRows, Lookups
+from embeddings.jagged import bag_offsets
+from embeddings.kv import KVGradient
+from embeddings.lookup import pooled_lookup
+from embeddings.optim import SparseOptimizer
+from embeddings.table import Pooling, TableSpec
+
+
+class LocalHostTier:
+    """``HostTier`` of one process (see host_tier.py)."""
+
+    plan = None
+    collective = False
+
+    def __init__(
+        self,
+        tables: list[TableSpec],
+        optimizer: SparseOptimizer,
+        fused: bool,
+        seed: int,
+        device: torch.device | str,
+        hot_device: torch.device,
+    ) -> None:
+        """Tables on ``device`` (the host), cold rows copied to ``hot_device``."""
+        self.collection = LocalEmbeddingCollection(tables, optimizer, fused=True, seed=seed, device=device)
+        if hot_device.type == "cuda":
+            self.collection.pin_memory()
+        self._copy_stream = torch.cuda.Stream(hot_device) if hot_device.type == "cuda" else None
+        self.optimizer = optimizer
+        self.fused = fused
+        self.mean = tables[0].pooling is Pooling.MEAN
+        self._kept: list[KVGradient] = []
+
+    @property
+    def device(self) -> torch.device:
+        return self.collection.weight.device
+
+    # ------------------------------------------------------------------ hot rows
+    @torch.no_grad()
+    def read_rows(
+        self, stacked_ids: torch.Tensor, device: torch.device
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        host_ids = stacked_ids.to(self.device)
+        weight = self.collection.weight.data.index_select(0, host_ids).to(device)
+        fresh = self.optimizer.init_state(stacked_ids.numel(), self.collection.dim, device)
+        per_row = self.optimizer.per_row_state()
+        host_state = self.collection.state
+        for name, tensor in fresh.items():
+            src = host_state[name]
+            tensor.copy_(src.index_select(0, host_ids) if name in per_row else src)
+        return weight, fresh
+
+    @torch.no_grad()
+    def write_rows(
+        self, stacked_ids: torch.Tensor, weight: torch.Tensor, state: dict[str, torch.Tensor]
+    ) -> None:
+        host_ids = stacked_ids.to(self.device)
+        self.collection.weight.data.index_copy_(0, host_ids, weight.to(host_ids.device))
+        per_row = self.optimizer.per_row_state()
+        host_state = self.collection.state
+        for name, tensor in state.items():
+            dst = host_state[name]
+            if name in per_row:
+                dst.index_copy_(0, host_ids, tensor.to(dst.device))
+            else:
+                dst.copy_(tensor)
+
+    # ------------------------------------------------------------------ cold rows
+    def gather_cold(self, lookups: Lookups, device: torch.device) -> ColdRows:
+        """The unique cold rows, copied to ``device``; CUDA: through a pinned buffer
+        on a side stream, so the trainer's compute goes on meanwhile."""
+        t0 = time.perf_counter()
+        unique = torch.unique(lookups.ids[~lookups.is_hot])
+        source = self.collection.weight.data
+        host_ids = unique.to(source.device)
+        if device.type == "cuda" and source.device.type == "cpu":
+            rows = torch.empty(unique.numel(), source.shape[1], dtype=source.dtype, pin_memory=True)
+            torch.index_select(source, 0, host_ids, out=rows)
+            t1 = time.perf_counter()
+            with torch.cuda.stream(self._copy_stream):  # a side stream: compute goes on
+                rows = rows.to(device, non_blocking=True)
+            self._copy_stream.synchronize()  # this (gather) thread waits, not the trainer
+        else:
+            rows = source.index_select(0, host_ids)
+            t1 = time.perf_counter()
+            rows = rows.to(device)
+        t2 = time.perf_counter()
+        return ColdRows(unique.to(device), rows.requires_grad_(True), t1 - t0, t2 - t1)
+
+    def pool(
+        self, lookups: Lookups, hot: HotTier, cold: ColdRows | ColdPooled | None
+    ) -> tuple[torch.Tensor, int]:
+        """Σ hot part + Σ cold part per bag, [B, F*D]; cold rows used."""
+        lengths, is_hot = lookups.lengths, lookups.is_hot
+        scale = None
+        if self.mean:
+            inv = 1.0 / lengths.clamp(min=1).to(hot.weight.dtype)
+            scale = torch.repeat_interleave(inv, lengths, output_size=lookups.ids.numel())
+        cold_ids = lookups.ids[~is_hot]
+        if cold is None:
+            cold = self.gather_cold(lookups, hot.device)  # empty
+        assert isinstance(cold, ColdRows)
+        if cold.rows.device.type == "cuda":  # copied on the side stream, used on this one
+            cold.rows.record_stream(torch.cuda.current_stream(cold.rows.device))
+        local = torch.searchsorted(cold.ids, cold_ids)
+        if cold_ids.numel() and not torch.equal(cold.ids[local.clamp(max=cold.ids.numel() - 1)], cold_ids):
+            raise ValueError("ColdRows were gathered for another batch")
+        hot_part = hot.lookup(lookups.slot[is_hot], lookups.hot_lengths,
+                              None if scale is None else scale[is_hot])
+        cold_part = pooled_lookup(
+            cold.rows, local, bag_offsets(lookups.cold_lengths), partial(self._receive, cold.ids),
+            None if scale is None else scale[~is_hot],
+        )
+        batch, features, dim = lookups.batch, lookups.num_features, self.collection.dim
+        pooled = (hot_part + cold_part).view(features, batch, dim)
+        return pooled.transpose(0, 1).reshape(batch, features * dim), cold.ids.numel()
+
+    # ------------------------------------------------------------------ updates
+    def _receive(self, cold_ids: torch.Tensor, grad: KVGradient) -> None:
+        home = self.device
+        grad = KVGradient(cold_ids[grad.ids].to(home), grad.rows.to(home))
+        if self.fused:
+            self.collection.apply_gradient(grad)
+        else:
+            self._kept.append(grad)
+
+    def share_hot_gradient(self, grad: KVGradient) -> KVGradient:
+        return grad
+
+    def has_kept(self) -> bool:
+        return bool(self._kept)
+
+    def kv_gradients(self, hot: list[KVGradient]) -> dict[str, KVGradient]:
+        if not (hot or self._kept):
+            return {}
+        home = self.device
+        grad = KVGradient.cat([KVGradient(g.ids.to(home), g.rows.to(home)) for g in hot] + self._kept)
+        out = {}
+        for t in self.collection.tables:
+            start = self.collection.row_offsets[t.name]
+            part = grad.slice_rows(start, start + t.rows)
+            if len(part):
+                out[t.name] = part
+        return out
+
+    def set_lr(self, lr: float) -> None:
+        self.collection.set_lr(lr)
+
+    def step(self) -> None:
+        kept, self._kept = self._kept, []
+        if kept:
+            grad = KVGradient.cat(kept)
+        else:
+            ids = torch.zeros(0, dtype=torch.int64, device=self.device)
+            grad = KVGradient(ids, self.collection.weight.new_zeros(0, self.collection.dim))
+        self.collection.apply_gradient(grad)

@@ -1,0 +1,131 @@
+"""The host tier of several ranks: a ``ShardedEmbeddingCollection`` over the ranks'
+host memory (cold rows sharded by the plan), with the hot tier replicated:
+
+    rank r:  hot ids ──► hot_weight (replica) ──────────────────────► Σ hot part ─┐
+             cold ids ──ids all-to-all──► owners' host shards ──pooled all-to-all─┴► pooled
+    step():  hot KV gradients all-gathered (every replica takes the same update);
+             the host tier applies its shards' kept gradients (sharded step)
+
+The host side pools by sum: a mean divides by the WHOLE bag's length, hot and cold
+lookups together, after they are added up. Hot rows are read from their owners
+by one all-reduce and written back locally (see ``sharded_rows.py``).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import time
+from typing import TYPE_CHECKING
+
+import torch
+
+from embeddings.hotline.hot_tier import HotTier
+from embeddings.hotline.lookups import ColdPooled, ColdRows, Lookups
+from embeddings.hotline.sharded_rows import read_rows, write_rows
+from embeddings.kv import KVGradient
+from embeddings.optim import SparseOptimizer
+from embeddings.sharded import ShardedEmbeddingCollection
+from embeddings.sharding.data_parallel import allgather_kv
+from embeddings.table import Pooling, TableSpec
+
+if TYPE_CHECKING:
+    import torch.distributed as dist
+
+    from embeddings.plan import ShardingPlan
+
+
+class ShardedHostTier:
+    """``HostTier`` of several ranks (see host_tier.py); gradients are always kept."""
+
+    collective = True
+
+    def __init__(
+        self,
+        tables: list[TableSpec],
+        plan: ShardingPlan,
+        optimizer: SparseOptimizer,
+        seed: int,
+        group: dist.ProcessGroup | None,
+        device: torch.device | str,
+    ) -> None:
+        summed = [dataclasses.replace(t, pooling=Pooling.SUM) for t in tables]
+        self.collection = ShardedEmbeddingCollection(
+            summed, plan, lambda: copy.deepcopy(optimizer), fused=False, seed=seed,
+            group=group, device=device,
+        )
+        self.plan = plan
+        self.group = group
+        self.device = torch.device(device)
+        self.optimizer = optimizer
+        self.features = [f for t in tables for f in t.features]
+        self.mean = tables[0].pooling is Pooling.MEAN
+        self.row_offsets: dict[str, int] = {}
+        total = 0
+        for t in tables:
+            self.row_offsets[t.name] = total
+            total += t.rows
+
+    # ------------------------------------------------------------------ hot rows
+    def read_rows(
+        self, stacked_ids: torch.Tensor, device: torch.device
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        fresh = self.optimizer.init_state(stacked_ids.numel(), self.collection.dim, torch.device("cpu"))
+        weight = read_rows(self.collection, self.row_offsets, stacked_ids.cpu(), fresh,
+                           self.optimizer.per_row_state())
+        return weight.to(device), {name: tensor.to(device) for name, tensor in fresh.items()}
+
+    def write_rows(
+        self, stacked_ids: torch.Tensor, weight: torch.Tensor, state: dict[str, torch.Tensor]
+    ) -> None:
+        write_rows(self.collection, self.row_offsets, stacked_ids, weight, state,
+                   self.optimizer.per_row_state())
+
+    # ------------------------------------------------------------------ cold bags
+    def gather_cold(self, lookups: Lookups, device: torch.device) -> ColdPooled:
+        """The cold part of every bag, looked up by the owners of its rows (a
+        collective: every rank calls it once per micro-batch, an empty one too)."""
+        from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+        t0 = time.perf_counter()
+        values, lengths = lookups.values[~lookups.is_hot], lookups.cold_lengths
+        kjt = KeyedJaggedTensor(keys=self.features, values=values.to(self.device),
+                                lengths=lengths.to(self.device), stride=lookups.batch)
+        pooled = self.collection(kjt)
+        t1 = time.perf_counter()
+        pooled = pooled.to(device, non_blocking=True)
+        return ColdPooled(pooled, t1 - t0, time.perf_counter() - t1)
+
+    def pool(
+        self, lookups: Lookups, hot: HotTier, cold: ColdRows | ColdPooled | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Σ hot part (local replica) + Σ cold part (sharded), [B, F*D]; cold lookups."""
+        batch, features, dim = lookups.batch, lookups.num_features, self.collection.dim
+        is_hot = lookups.is_hot
+        hot_part = hot.lookup(lookups.slot[is_hot], lookups.hot_lengths)
+        pooled = hot_part.view(features, batch, dim).transpose(0, 1)  # [B, F, D]
+        if cold is not None:
+            assert isinstance(cold, ColdPooled)
+            pooled = pooled + cold.pooled.view(batch, features, dim)
+        if self.mean:
+            whole = lookups.lengths.view(features, batch).t().clamp(min=1).to(pooled.dtype)
+            pooled = pooled / whole.unsqueeze(2)
+        return pooled.reshape(batch, features * dim), (~is_hot).sum()
+
+    # ------------------------------------------------------------------ updates
+    def share_hot_gradient(self, grad: KVGradient) -> KVGradient:
+        synced = allgather_kv(KVGradient(grad.ids.cpu(), grad.rows.cpu()), self.group)
+        return KVGradient(synced.ids.to(grad.ids.device), synced.rows.to(grad.rows.device))
+
+    def has_kept(self) -> bool:
+        return False  # cold gradients are kept in the shards' stores
+
+    def kv_gradients(self, hot: list[KVGradient]) -> dict[str, KVGradient]:
+        raise RuntimeError("kv_gradients of a multi-rank Hotline collection: the cold "
+                           "part lives in the host tier's shards (host.kv_gradients())")
+
+    def set_lr(self, lr: float) -> None:
+        self.collection.set_lr(lr)
+
+    def step(self) -> None:
+        self.collection.step()

@@ -1,0 +1,76 @@
+"""What the hot tier asks of the host tier: the interface of both implementations.
+
+    LocalHostTier (host_local.py)      one process: every row in one stacked
+                                       LocalEmbeddingCollection; cold rows gathered
+                                       and copied to the device (ColdRows)
+    ShardedHostTier (host_sharded.py)  several ranks: rows sharded over the ranks'
+                                       host memory by a plan; cold bags looked up by
+                                       all-to-all (ColdPooled)
+
+Rows are named by stacked ids (all tables one after another, in table order).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+
+from embeddings.collection import EmbeddingCollection
+from embeddings.hotline.hot_tier import HotTier
+from embeddings.hotline.lookups import ColdPooled, ColdRows, Lookups
+from embeddings.kv import KVGradient
+
+if TYPE_CHECKING:
+    from embeddings.plan import ShardingPlan
+
+
+class HostTier(Protocol):
+    """Every row and its optimizer state in host memory, authoritative for the cold rows."""
+
+    collection: EmbeddingCollection  # the tables: exported, imported, checkpointed
+    plan: ShardingPlan | None  # how they are sharded (several ranks), else None
+    collective: bool  # whether cold lookups are collectives (every rank takes part)
+    device: torch.device  # the home of the rows: cold gradients go here
+
+    def read_rows(
+        self, stacked_ids: torch.Tensor, device: torch.device
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Rows [H, D] of sorted ``stacked_ids`` and their optimizer state, on
+        ``device`` (several ranks: a collective)."""
+        ...
+
+    def write_rows(
+        self, stacked_ids: torch.Tensor, weight: torch.Tensor, state: dict[str, torch.Tensor]
+    ) -> None:
+        """Rows ``weight`` [H, D] and their state written back (no communication)."""
+        ...
+
+    def gather_cold(self, lookups: Lookups, device: torch.device) -> ColdRows | ColdPooled:
+        """What ``lookups``' cold part needs from the host, on ``device``."""
+        ...
+
+    def pool(
+        self, lookups: Lookups, hot: HotTier, cold: ColdRows | ColdPooled | None
+    ) -> tuple[torch.Tensor, torch.Tensor | int]:
+        """(pooled [B, F*D] of hot and cold parts, cold rows used); ``cold`` None: the
+        batch has no cold lookup. Cold gradients go home through autograd."""
+        ...
+
+    def share_hot_gradient(self, grad: KVGradient) -> KVGradient:
+        """The hot-tier gradient every replica applies (several ranks: all-gathered)."""
+        ...
+
+    def has_kept(self) -> bool:
+        """Whether cold gradients are waiting for ``step``."""
+        ...
+
+    def kv_gradients(self, hot: list[KVGradient]) -> dict[str, KVGradient]:
+        """Kept gradients per table: ``hot`` (stacked ids) with the cold ones."""
+        ...
+
+    def set_lr(self, lr: float) -> None: ...
+
+    def step(self) -> None:
+        """Apply the kept cold gradients (once, even when empty: Adam counts steps)."""
+        ...

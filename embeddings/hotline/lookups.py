@@ -1,0 +1,83 @@
+"""One batch's lookups split into hot and cold, and what the host tier sends for them.
+
+    lookups (stacked ids, feature-major)   [ h c h | h h | c ]      bags f*B + b
+    is_hot  [N]                            [ 1 0 1 | 1 1 | 0 ]
+    slot    [N]  place in the hot tier where hot (meaningless elsewhere)
+    cold_lengths [F*B]                     [   1   |  0  | 1 ]      hot: lengths - cold
+
+The cold part comes from the host tier: ``ColdRows`` (one process: the unique cold
+rows, copied to the device) or ``ColdPooled`` (several ranks: the cold part of
+every bag, looked up by the sharded host tier).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import torch
+
+HOT_ONLY = "hot-only"  # ``cold`` of a popular micro-batch: no cold lookup at all (no collective)
+
+
+@dataclass
+class Lookups:
+    """A batch's lookups in the collection's feature order.
+
+    ids [N] stacked ids; values [N] the same, table-local; lengths [F*B]; is_hot
+    [N] bool; slot [N] hot-tier slot (meaningless where not hot).
+    """
+
+    ids: torch.Tensor
+    values: torch.Tensor
+    lengths: torch.Tensor
+    batch: int
+    num_features: int
+    is_hot: torch.Tensor
+    slot: torch.Tensor
+
+    @cached_property
+    def cold_lengths(self) -> torch.Tensor:
+        """Cold lookups per bag [F*B]."""
+        lengths = self.lengths
+        bag = torch.repeat_interleave(torch.arange(lengths.numel(), device=lengths.device), lengths)
+        return torch.bincount(bag[~self.is_hot], minlength=lengths.numel())
+
+    @property
+    def hot_lengths(self) -> torch.Tensor:
+        return self.lengths - self.cold_lengths
+
+    @property
+    def popular(self) -> torch.Tensor:
+        """[B] bool: samples whose every lookup hits a hot row."""
+        return self.cold_lengths.view(self.num_features, self.batch).sum(dim=0) == 0
+
+    def check_hot_only(self) -> None:
+        """For a popular micro-batch: it must have no cold lookup."""
+        cold = int((~self.is_hot).sum())
+        if cold:
+            raise ValueError(f"a popular micro-batch has {cold} cold lookups")
+
+
+@dataclass
+class ColdRows:
+    """Copies of the cold rows one batch needs, on the device.
+
+    ids [U] stacked ids (host stack numbering), unique ascending, on the device;
+    rows [U, D] on the device, a leaf that requires grad (its KV gradient goes home).
+    """
+
+    ids: torch.Tensor
+    rows: torch.Tensor
+    gather_s: float = 0.0  # host time to gather the rows
+    transfer_s: float = 0.0  # time to copy them to the device (0 when it is the host)
+
+
+@dataclass
+class ColdPooled:
+    """Several ranks: the cold part of every bag, summed, [B, F*D] on the device,
+    looked up by the sharded host tier (with autograd back to its shards)."""
+
+    pooled: torch.Tensor
+    gather_s: float = 0.0  # ids all-to-all, owners' host lookups, pooled all-to-all
+    transfer_s: float = 0.0
