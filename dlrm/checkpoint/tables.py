@@ -227,13 +227,9 @@ def _optimizer(collection: Collection) -> SparseOptimizer:
 
 
 def _state_kinds(optimizer: SparseOptimizer) -> dict[str, tuple[str, torch.dtype]]:
-    """Each state name → ("row" [rows] | "element" [rows, cols] | "scalar", dtype),
-    read off a 3 x 2 probe table (so a 1-row shard cannot be mistaken for a counter)."""
-    out = {}
-    for name, t in optimizer.init_state(3, 2, torch.device("cpu")).items():
-        kind = {(3,): "row", (3, 2): "element"}.get(tuple(t.shape), "scalar")
-        out[name] = (kind, t.dtype)
-    return out
+    """Each state name → ("row" [rows] | "element" [rows, cols] | "scalar", dtype), as
+    the optimizer declares it (``SparseOptimizer.state_layout``)."""
+    return {name: (spec.kind.value, spec.dtype) for name, spec in optimizer.state_layout().items()}
 
 
 # --------------------------------------------------------------------------- DCP
