@@ -184,3 +184,40 @@ def test_init_rows_slices_equal_the_full_table() -> None:
         assert torch.equal(init_rows("t", rows, 8, 3, r0, r1, c0, c1), full[r0:r1, c0:c1])
     assert not torch.equal(init_rows("u", rows, 8, 3), full)
     assert not torch.equal(init_rows("t", rows, 8, 4), full)
+
+
+@pytest.mark.parametrize("kind", ["sgd", "rowwise_adagrad", "adam"])
+def test_init_state_follows_the_declared_layout(kind: str) -> None:
+    from embeddings.optim import StateKind
+
+    opt = make_sparse_optimizer(kind)
+    state = opt.init_state(5, 3, torch.device("cpu"))
+    layout = opt.state_layout()
+    assert list(state) == list(layout)
+    shapes = {StateKind.ROW_VECTOR: (5, 3), StateKind.ROW_SCALAR: (5,), StateKind.TABLE_SCALAR: (1,)}
+    for name, spec in layout.items():
+        assert tuple(state[name].shape) == shapes[spec.kind] and state[name].dtype == spec.dtype
+        assert not state[name].any()
+    assert opt.per_row_state() == [n for n, s in layout.items() if s.kind is not StateKind.TABLE_SCALAR]
+
+
+@pytest.mark.parametrize("fbgemm", [True, False])
+def test_in_feature_order_equals_kjt_permute(fbgemm: bool, monkeypatch) -> None:
+    """The reorder (with fbgemm, and with its plain-torch fallback) equals KJT.permute;
+    stacked ids are shifted by each feature's table offset."""
+    from embeddings import jagged
+
+    if not fbgemm:
+        monkeypatch.setattr(jagged, "_fbgemm_ops", lambda: False)
+    kjt = random_kjt(["c", "a", "b"], {"a": 9, "b": 9, "c": 9}, batch=5, max_len=3, seed=4)
+    values, lengths, batch = jagged.in_feature_order(kjt, ["a", "b", "c"])
+    want = kjt.permute([1, 2, 0])
+    assert batch == 5
+    assert torch.equal(values, want.values()) and torch.equal(lengths, want.lengths())
+    ids = jagged.stacked_ids(values, lengths, torch.tensor([0, 100, 200]), batch)
+    per_feature = want.length_per_key()
+    shift = torch.repeat_interleave(torch.tensor([0, 100, 200]), torch.tensor(per_feature))
+    assert torch.equal(ids, values + shift)
+    empty = random_kjt(["c", "a", "b"], {"a": 9, "b": 9, "c": 9}, batch=0, max_len=3, seed=4)
+    values, lengths, batch = jagged.in_feature_order(empty, ["a", "b", "c"])
+    assert batch == 0 and values.numel() == 0 and lengths.numel() == 0

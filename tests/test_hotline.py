@@ -245,3 +245,14 @@ def test_hot_tier_out_of_memory_is_one_line_naming_it() -> None:
     with pytest.raises(AllocationError, match=r"out of memory allocating the Hotline hot tier "
                                               r"\(7 rows x 4 with _HotGreedySGD state; see hotline.budget\)"):
         HotlineEmbeddingCollection(tables, profile, _HotGreedySGD())
+
+
+def test_both_host_tiers_implement_the_interface() -> None:
+    from embeddings.hotline.host_local import LocalHostTier
+    from embeddings.hotline.host_sharded import ShardedHostTier
+    from embeddings.hotline.host_tier import HostTier
+
+    methods = [n for n, v in vars(HostTier).items() if callable(v) and not n.startswith("_")]
+    assert {"read_rows", "write_rows", "gather_cold", "pool", "step"} <= set(methods)
+    for tier in (LocalHostTier, ShardedHostTier):
+        assert [n for n in methods if not callable(getattr(tier, n, None))] == [], tier

@@ -53,6 +53,7 @@ if TYPE_CHECKING:
     import torch.distributed as dist
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+    from embeddings.interface import TableState
     from embeddings.plan import ShardingPlan
 
 __all__ = ["HOT_ONLY", "ColdPooled", "ColdRows", "HotlineEmbeddingCollection"]
@@ -253,4 +254,13 @@ class HotlineEmbeddingCollection(EmbeddingCollection):
     def import_tables(self, tensors: dict[str, torch.Tensor]) -> None:
         """Load the host tier, then the hot rows from it (several ranks: collective)."""
         self.host.import_tables(tensors)
+        self.tables_loaded()
+
+    def table_state(self) -> TableState:
+        """The host tier's tables (complete: hot rows written back first)."""
+        self.sync_to_host()
+        return self.host.table_state()
+
+    def tables_loaded(self) -> None:
+        """The host tier's tables were loaded in place: read the hot rows again."""
         self._load_hot(self.hot.ids.cpu(), self.hot.device)
