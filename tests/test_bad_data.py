@@ -357,6 +357,8 @@ def _train_skip(rank: int, world_size: int, data: Path, out: Path) -> dict:
     return train(load_config(TINY, argv[5:]), out, echo=lambda s: None)
 
 
+@pytest.mark.distributed
+@pytest.mark.slow
 def test_two_ranks_skip_the_rows_one_process_skips(tmp_path: Path) -> None:
     """No deadlock when ranks drop different numbers of rows; the 2-rank run equals one
     process reading its global batches (loss over the rows both ranks really trained)."""

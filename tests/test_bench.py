@@ -27,6 +27,8 @@ def bench(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@pytest.mark.distributed
+@pytest.mark.slow
 def test_bench_rows_ratios_and_limit(bench: Path) -> None:
     report = json.loads((bench / "bench.json").read_text())
     rows = {(r["engine"], r["ranks"]): r for r in report["rows"]}
@@ -61,6 +63,8 @@ def test_bench_rows_ratios_and_limit(bench: Path) -> None:
     assert not list(bench.glob(".*tmp*"))  # temp names renamed away
 
 
+@pytest.mark.distributed
+@pytest.mark.slow
 def test_reader_only_reuses_dataset(bench: Path, capsys: pytest.CaptureFixture[str]) -> None:
     stamp = (bench / "data" / "generate.json").stat().st_mtime_ns
     code = main(["bench", "--config", str(TINY), "--reader-only", "--out", str(bench), *SMALL])
@@ -78,6 +82,8 @@ def test_bad_ranks_is_a_user_error(tmp_path: Path) -> None:
     assert main(["bench", "--config", str(TINY), "--ranks", "0", "--out", str(tmp_path)]) == 2
 
 
+@pytest.mark.distributed
+@pytest.mark.slow
 def test_engine_subset(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "--config", str(TINY), "--engines", "native,tensorflow",
                  "--out", str(tmp_path)]) == 2

@@ -16,6 +16,8 @@ from tests.conftest import TINY, tiny_overrides
 from tests.multiprocess import run_ranks
 from tests.run_state import assert_states_close, run_state
 
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
+
 ROWS = 2100  # 9 global batches of 256; the last one is short
 
 

@@ -20,6 +20,8 @@ from tests.conftest import REPO, TINY
 from tests.multiprocess import free_port
 from tests.run_state import run_state
 
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
+
 
 def launch(data: Path, out: Path, restarts: int) -> subprocess.Popen:
     """The job, its output in OUT.log (a pipe nobody reads while we poll could fill up)."""

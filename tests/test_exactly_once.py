@@ -29,6 +29,8 @@ from tests.data_helpers import tiny_dataset
 from tests.multiprocess import free_port
 from tests.run_state import run_state
 
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
+
 FILE_ROWS = (300, 170, 530, 41)  # uneven files, row groups of 50: N = 1041 rows
 N = sum(FILE_ROWS)
 STEPS_PER_EPOCH = 9  # ceil(521 / 64): rank 1 holds rows [520, 1041), 64 a batch

@@ -55,6 +55,8 @@ def steps_logged(run: Path) -> int:
 
 
 @pytest.mark.parametrize("fault", ["hang", "die"])
+@pytest.mark.distributed
+@pytest.mark.slow
 def test_a_peer_that_hangs_or_dies_ends_the_job_with_one_line(data, tmp_path: Path, fault: str) -> None:
     run = tmp_path / "run"
     port = free_port()
@@ -112,6 +114,8 @@ def _embedding_group_collective(rank: int, world_size: int) -> tuple[float, str]
     return time.time() - t0, "no error"
 
 
+@pytest.mark.distributed
+@pytest.mark.slow
 def test_the_embedding_group_times_out_after_timeout_s() -> None:
     # Its own process group (not the default one): without the job's timeout it
     # would wait torch's default of 30 minutes.
@@ -119,6 +123,8 @@ def test_the_embedding_group_times_out_after_timeout_s() -> None:
     assert "Timed out" in error and 1.5 < waited < 5, (waited, error)
 
 
+@pytest.mark.distributed
+@pytest.mark.slow
 def test_a_rank_whose_peers_never_join_stops_after_the_timeout(data, tmp_path: Path) -> None:
     run = tmp_path / "run"
     alone = start_rank(0, free_port(), data, run)  # WORLD_SIZE=2, nobody else comes

@@ -18,6 +18,8 @@ from tests.multiprocess import run_ranks
 from tests.run_state import assert_states_close, run_state
 from tests.test_distributed_train import case_overrides, config_for, losses, small_data, summary
 
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
+
 __all__ = ["small_data"]  # the module-scoped data fixture, shared
 
 # Part of the touched rows fit: both micro-batches run on every rank.

@@ -15,6 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import REPO
 
 PACKAGES = ("data", "embeddings", "dlrm")
@@ -39,6 +41,7 @@ print(json.dumps(failed))
 """
 
 
+@pytest.mark.slow
 def test_every_module_imports_in_a_fresh_interpreter() -> None:
     proc = subprocess.run([sys.executable, "-c", _IMPORT_ALL, *PACKAGES], cwd=REPO,
                           capture_output=True, text=True, timeout=300, check=False)

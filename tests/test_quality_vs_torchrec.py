@@ -14,6 +14,8 @@ from dlrm.config import load_config
 from dlrm.train.trainer import train
 from tests.conftest import SHARED_CRITEO, TINY, tiny_overrides
 
+pytestmark = pytest.mark.slow
+
 
 def train_both(train_path: Path, eval_path: Path, tmp_path: Path, *extra: str) -> dict[str, float]:
     aucs = {}

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
@@ -30,6 +31,8 @@ from data.errors import DataError
 from data.reader import ParquetReader
 from data.schema import Schema, SparseFeature
 from tests.test_reader import _splitmix64
+
+pytestmark = pytest.mark.slow  # 800 hypothesis examples
 
 FLOATS = (pa.float32(), pa.float64())
 INTS = (pa.int32(), pa.int64())

@@ -124,6 +124,7 @@ def assert_tables_equal(got: dict[str, torch.Tensor], want: dict[str, torch.Tens
         )
 
 
+@pytest.mark.slow
 def test_one_rank_without_process_group_equals_local() -> None:
     results = train_sharded(0, 1, [c for c in CASES if not c[2]])
     for (plan_name, optim, fused), tables in results.items():
@@ -131,6 +132,8 @@ def test_one_rank_without_process_group_equals_local() -> None:
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.distributed
+@pytest.mark.slow
 def test_sharded_equals_single_process(world_size: int) -> None:
     per_rank = run_ranks(world_size, train_sharded, CASES)
     references = {o: train_reference(o) for o in ("sgd", "rowwise_adagrad", "adam")}
@@ -140,6 +143,8 @@ def test_sharded_equals_single_process(world_size: int) -> None:
                                 rank, world_size)
 
 
+@pytest.mark.distributed
+@pytest.mark.slow
 def test_mean_pooling_row_and_column_wise() -> None:
     cases = [("mixed", "sgd", True), ("row_wise", "adam", False)]
     per_rank = run_ranks(2, train_sharded, cases, Pooling.MEAN)
@@ -173,6 +178,8 @@ def record_collectives(rank: int, world_size: int) -> list[tuple[str, int]]:
     return calls
 
 
+@pytest.mark.distributed
+@pytest.mark.slow
 def test_replicated_tables_exchange_kv_pairs_not_dense_gradients() -> None:
     smallest_table = min(t.rows * t.dim for t in make_tables(scale=1000))  # 54,000 values
     for calls in run_ranks(2, record_collectives):

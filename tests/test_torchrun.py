@@ -18,6 +18,8 @@ from tests.conftest import REPO, TINY
 from tests.multiprocess import free_port
 from tests.run_state import assert_states_close, run_state
 
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
+
 TRAIN = ["train.progress=false", "train.log_every=1", "data.batch_size=128", "data.prefetch=2",
          "embeddings.replicate_max_bytes=0"]
 
