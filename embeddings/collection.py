@@ -28,6 +28,7 @@ from embeddings.jagged import bag_offsets, in_feature_order, permute_bags, stack
 from embeddings.kv import KVGradient
 from embeddings.lookup import pooled_lookup
 from embeddings.optim import SparseOptimizer
+from embeddings.plan.sizes import format_bytes
 from embeddings.table import Pooling, TableSpec
 from embeddings.timing import section
 
@@ -273,16 +274,8 @@ def naming_oom(what: str, nbytes: int, device: torch.device) -> Iterator[None]:
             raise
         rank = f"rank {dist.get_rank()}: " if dist.is_available() and dist.is_initialized() else ""
         asked = re.search(r"tried to allocate (\d+) bytes", text)
-        also = (f"; the allocator was asked for {_size(int(asked.group(1)))}"
+        also = (f"; the allocator was asked for {format_bytes(int(asked.group(1)))}"
                 if asked and int(asked.group(1)) != nbytes else "")
         raise AllocationError(
-            f"{rank}out of memory allocating {what}: {_size(nbytes)} on {device}{also}"
+            f"{rank}out of memory allocating {what}: {format_bytes(nbytes)} on {device}{also}"
         ) from None
-
-
-
-def _size(nbytes: int) -> str:
-    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if nbytes >= scale:
-            return f"{nbytes / scale:.1f} {unit}"
-    return f"{nbytes} bytes"

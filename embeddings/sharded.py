@@ -41,12 +41,13 @@ from embeddings.alltoall import (
     world,
 )
 from embeddings.collection import EmbeddingCollection, LocalEmbeddingCollection
+from embeddings.interface import TableState
 from embeddings.kv import KVGradient
 from embeddings.optim import RowWiseAdagrad, SparseOptimizer
-from embeddings.plan import Shard, ShardingPlan, ShardingType
+from embeddings.plan.types import Shard, ShardingPlan
 from embeddings.pooled_layout import Placement, pack_by_source, unpack_pooled
-from embeddings.sharding import router_for
 from embeddings.sharding.data_parallel import ReplicatedTables, allgather_kv
+from embeddings.sharding.registry import strategy
 from embeddings.table import Pooling, TableSpec
 from embeddings.timing import section
 
@@ -105,30 +106,61 @@ class ShardedEmbeddingCollection(EmbeddingCollection):
         self.mean = tables[0].pooling is Pooling.MEAN
         self.features = [f for t in tables for f in t.features]
         self.grad_scale = 1.0  # set by the trainer (see dlrm/parallel.py)
-        table_index = {t.name: i for i, t in enumerate(tables)}
-        feature_index = {f: i for i, f in enumerate(self.features)}
-
-        # ---- model-parallel slots, the same list on every rank
+        self.table_index = {t.name: i for i, t in enumerate(tables)}
+        self._table_of = {f: t.name for t in tables for f in t.features}
+        self.strategies = {name: strategy(tp.sharding) for name, tp in plan.tables.items()}
         self.routers = {
-            name: router_for(tp) for name, tp in plan.tables.items()
-            if tp.sharding is not ShardingType.DATA_PARALLEL
+            name: how.router(plan.tables[name]) for name, how in self.strategies.items()
+            if how.model_parallel
         }
-        self.slots_on: list[list[Slot]] = [[] for _ in range(self.world_size)]
-        for t in tables:
-            tp = plan.tables[t.name]
-            if tp.sharding is ShardingType.DATA_PARALLEL:
-                continue
-            for piece, shard in enumerate(tp.shards):
-                for f in t.features:
-                    self.slots_on[shard.rank].append(Slot(f, piece, shard))
-        for slots in self.slots_on:  # group equal widths; table then feature order inside
-            slots.sort(key=lambda s: (s.shard.cols, table_index[s.shard.table], feature_index[s.feature]))
+        self.slots_on = self._slots_on_ranks()
         self.mp_features = [f for f in self.features if f in {s.feature for sl in self.slots_on for s in sl}]
-
-        # ---- this rank's shards: one stacked store per width
         column_rowwise = isinstance(make_optimizer(), RowWiseAdagrad)
+        self.column_rowwise = column_rowwise and any(
+            how.splits_columns for how in self.strategies.values()
+        )
         self.stores = torch.nn.ModuleList()
         self.store_slots: list[list[Slot]] = []
+        self._build_stores(make_optimizer, fused, seed, device, defer_column_shards=column_rowwise)
+        self._shards_by_name = {shard_name(s.shard): s.shard for s in self.slots_on[self.rank]}
+
+        # ---- replicated tables: a full local copy, KV all-gather in step()
+        dp_tables = [t for t in tables if not self.strategies[t.name].model_parallel]
+        self.dp_features = [f for t in dp_tables for f in t.features]
+        self.replicated = (
+            ReplicatedTables(
+                LocalEmbeddingCollection(dp_tables, make_optimizer(), fused=False, seed=seed, device=device),
+                group,
+            )
+            if dp_tables else None
+        )
+
+    def _slots_on_ranks(self) -> list[list[Slot]]:
+        """Every rank's model-parallel slots, the same lists on every rank: grouped
+        by width, then in table and feature order."""
+        feature_index = {f: i for i, f in enumerate(self.features)}
+        slots_on: list[list[Slot]] = [[] for _ in range(self.world_size)]
+        for t in self.tables:
+            if not self.strategies[t.name].model_parallel:
+                continue
+            for piece, shard in enumerate(self.plan.tables[t.name].shards):
+                for f in t.features:
+                    slots_on[shard.rank].append(Slot(f, piece, shard))
+        for slots in slots_on:
+            slots.sort(key=lambda s: (s.shard.cols, self.table_index[s.shard.table], feature_index[s.feature]))
+        return slots_on
+
+    def _build_stores(
+        self,
+        make_optimizer: Callable[[], SparseOptimizer],
+        fused: bool,
+        seed: int,
+        device: torch.device | str,
+        defer_column_shards: bool,
+    ) -> None:
+        """This rank's shards: one stacked store per width. With
+        ``defer_column_shards`` (row-wise Adagrad) a store holding a column shard
+        applies after the partial-sum exchange in step(), not inside backward."""
         mine = self.slots_on[self.rank]
         for width in sorted({s.shard.cols for s in mine}):
             slots = [s for s in mine if s.shard.cols == width]
@@ -138,35 +170,16 @@ class ShardedEmbeddingCollection(EmbeddingCollection):
                           features=tuple(f"{s.feature}@{shard_name(sh)}" for s in slots if s.shard == sh))
                 for sh in shards
             ]
-            # A store holding a column shard under row-wise Adagrad applies after the
-            # partial-sum exchange in step(), not inside backward.
-            has_cw = any(plan.tables[sh.table].sharding is ShardingType.COLUMN_WISE for sh in shards)
+            has_cw = any(self.strategies[sh.table].splits_columns for sh in shards)
             store = LocalEmbeddingCollection(
-                specs, make_optimizer(), fused=fused and not (column_rowwise and has_cw), seed=seed,
+                specs, make_optimizer(), fused=fused and not (defer_column_shards and has_cw), seed=seed,
                 device=device,
-                table_origin={shard_name(sh): (sh.table, plan_rows(plan, sh), sh.row_start, sh.col_start)
+                table_origin={shard_name(sh): (sh.table, plan_rows(self.plan, sh), sh.row_start, sh.col_start)
                               for sh in shards},
                 init_dim={shard_name(sh): self.dim for sh in shards},
             )
             self.stores.append(store)
             self.store_slots.append(slots)
-        self._shards_by_name = {shard_name(s.shard): s.shard for s in mine}
-        self.column_rowwise = column_rowwise and any(
-            tp.sharding is ShardingType.COLUMN_WISE for tp in plan.tables.values()
-        )
-        self.table_index = table_index
-
-        # ---- replicated tables: a full local copy, KV all-gather in step()
-        dp_tables = [t for t in tables if plan.tables[t.name].sharding is ShardingType.DATA_PARALLEL]
-        self.dp_features = [f for t in dp_tables for f in t.features]
-        self.replicated = (
-            ReplicatedTables(
-                LocalEmbeddingCollection(dp_tables, make_optimizer(), fused=False, seed=seed, device=device),
-                group,
-            )
-            if dp_tables else None
-        )
-        self._table_of = {f: t.name for t in tables for f in t.features}
 
     # ------------------------------------------------------------------ forward
     def forward(self, sparse: KeyedJaggedTensor) -> torch.Tensor:
@@ -336,7 +349,7 @@ class ShardedEmbeddingCollection(EmbeddingCollection):
                 continue
             for spec in store.tables:
                 shard = self._shard_of(spec.name)
-                if self.plan.tables[shard.table].sharding is not ShardingType.COLUMN_WISE:
+                if not self.strategies[shard.table].splits_columns:
                     continue
                 start = store.row_offsets[spec.name]
                 part = grad.slice_rows(start, start + spec.rows)
@@ -353,7 +366,7 @@ class ShardedEmbeddingCollection(EmbeddingCollection):
         row_sq = grad.rows.square().mean(dim=1)
         for spec in store.tables:
             shard = self._shard_of(spec.name)
-            if self.plan.tables[shard.table].sharding is not ShardingType.COLUMN_WISE:
+            if not self.strategies[shard.table].splits_columns:
                 continue
             start = store.row_offsets[spec.name]
             lo = int(torch.searchsorted(grad.ids, start))
@@ -408,6 +421,13 @@ class ShardedEmbeddingCollection(EmbeddingCollection):
                     raise ValueError(f"{shard_name(shard)}.{key}: shape {tuple(src.shape)} != {tuple(dst.shape)}")
                 with torch.no_grad():
                     dst.copy_(src)
+
+    def table_state(self) -> TableState:
+        """This rank's shards (replicated tables: its full copy) as live tensors."""
+        sharding = {name: (tp.sharding, tp.shards) for name, tp in self.plan.tables.items()}
+        stores = list(self.stores) + ([self.replicated.store] if self.replicated else [])
+        return TableState(self.tables, self.local_shards(), sharding, stores[0].optimizer,
+                          plan=self.plan, group=self.group)
 
 
 def plan_rows(plan: ShardingPlan, shard: Shard) -> int:

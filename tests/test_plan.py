@@ -12,21 +12,11 @@ import pytest
 
 from dlrm.parallel.planning import cmd_plan
 from embeddings.optim import make_sparse_optimizer
-from embeddings.plan import (
-    PlanError,
-    RankMemory,
-    ShardingPlan,
-    ShardingType,
-    TablePlan,
-    auto_plan,
-    describe_plan,
-    fixed_plan,
-    format_bytes,
-    parse_size,
-    plan_memory,
-    rank_costs,
-    shard_table,
-)
+from embeddings.plan.describe import describe_plan
+from embeddings.plan.estimate import RankMemory, plan_memory, rank_costs
+from embeddings.plan.planner import auto_plan, fixed_plan, shard_table
+from embeddings.plan.sizes import format_bytes, parse_size
+from embeddings.plan.types import PlanError, ShardingPlan, ShardingType, TablePlan
 from embeddings.table import TableSpec
 from tests.conftest import REPO
 

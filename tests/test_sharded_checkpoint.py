@@ -23,7 +23,8 @@ from dlrm.checkpoint.manager import CheckpointError
 from dlrm.checkpoint.tables import load_embeddings, save_embeddings
 from embeddings.collection import LocalEmbeddingCollection
 from embeddings.optim import make_sparse_optimizer
-from embeddings.plan import ShardingType, fixed_plan
+from embeddings.plan.planner import fixed_plan
+from embeddings.plan.types import ShardingType
 from embeddings.sharded import ShardedEmbeddingCollection, gather_tables
 from embeddings.table import TableSpec
 from tests.multiprocess import run_ranks

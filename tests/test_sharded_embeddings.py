@@ -9,7 +9,8 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from embeddings.collection import LocalEmbeddingCollection
 from embeddings.optim import make_sparse_optimizer
-from embeddings.plan import ShardingType, fixed_plan
+from embeddings.plan.planner import fixed_plan
+from embeddings.plan.types import ShardingType
 from embeddings.sharded import ShardedEmbeddingCollection, gather_tables
 from embeddings.table import Pooling, TableSpec
 from tests.multiprocess import run_ranks

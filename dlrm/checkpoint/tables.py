@@ -76,8 +76,9 @@ from torch.futures import Future
 from dlrm.checkpoint.manager import CheckpointError
 from embeddings.collection import LocalEmbeddingCollection
 from embeddings.optim import SparseOptimizer
-from embeddings.plan import Shard, ShardingType
+from embeddings.plan.types import Shard, ShardingType
 from embeddings.sharded import ShardedEmbeddingCollection
+from embeddings.sharding.registry import strategy
 from embeddings.table import TableSpec
 
 Collection = ShardedEmbeddingCollection | LocalEmbeddingCollection
@@ -186,11 +187,11 @@ def _table_key(
     saving: bool,
 ) -> _Logical:
     """One table key: split (a ShardedTensor) or whole (a plain tensor)."""
-    if sharding is ShardingType.COLUMN_WISE and kind == "row":
+    if kind == "row" and strategy(sharding).per_row_state_whole():
         # Every column shard holds all rows of the same row state; one writes it.
         holders = [(s, t) for s, t in mine if not saving or s == shards[0]]
         return _Logical(key, size, dtype, False, [_Block(t[name], (0,)) for _, t in holders])
-    whole = sharding is ShardingType.DATA_PARALLEL or len(shards) == 1
+    whole = strategy(sharding).saved_whole(shards)
     blocks = [
         _Block(t[name], (s.row_start, s.col_start) if kind == "element" else (s.row_start,))
         for s, t in mine

@@ -13,7 +13,7 @@ import argparse
 
 from data.schema import Schema
 from dlrm.config import Config, TablePlacement
-from embeddings.plan import ShardingPlan, ShardingType
+from embeddings.plan.types import ShardingPlan, ShardingType
 
 
 def cmd_plan(argv: list[str]) -> int:
@@ -84,7 +84,8 @@ def plan_from_config(
     """
     from dlrm.parallel.parallelize import tables_from_schema
     from embeddings.optim import make_sparse_optimizer
-    from embeddings.plan import auto_plan, parse_size
+    from embeddings.plan.planner import auto_plan
+    from embeddings.plan.sizes import parse_size
 
     tables = tables_from_schema(schema, cfg.model.embedding_dim, cfg.embeddings.pooling)
     optimizer = make_sparse_optimizer(cfg.optim.sparse, cfg.optim.eps)
@@ -114,7 +115,8 @@ def describe(
     """A plan's tables and each rank's memory, as printed at the start of a run."""
     from dlrm.parallel.parallelize import tables_from_schema
     from embeddings.optim import make_sparse_optimizer
-    from embeddings.plan import describe_plan, plan_memory
+    from embeddings.plan.describe import describe_plan
+    from embeddings.plan.estimate import plan_memory
 
     tables = tables_from_schema(schema, cfg.model.embedding_dim, cfg.embeddings.pooling)
     optimizer = make_sparse_optimizer(cfg.optim.sparse, cfg.optim.eps)

@@ -32,7 +32,7 @@ from dlrm.parallel.distributed import DistInfo, all_reduce_sum
 from embeddings.hotline.profile import HotProfile, count_accesses, default_max_batches
 from embeddings.hotline.tiers import HOT_ONLY
 from embeddings.optim import make_sparse_optimizer
-from embeddings.plan import parse_size
+from embeddings.plan.sizes import parse_size
 from embeddings.table import TableSpec
 
 PROFILE_FILE = "hot_profile.pt"

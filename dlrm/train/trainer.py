@@ -182,7 +182,7 @@ def train(cfg: Config, run_dir: str | Path, echo: Callable[[str], None] = print)
     plan = getattr(model.embeddings, "plan", None) if hasattr(model, "embeddings") else None
     if plan is not None and info.is_main:
         from dlrm.parallel.planning import describe
-        from embeddings.plan import parse_size
+        from embeddings.plan.sizes import parse_size
 
         say(describe(cfg, schema, plan, parse_size(cfg.embeddings.memory_per_rank)))
         ckpt_io.write_atomic(run_dir / "plan.json", plan.to_json())

@@ -32,7 +32,7 @@ from embeddings.table import Pooling, TableSpec
 if TYPE_CHECKING:
     import torch.distributed as dist
 
-    from embeddings.plan import ShardingPlan
+    from embeddings.plan.types import ShardingPlan
 
 
 class ShardedHostTier:

@@ -22,7 +22,7 @@ from embeddings.hotline.lookups import ColdPooled, ColdRows, Lookups
 from embeddings.kv import KVGradient
 
 if TYPE_CHECKING:
-    from embeddings.plan import ShardingPlan
+    from embeddings.plan.types import ShardingPlan
 
 
 class HostTier(Protocol):

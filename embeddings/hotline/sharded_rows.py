@@ -12,7 +12,7 @@ the plan gives them to) go stale until written back.
     write (local)        every rank copies the hot elements it owns back into
                          its shards; replicated tables: every rank its own copy.
 
-Who owns element (row r, column c) of a table:
+Who owns element (row r, column c) of a table (the strategies' ``first_copy``):
 
     table_wise / row_wise    the shard whose rows hold r
     column_wise              the shard whose rows hold r and columns hold c;
@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
-from embeddings.plan import Shard, ShardingType
+from embeddings.plan.types import Shard
+from embeddings.sharding.registry import strategy
 
 if TYPE_CHECKING:
     from embeddings.sharded import ShardedEmbeddingCollection
@@ -44,8 +45,7 @@ def _owned(
     in the shard [k]) for every shard on this rank; ``stacked_ids`` sorted."""
     for shard, tensors in host.local_shards():
         table_plan = host.plan.tables[shard.table]
-        first = (table_plan.sharding is not ShardingType.DATA_PARALLEL
-                 or shard.rank == table_plan.shards[0].rank)
+        first = strategy(table_plan.sharding).first_copy(shard, table_plan)
         base = offsets[shard.table] + shard.row_start
         lo = int(torch.searchsorted(stacked_ids, base))
         hi = int(torch.searchsorted(stacked_ids, base + shard.rows))

@@ -54,7 +54,7 @@ if TYPE_CHECKING:
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
     from embeddings.interface import TableState
-    from embeddings.plan import ShardingPlan
+    from embeddings.plan.types import ShardingPlan
 
 __all__ = ["HOT_ONLY", "ColdPooled", "ColdRows", "HotlineEmbeddingCollection"]
 

@@ -1,24 +1,14 @@
-"""One file per sharding strategy: how a feature's ids are routed to the shards of
-its table, and how the shards' pooled pieces are put back together.
+"""One file per sharding strategy: where a table's shards go, how a feature's ids
+are routed to them and how their pooled pieces are put back together, what they
+cost, and how they are checkpointed.
+
+    base.py           the Strategy interface, and what model-parallel ones share
+    table_wise.py     ┌────────┐      one rank holds the whole table
+    column_wise.py    ┌──┬──┬──┐      the dim split over ranks, pieces side by side
+    row_wise.py       ├────────┤      the rows split over ranks, pieces added
+    data_parallel.py  a full copy on every rank, KV gradients all-gathered
+    registry.py       strategy(ShardingType) → its Strategy
 
     route(ids, lengths)  → per shard (lengths [B], ids rebased to the shard)
     combine(pieces)      → pooled [B, D] from per-shard pooled pieces, shard order
 """
-
-from __future__ import annotations
-
-from embeddings.plan import ShardingType, TablePlan
-from embeddings.sharding.base import Router
-from embeddings.sharding.column_wise import ColumnWiseRouter
-from embeddings.sharding.row_wise import RowWiseRouter
-from embeddings.sharding.table_wise import TableWiseRouter
-
-
-def router_for(table_plan: TablePlan) -> Router:
-    if table_plan.sharding is ShardingType.TABLE_WISE:
-        return TableWiseRouter()
-    if table_plan.sharding is ShardingType.COLUMN_WISE:
-        return ColumnWiseRouter(len(table_plan.shards))
-    if table_plan.sharding is ShardingType.ROW_WISE:
-        return RowWiseRouter([s.row_start for s in table_plan.shards])
-    raise ValueError(f"{table_plan.table}: {table_plan.sharding.value} tables are not routed")

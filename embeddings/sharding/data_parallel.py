@@ -5,6 +5,10 @@ KV gradients exchanged so that every copy takes the same step.
     rank 1: KV (ids₁, rows₁) ─┴─► every rank: coalesce(ids₀ ∪ ids₁) ─► same update
 
 Only touched rows travel: never a dense table-sized all-reduce.
+
+    every rank ┌────────┐  one full copy each; ids never leave the rank, and
+               │  all   │  each rank looks up only its slice of the batch
+               └────────┘
 """
 
 from __future__ import annotations
@@ -15,6 +19,9 @@ import torch.distributed as dist
 from embeddings.alltoall import world
 from embeddings.collection import LocalEmbeddingCollection
 from embeddings.kv import KVGradient
+from embeddings.plan.types import Shard, ShardingType, TablePlan
+from embeddings.sharding.base import Router, Strategy, whole_shard
+from embeddings.table import TableSpec
 from embeddings.timing import section
 
 
@@ -51,11 +58,52 @@ class ReplicatedTables(torch.nn.Module):
             raise ValueError("replicated tables apply after the KV all-gather, not in backward")
         self.store = store
         self.group = group
-        self.bytes_sent = 0  # KV bytes this rank contributed, for tests and logs
 
     def step(self) -> None:
         local = self.store.take_gradient()
-        self.bytes_sent += local.ids.numel() * 8 + local.rows.numel() * local.rows.element_size()
         with section("embedding_update"):
             synced = allgather_kv(local, self.group)
         self.store.apply_gradient(synced)
+
+
+class DataParallel(Strategy):
+    """A full copy of the table on every one of ``ranks``; no all-to-all."""
+
+    type = ShardingType.DATA_PARALLEL
+    model_parallel = False
+
+    def shards(self, table: TableSpec, ranks: list[int]) -> list[Shard]:
+        return [whole_shard(table, r) for r in ranks]
+
+    def can_spread(self, table: TableSpec, n: int) -> bool:
+        return True
+
+    def router(self, table_plan: TablePlan) -> Router:
+        raise ValueError(f"{table_plan.table}: {self.type.value} tables are not routed")
+
+    def buffer_bytes(self, shard: Shard, table: TableSpec, ids: float, batch_size: int) -> int:
+        """Nothing: the ids stay on their rank (KV gradients are not counted)."""
+        return 0
+
+    def lookup_floats(self, shard: Shard, table: TableSpec, ids: float, world_size: int) -> float:
+        """ids x dim / W: a copy looks up only its rank's slice of the batch."""
+        return ids * table.dim / world_size
+
+    def describe_ranks(self, table_plan: TablePlan, world_size: int) -> str:
+        """"all" for a copy on every rank."""
+        if sorted(s.rank for s in table_plan.shards) == list(range(world_size)):
+            return "all"
+        return super().describe_ranks(table_plan, world_size)
+
+    def describe_shapes(self, table_plan: TablePlan) -> str:
+        """"200,000x64 on each"."""
+        s = table_plan.shards[0]
+        return f"{s.rows:,}x{s.cols} on each"
+
+    def first_copy(self, shard: Shard, table_plan: TablePlan) -> bool:
+        """Reads take the first copy; writes go to every copy."""
+        return shard.rank == table_plan.shards[0].rank
+
+    def saved_whole(self, shards: list[Shard]) -> bool:
+        """Every copy is the whole table: saved once, read by every holder."""
+        return True

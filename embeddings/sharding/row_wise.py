@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import torch
 
+from embeddings.plan.types import Shard, ShardingType, TablePlan
+from embeddings.sharding.base import ModelParallel, Router, even_splits
+from embeddings.table import TableSpec
+
 
 class RowWiseRouter:
     accumulates = True  # partial sums are added (embeddings/pooled_layout.py)
@@ -31,3 +35,23 @@ class RowWiseRouter:
         per_sample = per_sample.view(shards, batch)
         counts = per_sample.sum(dim=1).tolist()
         return list(zip(per_sample.unbind(0), local_ids.split(counts)))
+
+
+class RowWise(ModelParallel):
+    """len(ranks) nearly equal row ranges, all columns each."""
+
+    type = ShardingType.ROW_WISE
+
+    def shards(self, table: TableSpec, ranks: list[int]) -> list[Shard]:
+        if len(ranks) > table.rows:
+            raise ValueError(f"table {table.name}: {table.rows} rows cannot split over {len(ranks)} ranks")
+        return [
+            Shard(table.name, r, r0, r1, 0, table.dim)
+            for r, (r0, r1) in zip(ranks, even_splits(table.rows, len(ranks)))
+        ]
+
+    def can_spread(self, table: TableSpec, n: int) -> bool:
+        return n <= table.rows
+
+    def router(self, table_plan: TablePlan) -> Router:
+        return RowWiseRouter([s.row_start for s in table_plan.shards])
