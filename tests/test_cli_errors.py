@@ -192,6 +192,7 @@ def test_eval_without_checkpoint(tmp_path: Path, capsys) -> None:
     assert_one_line_error(code, err, "no checkpoint")
 
 
+@pytest.mark.slow
 def test_real_process_exit_code_and_no_traceback(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "dlrm", "train", "--config", str(TINY), "--out", str(tmp_path / "run"),

@@ -107,6 +107,7 @@ def _features(t: pa.Table, cfg: GenerateConfig) -> sp.csr_matrix:
     return sp.hstack(blocks).tocsr()
 
 
+@pytest.mark.slow
 def test_planted_signal_generalises_to_another_seed(tmp_path: Path) -> None:
     train = _read(generate_dataset(str(tmp_path / "train"), SMALL, seed=1, rows=20_000))
     test = _read(generate_dataset(str(tmp_path / "test"), SMALL, seed=2, rows=20_000))

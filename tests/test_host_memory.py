@@ -32,6 +32,7 @@ def _returned_mb(mode: str) -> float:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc malloc, /proc")
+@pytest.mark.slow
 def test_freed_buffer_stays_with_the_process() -> None:
     assert _returned_mb("default") > 12  # glibc unmaps it: the next step faults it in
     assert _returned_mb("tuned") < 2  # kept in the heap for the next step

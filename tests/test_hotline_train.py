@@ -38,6 +38,7 @@ def test_hotline_equals_ordinary_training(tiny_data, tmp_path: Path, optim: str)
 
 
 @pytest.mark.parametrize("extra", [("hotline.refresh_every=5",), ("hotline.pipeline=false",)])
+@pytest.mark.slow
 def test_refresh_and_no_pipeline_stay_exact(tiny_data, tmp_path: Path, extra: tuple[str, ...]) -> None:
     run(tiny_data, tmp_path / "plain", "optim.sparse=rowwise_adagrad")
     run(tiny_data, tmp_path / "hot", "optim.sparse=rowwise_adagrad", *HOTLINE, *extra)

@@ -47,6 +47,7 @@ def test_advised_tensor_is_backed_by_huge_pages() -> None:
     assert not advise_huge_pages(torch.empty(1000))  # small: left alone
 
 
+@pytest.mark.slow
 def test_embedding_table_weight_gets_huge_pages() -> None:
     tables = [TableSpec(name="t", rows=600_000, dim=64, features=("f",))]  # 154 MB
     collection = LocalEmbeddingCollection(tables, make_sparse_optimizer("sgd"), seed=0)

@@ -148,6 +148,7 @@ def test_metrics_import_is_light() -> None:
     assert out.stdout.strip() == "False"
 
 
+@pytest.mark.slow
 def test_write_plots_makes_pngs(tmp_path) -> None:
     s, y = _data(200_000, 0.1, seed=10)
     paths = write_plots(torch.from_numpy(s), torch.from_numpy(y), tmp_path / "plots")
