@@ -91,6 +91,8 @@ def _rank0_decides(rank: int, world_size: int) -> list[bool]:
     return verdicts
 
 
+@pytest.mark.distributed
+@pytest.mark.slow
 def test_time_decision_is_rank_zeros() -> None:
     # Rank 0's clock decides for all ranks: they always agree, so they save together.
     assert run_ranks(2, _rank0_decides) == [[True, False], [True, False]]

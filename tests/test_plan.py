@@ -149,6 +149,7 @@ def test_replication_counts_optimizer_state() -> None:
     assert auto_plan(t, 2, ADAM, batch_size=8, replicate_max_bytes=300 << 10).by_type(TW) == ["t"]
 
 
+@pytest.mark.slow
 def test_table_over_budget_goes_row_wise_over_all_ranks() -> None:
     big = table("big", 1_000_000, 64)  # 256 MB of weights
     small = [table(f"s{i}", 100_000, 64) for i in range(4)]  # 25.6 MB each

@@ -123,6 +123,8 @@ def truncated_copy(src: Path, dst: Path) -> Path:
     return dst
 
 
+@pytest.mark.distributed
+@pytest.mark.slow
 def test_same_plan_at_two_ranks(saved_run) -> None:
     _, runs = saved_run
     for optim, run in runs.items():
@@ -132,6 +134,8 @@ def test_same_plan_at_two_ranks(saved_run) -> None:
             assert torch.equal(run["same_plan"][key], want), f"W=2 {optim} {key}"
 
 
+@pytest.mark.distributed
+@pytest.mark.slow
 def test_other_plans_at_three_ranks_and_resume(saved_run, tmp_path: Path) -> None:
     root, runs = saved_run
     broken = truncated_copy(root / "adam", tmp_path / "broken")
@@ -147,6 +151,8 @@ def test_other_plans_at_three_ranks_and_resume(saved_run, tmp_path: Path) -> Non
         assert "tables." in result["broken"] or "optimizer." in result["broken"], result["broken"]
 
 
+@pytest.mark.distributed
+@pytest.mark.slow
 def test_one_process_without_group(saved_run) -> None:
     root, runs = saved_run
     for optim, run in runs.items():
@@ -181,6 +187,8 @@ def local(optim: str = "adam", rows_t0: int = 40) -> LocalEmbeddingCollection:
     return LocalEmbeddingCollection(tables, make_sparse_optimizer(optim), seed=FRESH_SEED)
 
 
+@pytest.mark.distributed
+@pytest.mark.slow
 def test_bad_checkpoints_raise_checkpoint_error(saved_run, tmp_path: Path) -> None:
     root, _ = saved_run
     with pytest.raises(CheckpointError, match="not found"):

@@ -210,6 +210,7 @@ def test_rowwise_adagrad_first_step_matches_formula(build: Callable[..., TorchRe
         assert torch.equal(after[t][untouched], before[t][untouched])
 
 
+@pytest.mark.slow
 def test_training_reduces_loss_and_zero_lr_freezes_tables(
     build: Callable[..., TorchRecDLRM],
 ) -> None:

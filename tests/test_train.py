@@ -30,6 +30,7 @@ def run_train(tiny_data, run: Path, **extra) -> dict:
     return train(cfg, run, echo=lambda s: None)
 
 
+@pytest.mark.slow
 def test_train_learns_and_eval_matches_sklearn(tiny_data, tmp_path: Path, capsys) -> None:
     run = tmp_path / "run"
     assert main(["train", "--config", str(TINY), "--out", str(run), *tiny_overrides(),
@@ -65,6 +66,7 @@ def test_train_learns_and_eval_matches_sklearn(tiny_data, tmp_path: Path, capsys
     assert result["logloss"] == pytest.approx(log_loss(labels.numpy(), scores.numpy()), rel=1e-6)
 
 
+@pytest.mark.slow
 def test_resume_equals_uninterrupted(tiny_data, tmp_path: Path) -> None:
     # 40k rows / 512 = 79 steps per epoch: stop mid-epoch (30) and cross the epoch end.
     run_train(tiny_data, tmp_path / "straight", **{"train.max_steps": 100, "optim.sparse": "adam"})
@@ -77,6 +79,7 @@ def test_resume_equals_uninterrupted(tiny_data, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("sparse", ["sgd", "rowwise_adagrad", "adam"])
+@pytest.mark.slow
 def test_fused_update_equals_kv_gradient_update(tiny_data, tmp_path: Path, sparse: str) -> None:
     common = {"train.max_steps": 12, "optim.sparse": sparse, "data.eval": ""}
     run_train(tiny_data, tmp_path / "fused", **common, **{"embeddings.fused": "true"})
@@ -86,6 +89,7 @@ def test_fused_update_equals_kv_gradient_update(tiny_data, tmp_path: Path, spars
         torch.testing.assert_close(a[key], b[key], rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.slow
 def test_same_seed_same_parameters_other_seed_differs(tiny_data, tmp_path: Path) -> None:
     run_train(tiny_data, tmp_path / "a", **{"train.max_steps": 8, "data.eval": ""})
     run_train(tiny_data, tmp_path / "b", **{"train.max_steps": 8, "data.eval": ""})
@@ -95,6 +99,7 @@ def test_same_seed_same_parameters_other_seed_differs(tiny_data, tmp_path: Path)
     assert not all(torch.equal(a[k], c[k]) for k in a)
 
 
+@pytest.mark.slow
 def test_dcn_interaction_trains(tiny_data, tmp_path: Path) -> None:
     summary = run_train(
         tiny_data, tmp_path / "dcn",
@@ -103,6 +108,7 @@ def test_dcn_interaction_trains(tiny_data, tmp_path: Path) -> None:
     assert np.isfinite(summary["eval_logloss"]) and summary["eval_auc"] > 0.6
 
 
+@pytest.mark.slow
 def test_section_times_add_up_to_the_step_time(tiny_data, tmp_path: Path) -> None:
     summary = run_train(tiny_data, tmp_path / "timed", **{
         "train.max_steps": 30, "train.time_sections": "true", "data.eval": "", "embeddings.fused": "false"})
@@ -116,6 +122,7 @@ def test_section_times_add_up_to_the_step_time(tiny_data, tmp_path: Path) -> Non
     assert len(summary["peak_memory_mb"]) == 1 and summary["peak_memory_mb"][0] > 10
 
 
+@pytest.mark.slow
 def test_profile_steps_writes_operator_table_and_trace(tiny_data, tmp_path: Path) -> None:
     run = tmp_path / "profiled"
     run_train(tiny_data, run, **{"train.max_steps": 8, "train.profile_start": 3,
