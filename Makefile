@@ -21,9 +21,10 @@ test: setup
 test-fast: setup
 	$(PY) -m pytest -m "not slow and not distributed" tests
 
-# CUDA tests alone (skipped on a machine without CUDA).
+# CUDA tests alone (skipped on a machine without CUDA). pytest exits 5 when no test
+# carries the marker yet: that is not a failure.
 test-gpu: setup
-	$(PY) -m pytest -m gpu tests
+	$(PY) -m pytest -m gpu tests || [ $$? -eq 5 ]
 
 lint: setup
 	$(PY) -m ruff check dlrm embeddings data tests
