@@ -8,6 +8,7 @@ fresh process from a directory whose ``data`` and ``embeddings`` raise when impo
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import TINY
+from tests.conftest import REPO, TINY
 from tests.multiprocess import free_port
 
 RAISE = 'raise ImportError("the user\'s own {name} was imported instead of hybrid-dlrm\'s")\n'
@@ -65,6 +66,13 @@ def _train_args(train: Path) -> list[str]:
 def _summary(stdout: str) -> dict:
     events = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
     return next(e for e in events if e.get("event") == "summary")
+
+
+def test_dlrm_init_imports_nothing() -> None:
+    """``python -m dlrm`` runs dlrm/__init__.py before __main__ mends sys.path: an import
+    there would still find the user's modules."""
+    tree = ast.parse((REPO / "dlrm" / "__init__.py").read_text())
+    assert not [n for n in ast.walk(tree) if isinstance(n, ast.Import | ast.ImportFrom)]
 
 
 def test_help(user_dir: Path) -> None:
