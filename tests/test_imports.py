@@ -10,6 +10,7 @@ The graph is read from the source with ast, so a cycle hidden in a function body
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import subprocess
 import sys
@@ -93,6 +94,7 @@ def _targets(node: ast.Import | ast.ImportFrom, module: str, is_package: bool,
     return {name for name in names if name in known}
 
 
+@functools.cache
 def import_graph(root: Path) -> tuple[dict[str, set[str]], dict[str, set[str]]]:
     """(runtime edges, all edges): module → our modules it imports, anywhere in its file.
 
