@@ -32,3 +32,13 @@ class DataError(UserError):
         self.file, self.column, self.row_group, self.row = file, column, row_group, row
         self.reason = message  # the message without its place
         super().__init__(f"{', '.join(where)}: {message}" if where else message)
+
+
+def one_line(error: BaseException, named: bool = False) -> str:
+    """The first line of an exception's message (its type's name if it has none;
+    ``named``: always "Type: line"): many libraries' messages run over several lines,
+    and a user error is one line."""
+    lines = str(error).strip().splitlines()
+    if not lines:
+        return type(error).__name__
+    return f"{type(error).__name__}: {lines[0]}" if named else lines[0]

@@ -84,9 +84,32 @@ def cmd_eval(argv: list[str]) -> int:
 
 
 def cmd_plan(argv: list[str]) -> int:
-    from dlrm.parallel.planning import cmd_plan as plan
+    """Print the sharding plan and per-rank memory of a run; nothing is launched.
 
-    return plan(argv)
+    The schema comes from ``--data`` or the config's ``data.train`` when either is
+    given (Parquet footers only), else from its ``generate:`` section, so a plan can
+    be looked at before any data exists."""
+    p = argparse.ArgumentParser(
+        prog="dlrm plan", description="Print the sharding plan and per-rank memory of a run."
+    )
+    p.add_argument("--config", required=True, help="YAML config (see configs/)")
+    p.add_argument("--world-size", type=int, required=True, help="ranks to plan for")
+    p.add_argument("--memory-per-rank", default=None,
+                   help='budget like "16GB" or "512MiB" (default: embeddings.memory_per_rank)')
+    p.add_argument("--data", default=None,
+                   help="Parquet file, directory or glob (default: data.train)")
+    p.add_argument("overrides", nargs="*", help="key.sub=value config overrides")
+    a = p.parse_args(argv)
+    from dlrm.config import load_config
+    from dlrm.parallel.planning import plan_from_config, run_schema
+
+    cfg = load_config(a.config, a.overrides)
+    schema, pooling = run_schema(cfg, a.data)
+    _, text = plan_from_config(
+        cfg, schema, a.world_size, memory_per_rank=a.memory_per_rank, pooling_factors=pooling
+    )
+    print(text)
+    return 0
 
 
 def cmd_bench(argv: list[str]) -> int:

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 import yaml
 
-from data.errors import UserError
+from data.errors import UserError, one_line
 from data.generate import GenerateConfig
 
 
@@ -173,7 +173,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         try:
             loaded = yaml.safe_load(p.read_text())
         except yaml.YAMLError as e:
-            raise ConfigError(f"config file {p}: not valid YAML ({_first_line(e)})") from None
+            raise ConfigError(f"config file {p}: not valid YAML ({one_line(e)})") from None
         if loaded is None:
             loaded = {}
         if not isinstance(loaded, dict):
@@ -267,6 +267,3 @@ def to_dict(cfg: Config) -> dict[str, Any]:
 def to_yaml(cfg: Config) -> str:
     return yaml.safe_dump(to_dict(cfg), sort_keys=False)
 
-
-def _first_line(e: Exception) -> str:
-    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__

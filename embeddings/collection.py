@@ -24,11 +24,13 @@ from torch import nn
 from data.errors import UserError
 from embeddings.huge_pages import advise_huge_pages
 from embeddings.init import init_rows
+from embeddings.interface import Prefetched, TableState
 from embeddings.jagged import bag_offsets, in_feature_order, permute_bags, stacked_ids
 from embeddings.kv import KVGradient
 from embeddings.lookup import pooled_lookup
 from embeddings.optim import SparseOptimizer
 from embeddings.plan.sizes import format_bytes
+from embeddings.plan.types import Shard, ShardingPlan, ShardingType
 from embeddings.table import Pooling, TableSpec
 from embeddings.timing import section
 
@@ -46,6 +48,7 @@ class EmbeddingCollection(nn.Module, ABC):
 
     features: list[str]
     dim: int
+    plan: ShardingPlan | None = None  # which rank holds what; None: every table here
 
     @abstractmethod
     def forward(self, sparse: KeyedJaggedTensor) -> torch.Tensor:
@@ -67,6 +70,20 @@ class EmbeddingCollection(nn.Module, ABC):
 
     @abstractmethod
     def import_tables(self, tensors: dict[str, torch.Tensor]) -> None: ...
+
+    @abstractmethod
+    def table_state(self) -> TableState:
+        """This rank's tables as live tensors, for a checkpoint (embeddings/interface.py)."""
+
+    def start(self, sparse: KeyedJaggedTensor | Prefetched) -> object:
+        """Begin a lookup (embeddings/interface.py); here nothing is in flight."""
+        return sparse
+
+    def finish(self, started: object) -> torch.Tensor:
+        return self(started)
+
+    def tables_loaded(self) -> None:
+        """Nothing is derived from the tables here."""
 
 
 class LocalEmbeddingCollection(EmbeddingCollection):
@@ -255,6 +272,17 @@ class LocalEmbeddingCollection(EmbeddingCollection):
                 if src.shape != dst.shape:
                     raise ValueError(f"{key}: shape {tuple(src.shape)} != {tuple(dst.shape)}")
                 dst.copy_(src)
+
+    def table_state(self) -> TableState:
+        """Every table whole: one table-wise shard each, on this (the only) rank."""
+        tensors = self.export_tables()
+        held, sharding = [], {}
+        for spec in self.tables:
+            whole = Shard(spec.name, 0, 0, spec.rows, 0, spec.dim)
+            prefix = f"{spec.name}."
+            held.append((whole, {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}))
+            sharding[spec.name] = (ShardingType.TABLE_WISE, [whole])
+        return TableState(self.tables, held, sharding, self.optimizer)
 
 
 class AllocationError(UserError):

@@ -41,6 +41,7 @@ from embeddings.alltoall import (
     world,
 )
 from embeddings.collection import EmbeddingCollection, LocalEmbeddingCollection
+from embeddings.interface import TableState
 from embeddings.kv import KVGradient
 from embeddings.optim import RowWiseAdagrad, SparseOptimizer
 from embeddings.plan.types import Shard, ShardingPlan
@@ -420,6 +421,13 @@ class ShardedEmbeddingCollection(EmbeddingCollection):
                     raise ValueError(f"{shard_name(shard)}.{key}: shape {tuple(src.shape)} != {tuple(dst.shape)}")
                 with torch.no_grad():
                     dst.copy_(src)
+
+    def table_state(self) -> TableState:
+        """This rank's shards (replicated tables: its full copy) as live tensors."""
+        sharding = {name: (tp.sharding, tp.shards) for name, tp in self.plan.tables.items()}
+        stores = list(self.stores) + ([self.replicated.store] if self.replicated else [])
+        return TableState(self.tables, self.local_shards(), sharding, stores[0].optimizer,
+                          plan=self.plan, group=self.group)
 
 
 def plan_rows(plan: ShardingPlan, shard: Shard) -> int:

@@ -8,19 +8,20 @@ from pathlib import Path
 import torch
 
 from dlrm.checkpoint import manager as ck
-from dlrm.parallel.parallelize import build_model
+from dlrm.checkpoint import manifest
 from dlrm.config import Config, from_dict
+from dlrm.parallel.parallelize import build_model
 
 
 def run_state(run: Path) -> dict[str, torch.Tensor]:
     """Dense tensors and whole embedding tables (with optimizer state) of ``run``,
     loaded into a single-process model whatever world size wrote it."""
     ckpt = ck.find_checkpoint(run)
-    meta = ck.load_meta(ckpt)
+    meta = manifest.load_meta(ckpt)
     cfg = from_dict(Config, meta["config"], "")
     cfg.train.accumulate = 1
     cfg.embeddings.placement = "sharded"  # a plain model holds every table
-    schema = ck.schema_from_json(meta["schema"])
+    schema = manifest.schema_from_json(meta["schema"])
     model = build_model(cfg, schema)
     with contextlib.closing(model):  # the torchrec backend's model owns a process group
         ck.load_checkpoint(ckpt, model, None, None, schema)

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from dlrm.bench.limits import model_cost
 from dlrm.cli import main
 from dlrm.config import load_config
 from dlrm.models.interaction import DotInteraction
-from dlrm.bench.limits import model_cost
 from tests.conftest import TINY
 
 SMALL = ["generate.rows=20000", "generate.row_group_rows=4096"]

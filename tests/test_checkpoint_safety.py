@@ -19,6 +19,8 @@ import pytest
 import torch
 
 from dlrm.checkpoint import manager as ck
+from dlrm.checkpoint import manifest
+from dlrm.checkpoint.schedule import CheckpointSchedule
 from dlrm.cli import main
 from tests.conftest import TINY, tiny_overrides
 from tests.data_helpers import tiny_dataset
@@ -61,14 +63,14 @@ def test_schedule_keeps_the_newest_and_the_manifest_covers_every_file(trained) -
     # every 3 steps (3, 6, 9) and at the end (10); the 3 newest kept, nothing partial
     assert steps_kept(run) == ["step-000000006", "step-000000009", "step-000000010"]
     ckpt = ck.find_checkpoint(run)
-    meta = ck.load_meta(ckpt)
+    meta = manifest.load_meta(ckpt)
     files = {str(f.relative_to(ckpt)) for f in ckpt.rglob("*") if f.is_file()} - {"meta.json"}
     assert set(meta["files"]) == files
     assert {"state.pt", "embeddings/.metadata"} < files and any(f.endswith(".distcp") for f in files)
     for name, entry in meta["files"].items():
         assert entry["sha256"] == hashlib.sha256((ckpt / name).read_bytes()).hexdigest(), name
     assert meta["progress"]["global_step"] == STEPS and meta["config"]["train"]["max_steps"] == STEPS
-    assert meta["format_version"] == ck.FORMAT_VERSION and "meta_sha256" in meta
+    assert meta["format_version"] == manifest.FORMAT_VERSION and "meta_sha256" in meta
 
 
 def test_checkpoint_seconds_saves_on_time(trained, tmp_path: Path) -> None:
@@ -83,7 +85,7 @@ def _rank0_decides(rank: int, world_size: int) -> list[bool]:
     from dlrm.parallel.distributed import DistInfo
 
     info = DistInfo(rank, world_size, rank, torch.device("cpu"), "gloo")
-    schedule = ck.CheckpointSchedule(0, 1000.0, 2, info)
+    schedule = CheckpointSchedule(0, 1000.0, 2, info)
     verdicts = []
     for late_rank in (0, 1):  # one rank's clock says "late", the other's does not
         schedule.saved_at = float("-inf") if rank == late_rank else float("inf")
@@ -170,7 +172,7 @@ def test_other_format_version_refused(trained, tmp_path: Path, capsys) -> None:
     ckpt = ck.find_checkpoint(tmp_path / "run")
     meta = json.loads((ckpt / "meta.json").read_text())
     meta["format_version"] = 99  # as a later program would write it, checksum and all
-    meta["meta_sha256"] = ck._meta_digest(meta)
+    meta["meta_sha256"] = manifest.meta_digest(meta)
     (ckpt / "meta.json").write_text(json.dumps(meta))
     code = main(train_argv(data, tmp_path / "run"))
     one_line_error(capsys, code, "meta.json", "format version 99, this program reads")
@@ -209,8 +211,8 @@ def test_loading_never_runs_code_from_the_checkpoint(trained, tmp_path: Path, ca
     (ckpt / "state.pt").write_bytes(pickle.dumps({"rng": _Payload(marker)}))
     # a forger who also fixes the manifest gets past the checksums, not past weights_only
     meta = json.loads((ckpt / "meta.json").read_text())
-    meta["files"]["state.pt"] = ck._digest(ckpt / "state.pt")
-    meta["meta_sha256"] = ck._meta_digest(meta)
+    meta["files"]["state.pt"] = manifest.digest(ckpt / "state.pt")
+    meta["meta_sha256"] = manifest.meta_digest(meta)
     (ckpt / "meta.json").write_text(json.dumps(meta))
     code = main(["eval", "--checkpoint", str(ckpt), "--data", str(data)])
     one_line_error(capsys, code, "state.pt", "cannot be loaded")

@@ -95,9 +95,9 @@ def test_a_peer_that_hangs_or_dies_ends_the_job_with_one_line(data, tmp_path: Pa
 
 def _embedding_group_collective(rank: int, world_size: int) -> tuple[float, str] | None:
     from data.schema import Schema, SparseFeature
-    from dlrm.parallel.parallelize import build_model
     from dlrm.config import load_config
     from dlrm.parallel.distributed import DistInfo
+    from dlrm.parallel.parallelize import build_model
 
     cfg = load_config(TINY, ["train.timeout_s=2", "embeddings.replicate_max_bytes=0"])
     schema = Schema("label", ("I1",), (SparseFeature("C1", 50), SparseFeature("C2", 50)))

@@ -11,6 +11,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from embeddings.collection import LocalEmbeddingCollection
 from embeddings.hotline.profile import HotProfile, choose_hot_rows, count_accesses, row_bytes
 from embeddings.hotline.tiers import HotlineEmbeddingCollection
+from embeddings.interface import Prefetched
 from embeddings.optim import SparseAdam, make_sparse_optimizer
 from embeddings.table import Pooling, TableSpec
 from tests.test_embeddings import random_kjt, tables_fixture
@@ -224,10 +225,10 @@ def test_cold_rows_gathered_ahead_and_checked() -> None:
     hot = {"t0": torch.arange(0, 50, 2), "t_shared": torch.arange(0, 30, 2), "t2": torch.tensor([0])}
     coll = HotlineEmbeddingCollection(tables, profile_of(tables, hot), make_sparse_optimizer("sgd"))
     cold = coll.gather_cold(a)
-    assert torch.equal(coll(a, cold), coll(a))
+    assert torch.equal(coll(Prefetched(a, cold)), coll(a))
     assert coll.last_stats["cold_rows"] == cold.ids.numel() > 0
     with pytest.raises(ValueError, match="another batch"):
-        coll(b, cold)
+        coll(Prefetched(b, cold))
 
 
 class _HotGreedySGD(type(make_sparse_optimizer("sgd"))):

@@ -10,9 +10,10 @@ import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from data.schema import Schema, SparseFeature
-from dlrm.parallel.parallelize import build_model, lr_factor
 from dlrm.config import Config, ModelConfig
 from dlrm.models.interaction import CrossInteraction, DotInteraction
+from dlrm.parallel.parallelize import build_model
+from dlrm.train.optim import lr_factor
 
 
 def test_dot_interaction_matches_pairwise_loop() -> None:

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from dlrm.parallel.planning import cmd_plan
+from dlrm.cli import cmd_plan
 from embeddings.optim import make_sparse_optimizer
 from embeddings.plan.describe import describe_plan
 from embeddings.plan.estimate import RankMemory, plan_memory, rank_costs

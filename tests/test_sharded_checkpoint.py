@@ -80,9 +80,9 @@ def save_run(rank: int, world_size: int, root: str) -> dict[str, dict[str, Table
         for step in range(STEPS):
             train_step(coll, step, rank, world_size)
         saved = snapshot(coll)
-        save_embeddings(Path(root, optim), coll)
+        save_embeddings(Path(root, optim), coll.table_state())
         fresh = sharded(PLANS["mixed"](world_size), optim, world_size, FRESH_SEED)
-        load_embeddings(Path(root, optim), fresh)
+        load_embeddings(Path(root, optim), fresh.table_state())
         same_plan = snapshot(fresh)
         train_step(coll, STEPS, rank, world_size)
         out[optim] = {"saved": saved, "same_plan": same_plan, "next": snapshot(coll)}
@@ -96,13 +96,13 @@ def load_elsewhere(rank: int, world_size: int, root: str, broken: str) -> dict:
     for optim in OPTIMIZERS:
         for name, placements in OTHER_PLANS.items():
             coll = sharded(placements(world_size), optim, world_size, FRESH_SEED)
-            load_embeddings(Path(root, optim), coll)
+            load_embeddings(Path(root, optim), coll.table_state())
             loaded = snapshot(coll)
             train_step(coll, STEPS, rank, world_size)
             out[optim, name] = {"loaded": loaded, "next": snapshot(coll)}
     coll = sharded(OTHER_PLANS["shuffled"](world_size), "adam", world_size, FRESH_SEED)
     try:
-        load_embeddings(broken, coll)
+        load_embeddings(broken, coll.table_state())
         out["broken"] = None
     except CheckpointError as e:
         out["broken"] = str(e)
@@ -158,7 +158,7 @@ def test_one_process_without_group(saved_run) -> None:
     for optim, run in runs.items():
         coll = LocalEmbeddingCollection(make_tables(), make_sparse_optimizer(optim), seed=FRESH_SEED)
         assert not torch.equal(coll.export_tables()["t1.weight"], run["saved"]["t1.weight"])
-        load_embeddings(root / optim, coll)
+        load_embeddings(root / optim, coll.table_state())
         loaded = {k: v.clone() for k, v in coll.export_tables().items()}
         assert set(loaded) == set(run["saved"])
         for key, want in run["saved"].items():
@@ -166,9 +166,9 @@ def test_one_process_without_group(saved_run) -> None:
         train_step(coll, STEPS, 0, 1)
         assert_tables_equal(coll.export_tables(), run["next"], f"resume local {optim}")
         # and back: a checkpoint written by one process loads too
-        save_embeddings(root / f"{optim}-local", coll)
+        save_embeddings(root / f"{optim}-local", coll.table_state())
         again = LocalEmbeddingCollection(make_tables(), make_sparse_optimizer(optim), seed=FRESH_SEED)
-        load_embeddings(root / f"{optim}-local", again)
+        load_embeddings(root / f"{optim}-local", again.table_state())
         assert_tables_equal(again.export_tables(), coll.export_tables(), f"local round trip {optim}")
 
 
@@ -192,32 +192,32 @@ def local(optim: str = "adam", rows_t0: int = 40) -> LocalEmbeddingCollection:
 def test_bad_checkpoints_raise_checkpoint_error(saved_run, tmp_path: Path) -> None:
     root, _ = saved_run
     with pytest.raises(CheckpointError, match="not found"):
-        load_embeddings(tmp_path / "nowhere", local())
+        load_embeddings(tmp_path / "nowhere", local().table_state())
 
     broken = truncated_copy(root / "adam", tmp_path / "truncated")
     with pytest.raises(CheckpointError, match=r"truncated: (tables|optimizer)\.\S+ cannot be read"):
-        load_embeddings(broken, local())
+        load_embeddings(broken, local().table_state())
 
     with pytest.raises(CheckpointError, match=r"tables\.t0\.weight is \[40, 6\] there, \[41, 6\] here"):
-        load_embeddings(root / "adam", local(rows_t0=41))
+        load_embeddings(root / "adam", local(rows_t0=41).table_state())
     with pytest.raises(CheckpointError, match=r"tables\.t0\.exp_avg is missing"):
-        load_embeddings(root / "rowwise_adagrad", local("adam"))
+        load_embeddings(root / "rowwise_adagrad", local("adam").table_state())
     with pytest.raises(CheckpointError, match=r"tables\.t0\.sum is missing"):
-        load_embeddings(root / "adam", local("rowwise_adagrad"))
+        load_embeddings(root / "adam", local("rowwise_adagrad").table_state())
     with pytest.raises(CheckpointError, match=r"optimizer\.step is there but not in this collection"):
-        load_embeddings(root / "adam", local("sgd"))
+        load_embeddings(root / "adam", local("sgd").table_state())
 
     evil = tmp_path / "evil"
     shutil.copytree(root / "adam", evil)
     marker = tmp_path / "code-ran"
     (evil / ".metadata").write_bytes(pickle.dumps(_Payload(marker)))
     with pytest.raises(CheckpointError, match=r"\.metadata is unreadable .*not allowed"):
-        load_embeddings(evil, local())
+        load_embeddings(evil, local().table_state())
     assert not marker.exists()
 
     (evil / ".metadata").write_bytes(b"\x80\x04garbage")
     with pytest.raises(CheckpointError, match=r"\.metadata is unreadable"):
-        load_embeddings(evil, local())
+        load_embeddings(evil, local().table_state())
 
 
 def test_write_error_names_free_space(tmp_path: Path) -> None:

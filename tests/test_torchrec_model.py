@@ -20,9 +20,9 @@ pytest.importorskip("torchrec")
 from torchrec import KeyedJaggedTensor
 
 from data.schema import Schema, SparseFeature
-from dlrm.parallel.parallelize import tables_from_schema
 from dlrm.config import ConfigError, ModelConfig, OptimConfig
 from dlrm.models.torchrec_dlrm import TorchRecDLRM, build_torchrec_dlrm
+from dlrm.parallel.planning import tables_from_schema
 from embeddings.collection import LocalEmbeddingCollection
 from embeddings.optim import make_sparse_optimizer
 

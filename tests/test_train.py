@@ -52,13 +52,15 @@ def test_train_learns_and_eval_matches_sklearn(tiny_data, tmp_path: Path, capsys
     # Independent reference: recompute predictions and hand them to sklearn.
     from data.files import expand_paths
     from dlrm.checkpoint import manager as ck
-    from dlrm.parallel.parallelize import build_model
+    from dlrm.checkpoint import manifest
     from dlrm.config import Config, from_dict
-    from dlrm.train.trainer import make_reader, predict
+    from dlrm.eval.predict import predict
+    from dlrm.parallel.parallelize import build_model
+    from dlrm.train.inputs import make_reader
 
-    meta = ck.load_meta(ck.find_checkpoint(run))
+    meta = manifest.load_meta(ck.find_checkpoint(run))
     cfg = from_dict(Config, meta["config"], "")
-    schema = ck.schema_from_json(meta["schema"])
+    schema = manifest.schema_from_json(meta["schema"])
     model = build_model(cfg, schema)
     ck.load_checkpoint(ck.find_checkpoint(run), model, None, None, schema)
     scores, labels = predict(model, make_reader(cfg, expand_paths(str(tiny_data["eval"])), schema, False).epoch(0))

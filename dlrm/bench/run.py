@@ -24,9 +24,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from data.atomic import atomic_path, write_atomic
 from data.errors import UserError
-from dlrm.checkpoint.manager import write_atomic
-from dlrm.config import Config, TrainConfig, load_config
+from dlrm.config import Config, load_config
 
 REPO = Path(__file__).resolve().parents[1]
 # Engine → training overrides. The host-embedding baseline is Hotline with no hot
@@ -197,10 +197,8 @@ def launch_command(config: str, overrides: list[str], engine: str, ranks: int, s
     """``python -m torch.distributed.run ... -m dlrm train`` for one bench row."""
     log_every = max(1, min(10, steps // 5))  # at least a few windows after the warm-up one
     train = [*ENGINES[engine], f"train.max_steps={steps}", "train.progress=false",
-             f"train.log_every={log_every}", "train.checkpoint_every=0", "train.eval_every=0",
-             f"data.train={data_dir}", "data.eval="]
-    if "time_sections" in {f.name for f in dataclasses.fields(TrainConfig)}:
-        train.append("train.time_sections=true")
+             "train.time_sections=true", f"train.log_every={log_every}", "train.checkpoint_every=0",
+             "train.eval_every=0", f"data.train={data_dir}", "data.eval="]
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
             "-m", "dlrm", "train", "--config", str(Path(config).resolve()), "--out", str(run_dir),
             *overrides, *train]
@@ -336,6 +334,5 @@ def write_png(path: Path, rows: list[dict[str, Any]], limit: dict[str, float]) -
     ax.set(ylabel="samples/s",
            title=f"dlrm bench (machine limit {limit['samples_per_s_bound']:,.0f} samples/s)")
     fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    fig.savefig(tmp, format="png")
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png")

@@ -73,49 +73,47 @@ from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorS
 from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner
 from torch.futures import Future
 
-from dlrm.checkpoint.manager import CheckpointError
-from embeddings.collection import LocalEmbeddingCollection
+from data.errors import one_line
+from dlrm.checkpoint.manifest import CheckpointError
+from embeddings.interface import TableState
 from embeddings.optim import SparseOptimizer
 from embeddings.plan.types import Shard, ShardingType
-from embeddings.sharded import ShardedEmbeddingCollection
 from embeddings.sharding.registry import strategy
-from embeddings.table import TableSpec
-
-Collection = ShardedEmbeddingCollection | LocalEmbeddingCollection
-
 
 # --------------------------------------------------------------------------- API
 
 
-def save_embeddings(path: str | Path, collection: Collection) -> None:
-    """Write ``collection``'s tables and optimizer state to the directory ``path``.
+def save_embeddings(path: str | Path, tables: TableState) -> None:
+    """Write a collection's tables and optimizer state (its ``table_state()``) to
+    the directory ``path``.
 
     Sharded: a collective on the collection's group, each rank writing its own
-    blocks. Local: one process, no process group needed.
+    blocks. One process: no process group needed.
     """
-    layout = _layout(collection, saving=True)
-    state = _dcp_state(layout, collection)
+    layout = _layout(tables, saving=True)
+    state = _dcp_state(layout, tables)
     try:
         with _quiet():
-            dcp.save(state, storage_writer=FileSystemWriter(path), **_dist_args(collection))
+            dcp.save(state, storage_writer=FileSystemWriter(path), **_dist_args(tables))
     except CheckpointException as e:
         raise _error_from(e, path, "cannot be written") from None
 
 
-def load_embeddings(path: str | Path, collection: Collection) -> None:
-    """Read the checkpoint at ``path`` into ``collection``, in place, resharding
-    from whatever layout wrote it to the collection's current one.
+def load_embeddings(path: str | Path, tables: TableState) -> None:
+    """Read the checkpoint at ``path`` into a collection's ``table_state()``, in
+    place, resharding from whatever layout wrote it to the collection's current one
+    (the caller then tells the collection: ``tables_loaded()``).
 
     Raises :class:`CheckpointError` (one line, naming ``path`` and the key) for a
     missing or corrupt checkpoint, or one whose tables or shapes differ.
     """
-    layout = _layout(collection, saving=False)
+    layout = _layout(tables, saving=False)
     reader = _SafeReader(path)
     _check_fits(_read_metadata(reader, path), layout, path)
-    state = _dcp_state(layout, collection)
+    state = _dcp_state(layout, tables)
     try:
         with _quiet():
-            dcp.load(state, storage_reader=reader, **_dist_args(collection))
+            dcp.load(state, storage_reader=reader, **_dist_args(tables))
     except CheckpointException as e:
         raise _error_from(e, path, "cannot be read") from None
     for logical in layout:  # further live copies of a plain tensor: from the one DCP filled
@@ -150,10 +148,10 @@ class _Logical:
     blocks: list[_Block]
 
 
-def _layout(collection: Collection, saving: bool) -> list[_Logical]:
-    """Every key of ``collection``, in the same order on every rank."""
-    held, plan_of, specs = _holdings(collection)
-    kinds = _state_kinds(_optimizer(collection))
+def _layout(tables: TableState, saving: bool) -> list[_Logical]:
+    """Every key of a collection's tables, in the same order on every rank."""
+    held, plan_of, specs = tables.held, tables.sharding, tables.tables
+    kinds = _state_kinds(tables.optimizer)
     weight_dtype = held[0][1]["weight"].dtype
     out = []
     for spec in specs:
@@ -201,30 +199,8 @@ def _table_key(
     return _Logical(key, size, dtype, not whole, blocks)
 
 
-def _holdings(
-    collection: Collection,
-) -> tuple[list[tuple[Shard, dict[str, torch.Tensor]]], dict[str, tuple[ShardingType, list[Shard]]],
-           list[TableSpec]]:
-    """(this rank's shards with their live tensors, table → (sharding, all shards),
-    table specs). A local collection is one rank holding every table whole."""
-    if isinstance(collection, ShardedEmbeddingCollection):
-        plan_of = {n: (tp.sharding, tp.shards) for n, tp in collection.plan.tables.items()}
-        return collection.local_shards(), plan_of, collection.tables
-    tensors = collection.export_tables()
-    held, plan_of = [], {}
-    for spec in collection.tables:
-        whole = Shard(spec.name, 0, 0, spec.rows, 0, spec.dim)
-        prefix = f"{spec.name}."
-        held.append((whole, {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}))
-        plan_of[spec.name] = (ShardingType.TABLE_WISE, [whole])
-    return held, plan_of, collection.tables
 
 
-def _optimizer(collection: Collection) -> SparseOptimizer:
-    if isinstance(collection, LocalEmbeddingCollection):
-        return collection.optimizer
-    stores = list(collection.stores) + ([collection.replicated.store] if collection.replicated else [])
-    return stores[0].optimizer
 
 
 def _state_kinds(optimizer: SparseOptimizer) -> dict[str, tuple[str, torch.dtype]]:
@@ -236,10 +212,10 @@ def _state_kinds(optimizer: SparseOptimizer) -> dict[str, tuple[str, torch.dtype
 # --------------------------------------------------------------------------- DCP
 
 
-def _dcp_state(layout: list[_Logical], collection: Collection) -> dict[str, torch.Tensor | ShardedTensor]:
+def _dcp_state(layout: list[_Logical], tables: TableState) -> dict[str, torch.Tensor | ShardedTensor]:
     """The state dict DCP sees: a ShardedTensor per split key (built collectively,
     every rank, in layout order), this rank's first copy of every whole key it holds."""
-    group = collection.group if isinstance(collection, ShardedEmbeddingCollection) else None
+    group = tables.group
     state: dict[str, torch.Tensor | ShardedTensor] = {}
     for logical in layout:
         if logical.split:
@@ -252,11 +228,11 @@ def _dcp_state(layout: list[_Logical], collection: Collection) -> dict[str, torc
     return state
 
 
-def _dist_args(collection: Collection) -> dict[str, Any]:
-    """A sharded collection coordinates over its group; a local one, or a run
+def _dist_args(tables: TableState) -> dict[str, Any]:
+    """A sharded collection coordinates over its group; one process, or a run
     without a process group, uses DCP's single-process mode."""
-    if isinstance(collection, ShardedEmbeddingCollection) and dist.is_initialized():
-        return {"process_group": collection.group}
+    if tables.plan is not None and dist.is_initialized():
+        return {"process_group": tables.group}
     return {"no_dist": True}
 
 
@@ -321,7 +297,7 @@ class _SafeReader(FileSystemReader):
                 super().read_data(dataclasses.replace(plan, items=[item]), planner).wait()
             except Exception as e:  # noqa: BLE001 - truncated or foreign files fail in many ways
                 raise CheckpointError(
-                    f"checkpoint {self.path}: {item.dest_index.fqn} cannot be read ({_one_line(e)})"
+                    f"checkpoint {self.path}: {item.dest_index.fqn} cannot be read ({one_line(e, named=True)})"
                 ) from None
         done: Future[None] = Future()
         done.set_result(None)
@@ -334,7 +310,7 @@ def _read_metadata(reader: _SafeReader, path: str | Path) -> Metadata:
     except FileNotFoundError:
         raise CheckpointError(f"checkpoint {path}: not found (no {Path(path) / '.metadata'})") from None
     except Exception as e:  # noqa: BLE001 - a corrupt pickle fails in many ways
-        raise CheckpointError(f"checkpoint {path}: .metadata is unreadable ({_one_line(e)})") from None
+        raise CheckpointError(f"checkpoint {path}: .metadata is unreadable ({one_line(e, named=True)})") from None
 
 
 def _check_fits(metadata: Metadata, layout: list[_Logical], path: str | Path) -> None:
@@ -366,7 +342,7 @@ def _error_from(e: CheckpointException, path: str | Path, verb: str) -> Checkpoi
     failure = next(iter(e.failures.values()))[0]
     if isinstance(failure, CheckpointError):
         return failure
-    return CheckpointError(f"checkpoint {path}: {verb} ({_one_line(failure)}){_free_space(path)}")
+    return CheckpointError(f"checkpoint {path}: {verb} ({one_line(failure, named=True)}){_free_space(path)}")
 
 
 def _free_space(path: str | Path) -> str:
@@ -380,7 +356,3 @@ def _free_space(path: str | Path) -> str:
         return ""
     return f"; {free / 2**20:,.1f} MB free on its file system"
 
-
-def _one_line(e: BaseException) -> str:
-    lines = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__

@@ -6,10 +6,10 @@ the Agg canvas directly, so no global backend or pyplot state is touched.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
+from data.atomic import atomic_path
 from dlrm.eval.metrics import auc, calibration_curve, roc_curve_points
 
 ROC_FILE = "roc.png"
@@ -53,8 +53,7 @@ def write_plots(scores: Any, labels: Any, out_dir: str | Path, n_bins: int = 20)
     paths = []
     for fig, name in ((roc, ROC_FILE), (cal, CALIBRATION_FILE)):
         final = out / name
-        tmp = out / f".{name}.tmp{os.getpid()}"
-        fig.savefig(tmp, format="png")
-        os.replace(tmp, final)
+        with atomic_path(final) as tmp:
+            fig.savefig(tmp, format="png")
         paths.append(str(final))
     return paths

@@ -9,18 +9,23 @@ Hotline); sharding it and wrapping the MLPs in DDP happen elsewhere.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 from dlrm.config import ModelConfig
 from dlrm.models.interaction import CrossInteraction, DotInteraction
-from embeddings.collection import EmbeddingCollection
 
 if TYPE_CHECKING:
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    from embeddings.interface import PooledEmbeddings, Prefetched, TableState
+    from embeddings.plan.types import ShardingPlan
 
 
 def mlp(in_features: int, sizes: list[int], relu_last: bool) -> nn.Sequential:
@@ -61,13 +66,19 @@ class DenseArch(nn.Module):
 
 def unwrap(module: nn.Module) -> nn.Module:
     """The module inside a DistributedDataParallel wrapper (or the module itself)."""
-    from torch.nn.parallel import DistributedDataParallel
-
     return module.module if isinstance(module, DistributedDataParallel) else module
 
 
 class DLRM(nn.Module):
-    def __init__(self, num_dense: int, embeddings: EmbeddingCollection, cfg: ModelConfig) -> None:
+    """Plain DLRM over any embedding collection (embeddings/interface.py).
+
+    The collection is given from outside; so is DDP around ``dense_arch`` (see
+    dlrm/parallel/parallelize.py). ``forward`` is the same for every placement:
+    the lookup is started, the bottom MLP runs, then the lookup is finished (a
+    sharded collection has its ids all-to-all in flight meanwhile).
+    """
+
+    def __init__(self, num_dense: int, embeddings: PooledEmbeddings, cfg: ModelConfig) -> None:
         super().__init__()
         dim = embeddings.dim
         if not cfg.bottom_mlp or cfg.bottom_mlp[-1] != dim:
@@ -79,17 +90,14 @@ class DLRM(nn.Module):
         self.embeddings = embeddings
         self.dense_arch: nn.Module = DenseArch(num_dense, len(embeddings.features), dim, cfg)
 
-    def forward(
-        self, dense: torch.Tensor, sparse: KeyedJaggedTensor, cold: object | None = None
-    ) -> torch.Tensor:
-        """Logits [B]. ``cold``: Hotline's cold rows gathered ahead for this batch."""
-        if cold is not None:
-            return self.dense_arch(dense, self.embeddings(sparse, cold=cold))
-        start = getattr(self.embeddings, "start", None)
-        if start is None:
-            return self.dense_arch(dense, self.embeddings(sparse))
-        started = start(sparse)  # ids on their way to the shard owners
+    def forward(self, dense: torch.Tensor, sparse: KeyedJaggedTensor | Prefetched) -> torch.Tensor:
+        """Logits [B]."""
+        started = self.embeddings.start(sparse)
         return self.dense_arch(dense, lambda: self.embeddings.finish(started))
+
+    @property
+    def plan(self) -> ShardingPlan | None:
+        return self.embeddings.plan
 
     def dense_parameters(self) -> list[nn.Parameter]:
         """MLP and interaction parameters: the dense optimizer's (and DDP's) share."""
@@ -103,6 +111,12 @@ class DLRM(nn.Module):
         """After backward: apply kept KV gradients (no-op when fused)."""
         self.embeddings.step()
 
+    def no_sync(self) -> AbstractContextManager:
+        """DDP's no_sync on the dense side (nothing to hold back without DDP)."""
+        if isinstance(self.dense_arch, DistributedDataParallel):
+            return self.dense_arch.no_sync()
+        return contextlib.nullcontext()
+
     def close(self) -> None:
         """Release what the model holds outside itself: nothing (the torchrec backend has a process group)."""
 
@@ -112,7 +126,19 @@ class DLRM(nn.Module):
 
     def import_state(self, state: dict[str, dict[str, torch.Tensor]]) -> None:
         """Inverse of :meth:`export_state`; KeyError/ValueError name what does not fit."""
-        missing, unexpected = unwrap(self.dense_arch).load_state_dict(state["dense"], strict=False)
+        self._import_dense(state["dense"])
+        self.embeddings.import_tables(state["tables"])
+
+    def state_for_checkpoint(self) -> tuple[dict[str, Any], TableState]:
+        """The MLPs for state.pt; the tables to write shard by shard."""
+        return {"dense": unwrap(self.dense_arch).state_dict()}, self.embeddings.table_state()
+
+    def restore(self, state: dict[str, Any], read_tables: Callable[[TableState], None]) -> None:
+        self._import_dense(state["dense"])
+        read_tables(self.embeddings.table_state())
+        self.embeddings.tables_loaded()
+
+    def _import_dense(self, dense: dict[str, torch.Tensor]) -> None:
+        missing, unexpected = unwrap(self.dense_arch).load_state_dict(dense, strict=False)
         if missing or unexpected:
             raise KeyError(f"dense state: missing {missing[:1]}, unexpected {unexpected[:1]}")
-        self.embeddings.import_tables(state["tables"])

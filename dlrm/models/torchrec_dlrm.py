@@ -20,7 +20,10 @@ Importing this module imports torchrec and fbgemm (~2 s); nothing else in
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
@@ -111,6 +114,23 @@ class TorchRecDLRM(nn.Module):
 
     def end_step(self) -> None:
         """Trainer hook after backward: nothing, the update ran inside backward."""
+
+    @property
+    def plan(self) -> None:
+        """TorchRec's planner placed the tables (its own plan, not ours)."""
+        return None
+
+    def no_sync(self) -> AbstractContextManager:
+        """Nothing held back: DistributedModelParallel owns its DDP, and a gradient
+        all-reduced every micro-batch sums to the same result."""
+        return contextlib.nullcontext()
+
+    def state_for_checkpoint(self) -> tuple[dict[str, Any], None]:
+        """Everything in state.pt: the MLPs and the whole tables (one process)."""
+        return self.export_state(), None
+
+    def restore(self, state: dict[str, Any], read_tables: Callable[[Any], None]) -> None:
+        self.import_state(state)
 
     def export_state(self) -> dict[str, dict[str, torch.Tensor]]:
         """MLP tensors and full table weights (the fused optimizer state is not exported)."""

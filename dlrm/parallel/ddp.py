@@ -1,6 +1,6 @@
 """Hybrid parallelism applied from outside the model (the model file knows no ranks).
 
-    embeddings ── sharded by the plan (built in dlrm/build.py), all-to-all inside
+    embeddings ── sharded by the plan (dlrm/parallel/parallelize.py), all-to-all inside
     dense_arch ── apply_ddp: DistributedDataParallel, optional comm hook
     loss scale ── without a compression hook, each rank's loss is
                   sum(local BCE) / global batch, and DDP SUMS the dense gradients
@@ -8,8 +8,9 @@
                   gradient on both sides, with nothing to rescale.
                   With ddp_hook=fp16|bf16|powersgd (those hooks average), the loss
                   is W * sum(local BCE) / global batch and the pooled vectors'
-                  gradient is scaled by 1/W before it reaches the (summing)
-                  embedding side. That costs a pass over [B, F*D] per step.
+                  gradient is scaled by 1/W (the collection's ``grad_scale``, set
+                  where it is built) before it reaches the (summing) embedding
+                  side. That costs a pass over [B, F*D] per step.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from dlrm.config import Config
-from dlrm.parallel.distributed import DistInfo
 from dlrm.models.dlrm import DLRM
+from dlrm.parallel.distributed import DistInfo
 
 
 def apply_ddp(model: DLRM, info: DistInfo, cfg: Config) -> None:
@@ -63,13 +64,6 @@ def averaging(cfg: Config) -> bool:
     return cfg.train.ddp_hook != "none" or cfg.embeddings.backend == "torchrec"
 
 
-def parallelize(model: DLRM, info: DistInfo, cfg: Config) -> DLRM:
-    """Apply data parallelism to the dense side and the matching gradient scale."""
-    if info.world_size > 1:
-        apply_ddp(model, info, cfg)
-        if averaging(cfg):
-            model.embeddings.grad_scale = 1.0 / info.world_size  # type: ignore[attr-defined]
-    return model
 
 
 def loss_scale(info: DistInfo, global_rows: int, cfg: Config) -> float:

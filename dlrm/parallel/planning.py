@@ -1,42 +1,42 @@
-"""``dlrm plan``: print the sharding plan a run would use, and each rank's memory.
+"""The tables of a run and their sharding plan, from its config and schema.
 
-    dlrm plan --config configs/bench.yaml --world-size 8 --memory-per-rank 16GB
+    schema ──tables_from_schema──► [TableSpec]  (one per table name; shared tables once)
+    config ──plan_from_config────► ShardingPlan (auto_plan with the config's pins and
+                                    memory budget) + the text printed at start
 
-The schema comes from ``--data`` or the config's ``data.train`` when either is
-given (Parquet footers only), else from its ``generate:`` section, so a plan can be
-looked at before any data exists. Nothing is launched; only torch is imported.
+``dlrm plan`` and the trainer both come here, so a plan looked at before a job is
+the plan the job uses.
 """
 
 from __future__ import annotations
 
-import argparse
-
 from data.schema import Schema
 from dlrm.config import Config, TablePlacement
+from embeddings.optim import make_sparse_optimizer
+from embeddings.plan.describe import describe_plan
+from embeddings.plan.estimate import plan_memory
+from embeddings.plan.planner import auto_plan
+from embeddings.plan.sizes import parse_size
 from embeddings.plan.types import ShardingPlan, ShardingType
+from embeddings.table import Pooling, TableSpec
 
 
-def cmd_plan(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(
-        prog="dlrm plan", description="Print the sharding plan and per-rank memory of a run."
-    )
-    p.add_argument("--config", required=True, help="YAML config (see configs/)")
-    p.add_argument("--world-size", type=int, required=True, help="ranks to plan for")
-    p.add_argument("--memory-per-rank", default=None,
-                   help='budget like "16GB" or "512MiB" (default: embeddings.memory_per_rank)')
-    p.add_argument("--data", default=None,
-                   help="Parquet file, directory or glob (default: data.train)")
-    p.add_argument("overrides", nargs="*", help="key.sub=value config overrides")
-    a = p.parse_args(argv)
-    from dlrm.config import load_config
+def tables_from_schema(schema: Schema, dim: int, pooling: str = "sum") -> list[TableSpec]:
+    """One table per distinct table name; a shared table has the largest row count."""
+    features: dict[str, list[str]] = {}
+    rows: dict[str, int] = {}
+    for f in schema.sparse:
+        features.setdefault(f.table_name, []).append(f.name)
+        rows[f.table_name] = max(rows.get(f.table_name, 0), f.rows)
+    return [
+        TableSpec(name, rows=rows[name], dim=dim, features=tuple(feats), pooling=Pooling(pooling))
+        for name, feats in features.items()
+    ]
 
-    cfg = load_config(a.config, a.overrides)
-    schema, pooling = run_schema(cfg, a.data)
-    _, text = plan_from_config(
-        cfg, schema, a.world_size, memory_per_rank=a.memory_per_rank, pooling_factors=pooling
-    )
-    print(text)
-    return 0
+
+def run_tables(cfg: Config, schema: Schema) -> list[TableSpec]:
+    """The tables of a run of ``cfg`` on ``schema``."""
+    return tables_from_schema(schema, cfg.model.embedding_dim, cfg.embeddings.pooling)
 
 
 def run_schema(cfg: Config, data: str | None = None) -> tuple[Schema, dict[str, float]]:
@@ -82,21 +82,13 @@ def plan_from_config(
     ``memory_per_rank`` (a size string) replaces ``cfg.embeddings.memory_per_rank``
     when given. A table that does not fit, or a bad pin, is a PlanError.
     """
-    from dlrm.parallel.parallelize import tables_from_schema
-    from embeddings.optim import make_sparse_optimizer
-    from embeddings.plan.planner import auto_plan
-    from embeddings.plan.sizes import parse_size
-
-    tables = tables_from_schema(schema, cfg.model.embedding_dim, cfg.embeddings.pooling)
-    optimizer = make_sparse_optimizer(cfg.optim.sparse, cfg.optim.eps)
     size = cfg.embeddings.memory_per_rank if memory_per_rank is None else memory_per_rank
     budget = parse_size(size)
-    batch = cfg.data.batch_size
     plan = auto_plan(
-        tables,
+        run_tables(cfg, schema),
         world_size,
-        optimizer,
-        batch_size=batch,
+        make_sparse_optimizer(cfg.optim.sparse, cfg.optim.eps),
+        batch_size=cfg.data.batch_size,
         memory_per_rank=budget,
         replicate_max_bytes=cfg.embeddings.replicate_max_bytes,
         pinned=pinned_tables(cfg.embeddings.plan),
@@ -113,12 +105,7 @@ def describe(
     pooling_factors: dict[str, float] | None = None,
 ) -> str:
     """A plan's tables and each rank's memory, as printed at the start of a run."""
-    from dlrm.parallel.parallelize import tables_from_schema
-    from embeddings.optim import make_sparse_optimizer
-    from embeddings.plan.describe import describe_plan
-    from embeddings.plan.estimate import plan_memory
-
-    tables = tables_from_schema(schema, cfg.model.embedding_dim, cfg.embeddings.pooling)
+    tables = run_tables(cfg, schema)
     optimizer = make_sparse_optimizer(cfg.optim.sparse, cfg.optim.eps)
     memory = plan_memory(plan, tables, optimizer, cfg.data.batch_size, pooling_factors)
     return describe_plan(plan, tables, memory, budget)

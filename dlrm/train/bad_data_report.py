@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from data.atomic import write_atomic
 from data.bad_data import BadRecord, count
 from data.errors import DataError
-from dlrm.checkpoint import manager as ckpt_io
 from dlrm.parallel.distributed import DistInfo, all_gather_rows
 
 FILE = "bad_data.jsonl"
@@ -47,7 +47,7 @@ class BadDataReport:
         A collective: every rank calls it at the same point."""
         lines = list(dict.fromkeys(self._earlier + gather_lines(self.readers, self.info)))
         if self.info.is_main:
-            ckpt_io.write_atomic(self.path, "".join(x + "\n" for x in lines))
+            write_atomic(self.path, "".join(x + "\n" for x in lines))
         by_split = {split: [] for split in self.readers} | records_by_split(lines)
         out: dict[str, Any] = dict(count(by_split.pop("train", [])),
                                    rows_trained=self.rows_trained)

@@ -9,14 +9,13 @@ counted from 0) are recorded; give the warm-up a few steps before them.
 
 from __future__ import annotations
 
-import os
 import resource
 import time
 from pathlib import Path
 
 import torch
 
-from dlrm.checkpoint.manager import write_atomic
+from data.atomic import atomic_path, write_atomic
 
 
 class StepProfiler:
@@ -71,6 +70,5 @@ class StepProfiler:
         write_atomic(self.dir / f"rank-{self.rank}.txt",
                      f"steps {self._first}..{self._first + steps - 1}, rank {self.rank} (under the "
                      f"profiler: slower than unprofiled)\n{usage}\n{table}\n")
-        trace = self.dir / f".rank-{self.rank}.json.tmp"
-        prof.export_chrome_trace(str(trace))
-        os.replace(trace, self.dir / f"rank-{self.rank}.json")
+        with atomic_path(self.dir / f"rank-{self.rank}.json") as trace:
+            prof.export_chrome_trace(str(trace))

@@ -43,6 +43,7 @@ from embeddings.hotline.host_tier import HostTier
 from embeddings.hotline.hot_tier import HotTier
 from embeddings.hotline.lookups import HOT_ONLY, ColdPooled, ColdRows, Lookups
 from embeddings.hotline.profile import HotProfile
+from embeddings.interface import Prefetched, TableState
 from embeddings.jagged import in_feature_order, stacked_ids
 from embeddings.kv import KVGradient
 from embeddings.optim import SparseOptimizer
@@ -199,11 +200,13 @@ class HotlineEmbeddingCollection(EmbeddingCollection):
         return self.tier.gather_cold(self._lookups(sparse), self.hot.device)
 
     # ------------------------------------------------------------------ forward
-    def forward(
-        self, sparse: KeyedJaggedTensor, cold: ColdRows | ColdPooled | str | None = None
-    ) -> torch.Tensor:
-        """[B, F*D]; ``cold``: from ``gather_cold(sparse)``, else looked up here;
-        ``HOT_ONLY`` for a popular micro-batch (no host tier, no collective)."""
+    def forward(self, sparse: KeyedJaggedTensor | Prefetched) -> torch.Tensor:
+        """[B, F*D]. A ``Prefetched`` input carries its cold rows, from
+        ``gather_cold(sparse)`` (or ``HOT_ONLY`` for a popular micro-batch: no host
+        tier, no collective); otherwise they are looked up here."""
+        cold: ColdRows | ColdPooled | str | None = None
+        if isinstance(sparse, Prefetched):
+            sparse, cold = sparse.sparse, sparse.rows
         lookups = self._lookups(sparse)
         if cold is HOT_ONLY:
             lookups.check_hot_only()

@@ -1,0 +1,167 @@
+"""A checkpoint's manifest: what makes it verifiable before anything is loaded.
+
+    meta.json   {"format_version": 3, "progress", "config", "schema", "plan",
+                 "world_size", "files": {name: {"bytes", "sha256"}}, "meta_sha256"}
+
+Loading checks meta.json's own sha256 and the format version (:func:`load_meta`),
+then every file's size and sha256 (:func:`verify`: each rank hashes a share), then
+that the checkpoint's model is this run's (:func:`check_compatible`). ``state.pt``
+is read with ``weights_only=True``: tensors, never code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from data.errors import UserError, one_line
+from data.schema import Schema, SparseFeature
+from dlrm.parallel.distributed import DistInfo, all_gather_objects
+
+FORMAT_VERSION = 3
+
+
+class CheckpointError(UserError):
+    """A checkpoint that is missing, corrupt or made for another model."""
+
+
+class CheckpointCorrupt(CheckpointError):
+    """A checkpoint whose files are missing, truncated or altered since it was saved."""
+
+
+def schema_to_json(schema: Schema) -> dict[str, Any]:
+    return dataclasses.asdict(schema)
+
+
+def schema_from_json(d: dict[str, Any]) -> Schema:
+    return Schema(
+        label=d["label"],
+        dense=tuple(d["dense"]),
+        sparse=tuple(SparseFeature(**f) for f in d["sparse"]),
+    )
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def digest(path: Path, fsync: bool = False) -> dict[str, Any]:
+    """{"bytes": size, "sha256": hex} of ``path``, read in 8 MiB chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(8 << 20):
+            h.update(chunk)
+        if fsync:
+            os.fsync(fh.fileno())
+        size = fh.tell()
+    return {"bytes": size, "sha256": h.hexdigest()}
+
+
+def meta_digest(meta: dict[str, Any]) -> str:
+    body = {k: v for k, v in meta.items() if k != "meta_sha256"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def load_meta(ckpt: Path) -> dict[str, Any]:
+    """meta.json of ``ckpt``, its own checksum and the format version checked."""
+    path = Path(ckpt) / "meta.json"
+    if not path.is_file():
+        raise CheckpointCorrupt(f"checkpoint {path}: missing")
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointCorrupt(f"checkpoint {path}: unreadable ({one_line(e)})") from None
+    if not isinstance(meta, dict):
+        raise CheckpointCorrupt(f"checkpoint {path}: not a JSON object")
+    if "meta_sha256" in meta and meta["meta_sha256"] != meta_digest(meta):
+        raise CheckpointCorrupt(f"checkpoint {path}: does not match its sha256 (corrupt or edited)")
+    version = meta.get("format_version")
+    if version != FORMAT_VERSION:
+        raise CheckpointError(
+            f"checkpoint {path}: format version {version}, this program reads {FORMAT_VERSION} "
+            "(written by another version; train into a new --out)"
+        )
+    if not isinstance(meta.get("files"), dict) or "meta_sha256" not in meta:
+        raise CheckpointCorrupt(f"checkpoint {path}: no manifest of the checkpoint's files")
+    return meta
+
+
+def verify(ckpt: Path, meta: dict[str, Any], info: Any = None) -> None:
+    """Check every file of the manifest (present, size, sha256); raise
+    :class:`CheckpointCorrupt` naming the first bad one. With several ranks each
+    hashes a share and all get the same verdict (a collective)."""
+    info = info or DistInfo()
+    manifest = meta["files"]
+    problem = None
+    for name in sorted(manifest)[info.rank::info.world_size]:
+        problem = _check_file(Path(ckpt), name, manifest[name])
+        if problem:
+            break
+    problems = [p for p in all_gather_objects(problem, info) if p]
+    if problems:
+        raise CheckpointCorrupt(f"checkpoint {ckpt}: {problems[0]}")
+
+
+def _check_file(ckpt: Path, name: str, want: Any) -> str | None:
+    """Why file ``name`` of ``ckpt`` differs from its manifest entry, or None."""
+    if Path(name).is_absolute() or ".." in Path(name).parts or not isinstance(want, dict):
+        return f"manifest entry {name!r} is not a file of the checkpoint"
+    path = ckpt / name
+    if not path.is_file():
+        return f"{name} is missing"
+    size = path.stat().st_size
+    if size != want.get("bytes"):
+        return f"{name} is {size} bytes, the manifest says {want.get('bytes')} (truncated or overwritten)"
+    if digest(path)["sha256"] != want.get("sha256"):
+        return f"{name} does not match its sha256 (corrupt: a changed byte)"
+    return None
+
+
+def load_state(ckpt: Path) -> dict[str, Any]:
+    path = ckpt / "state.pt"
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - corrupt, truncated or foreign files fail in many ways
+        raise CheckpointError(f"checkpoint {path}: cannot be loaded ({one_line(e)})") from None
+
+
+def check_compatible(meta: dict[str, Any], config: dict[str, Any], schema: Schema, ckpt: Path) -> None:
+    """Refuse a checkpoint whose model differs from the one this run builds."""
+    saved_model = meta["config"]["model"]
+    for key, value in config["model"].items():
+        if saved_model.get(key) != value:
+            raise CheckpointError(
+                f"checkpoint {ckpt}: model.{key} is {saved_model.get(key)!r} there, {value!r} here"
+            )
+    for key in ("sparse", "pooling"):
+        a = meta["config"]["optim" if key == "sparse" else "embeddings"][key]
+        b = config["optim" if key == "sparse" else "embeddings"][key]
+        if a != b:
+            section = "optim" if key == "sparse" else "embeddings"
+            raise CheckpointError(f"checkpoint {ckpt}: {section}.{key} is {a!r} there, {b!r} here")
+    saved = schema_from_json(meta["schema"])
+    if saved != schema:
+        for name in ("label", "dense"):
+            if getattr(saved, name) != getattr(schema, name):
+                raise CheckpointError(f"checkpoint {ckpt}: schema {name} differs from the data's")
+        raise CheckpointError(
+            f"checkpoint {ckpt}: sparse features or table sizes differ from the data's "
+            f"({_first_diff(saved, schema)})"
+        )
+
+
+def _first_diff(a: Schema, b: Schema) -> str:
+    for fa, fb in zip(a.sparse, b.sparse):
+        if fa != fb:
+            return f"{fa.name}: {fa.rows} rows there, {fb.name}: {fb.rows} here"
+    return f"{len(a.sparse)} sparse features there, {len(b.sparse)} here"

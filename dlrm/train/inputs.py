@@ -1,0 +1,72 @@
+"""A run's input: its files and schema, and each rank's reader of them.
+
+    data.train / data.eval ──expand──► files ──footers──► Schema (fixed for the run)
+    files ──ParquetReader(rank r of W)──► batch t of epoch e: a pure function of (seed, e, t)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from data.errors import DataError
+from data.files import expand_paths
+from data.merged import MergedReader
+from data.reader import ParquetReader
+from data.schema import Schema, check_files, infer_schema
+from dlrm.config import Config
+
+
+@dataclass
+class RunData:
+    train_files: list[str]
+    eval_files: list[str]
+    schema: Schema
+
+
+def resolve_data(cfg: Config) -> RunData:
+    """Expand data paths and fix the schema (inferred from train + eval footers)."""
+    if not cfg.data.train:
+        raise DataError("no training data: set data.train=PATH (file, directory or glob)")
+    train_files = expand_paths(cfg.data.train)
+    eval_files = expand_paths(cfg.data.eval) if cfg.data.eval else []
+    schema = infer_schema(
+        train_files + eval_files,
+        label=cfg.data.label,
+        dense=cfg.data.dense or None,
+        sparse=cfg.data.sparse or None,
+        rows=cfg.data.rows or None,
+        tables=cfg.data.tables or None,
+        on_error=cfg.data.on_error,
+    )
+    check_files(train_files, schema, cfg.data.on_error)  # skip: bad files left out, reported
+    if eval_files:
+        check_files(eval_files, schema, cfg.data.on_error)
+    return RunData(train_files, eval_files, schema)
+
+
+def make_reader(
+    cfg: Config, files: list[str], schema: Schema, train: bool, rank: int = 0, world_size: int = 1
+) -> ParquetReader | MergedReader:
+    """This rank's reader; with data.order_world_size=W on one process, the merged
+    reader of a W-rank job's ranks (same global batches, same order)."""
+
+    def reader(r: int, w: int, prefetch: int) -> ParquetReader:
+        return ParquetReader(
+            files,
+            schema,
+            cfg.data.batch_size if train else cfg.data.eval_batch_size,
+            rank=r,
+            world_size=w,
+            shuffle=cfg.data.shuffle and train,
+            seed=cfg.seed,
+            shuffle_buffer=cfg.data.shuffle_buffer,
+            prefetch=prefetch,
+            id_policy=cfg.data.id_policy,
+            dense_nan=cfg.data.dense_nan,
+            on_error=cfg.data.on_error,
+        )
+
+    order = cfg.data.order_world_size
+    if order > 1 and world_size == 1:
+        return MergedReader([reader(r, order, cfg.data.prefetch) for r in range(order)])
+    return reader(rank, world_size, cfg.data.prefetch)

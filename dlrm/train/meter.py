@@ -1,0 +1,104 @@
+"""What a run measures of itself: loss and samples/s per log window, the rate over
+the timed steps (after a warm-up), time by section, peak memory; JSON lines out.
+
+    step ─► add_loss (per micro-batch, a device tensor: no sync) ─► add_step ─►
+    every train.log_every steps: take_window() ─► {"event": "train", loss, samples_per_s}
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dlrm.parallel.distributed import DistInfo, all_gather_rows, all_reduce_sum
+from embeddings.timing import TIMER
+
+SECTIONS = ("data_wait", "input_alltoall", "lookup", "output_alltoall", "mlp",
+            "embedding_update", "dense_update")
+
+
+class JsonLog:
+    """Appends one JSON object per line to RUN/metrics.jsonl (rank 0 only)."""
+
+    def __init__(self, path: Path, enabled: bool = True) -> None:
+        self.path = path
+        self.enabled = enabled
+
+    def write(self, record: dict[str, Any]) -> None:
+        if self.enabled:
+            with open(self.path, "a") as fh:
+                fh.write(json.dumps(record) + "\n")
+
+
+class Meter:
+    """Loss since the last log line, samples/s over the window and the timed steps.
+
+    The first ``warmup`` steps are left out of the rate and the sections (caches,
+    allocator and thread pools are still filling)."""
+
+    def __init__(self, info: DistInfo, time_sections: bool, warmup: int = 5) -> None:
+        self.info, self.warmup = info, warmup
+        self.loss = torch.zeros((), device=info.device)  # BCE sum of this rank's rows
+        self.local_rows = 0
+        self.window_rows, self.window_seconds = 0, 0.0  # global rows, wall time
+        self.timed_rows, self.timed_seconds, self.timed_steps = 0, 0.0, 0
+        TIMER.enabled = time_sections
+        TIMER.reset()
+
+    def add_loss(self, bce: torch.Tensor, rows: int) -> None:
+        self.loss += bce.detach()
+        self.local_rows += rows
+
+    def add_step(self, step: int, global_rows: int, seconds: float, wait: float, inside: float,
+                 dense_update: float) -> None:
+        """After ``step`` (counted from 1): its rows and wall time; ``wait`` for data,
+        ``inside``: forward and backward, ``dense_update``: the dense optimizer."""
+        self.window_rows += global_rows
+        self.window_seconds += seconds
+        if step == self.warmup:
+            TIMER.reset()  # sections count timed steps only
+        if step <= self.warmup:
+            return
+        self.timed_rows += global_rows
+        self.timed_seconds += seconds
+        self.timed_steps += 1
+        TIMER.totals["data_wait"] += wait
+        TIMER.totals["mlp"] += inside
+        TIMER.totals["dense_update"] += dense_update
+
+    @property
+    def rate(self) -> float:
+        """Samples/s over the timed steps so far."""
+        return self.timed_rows / self.timed_seconds if self.timed_seconds else 0.0
+
+    def take_window(self) -> dict[str, float]:
+        """The window's mean loss (all ranks) and samples/s; a new window starts."""
+        loss_sum, rows = all_reduce_sum([float(self.loss), self.local_rows], self.info)
+        out = {"loss": loss_sum / max(rows, 1), "samples_per_s": self.rate,
+               "window_samples_per_s": self.window_rows / max(self.window_seconds, 1e-9)}
+        self.loss.zero_()
+        self.local_rows, self.window_rows, self.window_seconds = 0, 0, 0.0
+        return out
+
+    def summary(self) -> dict[str, Any]:
+        """Samples/s, peak memory of every rank, and ms per step by section if timed."""
+        out: dict[str, Any] = {"samples_per_s": self.rate, "world_size": self.info.world_size,
+                               "peak_memory_mb": peak_memory_mb(self.info)}
+        if TIMER.enabled and self.timed_steps:
+            out["sections_ms"] = {name: 1000 * TIMER.totals[name] / self.timed_steps
+                                  for name in SECTIONS}
+        TIMER.enabled = False
+        return out
+
+
+def peak_memory_mb(info: DistInfo) -> list[float]:
+    """Peak memory of every rank: CUDA allocations on a GPU, else the process's max RSS."""
+    if info.device.type == "cuda":
+        mine = torch.cuda.max_memory_allocated(info.device) / 2**20
+    else:
+        mine = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    return all_gather_rows(torch.tensor([mine], dtype=torch.float64), info).tolist()
