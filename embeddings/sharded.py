@@ -105,7 +105,7 @@ class ShardedEmbeddingCollection(EmbeddingCollection):
         self.plan = plan
         self.mean = tables[0].pooling is Pooling.MEAN
         self.features = [f for t in tables for f in t.features]
-        self.grad_scale = 1.0  # set by the trainer (see dlrm/parallel.py)
+        self.grad_scale = 1.0  # several ranks: 1/W (see dlrm/parallel/ddp.py)
         self.table_index = {t.name: i for i, t in enumerate(tables)}
         self._table_of = {f: t.name for t in tables for f in t.features}
         self.strategies = {name: strategy(tp.sharding) for name, tp in plan.tables.items()}
@@ -436,7 +436,7 @@ def plan_rows(plan: ShardingPlan, shard: Shard) -> int:
 
 
 def scale_grad(x: torch.Tensor, scale: float) -> torch.Tensor:
-    """``x`` in forward; its gradient times ``scale`` in backward (see dlrm/parallel.py)."""
+    """``x`` in forward; its gradient times ``scale`` in backward (see dlrm/parallel/ddp.py)."""
     return _ScaleGrad.apply(x, scale) if scale != 1.0 else x
 
 
