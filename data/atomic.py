@@ -30,9 +30,9 @@ class AtomicPath:
 
     def commit(self) -> Path:
         """fsync the temporary file, rename it over ``path``, fsync the directory; ``path``."""
-        _fsync(self.tmp)
+        fsync(self.tmp)
         os.replace(self.tmp, self.path)
-        _fsync(self.path.parent)
+        fsync(self.path.parent)
         return self.path
 
     def abort(self) -> None:
@@ -60,7 +60,8 @@ def write_atomic(path: str | os.PathLike[str], content: str | bytes) -> None:
         tmp.write_bytes(data)
 
 
-def _fsync(path: Path) -> None:
+def fsync(path: str | os.PathLike[str]) -> None:
+    """Flush a file or directory to disk (a directory: the names in it)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from data.atomic import AtomicPath
-from data.errors import DataError
+from data.errors import DataError, one_line
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -86,8 +86,7 @@ def open_parquet(path: str) -> pq.ParquetFile:
     except FileNotFoundError:
         raise DataError("does not exist", file=path) from None
     except (pa.ArrowException, OSError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise DataError(f"not a readable Parquet file ({first})", file=path) from None
+        raise DataError(f"not a readable Parquet file ({one_line(e)})", file=path) from None
 
 
 def write_parts(

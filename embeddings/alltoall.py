@@ -17,8 +17,6 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-# Re-exported for embeddings/sharded.py until it imports it from embeddings.jagged.
-from embeddings.jagged import permute_bags  # noqa: F401
 from embeddings.timing import section
 
 

@@ -2,7 +2,7 @@
 
 One forward on rank r (local batch B_r), for model-parallel (TW/CW/RW) shards:
 
-    local KJT ──route──► per destination d: [lengths of d's slots | their ids]
+    local ids ──route──► per destination d: [lengths of d's slots | their ids]
         │  (0) all-to-all of counts: (B_r, #ids) to every d
         │  (1) all-to-all of ids         ──►  on d: bags of every source, reordered
         │                                     slot-major: (slot, source, sample)
@@ -37,11 +37,11 @@ from embeddings.alltoall import (
     alltoall_counts,
     alltoall_ids,
     alltoall_pooled,
-    permute_bags,
     world,
 )
 from embeddings.collection import EmbeddingCollection, LocalEmbeddingCollection
 from embeddings.interface import TableState
+from embeddings.jagged import in_feature_order, permute_bags
 from embeddings.kv import KVGradient
 from embeddings.optim import RowWiseAdagrad, SparseOptimizer
 from embeddings.plan.types import Shard, ShardingPlan
@@ -52,7 +52,7 @@ from embeddings.table import Pooling, TableSpec
 from embeddings.timing import section
 
 if TYPE_CHECKING:
-    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+    from data.jagged import KeyedJagged
 
 ROW_KEY_BITS = 40  # (table index << 40) | row: one key space for all tables
 
@@ -182,19 +182,13 @@ class ShardedEmbeddingCollection(EmbeddingCollection):
             self.store_slots.append(slots)
 
     # ------------------------------------------------------------------ forward
-    def forward(self, sparse: KeyedJaggedTensor) -> torch.Tensor:
+    def forward(self, sparse: KeyedJagged) -> torch.Tensor:
         return self.finish(self.start(sparse))
 
-    def start(self, sparse: KeyedJaggedTensor) -> Started:
+    def start(self, sparse: KeyedJagged) -> Started:
         """Route ids and start sending them (asynchronously): the caller may run the
         bottom MLP meanwhile, then call :meth:`finish`."""
-        batch = sparse.stride()
-        lengths, values = sparse.lengths(), sparse.values()
-        if sparse.keys() != self.features:
-            keys = sparse.keys()
-            order = torch.tensor([keys.index(f) for f in self.features], dtype=torch.int64)
-            bag_order = (order.unsqueeze(1) * batch + torch.arange(batch)).flatten()
-            lengths, values = permute_bags(lengths, values, bag_order.to(lengths.device))
+        values, lengths, batch = in_feature_order(sparse, self.features)
         lengths2d = lengths.view(len(self.features), batch)
         per_feature = lengths2d.sum(dim=1).tolist()
         started = Started(batch, lengths, dict(zip(self.features, values.split(per_feature))),

@@ -1,5 +1,5 @@
 """`dlrm bench` end to end on the tiny config (real torchrun ranks, 20 steps), its
-reader-only mode, and the model cost formula of dlrm/limits.py against a hand count."""
+reader-only mode, and the model cost formula of dlrm/bench/limits.py against a hand count."""
 
 from __future__ import annotations
 

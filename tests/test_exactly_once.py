@@ -3,7 +3,7 @@ on uneven files whose rows carry their own ids (dense column I1 = row number), w
 ``train.trace_rows=I1`` recording what each rank consumed at every step.
 
 * Uninterrupted: per epoch, the rows of all steps of both ranks are every row once.
-* Killed during a checkpoint save (DLRM_FAULT, see dlrm/faults.py): rank 1 once its
+* Killed during a checkpoint save (DLRM_FAULT, see dlrm/checkpoint/faults.py): rank 1 once its
   shards are written, or rank 0 with everything written just before the rename.
   torchrun restarts the job (--max-restarts=1); the half-saved checkpoint is
   ignored, the job resumes from the previous one, and

@@ -157,7 +157,7 @@ class _GreedyAdagrad(type(make_sparse_optimizer("rowwise_adagrad"))):
 
     def init_state(self, rows: int, dim: int, device: torch.device) -> dict[str, torch.Tensor]:
         state = super().init_state(rows, dim, device)
-        if rows > 3:  # not the 3-row probe that sizes the state
+        if rows > 3:  # the state it declares (state_layout) stays the usual one
             state["sum"] = torch.zeros(rows << 36, device=device)
         return state
 
@@ -165,6 +165,6 @@ class _GreedyAdagrad(type(make_sparse_optimizer("rowwise_adagrad"))):
 def test_optimizer_state_too_big_names_the_state_and_table() -> None:
     tables = [TableSpec("small", rows=10, dim=4, features=("a",))]
     with pytest.raises(AllocationError, match=r"out of memory allocating the _GreedyAdagrad state of "
-                                              r"table small \(10 rows x 4\): 40 bytes on cpu; "
+                                              r"table small \(10 rows x 4\): 40 B on cpu; "
                                               r"the allocator was asked for 2\.5 TiB"):
         LocalEmbeddingCollection(tables, _GreedyAdagrad())

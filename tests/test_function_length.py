@@ -7,8 +7,6 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
-
 from tests.conftest import REPO
 
 MAX_LINES = 80
@@ -30,7 +28,6 @@ def long_functions(root: Path, max_lines: int = MAX_LINES) -> list[str]:
     return out
 
 
-@pytest.mark.xfail(strict=False, reason="issue 12 in progress")
 def test_no_function_over_80_lines() -> None:
     found = long_functions(REPO)
     assert not found, f"functions over {MAX_LINES} lines:\n" + "\n".join("  " + f for f in found)

@@ -6,7 +6,7 @@
 
 Each row's samples/s is the median of the trainer's logged windows after the first
 (warm-up). Sections (ms per step) and peak memory are the trainer's summary, shown
-as "-" where a backend does not report them. The machine limit (dlrm/limits.py)
+as "-" where a backend does not report them. The machine limit (dlrm/bench/limits.py)
 bounds samples/s from measured matmul rate and memory bandwidth.
 """
 

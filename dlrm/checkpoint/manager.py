@@ -47,6 +47,7 @@ from typing import Any
 
 import torch
 
+from data.atomic import fsync
 from data.schema import Schema
 from dlrm.checkpoint.faults import inject
 from dlrm.checkpoint.manifest import (
@@ -55,7 +56,6 @@ from dlrm.checkpoint.manifest import (
     CheckpointError,
     check_compatible,
     digest,
-    fsync_dir,
     load_meta,
     load_state,
     meta_digest,
@@ -148,12 +148,12 @@ def _seal(partial: Path, final: Path, meta: dict[str, Any], names: list[str], st
         fh.flush()
         os.fsync(fh.fileno())
     for d in {partial} | {(partial / n).parent for n in names}:
-        fsync_dir(d)
+        fsync(d)
     inject("kill_before_rename", step, info.rank)
     if final.exists():  # put there by hand: replaced
         os.replace(final, final.with_name(final.name + DELETING))
     os.replace(partial, final)
-    fsync_dir(final.parent)
+    fsync(final.parent)
 
 
 def _keep_newest(run_dir: Path, keep: int) -> None:

@@ -47,13 +47,6 @@ def schema_from_json(d: dict[str, Any]) -> Schema:
     )
 
 
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
 
 def digest(path: Path, fsync: bool = False) -> dict[str, Any]:
     """{"bytes": size, "sha256": hex} of ``path``, read in 8 MiB chunks."""
@@ -151,8 +144,9 @@ def check_compatible(meta: dict[str, Any], config: dict[str, Any], schema: Schem
             raise CheckpointError(f"checkpoint {ckpt}: {section}.{key} is {a!r} there, {b!r} here")
     saved = schema_from_json(meta["schema"])
     if saved != schema:
-        for name in ("label", "dense"):
-            if getattr(saved, name) != getattr(schema, name):
+        for name, there, here in (("label", saved.label, schema.label),
+                                  ("dense", saved.dense, schema.dense)):
+            if there != here:
                 raise CheckpointError(f"checkpoint {ckpt}: schema {name} differs from the data's")
         raise CheckpointError(
             f"checkpoint {ckpt}: sparse features or table sizes differ from the data's "

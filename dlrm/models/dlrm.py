@@ -1,7 +1,7 @@
 """DLRM (Naumov et al., 2019): plain PyTorch that knows nothing of ranks.
 
     dense [B, n_dense] ─► bottom MLP ─► [B, D] ─┐
-    sparse KJT ─► embeddings ─► pooled [B, F*D] ─┴─► interaction ─► top MLP ─► logit [B]
+    sparse ids ─► embeddings ─► pooled [B, F*D] ─┴─► interaction ─► top MLP ─► logit [B]
 
 The embedding collection is given from outside (single-process, sharded or
 Hotline); sharding it and wrapping the MLPs in DDP happen elsewhere.
@@ -22,8 +22,7 @@ from dlrm.config import ModelConfig
 from dlrm.models.interaction import CrossInteraction, DotInteraction
 
 if TYPE_CHECKING:
-    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
-
+    from data.jagged import KeyedJagged
     from embeddings.interface import PooledEmbeddings, Prefetched, TableState
     from embeddings.plan.types import ShardingPlan
 
@@ -90,7 +89,7 @@ class DLRM(nn.Module):
         self.embeddings = embeddings
         self.dense_arch: nn.Module = DenseArch(num_dense, len(embeddings.features), dim, cfg)
 
-    def forward(self, dense: torch.Tensor, sparse: KeyedJaggedTensor | Prefetched) -> torch.Tensor:
+    def forward(self, dense: torch.Tensor, sparse: KeyedJagged | Prefetched) -> torch.Tensor:
         """Logits [B]."""
         started = self.embeddings.start(sparse)
         return self.dense_arch(dense, lambda: self.embeddings.finish(started))

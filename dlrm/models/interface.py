@@ -17,8 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 
 if TYPE_CHECKING:
-    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
-
+    from data.jagged import KeyedJagged
     from embeddings.interface import Prefetched, TableState
     from embeddings.plan.types import ShardingPlan
 
@@ -26,7 +25,7 @@ if TYPE_CHECKING:
 class RecModel(Protocol):
     """A trainable recommendation model, whatever its backend and placement."""
 
-    def __call__(self, dense: torch.Tensor, sparse: KeyedJaggedTensor | Prefetched) -> torch.Tensor:
+    def __call__(self, dense: torch.Tensor, sparse: KeyedJagged | Prefetched) -> torch.Tensor:
         """Logits [B] of dense [B, n_dense] and the sparse features of the same B samples."""
         ...
 

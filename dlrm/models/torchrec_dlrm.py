@@ -47,6 +47,7 @@ from torchrec.modules.embedding_configs import PoolingType
 from torchrec.optim import RowWiseAdagrad
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 
+from data.jagged import JaggedFeatures
 from data.schema import Schema
 from dlrm.config import ConfigError, ModelConfig, OptimConfig
 from embeddings.init import init_rows
@@ -72,7 +73,7 @@ _FUSED_SHARDING_TYPES = [
 class TorchRecDLRM(nn.Module):
     """``DistributedModelParallel(DLRM)`` behind our model's interface.
 
-    forward(dense [B, n_dense] float32, sparse KJT) -> logits [B].
+    forward(dense [B, n_dense] float32, sparse JaggedFeatures or KJT) -> logits [B].
     """
 
     def __init__(
@@ -85,7 +86,11 @@ class TorchRecDLRM(nn.Module):
         self.owns_process_group = owns_pg
         self.table_shapes: dict[str, tuple[int, int]] = {}  # name → (rows, dim)
 
-    def forward(self, dense: torch.Tensor, sparse: KeyedJaggedTensor) -> torch.Tensor:
+    def forward(
+        self, dense: torch.Tensor, sparse: JaggedFeatures | KeyedJaggedTensor
+    ) -> torch.Tensor:
+        if isinstance(sparse, JaggedFeatures):  # our reader's batches: same tensors, no copy
+            sparse = sparse.to_kjt()
         # The sharded collection caches the key order of the first batch it sees and
         # silently misreads a batch whose keys come in another order.
         if sparse.keys() != self.features:
@@ -225,7 +230,7 @@ def build_torchrec_dlrm(
 
     opt_cls = _SPARSE_OPTIMIZERS[optim_cfg.sparse]
     # No compensation for this backend's loss convention (each rank's loss is W x its
-    # share of the global mean, for DDP's average: dlrm/parallel.py): TorchRec divides
+    # share of the global mean, for DDP's average: dlrm/parallel/ddp.py): TorchRec divides
     # pooled gradients by the world size in its all-to-all backward (comm_ops
     # gradient division), so its embeddings already see the exact gradient.
     opt_kwargs: dict[str, Any] = {"lr": optim_cfg.sparse_lr}

@@ -18,10 +18,13 @@ initial values (``cfg.seed``), so every placement starts from the same model.
 
 from __future__ import annotations
 
+from types import ModuleType
+
 import torch
 
+from data.errors import one_line
 from data.schema import Schema
-from dlrm.config import Config
+from dlrm.config import Config, ConfigError
 from dlrm.models.dlrm import DLRM
 from dlrm.models.interface import RecModel
 from dlrm.parallel.ddp import apply_ddp, averaging
@@ -45,12 +48,11 @@ def build_model(
     (``hot_profile``: Hotline's hot rows, from ``dlrm.train.hotline.make_profile``)."""
     device = torch.device(device)
     if cfg.embeddings.backend == "torchrec":
-        from dlrm.models.torchrec_dlrm import build_torchrec_dlrm, constraints_from_pins
-
+        torchrec_dlrm = torchrec_backend()
         pins = {name: p.sharding for name, p in cfg.embeddings.plan.items()}
-        return build_torchrec_dlrm(
+        return torchrec_dlrm.build_torchrec_dlrm(
             schema, cfg.model, cfg.optim, cfg.embeddings.pooling, device, cfg.seed,
-            constraints=constraints_from_pins(pins, device),
+            constraints=torchrec_dlrm.constraints_from_pins(pins, device),
         )
     world = info.world_size if info is not None else 1
     embeddings: PooledEmbeddings
@@ -66,6 +68,24 @@ def build_model(
     if info is not None and world > 1:
         apply_ddp(model, info, cfg)
     return model
+
+
+def torchrec_backend() -> ModuleType:
+    """``dlrm.models.torchrec_dlrm``, the one module that imports torchrec (and through
+    it fbgemm_gpu); a ``ConfigError`` (one line) where they do not import. Nothing else
+    needs them: the native engine runs on plain torch."""
+    try:
+        from dlrm.models import torchrec_dlrm
+    except (ImportError, OSError) as e:  # OSError: an fbgemm library built for another torch
+        ours = ("data", "dlrm", "embeddings")
+        if isinstance(e, ImportError) and (e.name or "").split(".")[0] in ours:
+            raise  # a bug of ours, not a missing package
+        raise ConfigError(
+            f"embeddings.backend=torchrec needs torchrec and fbgemm_gpu, which do not import "
+            f"here ({one_line(e)}): install them (scripts/setup.sh) or use "
+            f"embeddings.backend=native"
+        ) from None
+    return torchrec_dlrm
 
 
 def sparse_optimizer(cfg: Config) -> SparseOptimizer:

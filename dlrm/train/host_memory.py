@@ -5,9 +5,8 @@ A training step allocates and frees the same dozen large tensors every time
 bench model). glibc serves blocks above its mmap threshold with a fresh mmap and
 unmaps them on free (the threshold adapts, but not to every size and order a
 step frees in), and trims the heap top beyond its trim threshold, so steps keep
-page-faulting some of those buffers in again: about 1 ms per 13 MB. Raising both
-thresholds makes the heap recycle them instead: the bench step ran 5-15% faster
-(same data, alternating runs).
+page-faulting some of those buffers in again. Raising both thresholds makes the
+heap recycle them instead (``dlrm bench`` shows the effect on a step).
 
 Blocks above 32 MiB (embedding tables, optimizer state) still get their own
 mapping; the price is that up to 1 GiB of freed heap stays with the process.

@@ -27,7 +27,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from tqdm import tqdm
@@ -89,6 +89,12 @@ def train(cfg: Config, run_dir: str | Path, echo: Callable[[str], None] = print)
     barrier(info)
     with contextlib.closing(model):  # the torchrec backend owns a process group
         return Trainer(cfg, run_dir, model, data, info, say).fit()
+
+
+class StepDone(NamedTuple):
+    rows: int  # of every rank
+    inside_s: float  # forward + backward outside the embedding sections
+    dense_update_s: float
 
 
 class Trainer:
@@ -166,12 +172,12 @@ class Trainer:
             if not batches:
                 continue  # the epoch ended: the next one starts
             wait = time.perf_counter() - t_fetch
-            self.step(batches)
+            done = self.step(batches)
             self.progress.step_in_epoch = first + len(batches)
             if self.trace:
                 self.trace.write(self.progress, first, batches)
-            self.meter.add_step(self.progress.global_step, self._rows, time.perf_counter() - t_fetch,
-                                wait, self._inside, self._dense_update)
+            self.meter.add_step(self.progress.global_step, done.rows, time.perf_counter() - t_fetch,
+                                wait, done.inside_s, done.dense_update_s)
             bar.update(1)
             self._on_schedule(bar)
         bar.close()
@@ -192,11 +198,11 @@ class Trainer:
             self._batches = None
         return batches
 
-    def step(self, batches: list[Batch]) -> None:
+    def step(self, batches: list[Batch]) -> StepDone:
         """One optimizer step over ``batches`` (see the module docstring)."""
         t0 = time.perf_counter()
         step = self.progress.global_step
-        self._rows = self._global_rows(batches)
+        rows = self._global_rows(batches)
         factor = lr_factor(self.cfg, step)
         for group in self.dense_opt.param_groups:
             group["lr"] = self.cfg.optim.dense_lr * factor
@@ -206,18 +212,18 @@ class Trainer:
         embedding_before = sum(TIMER.totals[s] for s in EMBEDDING_SECTIONS)
         for i, batch in enumerate(batches):
             for part, sparse, last in self._micro_batches(batch):
-                self._forward_backward(part, sparse, sync=last and i == len(batches) - 1)
+                self._forward_backward(part, sparse, rows, sync=last and i == len(batches) - 1)
         t_dense = time.perf_counter()
         self.dense_opt.step()
-        self._dense_update = time.perf_counter() - t_dense
+        dense_update = time.perf_counter() - t_dense
         self.model.end_step()
         if self.hotline:
             self.hotline.after_step(step + 1)
         self.profiler.after(step)
         self.progress.global_step += 1
         # forward + backward outside the embedding sections timed inside them
-        self._inside = (t_dense - t0) - (sum(TIMER.totals[s] for s in EMBEDDING_SECTIONS)
-                                         - embedding_before)
+        inside = (t_dense - t0) - (sum(TIMER.totals[s] for s in EMBEDDING_SECTIONS) - embedding_before)
+        return StepDone(rows, inside, dense_update)
 
     def _micro_batches(self, batch: Batch) -> Iterator[tuple[Batch, Any, bool]]:
         """(part on the device, its sparse input, last micro-batch of the batch?)."""
@@ -229,13 +235,14 @@ class Trainer:
             part = part.to(self.info.device, non_blocking=True)
             yield part, Prefetched(part.sparse, cold), last
 
-    def _forward_backward(self, part: Batch, sparse: Any, sync: bool) -> None:
-        """Loss of one micro-batch, backward; DDP all-reduces only when ``sync``."""
+    def _forward_backward(self, part: Batch, sparse: Any, rows: int, sync: bool) -> None:
+        """Loss of one micro-batch (its share of the mean over the step's ``rows``, all
+        ranks), backward; DDP all-reduces only when ``sync``."""
         with contextlib.nullcontext() if sync else self.model.no_sync():
             with self.autocast:
                 logits = self.model(part.dense, sparse)
             bce = self.loss_fn(logits.float(), part.labels)
-            (bce * loss_scale(self.info, self._rows, self.cfg)).backward()
+            (bce * loss_scale(self.info, rows, self.cfg)).backward()
         self.meter.add_loss(bce, part.size)
 
     def _global_rows(self, batches: list[Batch]) -> int:

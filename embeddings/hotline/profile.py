@@ -19,11 +19,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from data.atomic import atomic_path
 from embeddings.optim import SparseOptimizer
 from embeddings.table import TableSpec
 
 if TYPE_CHECKING:
-    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+    from data.jagged import JaggedFeatures
 
 DEFAULT_SAMPLE_FRACTION = 0.05
 DEFAULT_MAX_SECONDS = 60.0
@@ -35,7 +36,7 @@ def default_max_batches(total_batches: int, fraction: float = DEFAULT_SAMPLE_FRA
 
 
 def count_accesses(
-    batches: Iterable[KeyedJaggedTensor],
+    batches: Iterable[JaggedFeatures],
     tables: list[TableSpec],
     max_batches: int | None = None,
     max_seconds: float | None = DEFAULT_MAX_SECONDS,
@@ -49,10 +50,10 @@ def count_accesses(
     counts = {t.name: torch.zeros(t.rows, dtype=torch.int64) for t in tables}
     table_of = {f: t.name for t in tables for f in t.features}
     start = time.monotonic()
-    for i, kjt in enumerate(batches):
+    for i, sparse in enumerate(batches):
         if max_batches is not None and i >= max_batches:
             break
-        for feature, jt in kjt.to_dict().items():
+        for feature, jt in sparse.to_dict().items():
             name = table_of.get(feature)
             if name is not None:
                 counts[name] += torch.bincount(jt.values().cpu(), minlength=counts[name].numel())
@@ -126,22 +127,20 @@ class HotProfile:
 
     def save(self, path: str | os.PathLike) -> None:
         """Atomic: written beside ``path`` then renamed over it."""
-        path = os.fspath(path)
-        tmp = f"{path}.tmp{os.getpid()}"
         payload = {"hot": self.hot, "features": self.features,
                    "budget_bytes": self.budget_bytes, "summary": self.summary}
-        torch.save(payload, tmp)
-        os.replace(tmp, path)
+        with atomic_path(path) as tmp:
+            torch.save(payload, tmp)
 
     @staticmethod
     def load(path: str | os.PathLike) -> HotProfile:
         payload = torch.load(os.fspath(path), weights_only=True)
         return HotProfile(payload["hot"], payload["features"], payload["budget_bytes"], payload["summary"])
 
-    def hit_rate(self, kjt: KeyedJaggedTensor) -> float:
-        """Share of ``kjt``'s lookups that hit a hot row (0.0 when it has none)."""
+    def hit_rate(self, sparse: JaggedFeatures) -> float:
+        """Share of ``sparse``'s lookups that hit a hot row (0.0 when it has none)."""
         hits = total = 0
-        for feature, jt in kjt.to_dict().items():
+        for feature, jt in sparse.to_dict().items():
             values = jt.values()
             total += values.numel()
             hot = self.hot[self.features[feature]].to(values.device)
