@@ -4,7 +4,7 @@ in-process; heavy imports happen inside the verbs so ``dlrm --help`` is instant.
     dlrm generate --out DIR [--rows N] [--config FILE] [--seed S]
     dlrm convert-criteo INPUT... --out DIR [--max-ind-range R]
     dlrm train --config FILE [--out RUN_DIR] [key.sub=value ...]
-    dlrm eval --checkpoint RUN_DIR --data PATH [--plots DIR]
+    dlrm eval --checkpoint RUN_DIR --data PATH [--plots DIR] [--device auto|cpu|cuda]
     dlrm plan --config FILE --world-size N [--memory-per-rank SIZE]
     dlrm bench --config FILE [--ranks 1,2] [--steps N] [--out DIR] [--reader-only] [key.sub=value ...]
 
@@ -74,10 +74,14 @@ def cmd_eval(argv: list[str]) -> int:
     p.add_argument("--data", required=True, help="Parquet file, directory or glob")
     p.add_argument("--plots", default=None, help="write ROC and calibration PNGs here")
     p.add_argument("--batch-size", type=int, default=None)
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default=None,
+                   help="where to score (default: the run's train.device); a run trained "
+                        "on a GPU is evaluated on a CPU-only machine with --device cpu")
     a = p.parse_args(argv)
     from dlrm.eval.evaluate import evaluate_checkpoint
 
-    result = evaluate_checkpoint(a.checkpoint, a.data, plots_dir=a.plots, batch_size=a.batch_size)
+    result = evaluate_checkpoint(a.checkpoint, a.data, plots_dir=a.plots, batch_size=a.batch_size,
+                                 device=a.device)
     if result is not None:  # rank 0 of a torchrun job, or the only process
         print(json.dumps(result))
     return 0

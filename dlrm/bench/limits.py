@@ -11,6 +11,17 @@ the per-sample costs are counted from the config:
             training ≈ 3 x forward (backward = two matmuls per forward one)
     bytes   per embedding lookup: read the row, D·4 bytes, and about 3x that again
             for the gradient write and the row's read-modify-write in the update
+
+With CUDA (``torch.cuda.is_available()``) the rates are the GPU's, timed with CUDA
+events: fp32/bf16 ``torch.mm``, a device-to-device copy (HBM) and pinned host-to-
+device and device-to-host copies (PCIe or NVLink-C2C). Each engine then has its own
+bytes per sample (``engine_traffic``): the same HBM traffic, and over PCIe its
+input batch plus, for every lookup that misses the device (Hotline's cold rows, every
+row of host_embedding), the row in and its gradient out. Its bound assumes copies
+overlap compute, as Hotline's pipeline tries to, so it stays an upper bound:
+
+    samples/s  <=  1 / max(flops / matmul_rate + hbm_bytes / hbm_bandwidth,
+                           pcie_bytes / pcie_bandwidth)
 """
 
 from __future__ import annotations
@@ -19,6 +30,7 @@ import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -129,8 +141,11 @@ def mlp_matmul_shape(cfg: Config) -> tuple[int, int, int]:
     return cfg.data.batch_size, width, width
 
 
-def machine_limit(cfg: Config) -> dict[str, float]:
-    """Measured rates, the model's per-sample cost and the samples/s upper bound."""
+def machine_limit(cfg: Config) -> dict[str, Any]:
+    """Measured rates, the model's per-sample cost and the samples/s upper bound
+    (of the GPU's rates where CUDA is available, see ``cuda_limit``)."""
+    if torch.cuda.is_available():
+        return cuda_limit(cfg)
     m, k, n = mlp_matmul_shape(cfg)
     fp32 = matmul_rate(m, k, n)
     bf16 = matmul_rate(m, k, n, torch.bfloat16, rounds=3)
@@ -148,3 +163,109 @@ def machine_limit(cfg: Config) -> dict[str, float]:
         "samples_per_s_bound": bound,
         "samples_per_s_bound_bf16": bound_bf16,  # for runs with train.precision=bf16
     }
+
+
+# --------------------------------------------------------------------------- CUDA
+
+
+def _cuda_seconds(fn: Callable[[], object], rounds: int = 5, min_round_s: float = 0.02) -> float:
+    """Seconds per call of ``fn`` on the current CUDA stream, timed by CUDA events:
+    the best of ``rounds`` rounds of calls, each at least ``min_round_s`` long."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+    def timed(calls: int) -> float:
+        start.record()
+        for _ in range(calls):
+            fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1000 / calls
+
+    for _ in range(3):  # warm-up: cuBLAS handles and heuristics, the caching allocator
+        fn()
+    calls = max(1, int(min_round_s / max(timed(1), 1e-9)))
+    return min(timed(calls) for _ in range(rounds))
+
+
+def cuda_matmul_rate(m: int, k: int, n: int, dtype: torch.dtype = torch.float32) -> float:
+    """FLOP/s of torch.mm [m, k] x [k, n] in ``dtype`` on the current GPU (fp32 at
+    torch's matmul precision setting: IEEE fp32 unless TF32 was allowed)."""
+    a = torch.randn(m, k, device="cuda").to(dtype)
+    b = torch.randn(k, n, device="cuda").to(dtype)
+    return 2.0 * m * k * n / _cuda_seconds(lambda: torch.mm(a, b))
+
+
+def cuda_copy_rates(mbytes: int = 512) -> dict[str, float]:
+    """Bytes/s of the GPU's copies: device to device (each byte read and written in
+    HBM, counted twice), host to device and device to host from pinned memory."""
+    def measure(numel: int) -> dict[str, float]:
+        src = torch.ones(numel, device="cuda")
+        dst = torch.empty_like(src)
+        host = torch.ones(numel, pin_memory=True)
+        nbytes = numel * BYTES_PER_FLOAT
+        return {
+            "hbm": 2.0 * nbytes / _cuda_seconds(lambda: dst.copy_(src)),
+            "h2d": nbytes / _cuda_seconds(lambda: dst.copy_(host, non_blocking=True)),
+            "d2h": nbytes / _cuda_seconds(lambda: host.copy_(src, non_blocking=True)),
+        }
+
+    rates = measure(mbytes * (1 << 20) // BYTES_PER_FLOAT)
+    torch.cuda.empty_cache()  # the buffers' GPU memory back (they are gone with measure)
+    return rates
+
+
+def input_bytes_per_sample(cfg: Config) -> float:
+    """Host-to-device bytes of one sample's input: dense floats, label, int64 ids and
+    one int64 length per sparse feature."""
+    gen = cfg.generate
+    return BYTES_PER_FLOAT * (gen.dense + 1) + 8 * (lookups_per_sample(gen) + gen.sparse)
+
+
+def engine_traffic(cfg: Config, device_hit_rate: float) -> dict[str, float]:
+    """HBM and PCIe bytes per training sample when ``device_hit_rate`` of the lookups
+    find their row in GPU memory (1 for tables all on the GPU, 0 for host_embedding).
+
+    HBM: every lookup reads its row, writes its gradient and has it read again (the
+    update, or the copy home), ~4 row sizes; a cold row also lands by copy, about
+    what the hot row's update writes. PCIe: the input batch, and per missed lookup
+    its row in and its gradient out (rows a batch shares travel once: an upper bound)."""
+    cost = model_cost(cfg)
+    row = cfg.model.embedding_dim * BYTES_PER_FLOAT
+    missed = cost.lookups * (1.0 - device_hit_rate)
+    return {
+        "hbm_bytes_per_sample": cost.embedding_bytes,
+        "pcie_bytes_per_sample": input_bytes_per_sample(cfg) + 2 * missed * row,
+    }
+
+
+def engine_bound(cfg: Config, limit: dict[str, Any], device_hit_rate: float, bf16: bool) -> dict[str, float]:
+    """The samples/s bound of one engine on the GPU of ``limit`` (module docstring)."""
+    traffic = engine_traffic(cfg, device_hit_rate)
+    rate = 1e9 * limit["matmul_bf16_gflops" if bf16 else "matmul_fp32_gflops"]
+    compute = model_cost(cfg).flops / rate + traffic["hbm_bytes_per_sample"] / (1e9 * limit["hbm_gb_s"])
+    pcie = traffic["pcie_bytes_per_sample"] / (1e9 * min(limit["h2d_pinned_gb_s"], limit["d2h_pinned_gb_s"]))
+    return {**traffic, "samples_per_s_bound": 1.0 / max(compute, pcie)}
+
+
+def cuda_limit(cfg: Config) -> dict[str, Any]:
+    """``machine_limit`` on a GPU: its measured rates; the bound of an engine with
+    every table on the GPU (``engine_bound`` gives the others')."""
+    m, k, n = mlp_matmul_shape(cfg)
+    copies = cuda_copy_rates()
+    limit: dict[str, Any] = {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "matmul_fp32_gflops": cuda_matmul_rate(m, k, n) / 1e9,
+        "matmul_bf16_gflops": cuda_matmul_rate(m, k, n, torch.bfloat16) / 1e9,
+        "hbm_gb_s": copies["hbm"] / 1e9,
+        "h2d_pinned_gb_s": copies["h2d"] / 1e9,
+        "d2h_pinned_gb_s": copies["d2h"] / 1e9,
+    }
+    limit["bandwidth_gb_s"] = limit["hbm_gb_s"]  # the key the CPU report uses
+    cost = model_cost(cfg)
+    limit.update(flops_per_sample=cost.flops, embedding_bytes_per_sample=cost.embedding_bytes,
+                 lookups_per_sample=cost.lookups, input_bytes_per_sample=input_bytes_per_sample(cfg))
+    limit["samples_per_s_bound"] = engine_bound(cfg, limit, 1.0, bf16=False)["samples_per_s_bound"]
+    limit["samples_per_s_bound_bf16"] = engine_bound(cfg, limit, 1.0, bf16=True)["samples_per_s_bound"]
+    return limit

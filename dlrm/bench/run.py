@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import json
 import os
 import shutil
@@ -59,6 +60,8 @@ def cmd_bench(argv: list[str]) -> int:
     """Entry point of ``dlrm bench``; see the module docstring."""
     a = _parse(argv)
     cfg = load_config(a.config, a.overrides)
+    if not a.reader_only:
+        a.engines = runnable_engines(a.engines)  # before generating data: fail fast
     out = Path(a.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     data_dir = ensure_dataset(cfg, out / "data")
@@ -85,10 +88,7 @@ def cmd_bench(argv: list[str]) -> int:
     from dlrm.bench.limits import machine_limit
 
     limit = machine_limit(cfg)
-    for row in rows:
-        # A bf16 run is measured against the bound of the bf16 matmul rate.
-        key = "samples_per_s_bound_bf16" if row["precision"] == "bf16" else "samples_per_s_bound"
-        row["fraction_of_bound"] = row["samples_per_s"] / limit[key]
+    add_bounds(rows, cfg, limit)
     print(format_table(rows))
     for row in rows:
         if row.get("hotline"):
@@ -98,6 +98,8 @@ def cmd_bench(argv: list[str]) -> int:
                   f"transfer {h['transfer_ms']:.1f} ms/step, {h['gather_hidden']:.0%} of both "
                   f"hidden ({row['ranks']} rank{'s' if row['ranks'] > 1 else ''}, rank 0's view)")
     print(format_limit(limit, rows))
+    if "h2d_pinned_gb_s" in limit:
+        print(format_gpu(limit, rows))
     report = {"config": a.config, "steps": steps, "rows": rows, "limit": limit,
               }
     write_json(out / "bench.json", report)
@@ -134,6 +136,54 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     if a.steps is not None and a.steps < 1:
         raise BenchError(f"--steps {a.steps}: must be >= 1")
     return a
+
+
+def torchrec_missing() -> str | None:
+    """Why the TorchRec engines cannot run here (None: torchrec and fbgemm_gpu are
+    installed). Looked up, not imported: the bench process stays free of both."""
+    for name in ("torchrec", "fbgemm_gpu"):
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):  # a blocked import, a module without a spec
+            found = False
+        if not found:
+            return f"{name} is not installed"
+    return None
+
+
+def runnable_engines(engines: list[str]) -> list[str]:
+    """``engines`` without the TorchRec ones where torchrec is missing (the GPU machine
+    has plain torch), each skipped with a line; a BenchError if none is left."""
+    needs = [e for e in engines if "embeddings.backend=torchrec" in ENGINES[e]]
+    why = torchrec_missing() if needs else None
+    if why is None:
+        return engines
+    print(f"skipping {', '.join(needs)}: {why} (the native rows need neither torchrec nor fbgemm)")
+    left = [e for e in engines if e not in needs]
+    if not left:
+        raise BenchError(f"--engines {','.join(engines)}: nothing to run without torchrec ({why})")
+    return left
+
+
+def add_bounds(rows: list[dict[str, Any]], cfg: Config, limit: dict[str, Any]) -> None:
+    """Each row's fraction of the machine's bound. On a GPU the bound is the engine's
+    own (``limits.engine_bound``: its share of lookups served from GPU memory, its HBM
+    and PCIe bytes per sample), with the bandwidths it reached."""
+    from dlrm.bench.limits import engine_bound
+
+    gpu = "h2d_pinned_gb_s" in limit
+    for row in rows:
+        bf16 = row["precision"] == "bf16"  # measured against the bf16 matmul rate
+        if not gpu:
+            row["fraction_of_bound"] = row["samples_per_s"] / limit[
+                "samples_per_s_bound_bf16" if bf16 else "samples_per_s_bound"]
+            continue
+        hit = (row.get("hotline") or {}).get("hot_hit_rate", 1.0)
+        row.update(engine_bound(cfg, limit, hit, bf16))
+        row["device_hit_rate"] = hit
+        row["fraction_of_bound"] = row["samples_per_s"] / row["samples_per_s_bound"]
+        row["hbm_gb_s"] = row["samples_per_s"] * row["hbm_bytes_per_sample"] / 1e9
+        row["pcie_gb_s"] = row["samples_per_s"] * row["pcie_bytes_per_sample"] / 1e9
 
 
 # ------------------------------------------------------------------ dataset
@@ -309,6 +359,32 @@ def format_limit(limit: dict[str, float], rows: list[dict[str, Any]]) -> str:
         f"limit: {limit['samples_per_s_bound']:,.0f} samples/s with fp32 matmuls, "
         f"{limit['samples_per_s_bound_bf16']:,.0f} with bf16; fraction of its own reached: {fractions}"
     )
+
+
+def format_gpu(limit: dict[str, Any], rows: list[dict[str, Any]]) -> str:
+    """The GPU's measured copies and, per row, its bytes per sample, the bandwidths it
+    reached and its own bound; then Hotline against host_embedding and native."""
+    lines = [(
+        f"gpu: {limit['device']} (torch {limit['torch']}, CUDA {limit['cuda']}): HBM copy "
+        f"{limit['hbm_gb_s']:.0f} GB/s, pinned host-to-device {limit['h2d_pinned_gb_s']:.1f} GB/s, "
+        f"device-to-host {limit['d2h_pinned_gb_s']:.1f} GB/s"
+    )]
+    for r in rows:
+        lines.append(
+            f"{r['engine']}@{r['ranks']}: {r['device_hit_rate']:.1%} of lookups on the GPU; "
+            f"HBM {r['hbm_bytes_per_sample'] / 1e3:.1f} kB/sample ({r['hbm_gb_s']:.1f} GB/s, "
+            f"{r['hbm_gb_s'] / limit['hbm_gb_s']:.1%} of measured), PCIe "
+            f"{r['pcie_bytes_per_sample'] / 1e3:.2f} kB/sample ({r['pcie_gb_s']:.2f} GB/s, "
+            f"{r['pcie_gb_s'] / limit['h2d_pinned_gb_s']:.1%}); bound "
+            f"{r['samples_per_s_bound']:,.0f} samples/s, {r['fraction_of_bound']:.1%} of it")
+    by = {(r["engine"], r["ranks"]): r["samples_per_s"] for r in rows}
+    for (engine, ranks), rate in by.items():
+        if engine != "hotline":
+            continue
+        for other in ("host_embedding", "native"):
+            if (other, ranks) in by:
+                lines.append(f"hotline / {other} at {ranks} rank(s): {rate / by[other, ranks]:.2f}x")
+    return "\n".join(lines)
 
 
 def write_json(path: Path, report: dict[str, Any]) -> None:

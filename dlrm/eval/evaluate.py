@@ -21,9 +21,16 @@ from dlrm.train.inputs import make_reader
 
 
 def evaluate_checkpoint(
-    run: str | Path, data: str, plots_dir: str | None = None, batch_size: int | None = None
+    run: str | Path,
+    data: str,
+    plots_dir: str | None = None,
+    batch_size: int | None = None,
+    device: str | None = None,
 ) -> dict[str, Any] | None:
-    """Metrics (auc, logloss, ne, calibration, ctr, rows) of a checkpoint on ``data``.
+    """Metrics (auc, logloss, ne, calibration, ctr, rows) of a checkpoint on ``data``,
+    scored on ``device`` (auto/cpu/cuda; None: the run's ``train.device``): state.pt is
+    read onto the CPU and the tables into the model's device, so a run trained on a
+    GPU is evaluated on a CPU-only machine with ``device="cpu"``, and back.
 
     Under torchrun every rank scores its share; the metrics are computed over all
     rows gathered, so they equal one process's. Returns None on ranks other than 0.
@@ -36,6 +43,8 @@ def evaluate_checkpoint(
     cfg: Config = from_dict(Config, meta["config"], "")
     if batch_size:
         cfg.data.eval_batch_size = batch_size
+    if device is not None:
+        cfg.train.device = device  # type: ignore[assignment]  # one of the CLI's choices
     schema = schema_from_json(meta["schema"])
     files = expand_paths(data)
     check_files(files, schema, cfg.data.on_error)

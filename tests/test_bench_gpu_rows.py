@@ -1,0 +1,134 @@
+"""`dlrm bench`'s GPU side, as far as a CPU can check it: the per-engine HBM and PCIe
+bytes and bound of dlrm/bench/limits.py by hand, the rows' fields against a made-up
+GPU limit, the CPU limit unchanged, and the TorchRec rows skipped with a line where
+torchrec is missing (the GPU machine has plain torch). The measurements themselves
+run in tests/test_gpu.py."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from dlrm.bench import limits
+from dlrm.bench import run as bench
+from dlrm.cli import main
+from dlrm.config import load_config
+from tests.conftest import REPO, TINY
+
+BY_HAND = ["generate.dense=3", "generate.sparse=2", "generate.multi_hot=1", "generate.max_bag=4",
+           "model.embedding_dim=2", "model.bottom_mlp=[4,2]", "model.top_mlp=[5,1]",
+           "model.interaction=dot"]
+# A made-up GPU: 1 GFLOP/s fp32 (2 bf16), 1 GB/s HBM, 0.5 GB/s in, 0.25 GB/s out.
+GPU = {"matmul_fp32_gflops": 1.0, "matmul_bf16_gflops": 2.0, "hbm_gb_s": 1.0,
+       "h2d_pinned_gb_s": 0.5, "d2h_pinned_gb_s": 0.25, "device": "made-up GPU", "torch": "x",
+       "cuda": "y"}
+
+
+def test_engine_traffic_by_hand() -> None:
+    cfg = load_config(None, BY_HAND)
+    # 3 lookups of 2·4 bytes; input: (3 dense + label)·4 + (3 ids + 2 lengths)·8 = 56
+    assert limits.input_bytes_per_sample(cfg) == 56
+    on_gpu = limits.engine_traffic(cfg, 1.0)
+    assert on_gpu == {"hbm_bytes_per_sample": 3 * 8 * 4, "pcie_bytes_per_sample": 56}
+    half = limits.engine_traffic(cfg, 0.5)  # 1.5 missed lookups: row in, gradient out
+    assert half["pcie_bytes_per_sample"] == 56 + 2 * 1.5 * 8
+    assert half["hbm_bytes_per_sample"] == on_gpu["hbm_bytes_per_sample"]
+
+
+def test_engine_bound_is_the_slower_of_compute_and_copies() -> None:
+    cfg = load_config(None, BY_HAND)
+    flops = limits.model_cost(cfg).flops  # 408
+    compute = flops / 1e9 + 96 / 1e9
+    on_gpu = limits.engine_bound(cfg, GPU, 1.0, bf16=False)
+    assert on_gpu["samples_per_s_bound"] == pytest.approx(1 / max(compute, 56 / 0.25e9))
+    host = limits.engine_bound(cfg, GPU, 0.0, bf16=True)  # every row over PCIe, bf16 matmuls
+    pcie = (56 + 2 * 3 * 8) / 0.25e9  # the slower direction bounds both
+    assert host["samples_per_s_bound"] == pytest.approx(1 / max(flops / 2e9 + 96 / 1e9, pcie))
+
+
+def test_rows_get_their_own_bound_on_a_gpu(capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = load_config(None, BY_HAND)
+    rows = [
+        {"engine": "native", "ranks": 1, "samples_per_s": 1e5, "precision": "fp32", "hotline": None},
+        {"engine": "hotline", "ranks": 1, "samples_per_s": 2e5, "precision": "fp32",
+         "hotline": {"hot_hit_rate": 0.9}},
+        {"engine": "host_embedding", "ranks": 1, "samples_per_s": 5e4, "precision": "fp32",
+         "hotline": {"hot_hit_rate": 0.0}},
+    ]
+    bench.add_bounds(rows, cfg, GPU)
+    native, hot, host = rows
+    assert native["device_hit_rate"] == 1.0 and host["device_hit_rate"] == 0.0
+    assert hot["pcie_bytes_per_sample"] == pytest.approx(56 + 2 * 0.3 * 8)
+    for r in rows:
+        assert r["fraction_of_bound"] == pytest.approx(r["samples_per_s"] / r["samples_per_s_bound"])
+        assert r["hbm_gb_s"] == pytest.approx(r["samples_per_s"] * 96 / 1e9)
+        assert r["pcie_gb_s"] == pytest.approx(r["samples_per_s"] * r["pcie_bytes_per_sample"] / 1e9)
+    text = bench.format_gpu(GPU, rows)
+    assert "made-up GPU" in text and "hotline / host_embedding at 1 rank(s): 4.00x" in text
+    assert "hotline / native at 1 rank(s): 2.00x" in text
+
+
+def test_rows_on_a_cpu_keep_the_machine_bound() -> None:
+    cfg = load_config(None, BY_HAND)
+    limit = {"samples_per_s_bound": 1000.0, "samples_per_s_bound_bf16": 2000.0}
+    rows = [{"engine": "native", "ranks": 1, "samples_per_s": 500.0, "precision": "fp32"},
+            {"engine": "native_bf16", "ranks": 1, "samples_per_s": 500.0, "precision": "bf16"}]
+    bench.add_bounds(rows, cfg, limit)
+    assert [r["fraction_of_bound"] for r in rows] == [0.5, 0.25]
+    assert "hbm_gb_s" not in rows[0]
+
+
+@pytest.mark.slow
+def test_cpu_limit_unchanged_without_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where CUDA is not available the limit is the CPU's, with the keys it always had."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    limit = limits.machine_limit(load_config(TINY, ["data.batch_size=64"]))
+    assert set(limit) == {"matmul_fp32_gflops", "matmul_bf16_gflops", "bandwidth_gb_s",
+                          "flops_per_sample", "embedding_bytes_per_sample", "lookups_per_sample",
+                          "samples_per_s_bound", "samples_per_s_bound_bf16"}
+    assert all(v > 0 for v in limit.values())
+
+
+def test_torchrec_engines_skipped_with_a_line(monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(bench, "torchrec_missing", lambda: "torchrec is not installed")
+    kept = bench.runnable_engines(["native", "torchrec", "hotline", "torchrec_bf16"])
+    assert kept == ["native", "hotline"]
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1 and out.startswith("skipping torchrec, torchrec_bf16: torchrec is")
+    assert bench.runnable_engines(["native"]) == ["native"]
+    assert main(["bench", "--config", str(TINY), "--engines", "torchrec"]) == 2  # nothing left
+    assert "nothing to run without torchrec" in capsys.readouterr().err
+
+
+BLOCKER = """
+import sys
+
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("torchrec", "fbgemm_gpu"):
+            raise ModuleNotFoundError(f"No module named {name!r} (blocked)", name=name)
+        return None
+
+sys.meta_path.insert(0, Block())
+from dlrm.bench.run import runnable_engines
+print(runnable_engines(["native", "torchrec", "hotline", "host_embedding"]))
+"""
+
+
+def test_torchrec_found_missing_where_it_cannot_be_imported() -> None:
+    """A fresh interpreter whose imports of torchrec and fbgemm_gpu fail (as on the GPU
+    machine): the bench drops the TorchRec rows, saying why, and imports neither."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO),
+                                                                     os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.run([sys.executable, "-c", BLOCKER], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.strip().splitlines()
+    skip = ("skipping torchrec: torchrec is not installed (the native rows need neither "
+            "torchrec nor fbgemm)")
+    assert lines == [skip, "['native', 'hotline', 'host_embedding']"]

@@ -1,0 +1,279 @@
+"""CUDA: the GPU paths against the CPU and against themselves (marker ``gpu``;
+skipped without CUDA by tests/conftest.py; ``make test-gpu``, or on a machine with
+its own torch ``PYTHONPATH=. python3 -m pytest -m gpu tests``).
+
+    equal to CPU      one process on CUDA = the same run on the CPU: every sparse
+                      optimizer x fused/kept x sum/mean pooling on mixed single- and
+                      multi-hot data, and all-single-hot data
+    Hotline on CUDA   = ordinary training on the GPU (every optimizer, refresh,
+                      no pipeline, resume); the host tier pinned, cold rows copied
+                      on a side stream; the copy hidden under the popular
+                      micro-batch on the GPU's own timeline
+    torchrun          --nproc_per_node=1 with train.backend=nccl, first tables
+                      pinned to each strategy the planner allows at one rank
+    sharded, 1 rank   ShardedEmbeddingCollection on CUDA = the local one on CPU,
+                      per strategy
+    checkpoints       saved on CUDA, evaluated and resumed on the CPU, and back
+
+Tolerances: ``tests/gpu_cases.py`` says why 1e-4 (norm-wise) between devices.
+Everything is small (configs/tiny.yaml, 12 steps): the set takes a few minutes.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from dlrm.cli import main
+from dlrm.config import load_config
+from tests import gpu_cases as cases
+from tests.conftest import TINY, tiny_overrides
+from tests.run_state import run_state
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(autouse=True)
+def full_fp32_matmuls():
+    """TF32 off (torch's default; a site setting could turn it on): the tolerances
+    assume fp32 products."""
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    yield
+    torch.set_float32_matmul_precision(before)
+
+
+@pytest.fixture(scope="module")
+def single_hot_data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """configs/tiny.yaml's data with every sparse feature single-hot (multi_hot=0)."""
+    from data.generate import generate_dataset
+
+    root = tmp_path_factory.mktemp("single_hot")
+    cfg = load_config(TINY, ["generate.multi_hot=0", "generate.row_group_rows=4096"])
+    generate_dataset(str(root / "train"), cfg.generate, seed=11, rows=8192)
+    return {"train": root / "train"}
+
+
+# ------------------------------------------------------------------ CUDA = CPU
+
+
+@pytest.mark.parametrize("pooling", ["sum", "mean"])
+@pytest.mark.parametrize("fused", ["true", "false"])
+@pytest.mark.parametrize("optim", cases.OPTIMIZERS)
+def test_cuda_equals_cpu(tiny_data, tmp_path: Path, optim: str, fused: str, pooling: str) -> None:
+    """Mixed data: C1-C22 single-hot, C23-C26 bags of 0..5 ids (mean divides by the
+    bag's length, an empty bag pools to zero)."""
+    cases.device_equals_cpu(tiny_data, tmp_path, "cuda", f"optim.sparse={optim}",
+                            f"embeddings.fused={fused}", f"embeddings.pooling={pooling}")
+
+
+@pytest.mark.parametrize("optim", cases.OPTIMIZERS)
+def test_cuda_equals_cpu_single_hot(single_hot_data, tmp_path: Path, optim: str) -> None:
+    cases.device_equals_cpu(single_hot_data, tmp_path, "cuda", f"optim.sparse={optim}")
+
+
+# ------------------------------------------------------------------ Hotline on CUDA
+
+
+@pytest.mark.parametrize("optim", cases.OPTIMIZERS)
+def test_hotline_on_cuda_equals_ordinary_training(tiny_data, tmp_path: Path, optim: str) -> None:
+    summary = cases.hotline_equals_plain(tiny_data, tmp_path, "cuda", f"optim.sparse={optim}")
+    assert 0.5 < summary["hotline"]["hot_hit_rate"] < 1.0
+
+
+@pytest.mark.parametrize("extra", [("hotline.refresh_every=5",), ("hotline.pipeline=false",),
+                                   ("embeddings.pooling=mean",)])
+def test_hotline_on_cuda_refresh_no_pipeline_mean(tiny_data, tmp_path: Path, extra) -> None:
+    cases.hotline_equals_plain(tiny_data, tmp_path, "cuda", "optim.sparse=rowwise_adagrad", *extra)
+
+
+def test_hotline_on_cuda_resumes_exactly(tiny_data, tmp_path: Path) -> None:
+    cases.hotline_resume(tiny_data, tmp_path, "cuda")
+
+
+def test_hotline_host_tier_pinned_and_cold_rows_on_a_side_stream(
+    tiny_data, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The host tier's weight and optimizer state are page-locked (DMA copies, no
+    staging), the hot rows are on the GPU, and ``gather_cold`` copies the cold rows
+    under a stream other than the current (compute) one, exactly."""
+    from dlrm.parallel.parallelize import build_model
+    from dlrm.parallel.planning import run_tables
+    from dlrm.train.hotline import make_profile
+    from dlrm.train.inputs import make_reader, resolve_data
+
+    cfg = load_config(TINY, tiny_overrides(**{"data.train": tiny_data["train"], "data.eval": ""})
+                      + [*cases.HOTLINE, "train.device=cuda", "optim.sparse=adam"])
+    data = resolve_data(cfg)
+    reader = make_reader(cfg, data.train_files, data.schema, True)
+    profile = make_profile(cfg, run_tables(cfg, data.schema), reader, tmp_path, lambda s: None)
+    device = torch.device("cuda", torch.cuda.current_device())
+    emb = build_model(cfg, data.schema, device, None, profile).embeddings
+    host = emb.host
+    assert host.weight.device.type == "cpu" and host.weight.is_pinned()
+    assert host.state and all(t.is_pinned() for t in host.state.values()), \
+        {k: t.is_pinned() for k, t in host.state.items()}
+    assert emb.hot_weight.device.type == "cuda" and emb.hot_weight.shape[0] > 0
+
+    entered: list[tuple[object, object]] = []
+    real_stream = torch.cuda.stream
+
+    def spy(stream):  # what gather_cold runs its copy under, and what was current then
+        entered.append((stream, torch.cuda.current_stream(device)))
+        return real_stream(stream)
+
+    monkeypatch.setattr(torch.cuda, "stream", spy)
+    batch = next(iter(reader.epoch(0)))
+    rest = batch.select((~emb.split(batch.sparse)).nonzero().flatten())
+    assert rest.size > 0
+    cold = emb.gather_cold(rest.sparse)
+    assert entered, "gather_cold copied without entering a stream"
+    assert all(s is not None and s != current for s, current in entered), entered
+    assert cold.rows.device.type == "cuda" and cold.ids.numel() > 0
+    torch.testing.assert_close(cold.rows.detach().cpu(), host.weight.detach()[cold.ids.cpu()],
+                               rtol=0, atol=0)
+
+
+def test_hotline_gather_and_copy_hidden_under_the_popular_micro_batch(tiny_data, tmp_path: Path) -> None:
+    """Two measures of one run (8 steps, steps 3-6 under torch.profiler):
+
+    - the trainer's ``gather_hidden``: 1 - (time the step waited for the host thread)
+      / (host gather + copy time), wall clock on the host: > 0 means part of the
+      gather ran while the popular micro-batch was being computed;
+    - the GPU's own timeline (CUDA activity of the Chrome trace, which CUPTI stamps
+      on the device): the cold rows' host-to-device copies run on a stream of their
+      own, from pinned memory, and some of their time overlaps kernels of the
+      compute stream, i.e. the copy engine and the SMs worked at once."""
+    summary = cases.run(tiny_data, tmp_path / "hot", "cuda", *cases.HOTLINE, *cases.TIMELINE, steps=8)
+    stats = summary["hotline"]
+    assert 0.1 < stats["popular_share"] < 0.9, stats  # both micro-batches non-trivial
+    assert stats["gather_ms"] > 0 and stats["transfer_ms"] > 0, stats
+    assert stats["gather_hidden"] > 0, stats
+    timeline = cases.gpu_timeline(tmp_path / "hot" / "profile" / "rank-0.json")
+    copies = timeline["cold_copies"]
+    print(f"hotline timeline: {len(copies)} cold copies, {timeline['overlapped']:.0%} of their "
+          f"time under compute kernels; stats {json.dumps(stats)}")
+    assert timeline["kernels"] > 0 and copies, timeline
+    assert all("Pinned" in name for _, _, name in copies), copies  # DMA from page-locked memory
+    assert timeline["overlapped"] > 0, timeline
+
+
+# ------------------------------------------------------------------ torchrun, NCCL
+
+
+@pytest.fixture(scope="module")
+def one_process_cuda(tiny_data, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("one_process") / "run"
+    cases.run(tiny_data, out, "cuda")
+    return out
+
+
+@pytest.mark.parametrize("strategy", cases.STRATEGIES)
+def test_torchrun_one_rank_nccl_equals_one_process(tiny_data, tmp_path: Path, one_process_cuda: Path,
+                                                   strategy: str) -> None:
+    """At world size 1 dlrm/parallel/distributed.py makes no process group and
+    build_model uses the local collection, so this checks the launch (torchrun's
+    environment, LOCAL_RANK 0 → cuda:0, train.backend=nccl accepted), not NCCL
+    collectives or the strategy's code: those need 2+ GPUs (NCCL refuses two ranks
+    on one GPU). The strategies' own code on CUDA is the next test."""
+    cases.skip_unless_planned(tiny_data, strategy)
+    run = cases.torchrun_one_rank(tiny_data, tmp_path, "cuda", "nccl", strategy)
+    summary = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
+    assert summary["event"] == "summary" and summary["steps"] == cases.STEPS
+    cases.assert_runs_close(run, one_process_cuda, f"torchrun nccl {strategy}")
+
+
+@pytest.mark.parametrize("strategy", cases.STRATEGIES)
+def test_sharded_collection_on_cuda_equals_local_on_cpu(tiny_data, strategy: str) -> None:
+    cases.skip_unless_planned(tiny_data, strategy)
+    cases.sharded_collection_equals_local(tiny_data, "cuda", strategy)
+
+
+# ------------------------------------------------------------------ checkpoints
+
+
+def test_checkpoint_saved_on_cuda_evaluates_on_cpu(tiny_data, tmp_path: Path, capsys) -> None:
+    """Trained with train.device=cuda: ``dlrm eval --device cpu`` here, and in a
+    process that sees no GPU at all (CUDA_VISIBLE_DEVICES empty), give the metrics
+    of the evaluation on the GPU; the parameters read on the CPU are the GPU's."""
+    run = tmp_path / "gpu"
+    cases.run(tiny_data, run, "cuda", "optim.sparse=adam", steps=6)
+    data = str(tiny_data["eval"])
+    assert main(["eval", "--checkpoint", str(run), "--data", data]) == 0  # the run's device
+    on_gpu = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert main(["eval", "--checkpoint", str(run), "--data", data, "--device", "cpu"]) == 0
+    on_cpu = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    no_gpu = cases.eval_json(["--checkpoint", str(run), "--data", data, "--device", "cpu"],
+                             env={"CUDA_VISIBLE_DEVICES": ""})
+    cases.assert_metrics_close(on_cpu, on_gpu, "cpu vs gpu eval")
+    cases.assert_metrics_close(no_gpu, on_gpu, "no-GPU process vs gpu eval")
+    state = run_state(run)  # loaded into a CPU model
+    assert all(t.device.type == "cpu" for t in state.values())
+
+
+def test_checkpoint_saved_on_cpu_evaluates_on_cuda(tiny_data, tmp_path: Path, capsys) -> None:
+    run = tmp_path / "cpu"
+    cases.run(tiny_data, run, "cpu", "optim.sparse=rowwise_adagrad", steps=6)
+    data = str(tiny_data["eval"])
+    assert main(["eval", "--checkpoint", str(run), "--data", data]) == 0
+    on_cpu = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert main(["eval", "--checkpoint", str(run), "--data", data, "--device", "cuda"]) == 0
+    on_gpu = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    cases.assert_metrics_close(on_gpu, on_cpu, "gpu vs cpu eval")
+
+
+@pytest.mark.parametrize("first,then", [("cuda", "cpu"), ("cpu", "cuda")])
+def test_resume_on_the_other_device(tiny_data, tmp_path: Path, first: str, then: str) -> None:
+    cases.resume_elsewhere(tiny_data, tmp_path, first, then)
+
+
+def test_hotline_checkpoint_from_cuda_resumes_on_cpu(tiny_data, tmp_path: Path) -> None:
+    """Hotline's hot rows live on the GPU; its checkpoint holds whole tables, so a
+    CPU run (ordinary placement) continues it: equal to a straight Hotline run on
+    the GPU, within the device tolerance."""
+    extra = ("optim.sparse=rowwise_adagrad",)
+    cases.run(tiny_data, tmp_path / "straight", "cuda", *cases.HOTLINE, *extra)
+    cases.run(tiny_data, tmp_path / "moved", "cuda", *cases.HOTLINE, *extra, steps=5)
+    cases.run(tiny_data, tmp_path / "moved", "cpu", *extra)
+    cases.assert_close_norm(run_state(tmp_path / "moved"), run_state(tmp_path / "straight"),
+                            "hotline cuda → plain cpu")
+
+
+# ------------------------------------------------------------------ dlrm bench on the GPU
+
+
+def test_cuda_limit_measures_the_gpu() -> None:
+    from dlrm.bench.limits import machine_limit
+
+    cfg = load_config(TINY, ["data.batch_size=8192", "model.bottom_mlp=[1024,16]"])
+    limit = machine_limit(cfg)
+    print(json.dumps(limit, indent=1))
+    assert limit["device"] == torch.cuda.get_device_name()
+    for key in ("matmul_fp32_gflops", "matmul_bf16_gflops", "hbm_gb_s", "h2d_pinned_gb_s",
+                "d2h_pinned_gb_s", "samples_per_s_bound", "samples_per_s_bound_bf16"):
+        assert limit[key] > 0, key
+    assert limit["hbm_gb_s"] > limit["h2d_pinned_gb_s"]  # HBM against PCIe (or C2C)
+
+
+def test_bench_gpu_rows(tmp_path: Path, capsys) -> None:
+    """The bench's three GPU rows on the tiny model (1MB of hot rows), 20 steps each:
+    every row with its share of lookups on the GPU, bytes per sample and bound."""
+    code = main(["bench", "--config", str(TINY), "--engines", "native,hotline,host_embedding",
+                 "--steps", "20", "--out", str(tmp_path), "generate.rows=20000",
+                 "generate.row_group_rows=4096", "hotline.budget=1MB"])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "gpu: " in out and "hotline / host_embedding at 1 rank(s)" in out, out[-3000:]
+    report = json.loads((tmp_path / "bench.json").read_text())
+    rows = {r["engine"]: r for r in report["rows"]}
+    assert rows["native"]["device_hit_rate"] == 1.0
+    assert rows["host_embedding"]["device_hit_rate"] == 0.0
+    assert 0.5 < rows["hotline"]["device_hit_rate"] < 1.0
+    assert (rows["native"]["pcie_bytes_per_sample"] < rows["hotline"]["pcie_bytes_per_sample"]
+            < rows["host_embedding"]["pcie_bytes_per_sample"])
+    for r in rows.values():
+        assert r["samples_per_s"] > 0 and r["fraction_of_bound"] > 0 and r["hbm_gb_s"] > 0
+        assert r["peak_memory_mb"][0] > 0  # CUDA allocations: the rows ran on the GPU

@@ -1,0 +1,96 @@
+"""The GPU tests' bodies (tests/gpu_cases.py) run CPU against CPU, so that a mistake
+of a body itself (an override the config refuses, a key that is not there, the
+wrong runs compared, a trace parsed wrongly) shows on a machine without a GPU,
+before a GPU session spends its time on it. One case of each body; the CUDA set
+is tests/test_gpu.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dlrm.cli import main
+from tests import gpu_cases as cases
+
+
+@pytest.mark.slow
+def test_device_equals_cpu_body(tiny_data, tmp_path: Path) -> None:
+    cases.device_equals_cpu(tiny_data, tmp_path, "cpu", "optim.sparse=adam", "embeddings.fused=false",
+                            "embeddings.pooling=mean")
+
+
+@pytest.mark.slow
+def test_hotline_bodies(tiny_data, tmp_path: Path) -> None:
+    cases.hotline_equals_plain(tiny_data, tmp_path / "eq", "cpu", "optim.sparse=sgd",
+                               "hotline.refresh_every=5", "embeddings.pooling=mean")
+    cases.hotline_resume(tiny_data, tmp_path / "resume", "cpu")
+
+
+@pytest.mark.slow
+def test_resume_elsewhere_body(tiny_data, tmp_path: Path) -> None:
+    cases.resume_elsewhere(tiny_data, tmp_path, "cpu", "cpu")
+
+
+@pytest.mark.parametrize("strategy", cases.STRATEGIES)
+def test_sharded_collection_body(tiny_data, strategy: str) -> None:
+    cases.skip_unless_planned(tiny_data, strategy)
+    cases.sharded_collection_equals_local(tiny_data, "cpu", strategy, steps=2)
+
+
+@pytest.mark.slow
+def test_eval_device_flag_and_a_process_without_cuda(tiny_data, tmp_path: Path, capsys) -> None:
+    run = tmp_path / "run"
+    cases.run(tiny_data, run, "cpu", steps=3)
+    data = str(tiny_data["eval"])
+    assert main(["eval", "--checkpoint", str(run), "--data", data]) == 0
+    plain = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert main(["eval", "--checkpoint", str(run), "--data", data, "--device", "cpu"]) == 0
+    flagged = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    hidden = cases.eval_json(["--checkpoint", str(run), "--data", data, "--device", "cpu"],
+                             env={"CUDA_VISIBLE_DEVICES": ""})
+    cases.assert_metrics_close(flagged, plain, "--device cpu")
+    cases.assert_metrics_close(hidden, plain, "no CUDA device")
+
+
+@pytest.mark.slow
+def test_timeline_model_splits_both_ways(tiny_data, tmp_path: Path) -> None:
+    """The GPU timeline test's model (wide MLPs, batch 4096, 1MB of hot rows): both
+    micro-batches hold a good share of the batch, and its profiler settings are
+    accepted (on the CPU the trace has no CUDA activity)."""
+    summary = cases.run(tiny_data, tmp_path / "hot", "cpu", *cases.HOTLINE, *cases.TIMELINE, steps=5)
+    stats = summary["hotline"]
+    assert 0.1 < stats["popular_share"] < 0.9, stats
+    assert (tmp_path / "hot" / "profile" / "rank-0.json").is_file()
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_torchrun_one_rank_body(tiny_data, tmp_path: Path) -> None:
+    """The torchrun body with gloo on the CPU, against one process."""
+    cases.skip_unless_planned(tiny_data, "row_wise")
+    run = cases.torchrun_one_rank(tiny_data, tmp_path, "cpu", "gloo", "row_wise")
+    cases.run(tiny_data, tmp_path / "one", "cpu")
+    cases.assert_runs_close(run, tmp_path / "one", "torchrun gloo row_wise")
+
+
+def test_gpu_timeline_reads_a_trace(tmp_path: Path) -> None:
+    """Kernels on stream 7 (the compute stream: most kernel time), a pinned copy on
+    stream 20 half under a kernel, a pageable batch copy on stream 7 (not a cold copy)."""
+    events = [
+        {"ph": "X", "cat": "kernel", "name": "gemm", "ts": 100.0, "dur": 50.0, "args": {"stream": 7}},
+        {"ph": "X", "cat": "kernel", "name": "gemm", "ts": 200.0, "dur": 50.0, "args": {"stream": 7}},
+        {"ph": "X", "cat": "kernel", "name": "small", "ts": 0.0, "dur": 5.0, "args": {"stream": 20}},
+        {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD (Pinned -> Device)", "ts": 130.0,
+         "dur": 40.0, "args": {"stream": 20}},
+        {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD (Pageable -> Device)", "ts": 90.0,
+         "dur": 5.0, "args": {"stream": 7}},
+        {"ph": "i", "cat": "cpu_op", "name": "marker", "ts": 1.0},
+    ]
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    timeline = cases.gpu_timeline(path)
+    assert timeline["compute_stream"] == 7 and timeline["kernels"] == 2
+    assert [name for _, _, name in timeline["cold_copies"]] == ["Memcpy HtoD (Pinned -> Device)"]
+    assert timeline["overlapped"] == pytest.approx(0.5)  # 130..150 of 130..170
