@@ -1,7 +1,7 @@
 """One mini-batch as training consumes it.
 
     dense   [B, n_dense] float32
-    sparse  KeyedJaggedTensor, keys = sparse feature names, feature-major:
+    sparse  JaggedFeatures (data/jagged.py), keys = sparse feature names, feature-major:
             values = [f0 ids of sample 0..B-1 | f1 ids of sample 0..B-1 | ...]
             lengths [F * B] (lengths[f * B + b] = ids of feature f in sample b)
     labels  [B] float32 in [0, 1]
@@ -13,18 +13,16 @@ pinning are explicit and cheap so that pipelining stays visible.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
-if TYPE_CHECKING:
-    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+from data.jagged import JaggedFeatures
 
 
 @dataclass
 class Batch:
     dense: torch.Tensor
-    sparse: KeyedJaggedTensor
+    sparse: JaggedFeatures
     labels: torch.Tensor
 
     @property
@@ -46,27 +44,10 @@ class Batch:
         )
 
     def select(self, index: torch.Tensor) -> Batch:
-        """The samples at ``index`` (int64 [k]), in that order: a micro-batch.
-
-            feature-major bags [f0: b0 b1 b2 | f1: b0 b1 b2], index [2, 0]
-            → [f0: b2 b0 | f1: b2 b0]
-        """
-        from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
-
-        keys = self.sparse.keys()
-        batch = self.size
-        lengths = self.sparse.lengths()
-        bags = (torch.arange(len(keys)).unsqueeze(1) * batch + index.unsqueeze(0)).flatten()
-        new_lengths = lengths.index_select(0, bags)
-        starts = torch.cumsum(lengths, 0) - lengths
-        total = int(new_lengths.sum())
-        new_starts = torch.cumsum(new_lengths, 0) - new_lengths
-        shift = torch.repeat_interleave(starts[bags] - new_starts, new_lengths, output_size=total)
-        values = self.sparse.values().index_select(0, torch.arange(total) + shift)
+        """The samples at ``index`` (int64 [k]), in that order: a micro-batch."""
         return Batch(
             dense=self.dense.index_select(0, index),
-            sparse=KeyedJaggedTensor(keys=keys, values=values, lengths=new_lengths,
-                                     stride=int(index.numel())),
+            sparse=self.sparse.select(index),
             labels=self.labels.index_select(0, index),
         )
 

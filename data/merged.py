@@ -15,29 +15,14 @@ import torch
 
 from data.bad_data import BadDataLog
 from data.batch import Batch
+from data.jagged import JaggedFeatures
 
 
 def concat_batches(batches: list[Batch]) -> Batch:
-    """Samples of ``batches`` one after another (feature-major KJT kept)."""
-    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
-
-    keys = batches[0].sparse.keys()
-    values, lengths = [], []
-    per_batch = []
-    for b in batches:
-        size = b.size
-        lens = b.sparse.lengths().view(len(keys), size)
-        per_batch.append((lens, b.sparse.values().split(lens.sum(dim=1).tolist())))
-    for f in range(len(keys)):
-        for lens, vals in per_batch:
-            lengths.append(lens[f])
-            values.append(vals[f])
-    total = sum(b.size for b in batches)
+    """Samples of ``batches`` one after another (features kept feature-major)."""
     return Batch(
         dense=torch.cat([b.dense for b in batches]),
-        sparse=KeyedJaggedTensor(
-            keys=keys, values=torch.cat(values), lengths=torch.cat(lengths), stride=total
-        ),
+        sparse=JaggedFeatures.cat([b.sparse for b in batches]),
         labels=torch.cat([b.labels for b in batches]),
     )
 

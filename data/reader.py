@@ -16,7 +16,7 @@ The contract (other code and the tests rely on it)::
 * ``batch_size`` is global; rank r's share is b_r = batch_size // W + (r < batch_size % W).
 * Every rank yields ``steps_per_epoch() = max over ranks of ceil(N_r / b_r)`` batches,
   computed from the footers alone. The last non-empty batch may be short; a rank whose
-  rows ran out yields empty batches (B = 0: dense [0, n_dense], labels [0], a KJT with
+  rows ran out yields empty batches (B = 0: dense [0, n_dense], labels [0], JaggedFeatures with
   all keys, no values and no lengths, stride 0).
 * Batch t is a pure function of (files, seed, epoch, rank, W, batch_size, t):
   ``epoch(e, start_step=k)`` seeks straight to window k*b_r // S and yields exactly the
@@ -61,6 +61,7 @@ from data.batch import Batch
 from data.errors import DataError, UserError
 from data.files import open_parquet
 from data.hashing import splitmix64
+from data.jagged import JaggedFeatures
 from data.schema import Schema, SparseFeature, allowed_kinds, column_kind, screen_files, type_name
 
 if TYPE_CHECKING:
@@ -369,9 +370,7 @@ class _Rows:
         return _Rows(self.labels[perm], self.dense[perm], ids, keep)
 
     def batch(self, a: int, b: int, schema: Schema) -> Batch:
-        """Rows [a, b) as a Batch with a feature-major KeyedJaggedTensor (kept rows only)."""
-        from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
-
+        """Rows [a, b) as a Batch with feature-major JaggedFeatures (kept rows only)."""
         if self.keep is not None and not self.keep[a:b].all():
             kept = a + np.flatnonzero(self.keep[a:b])
             return self.take(kept).batch(0, len(kept), schema)
@@ -385,7 +384,7 @@ class _Rows:
                 values.append(vals[offsets[a] : offsets[b]])
                 lengths.append(np.diff(offsets[a : b + 1]))
         empty = np.zeros(0, np.int64)
-        kjt = KeyedJaggedTensor(
+        sparse = JaggedFeatures(
             keys=schema.sparse_names,
             values=torch.from_numpy(np.concatenate(values) if values else empty),
             lengths=torch.from_numpy(np.concatenate(lengths) if lengths else empty),
@@ -393,7 +392,7 @@ class _Rows:
         )
         return Batch(
             dense=torch.from_numpy(np.array(self.dense[a:b], dtype=np.float32)),
-            sparse=kjt,
+            sparse=sparse,
             labels=torch.from_numpy(np.array(self.labels[a:b], dtype=np.float32)),
         )
 

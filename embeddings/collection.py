@@ -1,10 +1,10 @@
-"""Embedding collections: KJT in, pooled vectors [B, F*D] out, sparse updates.
+"""Embedding collections: jagged ids in, pooled vectors [B, F*D] out, sparse updates.
 
 ``EmbeddingCollection`` is the interface the model sees; this file also holds the
 single-process implementation. Sharded (hybrid-parallel) and Hotline (tiered)
 collections implement the same interface elsewhere in this package.
 
-    KJT (feature-major)                      pooled [B, F*D]
+    JaggedFeatures or KJT (feature-major)    pooled [B, F*D]
     values  [f0: b0 b1 ..| f1: b0 b1 ..| ..]  ──►  row b = [pool(f0,b) | pool(f1,b) | ..]
     lengths [F * B]
 """
@@ -35,7 +35,7 @@ from embeddings.table import Pooling, TableSpec
 from embeddings.timing import section
 
 if TYPE_CHECKING:
-    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+    from data.jagged import KeyedJagged
 
 
 class EmbeddingCollection(nn.Module, ABC):
@@ -51,7 +51,7 @@ class EmbeddingCollection(nn.Module, ABC):
     plan: ShardingPlan | None = None  # which rank holds what; None: every table here
 
     @abstractmethod
-    def forward(self, sparse: KeyedJaggedTensor) -> torch.Tensor:
+    def forward(self, sparse: KeyedJagged) -> torch.Tensor:
         """[B, len(features) * dim]."""
 
     @abstractmethod
@@ -75,7 +75,7 @@ class EmbeddingCollection(nn.Module, ABC):
     def table_state(self) -> TableState:
         """This rank's tables as live tensors, for a checkpoint (embeddings/interface.py)."""
 
-    def start(self, sparse: KeyedJaggedTensor | Prefetched) -> object:
+    def start(self, sparse: KeyedJagged | Prefetched) -> object:
         """Begin a lookup (embeddings/interface.py); here nothing is in flight."""
         return sparse
 
@@ -170,7 +170,7 @@ class LocalEmbeddingCollection(EmbeddingCollection):
         self._kept: list[KVGradient] = []
 
     # ------------------------------------------------------------------ forward
-    def forward(self, sparse: KeyedJaggedTensor) -> torch.Tensor:
+    def forward(self, sparse: KeyedJagged) -> torch.Tensor:
         values, lengths, batch = in_feature_order(sparse, self.features)
         num_features = len(self.features)
         ids = stacked_ids(values, lengths, self.feature_offsets, batch)

@@ -12,7 +12,8 @@ Every placement is used through this one interface: one process
     checkpoint table_state() ─► TableState (live views of this rank's shards) ─► written;
                loaded in place, then tables_loaded() (Hotline: hot rows re-read)
 
-A sparse input is a ``KeyedJaggedTensor``, or a ``Prefetched`` one: the same ids
+A sparse input is ``KeyedJagged`` (our ``data.jagged.JaggedFeatures``, or TorchRec's
+``KeyedJaggedTensor``: the same accessors), or a ``Prefetched`` one: the same ids
 with rows a collection gathered for them ahead of time (Hotline's cold rows, gathered
 by a host thread while the previous micro-batch ran).
 """
@@ -26,8 +27,8 @@ import torch
 
 if TYPE_CHECKING:
     import torch.distributed as dist
-    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+    from data.jagged import KeyedJagged
     from embeddings.kv import KVGradient
     from embeddings.optim import SparseOptimizer
     from embeddings.plan.types import Shard, ShardingPlan, ShardingType
@@ -39,7 +40,7 @@ class Prefetched:
     """``sparse`` with ``rows``: what a collection gathered for exactly these ids
     ahead of time (for Hotline: its cold rows, or ``HOT_ONLY``)."""
 
-    sparse: KeyedJaggedTensor
+    sparse: KeyedJagged
     rows: Any
 
 
@@ -69,7 +70,7 @@ class PooledEmbeddings(Protocol):
     dim: int
     plan: ShardingPlan | None  # which rank holds what; None: every table in this process
 
-    def start(self, sparse: KeyedJaggedTensor | Prefetched) -> Any:
+    def start(self, sparse: KeyedJagged | Prefetched) -> Any:
         """Begin the lookup of a batch; the handle goes to :meth:`finish`."""
         ...
 

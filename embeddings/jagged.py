@@ -1,9 +1,10 @@
-"""Jagged ids: a KJT's bags in the collection's feature order, shifted into stacked rows.
+"""Jagged ids: a batch's bags in the collection's feature order, shifted into stacked rows.
 
-A KJT holds its bags feature-major, in its own key order; a collection reads them
-in its feature order, and a stacked weight holds its tables one after another:
+A sparse batch (``data.jagged.JaggedFeatures``, or TorchRec's KJT: anything
+``KeyedJagged``) holds its bags feature-major, in its own key order; a collection reads
+them in its feature order, and a stacked weight holds its tables one after another:
 
-    KJT keys [b, a], B = 2      lengths [1 0 | 2 0]   values [x | y z]
+    keys [b, a], B = 2          lengths [1 0 | 2 0]   values [x | y z]
         │ in_feature_order(features=[a, b])   (one permute_bags)
         ▼
     lengths [2 0 | 1 0]   values [y z | x]        bag f*B + b = (feature f, sample b)
@@ -14,16 +15,17 @@ in its feature order, and a stacked weight holds its tables one after another:
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING
 
 import torch
 
 if TYPE_CHECKING:
-    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+    from data.jagged import KeyedJagged
 
 
 def in_feature_order(
-    sparse: KeyedJaggedTensor, features: list[str]
+    sparse: KeyedJagged, features: list[str]
 ) -> tuple[torch.Tensor, torch.Tensor, int]:
     """(values [N], lengths [F*B], B) of ``sparse``'s ``features``, in that order."""
     batch = sparse.stride()
@@ -87,9 +89,7 @@ def bag_offsets(lengths: torch.Tensor) -> torch.Tensor:
 
 
 def _fbgemm_ops() -> bool:
-    """Whether fbgemm's sparse ops are loaded (they are wherever torchrec is)."""
-    try:
-        import fbgemm_gpu  # noqa: F401  (registers torch.ops.fbgemm)
-    except ImportError:
-        return False
-    return hasattr(torch.ops.fbgemm, "permute_1D_sparse_data")
+    """Whether fbgemm's sparse ops are loaded: only where something else imported
+    ``fbgemm_gpu`` (torchrec does). We never import it ourselves: the native engine
+    runs on plain torch, and the torch fallback gives the same result."""
+    return "fbgemm_gpu" in sys.modules and hasattr(torch.ops.fbgemm, "permute_1D_sparse_data")

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from data.jagged import JaggedFeatures
 from embeddings.collection import LocalEmbeddingCollection
 from embeddings.hotline.profile import HotProfile, choose_hot_rows, count_accesses, row_bytes
 from embeddings.hotline.tiers import HotlineEmbeddingCollection
@@ -24,7 +24,7 @@ def rows_of(tables: list[TableSpec]) -> dict[str, int]:
     return {f: t.rows for t in tables for f in t.features}
 
 
-def touched(tables: list[TableSpec], kjts: list[KeyedJaggedTensor]) -> dict[str, torch.Tensor]:
+def touched(tables: list[TableSpec], kjts: list[JaggedFeatures]) -> dict[str, torch.Tensor]:
     table_of = {f: t.name for t in tables for f in t.features}
     parts: dict[str, list[torch.Tensor]] = {t.name: [] for t in tables}
     for kjt in kjts:
@@ -125,16 +125,16 @@ def test_popular_then_non_popular_micro_batches_equal_one_step(kind: str) -> Non
     assert_same_tables(hot.export_tables(), ref.export_tables())
 
 
-def select(kjt: KeyedJaggedTensor, mask: torch.Tensor) -> KeyedJaggedTensor:
+def select(kjt: JaggedFeatures, mask: torch.Tensor) -> JaggedFeatures:
     """The samples of ``kjt`` where ``mask`` holds, every feature."""
     lengths, values = [], []
-    for f in kjt.keys():  # noqa: SIM118 (a KJT is not a dict)
+    for f in kjt.keys():  # noqa: SIM118 (not a dict)
         jt = kjt[f]
         keep = torch.repeat_interleave(mask, jt.lengths())
         lengths.append(jt.lengths()[mask])
         values.append(jt.values()[keep])
-    return KeyedJaggedTensor(keys=kjt.keys(), values=torch.cat(values), lengths=torch.cat(lengths),
-                             stride=int(mask.sum()))
+    return JaggedFeatures(keys=kjt.keys(), values=torch.cat(values), lengths=torch.cat(lengths),
+                          stride=int(mask.sum()))
 
 
 def test_split_and_hit_rate_match_a_hand_count() -> None:
@@ -163,8 +163,8 @@ def test_split_and_hit_rate_match_a_hand_count() -> None:
 
 def test_count_accesses_adds_shared_features_and_stops() -> None:
     tables = tables_fixture()
-    kjt = KeyedJaggedTensor(keys=FEATURES, values=torch.tensor([3, 3, 1, 1, 2, 6]),
-                            lengths=torch.tensor([2, 0, 1, 1, 1, 0, 0, 1]))
+    kjt = JaggedFeatures(keys=FEATURES, values=torch.tensor([3, 3, 1, 1, 2, 6]),
+                         lengths=torch.tensor([2, 0, 1, 1, 1, 0, 0, 1]))
     counts = count_accesses([kjt, kjt, kjt], tables, max_batches=2)
     assert counts["t0"][3] == 4 and counts["t0"].sum() == 4
     assert counts["t_shared"][1] == 4 and counts["t_shared"][2] == 2 and counts["t_shared"].sum() == 6

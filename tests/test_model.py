@@ -7,7 +7,6 @@ import itertools
 
 import pytest
 import torch
-from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from data.schema import Schema, SparseFeature
 from dlrm.config import Config, ModelConfig
@@ -40,9 +39,12 @@ def test_cross_interaction_matches_formula(rank: int) -> None:
 
 
 def test_model_equals_torchrec_dlrm_with_same_weights() -> None:
+    """Also: our model takes a ``KeyedJaggedTensor`` as it is."""
+    pytest.importorskip("torchrec")
     from torchrec.models.dlrm import DLRM as TorchRecDLRM
     from torchrec.modules.embedding_configs import EmbeddingBagConfig
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
     schema = Schema(
         label="label",

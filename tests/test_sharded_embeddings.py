@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from data.jagged import JaggedFeatures
 from embeddings.collection import LocalEmbeddingCollection
 from embeddings.optim import make_sparse_optimizer
 from embeddings.plan.planner import fixed_plan
@@ -52,7 +52,7 @@ def rank_rows(rank: int, world_size: int) -> tuple[int, int]:
     return start, start + sizes[rank]
 
 
-def local_slice(step: int, rank: int, world_size: int) -> tuple[KeyedJaggedTensor, torch.Tensor]:
+def local_slice(step: int, rank: int, world_size: int) -> tuple[JaggedFeatures, torch.Tensor]:
     lengths, values, upstream = global_batch(step)
     start, end = rank_rows(rank, world_size)
     per_feature = values.split(lengths.sum(1).tolist())
@@ -61,7 +61,7 @@ def local_slice(step: int, rank: int, world_size: int) -> tuple[KeyedJaggedTenso
         offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths[i].cumsum(0)])
         vals.append(ids[offsets[start]: offsets[end]])
         lens.append(lengths[i, start:end])
-    kjt = KeyedJaggedTensor(keys=FEATURES, values=torch.cat(vals), lengths=torch.cat(lens), stride=end - start)
+    kjt = JaggedFeatures(keys=FEATURES, values=torch.cat(vals), lengths=torch.cat(lens), stride=end - start)
     return kjt, upstream[start:end]
 
 

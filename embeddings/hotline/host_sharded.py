@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from data.jagged import JaggedFeatures
 from embeddings.hotline.hot_tier import HotTier
 from embeddings.hotline.lookups import ColdPooled, ColdRows, Lookups
 from embeddings.hotline.sharded_rows import read_rows, write_rows
@@ -85,13 +86,11 @@ class ShardedHostTier:
     def gather_cold(self, lookups: Lookups, device: torch.device) -> ColdPooled:
         """The cold part of every bag, looked up by the owners of its rows (a
         collective: every rank calls it once per micro-batch, an empty one too)."""
-        from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
-
         t0 = time.perf_counter()
         values, lengths = lookups.values[~lookups.is_hot], lookups.cold_lengths
-        kjt = KeyedJaggedTensor(keys=self.features, values=values.to(self.device),
-                                lengths=lengths.to(self.device), stride=lookups.batch)
-        pooled = self.collection(kjt)
+        cold = JaggedFeatures(self.features, values.to(self.device), lengths.to(self.device),
+                              lookups.batch)
+        pooled = self.collection(cold)
         t1 = time.perf_counter()
         pooled = pooled.to(device, non_blocking=True)
         return ColdPooled(pooled, t1 - t0, time.perf_counter() - t1)

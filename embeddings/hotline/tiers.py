@@ -8,7 +8,7 @@
     │  sync_to_host / export / refresh)    │ ◄─── │ sorted: slot = searchsorted│
     └──────────────────────────────────────┘ sync └────────────────────────────┘
 
-    forward(KJT):  stacked id ──searchsorted(hot_ids)──► hot?  ─yes─► slot ─► hot_weight
+    forward(ids):  stacked id ──searchsorted(hot_ids)──► hot?  ─yes─► slot ─► hot_weight
                                                             └─no──► unique cold ids
                    gather cold rows on host ──copy──► ColdRows [U, D] on device
                    pooled bag = Σ hot part + Σ cold part  (mean: ÷ FULL bag length)
@@ -52,8 +52,8 @@ from embeddings.table import TableSpec
 
 if TYPE_CHECKING:
     import torch.distributed as dist
-    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+    from data.jagged import KeyedJagged
     from embeddings.interface import TableState
     from embeddings.plan.types import ShardingPlan
 
@@ -174,23 +174,23 @@ class HotlineEmbeddingCollection(EmbeddingCollection):
         self._load_hot(self._stacked_hot_ids(profile), self.hot.device)
 
     # ------------------------------------------------------------------ lookups
-    def _lookups(self, sparse: KeyedJaggedTensor) -> Lookups:
+    def _lookups(self, sparse: KeyedJagged) -> Lookups:
         """``sparse``'s lookups in the collection's feature order, split hot/cold."""
         values, lengths, batch = in_feature_order(sparse, self.features)
         ids = stacked_ids(values, lengths, self.feature_offsets, batch)
         is_hot, slot = self.hot.locate(ids)
         return Lookups(ids, values, lengths, batch, len(self.features), is_hot, slot)
 
-    def split(self, sparse: KeyedJaggedTensor) -> torch.Tensor:
+    def split(self, sparse: KeyedJagged) -> torch.Tensor:
         """Popular mask [B] (bool): samples whose every lookup hits a hot row."""
         return self.classify(sparse)[0]
 
-    def classify(self, sparse: KeyedJaggedTensor) -> tuple[torch.Tensor, float]:
+    def classify(self, sparse: KeyedJagged) -> tuple[torch.Tensor, float]:
         """(popular mask [B], share of the lookups that hit a hot row)."""
         lookups = self._lookups(sparse)
         return lookups.popular, float(lookups.is_hot.sum()) / max(lookups.ids.numel(), 1)
 
-    def gather_cold(self, sparse: KeyedJaggedTensor) -> ColdRows | ColdPooled:
+    def gather_cold(self, sparse: KeyedJagged) -> ColdRows | ColdPooled:
         """What ``forward(sparse)`` needs from the host tier, on the device; a pipeline
         calls this ahead of ``forward``, after the previous step's update.
 
@@ -200,7 +200,7 @@ class HotlineEmbeddingCollection(EmbeddingCollection):
         return self.tier.gather_cold(self._lookups(sparse), self.hot.device)
 
     # ------------------------------------------------------------------ forward
-    def forward(self, sparse: KeyedJaggedTensor | Prefetched) -> torch.Tensor:
+    def forward(self, sparse: KeyedJagged | Prefetched) -> torch.Tensor:
         """[B, F*D]. A ``Prefetched`` input carries its cold rows, from
         ``gather_cold(sparse)`` (or ``HOT_ONLY`` for a popular micro-batch: no host
         tier, no collective); otherwise they are looked up here."""
