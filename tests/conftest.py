@@ -1,8 +1,12 @@
-"""Shared fixtures (small generated datasets, made once per test session) and the
-``gpu`` marker's skip without CUDA. Markers: see pyproject.toml."""
+"""Shared fixtures (small generated datasets, made once per test session), the
+``gpu`` marker's skip without CUDA, and ``requires_torchrec``. Markers: see pyproject.toml.
+
+Imports neither torchrec nor fbgemm_gpu: the suite runs on plain torch too (tests
+that compare with TorchRec skip there)."""
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -12,6 +16,12 @@ from dlrm.config import load_config
 REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "configs" / "tiny.yaml"
 SHARED_CRITEO = REPO.parent / "shared" / "data" / "criteo"
+
+# Tests that run embeddings.backend=torchrec (found without importing either package).
+requires_torchrec = pytest.mark.skipif(
+    any(importlib.util.find_spec(name) is None for name in ("torchrec", "fbgemm_gpu")),
+    reason="needs torchrec and fbgemm_gpu",
+)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -12,7 +12,7 @@ import torch
 
 from dlrm.config import load_config
 from dlrm.train.trainer import train
-from tests.conftest import TINY, tiny_overrides
+from tests.conftest import TINY, requires_torchrec, tiny_overrides
 from tests.multiprocess import run_ranks
 from tests.run_state import assert_states_close, run_state
 
@@ -100,6 +100,7 @@ def test_ranks_equal_one_process(world_size: int, small_data, tmp_path: Path) ->
         assert summary(run)["eval_rows"] == 900
 
 
+@requires_torchrec
 def test_torchrec_backend_and_ddp_hooks_at_two_ranks(small_data, tmp_path: Path) -> None:
     run_ranks(2, train_ranks, small_data, tmp_path, EXTRA_W2)
 

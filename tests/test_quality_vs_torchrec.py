@@ -12,9 +12,9 @@ import torch
 
 from dlrm.config import load_config
 from dlrm.train.trainer import train
-from tests.conftest import SHARED_CRITEO, TINY, tiny_overrides
+from tests.conftest import SHARED_CRITEO, TINY, requires_torchrec, tiny_overrides
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, requires_torchrec]
 
 
 def train_both(train_path: Path, eval_path: Path, tmp_path: Path, *extra: str) -> dict[str, float]:
