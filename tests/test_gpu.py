@@ -149,7 +149,7 @@ def test_hotline_gather_and_copy_hidden_under_the_popular_micro_batch(tiny_data,
       compute stream, i.e. the copy engine and the SMs worked at once."""
     summary = cases.run(tiny_data, tmp_path / "hot", "cuda", *cases.HOTLINE, *cases.TIMELINE, steps=8)
     stats = summary["hotline"]
-    assert 0.1 < stats["popular_share"] < 0.9, stats  # both micro-batches non-trivial
+    assert 0.2 < stats["popular_share"] < 0.9, stats  # both micro-batches non-trivial
     assert stats["gather_ms"] > 0 and stats["transfer_ms"] > 0, stats
     assert stats["gather_hidden"] > 0, stats
     timeline = cases.gpu_timeline(tmp_path / "hot" / "profile" / "rank-0.json")

@@ -56,12 +56,12 @@ def test_eval_device_flag_and_a_process_without_cuda(tiny_data, tmp_path: Path, 
 
 @pytest.mark.slow
 def test_timeline_model_splits_both_ways(tiny_data, tmp_path: Path) -> None:
-    """The GPU timeline test's model (wide MLPs, batch 4096, 1MB of hot rows): both
+    """The GPU timeline test's model (wide MLPs, batch 4096, 1500KB of hot rows): both
     micro-batches hold a good share of the batch, and its profiler settings are
     accepted (on the CPU the trace has no CUDA activity)."""
     summary = cases.run(tiny_data, tmp_path / "hot", "cpu", *cases.HOTLINE, *cases.TIMELINE, steps=5)
     stats = summary["hotline"]
-    assert 0.1 < stats["popular_share"] < 0.9, stats
+    assert 0.2 < stats["popular_share"] < 0.9, stats
     assert (tmp_path / "hot" / "profile" / "rank-0.json").is_file()
 
 
