@@ -226,6 +226,54 @@ def skip_unless_planned(data: dict[str, Path], strategy: str) -> None:
         pytest.skip(f"the planner refuses {strategy} at world size 1: {e}")
 
 
+def host_tier_and_cold_copy(data: dict[str, Path], tmp: Path, device: str,
+                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hotline's tiers through public attributes: with CUDA the host tier's weight and
+    optimizer state are page-locked (DMA copies, no staging) and ``gather_cold``
+    copies the cold rows under a stream other than the current (compute) one; on any
+    device the hot rows are on ``device`` and the cold rows are exact copies."""
+    from dlrm.parallel.parallelize import build_model
+    from dlrm.parallel.planning import run_tables
+    from dlrm.train.hotline import make_profile
+    from dlrm.train.inputs import make_reader, resolve_data
+
+    cfg = load_config(TINY, tiny_overrides(**{"data.train": data["train"], "data.eval": ""})
+                      + [*HOTLINE, f"train.device={device}", "optim.sparse=adam"])
+    run_data = resolve_data(cfg)
+    reader = make_reader(cfg, run_data.train_files, run_data.schema, True)
+    profile = make_profile(cfg, run_tables(cfg, run_data.schema), reader, tmp, lambda s: None)
+    dev = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device(device)
+    emb = build_model(cfg, run_data.schema, dev, None, profile).embeddings
+    host = emb.host
+    cuda = dev.type == "cuda"
+    assert host.weight.device.type == "cpu" and host.state
+    assert host.weight.is_pinned() == cuda
+    assert all(t.is_pinned() == cuda for t in host.state.values()), \
+        {k: t.is_pinned() for k, t in host.state.items()}
+    assert emb.hot_weight.device.type == dev.type and emb.hot_weight.shape[0] > 0
+
+    entered: list[tuple[object, object]] = []
+    real_stream = torch.cuda.stream
+
+    def spy(stream):  # what gather_cold runs its copy under, and what was current then
+        entered.append((stream, torch.cuda.current_stream(dev) if cuda else None))
+        return real_stream(stream)
+
+    monkeypatch.setattr(torch.cuda, "stream", spy)
+    batch = next(iter(reader.epoch(0)))
+    rest = batch.select((~emb.split(batch.sparse)).nonzero().flatten())
+    assert rest.size > 0
+    cold = emb.gather_cold(rest.sparse)
+    if cuda:
+        assert entered, "gather_cold copied without entering a stream"
+        assert all(s is not None and s != current for s, current in entered), entered
+    else:
+        assert entered == []  # no copy at all: the host is the device
+    assert cold.rows.device.type == dev.type and cold.ids.numel() > 0
+    torch.testing.assert_close(cold.rows.detach().cpu(), host.weight.detach()[cold.ids.cpu()],
+                               rtol=0, atol=0)
+
+
 # ------------------------------------------------------------------ GPU timeline
 
 

@@ -30,7 +30,7 @@ import torch
 from dlrm.cli import main
 from dlrm.config import load_config
 from tests import gpu_cases as cases
-from tests.conftest import TINY, tiny_overrides
+from tests.conftest import TINY
 from tests.run_state import run_state
 
 pytestmark = pytest.mark.gpu
@@ -97,44 +97,7 @@ def test_hotline_on_cuda_resumes_exactly(tiny_data, tmp_path: Path) -> None:
 def test_hotline_host_tier_pinned_and_cold_rows_on_a_side_stream(
     tiny_data, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The host tier's weight and optimizer state are page-locked (DMA copies, no
-    staging), the hot rows are on the GPU, and ``gather_cold`` copies the cold rows
-    under a stream other than the current (compute) one, exactly."""
-    from dlrm.parallel.parallelize import build_model
-    from dlrm.parallel.planning import run_tables
-    from dlrm.train.hotline import make_profile
-    from dlrm.train.inputs import make_reader, resolve_data
-
-    cfg = load_config(TINY, tiny_overrides(**{"data.train": tiny_data["train"], "data.eval": ""})
-                      + [*cases.HOTLINE, "train.device=cuda", "optim.sparse=adam"])
-    data = resolve_data(cfg)
-    reader = make_reader(cfg, data.train_files, data.schema, True)
-    profile = make_profile(cfg, run_tables(cfg, data.schema), reader, tmp_path, lambda s: None)
-    device = torch.device("cuda", torch.cuda.current_device())
-    emb = build_model(cfg, data.schema, device, None, profile).embeddings
-    host = emb.host
-    assert host.weight.device.type == "cpu" and host.weight.is_pinned()
-    assert host.state and all(t.is_pinned() for t in host.state.values()), \
-        {k: t.is_pinned() for k, t in host.state.items()}
-    assert emb.hot_weight.device.type == "cuda" and emb.hot_weight.shape[0] > 0
-
-    entered: list[tuple[object, object]] = []
-    real_stream = torch.cuda.stream
-
-    def spy(stream):  # what gather_cold runs its copy under, and what was current then
-        entered.append((stream, torch.cuda.current_stream(device)))
-        return real_stream(stream)
-
-    monkeypatch.setattr(torch.cuda, "stream", spy)
-    batch = next(iter(reader.epoch(0)))
-    rest = batch.select((~emb.split(batch.sparse)).nonzero().flatten())
-    assert rest.size > 0
-    cold = emb.gather_cold(rest.sparse)
-    assert entered, "gather_cold copied without entering a stream"
-    assert all(s is not None and s != current for s, current in entered), entered
-    assert cold.rows.device.type == "cuda" and cold.ids.numel() > 0
-    torch.testing.assert_close(cold.rows.detach().cpu(), host.weight.detach()[cold.ids.cpu()],
-                               rtol=0, atol=0)
+    cases.host_tier_and_cold_copy(tiny_data, tmp_path, "cuda", monkeypatch)
 
 
 def test_hotline_gather_and_copy_hidden_under_the_popular_micro_batch(tiny_data, tmp_path: Path) -> None:

@@ -28,6 +28,10 @@ def test_hotline_bodies(tiny_data, tmp_path: Path) -> None:
     cases.hotline_resume(tiny_data, tmp_path / "resume", "cpu")
 
 
+def test_host_tier_body(tiny_data, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cases.host_tier_and_cold_copy(tiny_data, tmp_path, "cpu", monkeypatch)
+
+
 @pytest.mark.slow
 def test_resume_elsewhere_body(tiny_data, tmp_path: Path) -> None:
     cases.resume_elsewhere(tiny_data, tmp_path, "cpu", "cpu")
