@@ -102,12 +102,20 @@ def device_equals_cpu(data: dict[str, Path], tmp: Path, device: str, *extra: str
     assert_runs_close(tmp / device, tmp / "cpu", f"{device} vs cpu {extra}")
 
 
-def hotline_equals_plain(data: dict[str, Path], tmp: Path, device: str, *extra: str) -> dict:
+def hotline_equals_plain(data: dict[str, Path], tmp: Path, device: str, *extra: str,
+                         evaluate: bool = False) -> dict:
     """Hotline (hot rows on ``device``, the rest in host memory) against ordinary
-    training on the same device; the Hotline run's summary."""
-    run(data, tmp / "plain", device, *extra)
+    training on the same device (``evaluate``: and its end-of-run eval, where Hotline
+    looks cold rows up inline); the Hotline run's summary."""
+    if evaluate:
+        extra = (*extra, f"data.eval={data['eval']}")
+    plain = run(data, tmp / "plain", device, *extra)
     summary = run(data, tmp / "hot", device, *HOTLINE, *extra)
     assert_runs_close(tmp / "hot", tmp / "plain", f"hotline on {device} {extra}")
+    if evaluate:
+        metrics = {k.removeprefix("eval_"): v for k, v in summary.items() if k.startswith("eval_")}
+        want = {k.removeprefix("eval_"): v for k, v in plain.items() if k.startswith("eval_")}
+        assert_metrics_close(metrics, want, f"hotline eval on {device}")
     stats = summary["hotline"]
     assert 0.0 < stats["popular_share"] < 1.0, stats  # both micro-batches really ran
     return summary

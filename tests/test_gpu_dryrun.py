@@ -24,7 +24,7 @@ def test_device_equals_cpu_body(tiny_data, tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_hotline_bodies(tiny_data, tmp_path: Path) -> None:
     cases.hotline_equals_plain(tiny_data, tmp_path / "eq", "cpu", "optim.sparse=sgd",
-                               "hotline.refresh_every=5", "embeddings.pooling=mean")
+                               "hotline.refresh_every=5", "embeddings.pooling=mean", evaluate=True)
     cases.hotline_resume(tiny_data, tmp_path / "resume", "cpu")
 
 
