@@ -96,11 +96,16 @@ def random_bags(seed: int, bags_: int, max_len: int) -> tuple[torch.Tensor, torc
     return lengths, torch.randint(0, 1000, (int(lengths.sum()),), generator=g)
 
 
-@pytest.mark.parametrize("bags_", [0, 1, 7, 300])
-def test_permute_bags_fallback_equals_fbgemm(bags_: int, monkeypatch) -> None:
+@pytest.mark.parametrize(("bags_", "max_len"), [(0, 4), (1, 4), (7, 4), (300, 4), (300, 1), (50, 0)])
+def test_permute_bags_fallback_equals_fbgemm(bags_: int, max_len: int, monkeypatch) -> None:
+    """Random bags, some empty; all of one id (the single-hot shortcut); all empty."""
     pytest.importorskip("fbgemm_gpu")
     assert jagged._fbgemm_ops()
-    lengths, values = random_bags(bags_, bags_, max_len=4)
+    lengths, values = random_bags(bags_, bags_, max_len)
+    if max_len == 1:
+        lengths = torch.ones_like(lengths)
+        values = torch.randint(0, 1000, (bags_,))
+        assert jagged._one_id_per_bag(lengths, values)
     order = torch.randperm(bags_, generator=torch.Generator().manual_seed(1))
     want = jagged.permute_bags(lengths, values, order)
     monkeypatch.setattr(jagged, "_fbgemm_ops", lambda: False)
