@@ -27,14 +27,25 @@ def world(group: dist.ProcessGroup | None = None) -> tuple[int, int]:
     return dist.get_rank(group), dist.get_world_size(group)
 
 
+def comm_device(group: dist.ProcessGroup | None = None) -> torch.device:
+    """Where ``group``'s collectives take their tensors: this rank's GPU for NCCL,
+    which accepts nothing else; the host for gloo (bookkeeping such as counts is
+    built there)."""
+    if dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def alltoall_counts(send: torch.Tensor, group: dist.ProcessGroup | None = None) -> torch.Tensor:
-    """send [W, k] int64 (row d goes to rank d) → recv [W, k] (row s came from rank s)."""
+    """send [W, k] int64 (row d goes to rank d) → recv [W, k] (row s came from rank s),
+    on ``send``'s device."""
     _, size = world(group)
     if size == 1:
         return send.clone()
-    recv = torch.empty_like(send)
-    dist.all_to_all_single(recv, send.contiguous(), group=group)
-    return recv
+    device = comm_device(group)
+    recv = torch.empty_like(send, device=device)
+    dist.all_to_all_single(recv, send.to(device).contiguous(), group=group)
+    return recv.to(send.device)
 
 
 class Pending:

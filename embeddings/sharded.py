@@ -254,7 +254,7 @@ class ShardedEmbeddingCollection(EmbeddingCollection):
         for d in range(W):
             ls = [routed[s.feature][s.piece][0] for s in self.slots_on[d]]
             vs = [routed[s.feature][s.piece][1] for s in self.slots_on[d]]
-            part = torch.cat(ls + vs) if ls else torch.zeros(0, dtype=torch.int64)
+            part = torch.cat(ls + vs) if ls else started.lengths.new_zeros(0)
             counts[d, 0] = batch
             counts[d, 1] = sum(int(v.numel()) for v in vs)
             parts.append(part)
@@ -284,7 +284,8 @@ class ShardedEmbeddingCollection(EmbeddingCollection):
         for b in src_batch[:-1]:
             bases.append(bases[-1] + n * b)
         order = torch.cat(
-            [torch.arange(n * b).view(n, b) + base for b, base in zip(src_batch, bases)], dim=1
+            [torch.arange(n * b, device=recv.device).view(n, b) + base
+             for b, base in zip(src_batch, bases)], dim=1
         ).flatten()
         lengths_sm, values_sm = permute_bags(src_lengths, src_values, order)
 
@@ -304,7 +305,8 @@ class ShardedEmbeddingCollection(EmbeddingCollection):
             sum(p.shape[0] * b * p.shape[2] for p in per_store) for b in src_batch
         ]
         recv_splits_f = [sum(batch * s.shard.cols for s in self.slots_on[d]) for d in range(W)]
-        send_buffer = pack_by_source(per_store, src_batch) if per_store else torch.zeros(0)
+        send_buffer = (pack_by_source(per_store, src_batch) if per_store
+                       else torch.zeros(0, device=recv.device))
         if not send_buffer.requires_grad:
             # Every rank must take part in the backward all-to-all, even with nothing to send.
             send_buffer = send_buffer + self._anchor()

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from embeddings.alltoall import world
+from embeddings.alltoall import comm_device, world
 from embeddings.collection import LocalEmbeddingCollection
 from embeddings.kv import KVGradient
 from embeddings.plan.types import Shard, ShardingType, TablePlan
@@ -30,22 +30,24 @@ def allgather_kv(grad: KVGradient, group: dist.ProcessGroup | None = None) -> KV
     _, size = world(group)
     if size == 1:
         return grad
-    count = torch.tensor([len(grad)], dtype=torch.int64)
+    device = comm_device(group)  # NCCL takes GPU tensors only, counts included
+    count = torch.tensor([len(grad)], dtype=torch.int64, device=device)
     counts = [torch.zeros_like(count) for _ in range(size)]
     dist.all_gather(counts, count, group=group)
     sizes = [int(c) for c in counts]
     longest = max(sizes)
-    ids = torch.zeros(longest, dtype=torch.int64)
-    rows = grad.rows.new_zeros(longest, grad.dim)
+    ids = torch.zeros(longest, dtype=torch.int64, device=device)
+    rows = torch.zeros(longest, grad.dim, dtype=grad.rows.dtype, device=device)
     ids[: len(grad)] = grad.ids
     rows[: len(grad)] = grad.rows
     all_ids = [torch.empty_like(ids) for _ in range(size)]
     all_rows = [torch.empty_like(rows) for _ in range(size)]
     dist.all_gather(all_ids, ids, group=group)
     dist.all_gather(all_rows, rows, group=group)
+    home = grad.rows.device
     return KVGradient.from_lookups(
-        torch.cat([i[:n] for i, n in zip(all_ids, sizes)]),
-        torch.cat([r[:n] for r, n in zip(all_rows, sizes)]),
+        torch.cat([i[:n] for i, n in zip(all_ids, sizes)]).to(home),
+        torch.cat([r[:n] for r, n in zip(all_rows, sizes)]).to(home),
     )
 
 
