@@ -151,6 +151,20 @@ def eval_json(args: list[str], env: dict[str, str] | None = None) -> dict[str, A
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def evals_on_the_cpu(run_dir: Path, data: str, capsys: Any) -> dict[str, dict[str, Any]]:
+    """``dlrm eval`` of one checkpoint: on the run's own device ("run"), with
+    ``--device cpu`` ("cpu"), and with it in a process that sees no GPU ("no_gpu")."""
+    from dlrm.cli import main
+
+    args = ["--checkpoint", str(run_dir), "--data", data]
+    out = {}
+    for name, extra in (("run", []), ("cpu", ["--device", "cpu"])):
+        assert main(["eval", *args, *extra]) == 0
+        out[name] = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    out["no_gpu"] = eval_json([*args, "--device", "cpu"], env={"CUDA_VISIBLE_DEVICES": ""})
+    return out
+
+
 def assert_metrics_close(got: dict[str, Any], want: dict[str, Any], label: str) -> None:
     """Eval metrics of one checkpoint scored on two devices. Scores differ by rounding
     (1e-6 relative); AUC moves only where two scores swap order, 1/(pos*neg) each."""

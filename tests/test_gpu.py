@@ -165,15 +165,9 @@ def test_checkpoint_saved_on_cuda_evaluates_on_cpu(tiny_data, tmp_path: Path, ca
     of the evaluation on the GPU; the parameters read on the CPU are the GPU's."""
     run = tmp_path / "gpu"
     cases.run(tiny_data, run, "cuda", "optim.sparse=adam", steps=6)
-    data = str(tiny_data["eval"])
-    assert main(["eval", "--checkpoint", str(run), "--data", data]) == 0  # the run's device
-    on_gpu = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert main(["eval", "--checkpoint", str(run), "--data", data, "--device", "cpu"]) == 0
-    on_cpu = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    no_gpu = cases.eval_json(["--checkpoint", str(run), "--data", data, "--device", "cpu"],
-                             env={"CUDA_VISIBLE_DEVICES": ""})
-    cases.assert_metrics_close(on_cpu, on_gpu, "cpu vs gpu eval")
-    cases.assert_metrics_close(no_gpu, on_gpu, "no-GPU process vs gpu eval")
+    evals = cases.evals_on_the_cpu(run, str(tiny_data["eval"]), capsys)
+    cases.assert_metrics_close(evals["cpu"], evals["run"], "cpu vs gpu eval")
+    cases.assert_metrics_close(evals["no_gpu"], evals["run"], "no-GPU process vs gpu eval")
     state = run_state(run)  # loaded into a CPU model
     assert all(t.device.type == "cpu" for t in state.values())
 

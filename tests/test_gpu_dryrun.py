@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from dlrm.cli import main
 from tests import gpu_cases as cases
 
 
@@ -47,15 +46,9 @@ def test_sharded_collection_body(tiny_data, strategy: str) -> None:
 def test_eval_device_flag_and_a_process_without_cuda(tiny_data, tmp_path: Path, capsys) -> None:
     run = tmp_path / "run"
     cases.run(tiny_data, run, "cpu", steps=3)
-    data = str(tiny_data["eval"])
-    assert main(["eval", "--checkpoint", str(run), "--data", data]) == 0
-    plain = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert main(["eval", "--checkpoint", str(run), "--data", data, "--device", "cpu"]) == 0
-    flagged = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    hidden = cases.eval_json(["--checkpoint", str(run), "--data", data, "--device", "cpu"],
-                             env={"CUDA_VISIBLE_DEVICES": ""})
-    cases.assert_metrics_close(flagged, plain, "--device cpu")
-    cases.assert_metrics_close(hidden, plain, "no CUDA device")
+    evals = cases.evals_on_the_cpu(run, str(tiny_data["eval"]), capsys)
+    cases.assert_metrics_close(evals["cpu"], evals["run"], "--device cpu")
+    cases.assert_metrics_close(evals["no_gpu"], evals["run"], "no CUDA device")
 
 
 @pytest.mark.slow
