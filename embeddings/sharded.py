@@ -339,7 +339,9 @@ class ShardedEmbeddingCollection(EmbeddingCollection):
 
     def _column_row_sums(self, kept: list[KVGradient | None]) -> KVGradient:
         """All-gather per-row partial sums of g² of column shards, keyed (table, row)."""
-        keys, sums = [torch.zeros(0, dtype=torch.int64)], [torch.zeros(0, 1)]
+        device = self.stores[0].weight.device  # the empty start must sit where the grads are
+        keys = [torch.zeros(0, dtype=torch.int64, device=device)]
+        sums = [torch.zeros(0, 1, device=device)]
         for store, grad in zip(self.stores, kept):
             if grad is None:
                 continue

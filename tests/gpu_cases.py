@@ -304,8 +304,13 @@ def gpu_timeline(trace_path: Path) -> dict[str, Any]:
 
     compute_stream   the stream with the most kernel time (the trainer's)
     cold_copies      host-to-device copies on any other stream: (start, end, name) µs
-    overlapped       the share of those copies' time during which a kernel of the
-                     compute stream ran (0: never hidden, 1: always)
+    popular          the device spans of the ``hotline.popular`` micro-batches (the
+                     trainer's record_function: first to last of their device work)
+    under_popular    the share of the copies' time inside those spans: the copy engine
+                     worked while the popular micro-batch was on the device
+    overlapped       the share of the copies' time during which a kernel of the compute
+                     stream ran (reported, not asserted: a host-bound step leaves the SMs
+                     idle between kernels, and a few-µs copy then lands in a gap)
     """
     raw = json.loads(trace_path.read_text())
     events = raw["traceEvents"] if isinstance(raw, dict) else raw
@@ -314,22 +319,31 @@ def gpu_timeline(trace_path: Path) -> dict[str, Any]:
     def stream(e: dict) -> Any:
         return (e.get("args") or {}).get("stream", e.get("tid"))
 
+    def interval(e: dict) -> tuple[float, float]:
+        return float(e["ts"]), float(e["ts"]) + float(e["dur"])
+
     kernel_time: dict[Any, float] = {}
     for e in spans:
         if e.get("cat") == "kernel":
             kernel_time[stream(e)] = kernel_time.get(stream(e), 0.0) + float(e["dur"])
     if not kernel_time:
-        return {"compute_stream": None, "cold_copies": [], "overlapped": 0.0, "kernels": 0}
+        return {"compute_stream": None, "cold_copies": [], "overlapped": 0.0, "kernels": 0,
+                "popular": [], "under_popular": 0.0}
     compute = max(kernel_time, key=kernel_time.__getitem__)
-    kernels = sorted((float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in spans
-                     if e.get("cat") == "kernel" and stream(e) == compute)
-    copies = [(float(e["ts"]), float(e["ts"]) + float(e["dur"]), str(e.get("name", "")))
-              for e in spans if e.get("cat") == "gpu_memcpy" and "HtoD" in str(e.get("name", ""))
-              and stream(e) != compute]
-    total = covered = 0.0
-    for start, end, _ in copies:
-        total += end - start
-        covered += sum(max(0.0, min(end, k1) - max(start, k0)) for k0, k1 in kernels
-                       if k0 < end and k1 > start)
+    kernels = sorted(interval(e) for e in spans if e.get("cat") == "kernel" and stream(e) == compute)
+    popular = sorted(interval(e) for e in spans
+                     if e.get("cat") == "gpu_user_annotation" and e.get("name") == "hotline.popular")
+    copies = [(*interval(e), str(e.get("name", ""))) for e in spans
+              if e.get("cat") == "gpu_memcpy" and "HtoD" in str(e.get("name", "")) and stream(e) != compute]
+
+    def share_inside(windows: list[tuple[float, float]]) -> float:
+        total = covered = 0.0
+        for start, end, _ in copies:
+            total += end - start
+            covered += sum(max(0.0, min(end, w1) - max(start, w0)) for w0, w1 in windows
+                           if w0 < end and w1 > start)
+        return covered / total if total > 0 else 0.0
+
     return {"compute_stream": compute, "cold_copies": copies, "kernels": len(kernels),
-            "overlapped": covered / total if total > 0 else 0.0}
+            "popular": popular, "under_popular": share_inside(popular),
+            "overlapped": share_inside(kernels)}

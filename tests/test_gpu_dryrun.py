@@ -74,7 +74,8 @@ def test_torchrun_one_rank_body(tiny_data, tmp_path: Path) -> None:
 
 def test_gpu_timeline_reads_a_trace(tmp_path: Path) -> None:
     """Kernels on stream 7 (the compute stream: most kernel time), a pinned copy on
-    stream 20 half under a kernel, a pageable batch copy on stream 7 (not a cold copy)."""
+    stream 20 half under a kernel and three quarters inside the popular micro-batch's
+    device span (120..160), a pageable batch copy on stream 7 (not a cold copy)."""
     events = [
         {"ph": "X", "cat": "kernel", "name": "gemm", "ts": 100.0, "dur": 50.0, "args": {"stream": 7}},
         {"ph": "X", "cat": "kernel", "name": "gemm", "ts": 200.0, "dur": 50.0, "args": {"stream": 7}},
@@ -84,6 +85,10 @@ def test_gpu_timeline_reads_a_trace(tmp_path: Path) -> None:
         {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD (Pageable -> Device)", "ts": 90.0,
          "dur": 5.0, "args": {"stream": 7}},
         {"ph": "i", "cat": "cpu_op", "name": "marker", "ts": 1.0},
+        {"ph": "X", "cat": "gpu_user_annotation", "name": "hotline.popular", "ts": 120.0, "dur": 40.0,
+         "args": {"stream": 7}},
+        {"ph": "X", "cat": "gpu_user_annotation", "name": "hotline.non_popular", "ts": 160.0,
+         "dur": 100.0, "args": {"stream": 7}},
     ]
     path = tmp_path / "trace.json"
     path.write_text(json.dumps({"traceEvents": events}))
@@ -91,3 +96,16 @@ def test_gpu_timeline_reads_a_trace(tmp_path: Path) -> None:
     assert timeline["compute_stream"] == 7 and timeline["kernels"] == 2
     assert [name for _, _, name in timeline["cold_copies"]] == ["Memcpy HtoD (Pinned -> Device)"]
     assert timeline["overlapped"] == pytest.approx(0.5)  # 130..150 of 130..170
+    assert timeline["popular"] == [(120.0, 160.0)]
+    assert timeline["under_popular"] == pytest.approx(0.75)  # 130..160 of 130..170
+
+
+@pytest.mark.slow
+def test_trainer_names_hotline_micro_batches_in_a_trace(tiny_data, tmp_path: Path) -> None:
+    """The timeline test finds the popular micro-batch by the name the trainer gives
+    it (record_function); on the CPU the names show as user annotations."""
+    cases.run(tiny_data, tmp_path, "cpu", *cases.HOTLINE, "hotline.budget=1500KB",
+              "hotline.profile_fraction=1.0", "train.profile_start=2", "train.profile_steps=2", steps=4)
+    events = json.loads((tmp_path / "profile" / "rank-0.json").read_text())["traceEvents"]
+    names = [e.get("name") for e in events if e.get("cat") == "user_annotation"]
+    assert names.count("hotline.popular") == 2 and names.count("hotline.non_popular") == 2, names

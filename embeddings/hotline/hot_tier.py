@@ -31,10 +31,14 @@ class HotTier(nn.Module):
         self.lr = 0.0
         self.kept: list[KVGradient] = []
         self._state_names: list[str] = []
+        self._ids_on: dict[torch.device, torch.Tensor] = {}
 
     def load(self, ids: torch.Tensor, weight: torch.Tensor, state: dict[str, torch.Tensor]) -> None:
         """Hold rows ``weight`` [H, D] of stacked ``ids`` [H] (sorted), with ``state``."""
         self.register_buffer("ids", ids, persistent=False)
+        # Copies of the hot ids where ids arrive (the host classifies every batch
+        # before it goes to the device): one copy per refresh, not one per lookup.
+        self._ids_on = {}
         self.weight = nn.Parameter(weight)
         for name, tensor in state.items():
             self.register_buffer(f"optim_{name}", tensor)
@@ -50,7 +54,9 @@ class HotTier(nn.Module):
 
     def locate(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(hot mask [N], slot [N]; slot is meaningless where not hot)."""
-        hot_ids = self.ids.to(ids.device)
+        hot_ids = self._ids_on.get(ids.device)
+        if hot_ids is None or hot_ids.numel() != self.ids.numel():
+            hot_ids = self._ids_on[ids.device] = self.ids.to(ids.device)
         if hot_ids.numel() == 0:
             return torch.zeros_like(ids, dtype=torch.bool), torch.zeros_like(ids)
         slot = torch.searchsorted(hot_ids, ids).clamp_(max=hot_ids.numel() - 1)
