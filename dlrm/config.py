@@ -31,8 +31,8 @@ class DataConfig:
     train: str = ""  # file, directory or glob of Parquet files
     eval: str = ""
     label: str = "label"
-    # Columns; empty means "infer from the Parquet files" (float → dense,
-    # int64 / list<int64> → sparse; table rows = max id + 1 from the footers).
+    # Columns; empty means "infer from the Parquet files" (float → dense; int, string,
+    # binary, dictionary and lists of those → sparse; rows: see `encoding` below).
     dense: list[str] = field(default_factory=list)
     sparse: list[str] = field(default_factory=list)
     rows: dict[str, int] = field(default_factory=dict)  # per-feature table rows
@@ -51,6 +51,23 @@ class DataConfig:
     # Read in the batch order of a job of this many ranks (0 = this job's own);
     # one process with order_world_size=W sees the global batches of a W-rank job.
     order_world_size: int = 0
+    # Categorical columns (int, string, binary, dictionary, list of those): how a
+    # value becomes a table row (data/preprocess.py). auto: vocabulary for strings and
+    # binary and for ints whose max id is far beyond their distinct count, else the id
+    # itself; vocabulary: fitted by one pass over data.train, row 0 = out-of-vocabulary;
+    # hash: stable hash into data.rows[column] (else hash_rows) buckets, no pass;
+    # identity: the int id is the row (data.id_policy for ids >= rows).
+    encoding: Literal["auto", "identity", "vocabulary", "hash"] = "auto"
+    encodings: dict[str, Literal["auto", "identity", "vocabulary", "hash"]] = field(
+        default_factory=dict)  # per column, over `encoding`
+    min_frequency: int = 1  # vocabulary: values seen fewer times share the OOV row 0
+    max_rows: int = 0  # vocabulary: at most this many rows per table, most frequent (0 = all)
+    hash_rows: int = 1 << 20  # hash: buckets of a column data.rows does not size
+    # Dense columns: none | log1p (log(1 + max(x, 0))) | standardize ((x - mean) / std,
+    # statistics from the same pass); dense_transforms sets single columns ({I1: log1p}).
+    dense_transform: Literal["none", "log1p", "standardize"] = "none"
+    dense_transforms: dict[str, Literal["none", "log1p", "standardize"]] = field(
+        default_factory=dict)
 
 
 @dataclass
