@@ -2,9 +2,10 @@
 
     dlrm train --config configs/tiny.yaml data.batch_size=512 optim.sparse=adam
 
-Every key is a dataclass field below; an unknown key or a value of the wrong type
-is a :class:`ConfigError` naming the key. The full config is printed at the start
-of a run and saved beside the checkpoint (``config.yaml``).
+Every key is a dataclass field below; an unknown key, a value of the wrong type or
+one out of its range (dlrm/config_rules.py) is a :class:`ConfigError` naming the
+key. The full config is printed at the start of a run and saved beside the
+checkpoint (``config.yaml``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import yaml
 
 from data.errors import UserError, one_line
 from data.generate import GenerateConfig
+from dlrm.config_rules import check_config
 
 
 class ConfigError(UserError):
@@ -211,7 +213,11 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             node[parts[-1]] = yaml.safe_load(value) if value != "" else ""
         except yaml.YAMLError:
             node[parts[-1]] = value
-    return from_dict(Config, raw, "")
+    cfg = from_dict(Config, raw, "")
+    broken = check_config(cfg)
+    if broken is not None:
+        raise ConfigError(broken)
+    return cfg
 
 
 def from_dict(cls: type, raw: dict[str, Any], prefix: str) -> Any:

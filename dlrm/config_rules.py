@@ -1,0 +1,192 @@
+"""What each config value may be: one rule per key, checked when a config is loaded.
+
+``from_dict`` (dlrm/config.py) already holds every value to its type (an int, a
+float, one of a Literal's names); this file holds it to its range, so a bad value
+is one line naming the key at load instead of a traceback deep in a run:
+
+    config key model.embedding_dim=-4: must be an integer >= 1
+    config key model.top_mlp=[512, 256, 2]: must end at 1 (one logit per sample)
+
+``RULES`` maps a dotted key to a :class:`Rule`: what is allowed, in words, and a
+check of the value. A new numeric key needs a line here
+(tests/test_config_rules.py fails without one). ``RELATIONS`` are the checks that
+read more than one key (an MLP's last width against the embedding dim).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from embeddings.plan.sizes import parse_size
+from embeddings.plan.types import PlanError
+
+if TYPE_CHECKING:
+    from dlrm.config import Config
+
+
+@dataclass(frozen=True)
+class Rule:
+    """What a value may be: ``allowed`` says it in words, ``fits`` checks it."""
+
+    allowed: str  # a noun phrase: "an integer >= 1"
+    fits: Callable[[Any], bool]
+
+
+def at_least(low: int) -> Rule:
+    """An integer >= ``low`` (0 where 0 means off, 1 for counts and sizes)."""
+    return Rule(f"an integer >= {low}", lambda v: v >= low)
+
+
+def number(low: float = 0.0, high: float = math.inf, *, open_low: bool = True) -> Rule:
+    """A finite number in (low, high] (``open_low=False``: [low, high])."""
+    above = f"> {low:g}" if open_low else f">= {low:g}"
+    return Rule(
+        f"a finite number {above}" + (f" and <= {high:g}" if high < math.inf else ""),
+        lambda v: math.isfinite(v) and (v > low if open_low else v >= low) and v <= high,
+    )
+
+
+def size(*, empty_ok: bool) -> Rule:
+    """A byte count as people write it: "16GB", "512MiB", "4096" ("" too where ``empty_ok``)."""
+    def fits(v: str) -> bool:
+        if not v.strip():
+            return empty_ok
+        try:
+            parse_size(v)
+        except PlanError:
+            return False
+        return True
+    return Rule("a size like 256MB, 16GiB or 4096 (bytes)" + (', or "" for no limit' if empty_ok else ""),
+                fits)
+
+
+def each(rule: Rule, *, non_empty: bool = False, mapping: bool = False) -> Rule:
+    """Every item of a list (``mapping``: every value of a mapping) by ``rule``."""
+    def fits(v: list[Any] | dict[Any, Any]) -> bool:
+        items = list(v.values()) if isinstance(v, dict) else v
+        return bool(items or not non_empty) and all(rule.fits(x) for x in items)
+    kind = "mapping, each value" if mapping else "list, each"
+    return Rule(f"a {'non-empty ' if non_empty else ''}{kind} {rule.allowed}", fits)
+
+
+POSITIVE, OFF_OR_MORE = at_least(1), at_least(0)
+LAYERS = each(at_least(1), non_empty=True)
+
+RULES: dict[str, Rule] = {
+    "seed": OFF_OR_MORE,
+    "data.rows": each(POSITIVE, mapping=True),
+    "data.batch_size": POSITIVE,
+    "data.eval_batch_size": POSITIVE,
+    "data.shuffle_buffer": POSITIVE,
+    "data.prefetch": OFF_OR_MORE,
+    "data.order_world_size": OFF_OR_MORE,
+    "generate.rows": POSITIVE,
+    "generate.dense": OFF_OR_MORE,
+    "generate.sparse": OFF_OR_MORE,
+    "generate.table_rows": each(POSITIVE, non_empty=True),
+    "generate.zipf": number(open_low=False),
+    "generate.multi_hot": OFF_OR_MORE,
+    "generate.max_bag": OFF_OR_MORE,
+    "generate.signal": number(open_low=False),
+    "generate.row_group_rows": POSITIVE,
+    "generate.file_rows": POSITIVE,
+    "model.embedding_dim": POSITIVE,
+    "model.bottom_mlp": LAYERS,
+    "model.top_mlp": LAYERS,
+    "model.dcn_layers": POSITIVE,
+    "model.dcn_rank": OFF_OR_MORE,
+    "optim.dense_lr": number(),
+    "optim.sparse_lr": number(),
+    "optim.eps": number(),
+    "optim.warmup_steps": OFF_OR_MORE,
+    "optim.decay_start": OFF_OR_MORE,
+    "optim.decay_steps": OFF_OR_MORE,
+    "embeddings.plan.*.ranks": each(OFF_OR_MORE),
+    "embeddings.memory_per_rank": size(empty_ok=True),
+    "embeddings.replicate_max_bytes": OFF_OR_MORE,
+    "hotline.budget": size(empty_ok=False),
+    "hotline.profile_fraction": number(high=1.0),
+    "hotline.profile_seconds": number(),
+    "hotline.refresh_every": OFF_OR_MORE,
+    "train.epochs": POSITIVE,
+    "train.max_steps": OFF_OR_MORE,
+    "train.eval_every": OFF_OR_MORE,
+    "train.log_every": OFF_OR_MORE,
+    "train.checkpoint_every": OFF_OR_MORE,
+    "train.checkpoint_seconds": number(open_low=False),
+    "train.keep_checkpoints": POSITIVE,
+    "train.threads": OFF_OR_MORE,
+    "train.accumulate": POSITIVE,
+    "train.powersgd_warmup": OFF_OR_MORE,
+    "train.timeout_s": POSITIVE,
+    "train.profile_start": OFF_OR_MORE,
+    "train.profile_steps": OFF_OR_MORE,
+}
+
+
+# --------------------------------------------------------------------------- relations
+# Each: the config → (key, value, what is allowed) of the first value that breaks it.
+
+Broken = tuple[str, Any, str] | None
+
+
+def mlp_ends(cfg: Config) -> Broken:
+    """The bottom MLP's output is one more vector beside the pooled embeddings (both
+    interactions stack them), so it ends at embedding_dim; the top MLP ends at one logit."""
+    m = cfg.model
+    if m.bottom_mlp[-1] != m.embedding_dim:
+        why = f"the {m.interaction} interaction stacks it beside the embeddings"
+        return "model.bottom_mlp", m.bottom_mlp, f"must end at model.embedding_dim ({m.embedding_dim}): {why}"
+    if m.top_mlp[-1] != 1:
+        return "model.top_mlp", m.top_mlp, "must end at 1 (one logit per sample)"
+    return None
+
+
+def generated_tables(cfg: Config) -> Broken:
+    """generate.table_rows is one value for every table or one per table."""
+    g = cfg.generate
+    if len(g.table_rows) not in (1, g.sparse):
+        return ("generate.table_rows", g.table_rows,
+                f"must be one value or generate.sparse ({g.sparse}) values")
+    if g.multi_hot > g.sparse:
+        return "generate.multi_hot", g.multi_hot, f"must be <= generate.sparse ({g.sparse})"
+    return None
+
+
+RELATIONS: list[Callable[[Config], Broken]] = [mlp_ends, generated_tables]
+
+
+# --------------------------------------------------------------------------- check
+
+
+def values(node: Any, prefix: str = "", rule_prefix: str = "") -> Iterable[tuple[str, str, Any]]:
+    """(rule key, key, value) of every field below dataclass ``node``. A mapping of
+    dataclasses (embeddings.plan) has ``*`` for its keys in the rule key."""
+    for f in dataclasses.fields(node):
+        value = getattr(node, f.name)
+        key, rule_key = f"{prefix}{f.name}", f"{rule_prefix}{f.name}"
+        if dataclasses.is_dataclass(value):
+            yield from values(value, key + ".", rule_key + ".")
+        elif isinstance(value, dict) and any(dataclasses.is_dataclass(v) for v in value.values()):
+            for k, v in value.items():
+                yield from values(v, f"{key}.{k}.", f"{rule_key}.*.")
+        else:
+            yield rule_key, key, value
+
+
+def check_config(cfg: Config) -> str | None:
+    """The first broken rule as one line naming the key, its value and what is allowed."""
+    for rule_key, key, value in values(cfg):
+        rule = RULES.get(rule_key)
+        if rule is not None and not rule.fits(value):
+            return f"config key {key}={value!r}: must be {rule.allowed}"
+    for relation in RELATIONS:
+        broken = relation(cfg)
+        if broken is not None:
+            key, value, message = broken
+            return f"config key {key}={value!r}: {message}"
+    return None
