@@ -86,7 +86,7 @@ class ModelConfig:
 class OptimConfig:
     dense: Literal["sgd", "adagrad", "adam"] = "adagrad"
     dense_lr: float = 0.01
-    sparse: Literal["sgd", "rowwise_adagrad", "adam"] = "rowwise_adagrad"
+    sparse: Literal["sgd", "adagrad", "rowwise_adagrad", "adam"] = "rowwise_adagrad"
     sparse_lr: float = 0.05
     eps: float = 1e-8
     warmup_steps: int = 0  # linear warm-up from 0

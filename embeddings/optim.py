@@ -5,6 +5,8 @@ the state and weight of the rows in ``grad.ids``; untouched rows, and their
 state, are left exactly as they were ("lazy" updates).
 
     SGD              w[i] -= lr * g[i]
+    Adagrad          s[i] += g[i]^2;         w[i] -= lr * g[i] / (sqrt(s[i]) + eps)
+                     (fbgemm's EXACT_ADAGRAD, torch.optim.Adagrad: state as big as the weight)
     row-wise Adagrad s[i] += mean(g[i]^2);   w[i] -= lr * g[i] / (sqrt(s[i]) + eps)
                      (fbgemm's EXACT_ROWWISE_ADAGRAD: one scalar of state per row)
     Adam (lazy)      as torch.optim.SparseAdam: moments of touched rows only,
@@ -29,6 +31,7 @@ from embeddings.kv import KVGradient
 
 class SparseOptimizerType(str, Enum):
     SGD = "sgd"
+    ADAGRAD = "adagrad"
     ROWWISE_ADAGRAD = "rowwise_adagrad"
     ADAM = "adam"
 
@@ -36,7 +39,7 @@ class SparseOptimizerType(str, Enum):
 class StateKind(str, Enum):
     """The shape of one optimizer-state tensor of a rows x dim table."""
 
-    ROW_VECTOR = "element"  # [rows, dim]: one value per weight element (Adam's moments)
+    ROW_VECTOR = "element"  # [rows, dim]: one value per weight element (Adam's moments, Adagrad's sum)
     ROW_SCALAR = "row"  # [rows]: one value per row (row-wise Adagrad's sum)
     TABLE_SCALAR = "scalar"  # [1]: one value per table (Adam's step)
 
@@ -130,6 +133,31 @@ class SparseSGD(SparseOptimizer):
         add_rows(weight, grad.ids, grad.rows, -lr)
 
 
+class SparseAdagrad(SparseOptimizer):
+    """Element-wise Adagrad: each weight element has its own sum of squared gradients.
+
+    Needs no whole-row statistic, so a column shard updates its columns alone; the
+    state costs as much memory as the weight (row-wise Adagrad: one float per row).
+    """
+
+    def state_layout(self) -> dict[str, StateSpec]:
+        return {"sum": StateSpec(StateKind.ROW_VECTOR)}
+
+    @torch.no_grad()
+    def apply(
+        self,
+        weight: torch.Tensor,
+        state: dict[str, torch.Tensor],
+        grad: KVGradient,
+        lr: float,
+        row_sq_mean: torch.Tensor | None = None,
+    ) -> None:
+        acc = state["sum"]
+        new = acc.index_select(0, grad.ids).addcmul_(grad.rows, grad.rows)
+        acc.index_copy_(0, grad.ids, new)
+        add_rows(weight, grad.ids, grad.rows / new.sqrt().add_(self.eps), -lr)
+
+
 class RowWiseAdagrad(SparseOptimizer):
     def state_layout(self) -> dict[str, StateSpec]:
         return {"sum": StateSpec(StateKind.ROW_SCALAR)}
@@ -190,6 +218,8 @@ def make_sparse_optimizer(kind: str | SparseOptimizerType, eps: float = 1e-8) ->
     kind = SparseOptimizerType(kind)
     if kind is SparseOptimizerType.SGD:
         return SparseSGD(eps)
+    if kind is SparseOptimizerType.ADAGRAD:
+        return SparseAdagrad(eps)
     if kind is SparseOptimizerType.ROWWISE_ADAGRAD:
         return RowWiseAdagrad(eps)
     return SparseAdam(eps)

@@ -10,7 +10,13 @@ from torch import nn
 from data.jagged import JaggedFeatures
 from embeddings.collection import LocalEmbeddingCollection
 from embeddings.kv import KVGradient
-from embeddings.optim import RowWiseAdagrad, SparseAdam, SparseSGD, make_sparse_optimizer
+from embeddings.optim import (
+    RowWiseAdagrad,
+    SparseAdagrad,
+    SparseAdam,
+    SparseSGD,
+    make_sparse_optimizer,
+)
 from embeddings.table import Pooling, TableSpec
 
 
@@ -103,7 +109,7 @@ def _train_collection(kind: str, fused: bool, steps: int, lr: float):
 
 
 @pytest.mark.parametrize("fused", [True, False])
-@pytest.mark.parametrize("kind", ["sgd", "rowwise_adagrad", "adam"])
+@pytest.mark.parametrize("kind", ["sgd", "adagrad", "rowwise_adagrad", "adam"])
 def test_sparse_optimizers_match_torch_reference(kind: str, fused: bool) -> None:
     lr, steps = 0.1, 4
     coll, kjts, ups = _train_collection(kind, fused, steps, lr)
@@ -119,6 +125,8 @@ def test_sparse_optimizers_match_torch_reference(kind: str, fused: bool) -> None
         ref_opt = torch.optim.SGD(params, lr=lr)
     elif kind == "adam":
         ref_opt = torch.optim.SparseAdam(params, lr=lr, eps=1e-8)
+    elif kind == "adagrad":  # stepped on dense gradients: untouched rows add 0 and move by 0
+        ref_opt = torch.optim.Adagrad(params, lr=lr, eps=1e-8, initial_accumulator_value=0.0)
     else:
         ref_opt = None
         ref_state = {t.name: torch.zeros(t.rows) for t in tables}
@@ -135,6 +143,9 @@ def test_sparse_optimizers_match_torch_reference(kind: str, fused: bool) -> None
         for p in params:
             p.grad = None
         (torch.cat(outs, 1) * up).sum().backward()
+        if kind == "adagrad":
+            for p in params:
+                p.grad = p.grad.to_dense()
         if ref_opt is not None:
             ref_opt.step()
         else:  # row-wise Adagrad, written densely over the touched rows
@@ -149,6 +160,11 @@ def test_sparse_optimizers_match_torch_reference(kind: str, fused: bool) -> None
         torch.testing.assert_close(final[f"{t.name}.weight"], ref_tables[t.name].weight.detach(), rtol=1e-5, atol=1e-6)
         if kind == "rowwise_adagrad":
             torch.testing.assert_close(final[f"{t.name}.sum"], ref_state[t.name], rtol=1e-5, atol=1e-7)
+        if kind == "adagrad":
+            ref_sum = ref_opt.state[ref_tables[t.name].weight]["sum"]
+            torch.testing.assert_close(final[f"{t.name}.sum"], ref_sum, rtol=1e-5, atol=1e-7)
+    # Some batch looks a row up more than once (gradients summed before the update).
+    assert any(kjt["d"].values().unique().numel() < kjt["d"].values().numel() for kjt in kjts)
     # Untouched rows never move (lazy updates).
     touched_any = {t.name: torch.zeros(t.rows, dtype=torch.bool) for t in tables}
     for kjt in kjts:
@@ -161,6 +177,7 @@ def test_sparse_optimizers_match_torch_reference(kind: str, fused: bool) -> None
 
 def test_optimizer_state_is_per_row() -> None:
     assert RowWiseAdagrad().state_bytes_per_row(64) == 4
+    assert SparseAdagrad().state_bytes_per_row(64) == 64 * 4
     assert SparseAdam().state_bytes_per_row(64) == 2 * 64 * 4
     assert SparseSGD().state_bytes_per_row(64) == 0
 
@@ -186,7 +203,7 @@ def test_init_rows_slices_equal_the_full_table() -> None:
     assert not torch.equal(init_rows("t", rows, 8, 4), full)
 
 
-@pytest.mark.parametrize("kind", ["sgd", "rowwise_adagrad", "adam"])
+@pytest.mark.parametrize("kind", ["sgd", "adagrad", "rowwise_adagrad", "adam"])
 def test_init_state_follows_the_declared_layout(kind: str) -> None:
     from embeddings.optim import StateKind
 

@@ -210,6 +210,29 @@ def test_rowwise_adagrad_first_step_matches_formula(build: Callable[..., TorchRe
         assert torch.equal(after[t][untouched], before[t][untouched])
 
 
+def test_adagrad_maps_to_exact_adagrad_and_matches_formula(build: Callable[..., TorchRecDLRM]) -> None:
+    """optim.sparse=adagrad is fbgemm's EXACT_ADAGRAD: a sum of g² per element, over
+    two steps (the second divides by the sum of both steps' squares)."""
+    lr, eps = 0.05, 1e-8
+    m = build(sparse="adagrad", lr=lr)
+    momentum = {k: v for s in m.dmp.fused_optimizer.state_dict()["state"].values() for k, v in s.items()}
+    assert {k: tuple(v.shape) for k, v in momentum.items()} == {  # a sum per element
+        f"{t}.momentum1": tuple(w.shape) for t, w in m.embedding_weights().items()}
+    dense, kjt, labels = _batch()
+    state = {t: torch.zeros_like(w) for t, w in m.embedding_weights().items()}
+    for _ in range(2):
+        before = m.embedding_weights()
+        _, grads = _reference(m, dense, kjt, labels, "sum")
+        _train_step(m, dense, kjt, labels)
+        after = m.embedding_weights()
+        for t, g in grads.items():
+            state[t] += g.square()
+            expect = -lr * g / (state[t].sqrt() + eps)
+            torch.testing.assert_close(after[t] - before[t], expect, rtol=1e-4, atol=1e-6)
+            untouched = sorted(set(range(g.shape[0])) - _touched()[t])
+            assert torch.equal(after[t][untouched], before[t][untouched])
+
+
 @pytest.mark.slow
 def test_training_reduces_loss_and_zero_lr_freezes_tables(
     build: Callable[..., TorchRecDLRM],

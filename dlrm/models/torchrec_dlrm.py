@@ -53,9 +53,11 @@ from dlrm.config import ConfigError, ModelConfig, OptimConfig
 from embeddings.init import init_rows
 
 # Our sparse optimizer names → the optimizer class TorchRec maps to an FBGEMM
-# EmbOptimType (torchrec/distributed/utils.py): EXACT_SGD, EXACT_ROWWISE_ADAGRAD, ADAM.
+# EmbOptimType (torchrec/distributed/utils.py): EXACT_SGD, EXACT_ADAGRAD,
+# EXACT_ROWWISE_ADAGRAD, ADAM.
 _SPARSE_OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {
     "sgd": torch.optim.SGD,
+    "adagrad": torch.optim.Adagrad,
     "rowwise_adagrad": RowWiseAdagrad,
     "adam": torch.optim.Adam,
 }
@@ -202,7 +204,7 @@ def build_torchrec_dlrm(
     if device.type == "cpu" and optim_cfg.sparse == "adam":
         raise ConfigError(
             "optim.sparse=adam: FBGEMM's CPU embedding kernel has no Adam; "
-            "use sgd or rowwise_adagrad with the torchrec backend on CPU"
+            "use sgd, adagrad or rowwise_adagrad with the torchrec backend on CPU"
         )
     owns_pg = _ensure_process_group(device)
     table_features: dict[str, list[str]] = {}
