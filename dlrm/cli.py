@@ -21,6 +21,7 @@ import sys
 from collections.abc import Callable
 
 from data.errors import UserError
+from data.outputs import output_dir
 
 
 def cmd_generate(argv: list[str]) -> int:
@@ -31,6 +32,7 @@ def cmd_generate(argv: list[str]) -> int:
     p.add_argument("--seed", type=int, default=None, help="sampling seed (default: config seed)")
     p.add_argument("overrides", nargs="*", help="key.sub=value config overrides")
     a = p.parse_args(argv)
+    output_dir(a.out, "--out")  # before any work: a file there is one line, not a traceback
     from data.generate import generate_dataset
     from dlrm.config import load_config
 
@@ -47,6 +49,7 @@ def cmd_convert_criteo(argv: list[str]) -> int:
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--max-ind-range", type=int, default=0, help="hash categorical ids into [0, R)")
     a = p.parse_args(argv)
+    output_dir(a.out, "--out")
     from data.criteo import convert_criteo
 
     files = convert_criteo(a.inputs, a.out, max_ind_range=a.max_ind_range)
@@ -60,6 +63,7 @@ def cmd_train(argv: list[str]) -> int:
     p.add_argument("--out", default="runs/latest", help="run directory (resumed if it has a checkpoint)")
     p.add_argument("overrides", nargs="*", help="key.sub=value config overrides")
     a = p.parse_args(argv)
+    output_dir(a.out, "--out")
     from dlrm.config import load_config
     from dlrm.train.trainer import train
 
@@ -78,6 +82,8 @@ def cmd_eval(argv: list[str]) -> int:
                    help="where to score (default: the run's train.device); a run trained "
                         "on a GPU is evaluated on a CPU-only machine with --device cpu")
     a = p.parse_args(argv)
+    if a.plots is not None:
+        output_dir(a.plots, "--plots")
     from dlrm.eval.evaluate import evaluate_checkpoint
 
     result = evaluate_checkpoint(a.checkpoint, a.data, plots_dir=a.plots, batch_size=a.batch_size,

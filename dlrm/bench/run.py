@@ -27,6 +27,7 @@ from typing import Any
 
 from data.atomic import atomic_path, write_atomic
 from data.errors import UserError
+from data.outputs import output_dir
 from dlrm.config import Config, load_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -62,7 +63,7 @@ def cmd_bench(argv: list[str]) -> int:
     cfg = load_config(a.config, a.overrides)
     if not a.reader_only:
         a.engines = runnable_engines(a.engines)  # before generating data: fail fast
-    out = Path(a.out).resolve()
+    out = output_dir(a.out, "--out").resolve()
     out.mkdir(parents=True, exist_ok=True)
     data_dir = ensure_dataset(cfg, out / "data")
     if a.reader_only:
