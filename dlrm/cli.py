@@ -2,7 +2,8 @@
 in-process; heavy imports happen inside the verbs so ``dlrm --help`` is instant.
 
     dlrm generate --out DIR [--rows N] [--config FILE] [--seed S]
-    dlrm convert-criteo INPUT... --out DIR [--max-ind-range R]
+    dlrm convert-criteo INPUT... --out DIR [--ids vocabulary|raw|hash] [--min-frequency N]
+                        [--max-ind-range R] [--eval-days K | --eval-fraction F]
     dlrm train --config FILE [--out RUN_DIR] [key.sub=value ...]
     dlrm eval --checkpoint RUN_DIR --data PATH [--plots DIR] [--device auto|cpu|cuda]
     dlrm plan --config FILE --world-size N [--memory-per-rank SIZE]
@@ -44,16 +45,31 @@ def cmd_generate(argv: list[str]) -> int:
 
 
 def cmd_convert_criteo(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="dlrm convert-criteo", description="Criteo TSV to Parquet.")
-    p.add_argument("inputs", nargs="+", help="Criteo Kaggle/Terabyte TSV files")
+    p = argparse.ArgumentParser(
+        prog="dlrm convert-criteo",
+        description="Criteo TSV to Parquet: small dense ids, optionally a train/eval split.")
+    p.add_argument("inputs", nargs="+", help="Criteo Kaggle/Terabyte TSV files (.gz too), in order")
     p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--ids", choices=("vocabulary", "raw", "hash"), default=None,
+                   help="vocabulary (default): ids by frequency in the train rows, 0 empty, "
+                        "1 rare or unseen; raw: hashed ids, dlrm train maps them; "
+                        "hash: h %% (R - 1) + 1 (the default with --max-ind-range)")
+    p.add_argument("--min-frequency", type=int, default=1,
+                   help="vocabulary: values seen fewer times in the train rows share id 1")
     p.add_argument("--max-ind-range", type=int, default=0, help="hash categorical ids into [0, R)")
+    p.add_argument("--eval-days", type=int, default=0,
+                   help="the last K inputs (day files) become OUT/eval, the rest OUT/train")
+    p.add_argument("--eval-fraction", type=float, default=0.0,
+                   help="the last fraction of the rows becomes OUT/eval, the rest OUT/train")
     a = p.parse_args(argv)
     output_dir(a.out, "--out")
-    from data.criteo import convert_criteo
+    from data.criteo_dataset import convert_criteo_dataset
 
-    files = convert_criteo(a.inputs, a.out, max_ind_range=a.max_ind_range)
-    print(json.dumps({"out": a.out, "files": len(files)}))
+    ids = a.ids or ("hash" if a.max_ind_range else "vocabulary")
+    summary = convert_criteo_dataset(
+        a.inputs, a.out, ids=ids, min_frequency=a.min_frequency, max_ind_range=a.max_ind_range,
+        eval_days=a.eval_days, eval_fraction=a.eval_fraction)
+    print(json.dumps(summary))
     return 0
 
 
