@@ -40,6 +40,9 @@ class GenerateConfig:
     dense: int = 13
     sparse: int = 26
     table_rows: list[int] = field(default_factory=lambda: [1000])  # one value, or one per table
+    # Where table_rows come from (a dataset's published sizes): `dlrm plan` without
+    # data plans with table_rows and names this; empty = synthetic sizes.
+    table_rows_source: str = ""
     zipf: float = 1.05  # id popularity exponent (Criteo is about 1.05)
     multi_hot: int = 0  # how many of the sparse features are multi-hot bags
     max_bag: int = 5  # multi-hot bag lengths are uniform in [0, max_bag]

@@ -127,10 +127,11 @@ def cmd_plan(argv: list[str]) -> int:
     p.add_argument("overrides", nargs="*", help="key.sub=value config overrides")
     a = p.parse_args(argv)
     from dlrm.config import load_config
-    from dlrm.parallel.planning import plan_from_config, run_schema
+    from dlrm.parallel.planning import plan_from_config, run_schema, sizes_source
 
     cfg = load_config(a.config, a.overrides)
     schema, pooling = run_schema(cfg, a.data)
+    print(sizes_source(cfg, schema, a.data))
     _, text = plan_from_config(
         cfg, schema, a.world_size, memory_per_rank=a.memory_per_rank, pooling_factors=pooling
     )

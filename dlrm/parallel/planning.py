@@ -64,6 +64,21 @@ def run_schema(cfg: Config, data: str | None = None) -> tuple[Schema, dict[str, 
     return schema, {f.name: bag for f in schema.sparse if f.multi_hot}
 
 
+def sizes_source(cfg: Config, schema: Schema, data: str | None = None) -> str:
+    """One line saying where the planned table sizes come from, so a plan made before
+    any data exists is not mistaken for the real job's."""
+    total = sum(f.rows for f in schema.sparse)
+    what = f"{len(schema.sparse)} tables, {total:,} rows in all"
+    spec = data or cfg.data.train
+    if spec:
+        return f"table sizes: from the data {spec} ({what})"
+    source = cfg.generate.table_rows_source
+    if source:
+        return f"table sizes: no data given, generate.table_rows ({what}): {source}"
+    return (f"table sizes: no data given, generate.table_rows ({what}), synthetic; "
+            "give --data or data.train for the real sizes")
+
+
 def pinned_tables(plan: dict[str, TablePlacement]) -> dict[str, tuple[ShardingType, list[int]]]:
     """``embeddings.plan`` of the config as auto_plan's ``pinned``."""
     return {name: (ShardingType(p.sharding), list(p.ranks)) for name, p in plan.items()}

@@ -21,6 +21,7 @@ so a resumed run ends with the same parameters as one never stopped.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import json
 import sys
@@ -56,6 +57,7 @@ from dlrm.train.hotline import HotlineSteps, make_profile
 from dlrm.train.inputs import RunData, make_reader, resolve_data
 from dlrm.train.meter import JsonLog, Meter
 from dlrm.train.optim import build_dense_optimizer, lr_factor
+from dlrm.train.precision import decide_precision
 from dlrm.train.profiling import StepProfiler
 from dlrm.train.trace import RowTrace
 from embeddings.hotline.lookups import HOT_ONLY
@@ -73,6 +75,9 @@ def train(cfg: Config, run_dir: str | Path, echo: Callable[[str], None] = print)
         reuse_freed_memory()
     info = init_distributed(cfg.train.backend, cfg.train.device, cfg.train.timeout_s)
     say = echo if info.is_main else (lambda _: None)
+    # bf16 only where it is fast; the config printed and saved says what ran
+    precision = decide_precision(cfg.train, info.device, info, say)
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, precision=precision))
     say("config:\n" + to_yaml(cfg).rstrip())
     data = resolve_data(cfg)  # before creating anything: bad data leaves no run dir
     if info.is_main:
