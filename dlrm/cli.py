@@ -10,7 +10,9 @@ in-process; heavy imports happen inside the verbs so ``dlrm --help`` is instant.
     dlrm bench --config FILE [--ranks 1,2] [--steps N] [--out DIR] [--reader-only] [key.sub=value ...]
 
 Exit codes: 0 done; 2 a user error (bad data, config or checkpoint), one line naming
-the culprit; 3 a collective failed (a peer rank died or hangs past train.timeout_s).
+the culprit; 3 a collective failed (a peer rank died or hangs past train.timeout_s);
+75 `dlrm train` stopped by SIGTERM or SIGINT after saving a checkpoint: the same
+command resumes (dlrm/train/preemption.py); 130 interrupted (Ctrl-C) outside training.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from collections.abc import Callable
 
 from data.errors import UserError
 from data.outputs import output_dir
+from dlrm.train.preemption import PREEMPTED
 
 
 def cmd_generate(argv: list[str]) -> int:
@@ -84,8 +87,8 @@ def cmd_train(argv: list[str]) -> int:
     from dlrm.train.trainer import train
 
     cfg = load_config(a.config, a.overrides)
-    train(cfg, a.out)
-    return 0
+    summary = train(cfg, a.out)
+    return PREEMPTED if summary.get("preempted") else 0
 
 
 def cmd_eval(argv: list[str]) -> int:
@@ -169,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     ok = False
     try:
         code = VERBS[verb](argv[1:])
-        ok = code == 0
+        ok = code in (0, PREEMPTED)  # a preempted run's ranks all stopped at the same step
         return code
     except UserError as e:
         print(f"dlrm {verb}: error: {e}", file=sys.stderr)

@@ -139,8 +139,8 @@ class TrainConfig:
     max_steps: int = 0  # 0 = run the epochs
     eval_every: int = 0  # steps; 0 = only at the end
     log_every: int = 50
-    checkpoint_every: int = 0  # steps; 0 = only at the end
-    checkpoint_seconds: float = 0.0  # also checkpoint when this much time passed (0 = off)
+    checkpoint_every: int = 0  # steps; 0 = not by steps (checkpoint_seconds and the end still save)
+    checkpoint_seconds: float = 1800.0  # also save once this much time passed since the last save (0 = off)
     keep_checkpoints: int = 2  # complete checkpoints kept in RUN/checkpoints/ (the newest)
     # Record the rows each rank trains on: the values of this column (dense integer
     # or single-hot sparse) per step in RUN/trace/rank-R.jsonl ("" = off; tests, audits)

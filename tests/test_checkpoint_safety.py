@@ -81,7 +81,7 @@ def test_checkpoint_seconds_saves_on_time(trained, tmp_path: Path) -> None:
     assert steps_kept(tmp_path / "run") == [f"step-00000000{i}" for i in (1, 2, 3, 4)]
 
 
-def _rank0_decides(rank: int, world_size: int) -> list[bool]:
+def _ranks_agree(rank: int, world_size: int) -> list[tuple[bool, int]]:
     from dlrm.parallel.distributed import DistInfo
 
     info = DistInfo(rank, world_size, rank, torch.device("cpu"), "gloo")
@@ -89,15 +89,20 @@ def _rank0_decides(rank: int, world_size: int) -> list[bool]:
     verdicts = []
     for late_rank in (0, 1):  # one rank's clock says "late", the other's does not
         schedule.saved_at = float("-inf") if rank == late_rank else float("inf")
-        verdicts.append(schedule.due(step=7))
+        verdicts.append(tuple(schedule.after_step(step=7)))
+    schedule.saved_at = float("inf")
+    for signalled, signum in ((1, 15), (0, 2)):  # one rank got SIGTERM, then SIGINT
+        verdicts.append(tuple(schedule.after_step(7, signum if rank == signalled else 0)))
     return verdicts
 
 
 @pytest.mark.distributed
 @pytest.mark.slow
-def test_time_decision_is_rank_zeros() -> None:
-    # Rank 0's clock decides for all ranks: they always agree, so they save together.
-    assert run_ranks(2, _rank0_decides) == [[True, False], [True, False]]
+def test_ranks_decide_alike() -> None:
+    # Rank 0's clock decides for all ranks, and any rank's signal stops (and saves)
+    # every rank at the same step: a save is a collective.
+    expected = [(True, 0), (False, 0), (True, 15), (True, 2)]
+    assert run_ranks(2, _ranks_agree) == [expected, expected]
 
 
 def damaged_copy(run: Path, dst: Path, damage: str) -> tuple[Path, str, str]:

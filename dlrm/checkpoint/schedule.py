@@ -1,21 +1,32 @@
-"""When a run saves: every ``train.checkpoint_every`` steps and/or every
-``train.checkpoint_seconds``, rank 0's clock deciding for every rank."""
+"""When a run saves: every ``train.checkpoint_every`` steps, every
+``train.checkpoint_seconds`` (rank 0's clock deciding for every rank), and when a
+rank was signalled to stop (dlrm/train/preemption.py)."""
 
 from __future__ import annotations
 
 import time
+from typing import NamedTuple
 
 from dlrm.config import ConfigError
-from dlrm.parallel.distributed import DistInfo, broadcast_flag
+from dlrm.parallel.distributed import DistInfo, all_reduce_max
+
+
+class Verdict(NamedTuple):
+    """What every rank does after a step, the same on all of them."""
+
+    save: bool  # write a checkpoint now
+    stop: int  # the signal that stops the run (the largest number any rank got), 0: go on
 
 
 class CheckpointSchedule:
-    """When to save: every ``train.checkpoint_every`` steps and/or once
-    ``train.checkpoint_seconds`` passed since the last save.
+    """When to save: every ``train.checkpoint_every`` steps, once
+    ``train.checkpoint_seconds`` passed since the last save, and before stopping.
 
-    Time is read on rank 0 and its verdict broadcast, so every rank saves at the
-    same step (a save is a collective); with ``checkpoint_seconds`` 0 nothing is
-    exchanged."""
+    A save is a collective, so every rank must decide alike at the same step. After
+    each step the ranks all-reduce (MAX) two integers: rank 0's "the interval has
+    passed" (the other ranks send 0: only rank 0's clock counts) and each rank's
+    stop signal (0 for none). One rank's SIGTERM stops every rank at the same step.
+    With one process nothing is exchanged."""
 
     def __init__(self, every_steps: int, every_seconds: float, keep: int, info: DistInfo,
                  saved_step: int | None = None) -> None:
@@ -27,13 +38,14 @@ class CheckpointSchedule:
         self.saved_step = saved_step
         self.saved_at = time.monotonic()
 
-    def due(self, step: int) -> bool:
-        """Whether to save after ``step`` (a collective when checkpoint_seconds > 0)."""
-        due = bool(self.every_steps) and step % self.every_steps == 0
-        if self.every_seconds > 0:
-            late = time.monotonic() - self.saved_at >= self.every_seconds
-            due = broadcast_flag(late, self.info) or due
-        return due
+    def after_step(self, step: int, signum: int = 0) -> Verdict:
+        """Save and/or stop after ``step``? ``signum``: the signal this rank got
+        (0: none). A collective with several ranks: every rank calls it every step."""
+        late = (self.info.is_main and self.every_seconds > 0
+                and time.monotonic() - self.saved_at >= self.every_seconds)
+        late, stop = all_reduce_max([int(late), signum], self.info)
+        every = bool(self.every_steps) and step % self.every_steps == 0
+        return Verdict(save=bool(late) or every or bool(stop), stop=stop)
 
     def saved(self, step: int) -> None:
         self.saved_step, self.saved_at = step, time.monotonic()

@@ -98,13 +98,14 @@ def _comm_device(info: DistInfo) -> torch.device:
     return info.device if info.backend == "nccl" else torch.device("cpu")
 
 
-def broadcast_flag(flag: bool, info: DistInfo) -> bool:
-    """Rank 0's ``flag`` on every rank (a decision all ranks must take together)."""
+def all_reduce_max(values: list[int], info: DistInfo) -> list[int]:
+    """The largest of every rank's ``values``, element-wise, on every rank (decisions
+    all ranks must take together: any rank's "yes" is everyone's)."""
     if info.world_size == 1:
-        return flag
-    t = torch.tensor([int(flag)], dtype=torch.int64, device=_comm_device(info))
-    dist.broadcast(t, src=0)
-    return bool(t.item())
+        return values
+    t = torch.tensor(values, dtype=torch.int64, device=_comm_device(info))
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.cpu().tolist()
 
 
 def broadcast_object(obj: object, info: DistInfo) -> object:

@@ -9,9 +9,11 @@
                                              the MLPs (DDP syncs on the step's last one)
         dense_opt.step(); model.end_step()   dense update; kept KV gradients applied
 
-Around it ``fit()`` logs, evaluates and checkpoints on schedule. Under torchrun every
-rank runs this loop on its share of each global batch (dlrm/parallel/ddp.py says why
-the loss is scaled as it is); rank 0 prints, logs and writes the run directory's files.
+Around it ``fit()`` logs, evaluates and checkpoints on schedule, and stops after a
+step with a checkpoint when any rank got SIGTERM or SIGINT (dlrm/train/preemption.py).
+Under torchrun every rank runs this loop on its share of each global batch
+(dlrm/parallel/ddp.py says why the loss is scaled as it is); rank 0 prints, logs and
+writes the run directory's files.
 
 Resuming from ``RUN/checkpoints/`` continues at the exact next batch (the reader's
 batch t is a pure function of seed, epoch and t) with the same optimizer state,
@@ -58,6 +60,7 @@ from dlrm.train.inputs import RunData, make_reader, resolve_data
 from dlrm.train.meter import JsonLog, Meter
 from dlrm.train.optim import build_dense_optimizer, lr_factor
 from dlrm.train.precision import decide_precision
+from dlrm.train.preemption import PREEMPTED, Preemption, signal_name
 from dlrm.train.profiling import StepProfiler
 from dlrm.train.trace import RowTrace
 from embeddings.hotline.lookups import HOT_ONLY
@@ -173,11 +176,25 @@ class Trainer:
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> dict[str, Any]:
-        """Train to ``total_steps``, then save, evaluate and return the summary."""
+        """Train to ``total_steps``, then save, evaluate and return the summary; or,
+        signalled, save after the step every rank agreed on and return the summary
+        with ``preempted`` (the signal's name)."""
         bar = tqdm(total=self.total_steps, initial=self.progress.global_step, unit="step",
                    file=sys.stderr, dynamic_ncols=True,
                    disable=not (self.cfg.train.progress and self.info.is_main))
         self.model.train()
+        with Preemption() as preemption:
+            stop = self._train_steps(bar, preemption)
+            bar.close()
+            self.profiler.close()
+            self.save()
+        if stop:
+            return self._summary(preempted=stop)
+        self.last_eval = self.run_eval() or self.last_eval
+        return self._summary()
+
+    def _train_steps(self, bar: tqdm, preemption: Preemption) -> int:
+        """Steps to ``total_steps``; the signal that stopped them early, else 0."""
         while self.progress.global_step < self.total_steps:
             t_fetch = time.perf_counter()
             first = self.progress.step_in_epoch
@@ -192,12 +209,10 @@ class Trainer:
             self.meter.add_step(self.progress.global_step, done.rows, time.perf_counter() - t_fetch,
                                 wait, done.inside_s, done.dense_update_s)
             bar.update(1)
-            self._on_schedule(bar)
-        bar.close()
-        self.profiler.close()
-        self.save()
-        self.last_eval = self.run_eval() or self.last_eval
-        return self._summary()
+            stop = self._on_schedule(bar, preemption.signum)
+            if stop:
+                return stop
+        return 0
 
     def _next_batches(self) -> list[Batch]:
         """This rank's next k = train.accumulate batches; [] at the end of an epoch."""
@@ -272,8 +287,10 @@ class Trainer:
         return rows
 
     # ------------------------------------------------------------------ around the steps
-    def _on_schedule(self, bar: tqdm) -> None:
-        """Log, evaluate and checkpoint after a step when they are due."""
+    def _on_schedule(self, bar: tqdm, signum: int) -> int:
+        """Log, evaluate and checkpoint after a step when they are due; the signal
+        that stops the run after this step (``signum`` of any rank), else 0. A
+        stopping run skips the eval (fit saves): the agent's grace period is short."""
         step, every = self.progress.global_step, self.cfg.train
         if every.log_every and step % every.log_every == 0:
             window = self.meter.take_window()
@@ -281,10 +298,14 @@ class Trainer:
             if self.hotline:
                 self.log.write({"event": "hotline", "step": step, **self.hotline.stats()})
             bar.set_postfix(loss=f"{window['loss']:.4f}", sps=f"{self.meter.rate:,.0f}")
+        verdict = self.schedule.after_step(step, signum)
+        if verdict.stop:
+            return verdict.stop
         if every.eval_every and step % every.eval_every == 0 and step < self.total_steps:
             self.last_eval = self.run_eval()
-        if self.schedule.due(step):
+        if verdict.save:
             self.save()
+        return 0
 
     def save(self) -> None:
         if self.schedule.saved_step == self.progress.global_step:
@@ -302,9 +323,11 @@ class Trainer:
         self.log.write({"event": "eval", "step": self.progress.global_step, **metrics})
         return metrics
 
-    def _summary(self) -> dict[str, Any]:
+    def _summary(self, preempted: int = 0) -> dict[str, Any]:
         summary: dict[str, Any] = {"event": "summary", "steps": self.progress.global_step,
                                    **self.meter.summary()}
+        if preempted:
+            summary["preempted"] = signal_name(preempted)
         if self.hotline:
             summary["hotline"] = self.hotline.stats(whole_run=True)
             self.hotline.close()
@@ -320,4 +343,8 @@ class Trainer:
         self.say(line)
         if self.bad_data is not None:
             self.say(self.bad_data.line(summary["bad_data"]))
+        if preempted:
+            self.say(f"stopped by {signal_name(preempted)} after step {self.progress.global_step} "
+                     f"of {self.total_steps}, checkpoint saved: the same command resumes "
+                     f"(exit code {PREEMPTED})")
         return summary
