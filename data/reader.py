@@ -68,6 +68,8 @@ if TYPE_CHECKING:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from data.preprocess import Preprocessing
+
 ID_POLICIES = ("error", "modulo", "hash")
 DENSE_NAN_POLICIES = ("error", "zero")
 
@@ -96,6 +98,7 @@ class ParquetReader:
         id_policy: str = "error",
         dense_nan: str = "error",
         on_error: str = "fail",
+        preprocess: Preprocessing | None = None,
     ) -> None:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} outside world size {world_size}")
@@ -109,6 +112,7 @@ class ParquetReader:
         self.rank, self.world_size = rank, world_size
         self.shuffle, self.seed, self.prefetch = shuffle, seed & (2**64 - 1), prefetch
         self.id_policy, self.dense_nan, self.skip = id_policy, dense_nan, on_error == "skip"
+        self.preprocess = preprocess  # vocabulary / hash features, dense transforms
         screened = screen_files(list(files), schema, on_error)
         self.files = screened.files
         self.bad_data = BadDataLog(screened.left_out)
@@ -203,7 +207,7 @@ class ParquetReader:
             try:
                 table = source.read(f, g, int(self._units.rows[unit])).slice(s0, s1 - s0)
                 chunks.append(_decode(table, self.schema, where, self.id_policy, self.dense_nan,
-                                      found if self.skip else None))
+                                      found if self.skip else None, self.preprocess))
             except DataError as e:
                 if not self.skip:
                     raise
@@ -443,10 +447,12 @@ class _Problems:
 
 
 def _decode(table: pa.Table, schema: Schema, where: _Where, id_policy: str,
-            dense_nan: str, found: list[BadRecord] | None = None) -> _Rows:
+            dense_nan: str, found: list[BadRecord] | None = None,
+            prep: Preprocessing | None = None) -> _Rows:
     """Check and convert one slice of a row group to numpy (no per-row Python, except
     once per bad value when ``found`` collects them). A column missing or of a type
-    that does not fit is a DataError for the whole slice."""
+    that does not fit is a DataError for the whole slice. ``prep`` maps vocabulary
+    and hash features and transforms dense columns (data/preprocess.py)."""
     for name in schema.columns:
         if table.schema.get_field_index(name) < 0:
             raise where.error("column is missing (file changed while reading?)", name)
@@ -458,9 +464,18 @@ def _decode(table: pa.Table, schema: Schema, where: _Where, id_policy: str,
     labels = _labels(table.column(schema.label), schema.label, problems)
     dense = np.empty((table.num_rows, len(schema.dense)), dtype=np.float32)
     for j, name in enumerate(schema.dense):
-        dense[:, j] = _dense(table.column(name), name, problems, dense_nan)
-    ids = [_ids(table.column(f.name), f, problems, id_policy) for f in schema.sparse]
+        x = _dense(table.column(name), name, problems, dense_nan)
+        dense[:, j] = prep.dense(name, x) if prep is not None else x
+    ids = [_ids(table.column(f.name), f, problems, id_policy) if f.encoding == "identity"
+           else _prep(prep, f).ids(f, table.column(f.name)) for f in schema.sparse]
     return _Rows(labels, dense, ids, None if problems.keep.all() else problems.keep)
+
+
+def _prep(prep: Preprocessing | None, feature: SparseFeature) -> Preprocessing:
+    if prep is None:
+        raise ValueError(f"feature {feature.name} ({feature.encoding}) needs the run's "
+                         "preprocessing (ParquetReader(preprocess=...))")
+    return prep
 
 
 def _nulls(col: pa.ChunkedArray | pa.Array) -> np.ndarray:

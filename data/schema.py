@@ -1,8 +1,10 @@
 """What the columns of a dataset mean: label, dense features, sparse features.
 
-A sparse feature is an int64 column (one id per row, "single-hot") or a
-list<int64> column (a bag of ids, "multi-hot"); each feeds one embedding table of
-``rows`` rows. Default layout is Criteo's ``label, I1..I13, C1..C26``.
+A sparse feature is a categorical column: int, string, binary or dictionary (one value
+per row, "single-hot") or a list of those (a bag, "multi-hot"); each feeds one
+embedding table of ``rows`` rows. Its ``encoding`` says how a value becomes a row
+(identity: the int id is the row; vocabulary, hash: see :mod:`data.preprocess`).
+Default layout is Criteo's ``label, I1..I13, C1..C26``.
 
 ``infer_schema`` builds a Schema from Parquet footers (column types, and each
 table's rows as max id + 1 from the row-group statistics); ``check_files``
@@ -30,6 +32,7 @@ class SparseFeature:
     rows: int
     table: str = ""  # table name; empty means "same as the column name"
     multi_hot: bool = False
+    encoding: str = "identity"  # identity | vocabulary | hash (data/preprocess.py)
 
     @property
     def table_name(self) -> str:
@@ -58,21 +61,46 @@ CRITEO_SPARSE = tuple(f"C{i}" for i in range(1, 27))
 # --------------------------------------------------------------------------- Parquet footers
 
 _FLOAT, _INT, _INT_LIST = "float", "int", "list<int>"
+_CAT, _CAT_LIST = "category", "list<category>"  # string, binary, dictionary (vocabulary, hash)
 
 
 def column_kind(arrow_type: pa.DataType) -> str:
-    """``"float"``, ``"int"``, ``"list<int>"`` or ``"other"`` for an Arrow column type."""
+    """``"float"``, ``"int"``, ``"list<int>"``, ``"category"``, ``"list<category>"`` or
+    ``"other"`` for an Arrow column type."""
     import pyarrow as pa
 
     if pa.types.is_floating(arrow_type):
         return _FLOAT
     if pa.types.is_integer(arrow_type):
         return _INT
-    if (pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type)) and (
-        pa.types.is_integer(arrow_type.value_type)
-    ):
-        return _INT_LIST
+    if _is_category(arrow_type):
+        return _CAT
+    if pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type):
+        inner = column_kind(arrow_type.value_type)
+        if inner in (_INT, _CAT):
+            return f"list<{inner}>"
     return "other"
+
+
+def _is_category(t: pa.DataType) -> bool:
+    import pyarrow as pa
+
+    return (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t)
+            or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t)
+            or pa.types.is_dictionary(t))
+
+
+def is_categorical(arrow_type: pa.DataType) -> bool:
+    """A type whose values need a vocabulary or a hash to become rows (not an int)."""
+    return column_kind(arrow_type) in (_CAT, _CAT_LIST)
+
+
+def column_types(path: str, columns: list[str]) -> dict[str, pa.DataType]:
+    """Arrow type of each of ``columns`` in a file's footer."""
+    from data.files import open_parquet
+
+    arrow = open_parquet(path).schema_arrow
+    return {c: arrow.field(c).type for c in columns}
 
 
 def type_name(arrow_type: pa.DataType) -> str:
@@ -88,7 +116,9 @@ def allowed_kinds(schema: Schema, column: str) -> tuple[str, ...]:
     """Kinds a column may have in a file: label and dense are cast to float32."""
     for f in schema.sparse:
         if f.name == column:
-            return (_INT_LIST,) if f.multi_hot else (_INT,)
+            if f.encoding == "identity":
+                return (_INT_LIST,) if f.multi_hot else (_INT,)
+            return (_INT_LIST, _CAT_LIST) if f.multi_hot else (_INT, _CAT)
     return (_FLOAT, _INT)
 
 
@@ -103,9 +133,11 @@ def infer_schema(
 ) -> Schema:
     """A Schema read from Parquet footers only (no data pages, except as noted).
 
-    Columns come from the first file, in file order: float → dense, integer →
-    sparse single-hot, list<integer> → sparse multi-hot; the label and other
-    types are left out. A non-empty ``dense`` or ``sparse`` list replaces the
+    Columns come from the first file, in file order: float → dense; integer, string,
+    binary, dictionary → sparse single-hot; a list of those → sparse multi-hot; the
+    label and other types are left out (no sparse feature at all is a DataError
+    naming the columns found). String, binary and dictionary features get encoding
+    "vocabulary" here and rows 1 until :mod:`data.preprocess` fits them. A non-empty ``dense`` or ``sparse`` list replaces the
     inference for its side (in its own order); the other side is inferred from
     the remaining columns. A table's rows are ``rows[feature]`` when given, else
     max id + 1 over the row-group statistics of every file (for a list, its leaf
@@ -136,8 +168,13 @@ def infer_schema(
     if sparse:
         sparse_names = list(sparse)
     else:
-        sparse_names = [n for n, k in kinds.items() if k in (_INT, _INT_LIST)]
+        sparse_names = [n for n, k in kinds.items() if k in (_INT, _INT_LIST, _CAT, _CAT_LIST)]
         sparse_names = [n for n in sparse_names if n not in (dense or [])]
+        if not sparse_names:
+            found = ", ".join(f"{f.name} ({type_name(f.type)})" for f in first)
+            raise DataError(f"no categorical column (int, string, binary, dictionary or a list "
+                            f"of those) to use as a sparse feature; columns found: {found}",
+                            file=files[0])
     dense_names = list(dense) if dense else [
         n for n, k in kinds.items() if k == _FLOAT and n not in sparse_names
     ]
@@ -149,7 +186,9 @@ def infer_schema(
     if on_error == "skip":
         wanted = [label, *dense_names, *sparse_names]
         files = [f for f in files if _type_names(f, wanted) == _type_names(files[0], wanted)]
-    inferred = _max_ids(files, [n for n in sparse_names if n not in rows])
+    categorical = {n for n in sparse_names if kinds[n] in (_CAT, _CAT_LIST)}
+    inferred = _max_ids(files, [n for n in sparse_names if n not in rows and n not in categorical])
+    inferred.update(dict.fromkeys(categorical, 0))
     table_of = {n: tables.get(n) or n for n in sparse_names}
     table_rows: dict[str, int] = {}
     for table in set(table_of.values()):
@@ -164,7 +203,8 @@ def infer_schema(
                 name=n,
                 rows=max(table_rows[table_of[n]], 1),
                 table=tables.get(n, ""),
-                multi_hot=kinds[n] == _INT_LIST,
+                multi_hot=kinds[n] in (_INT_LIST, _CAT_LIST),
+                encoding="vocabulary" if n in categorical else "identity",
             )
             for n in sparse_names
         ),
@@ -199,11 +239,19 @@ def _type_names(path: str, columns: list[str]) -> list[str | None]:
 
 def _max_ids(files: list[str], names: list[str]) -> dict[str, int]:
     """Largest id of each column over all files (-1 where a column holds none)."""
+    return {n: hi for n, (_, hi) in id_ranges(files, names).items()}
+
+
+def id_ranges(files: list[str], names: list[str]) -> dict[str, tuple[int, int]]:
+    """(smallest, largest) id of each int column over all files, from the row-group
+    statistics where they are: (min(0, smallest), largest), (0, -1) where a column holds
+    none."""
     import pyarrow.compute as pc
 
     from data.files import open_parquet
 
     best = dict.fromkeys(names, -1)
+    low = dict.fromkeys(names, 0)
     for path in files:
         pf = open_parquet(path)
         md = pf.metadata
@@ -218,14 +266,16 @@ def _max_ids(files: list[str], names: list[str]) -> dict[str, int]:
                 stats = md.row_group(g).column(leaf[name]).statistics
                 if stats is not None and stats.has_min_max:
                     best[name] = max(best[name], int(stats.max))
+                    low[name] = min(low[name], int(stats.min))
                     continue
                 col = pf.read_row_group(g, columns=[name]).column(name)
                 if column_kind(col.type) == _INT_LIST:
                     col = pc.list_flatten(col)
-                top = pc.max(col).as_py()
-                if top is not None:
-                    best[name] = max(best[name], int(top))
-    return best
+                bounds = pc.min_max(col).as_py()
+                if bounds["max"] is not None:
+                    best[name] = max(best[name], int(bounds["max"]))
+                    low[name] = min(low[name], int(bounds["min"]))
+    return {n: (low[n], best[n]) for n in names}
 
 
 @dataclass

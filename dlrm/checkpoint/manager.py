@@ -48,6 +48,7 @@ from typing import Any
 import torch
 
 from data.atomic import fsync
+from data.preprocess import digest as preprocessing_digest
 from data.schema import Schema
 from dlrm.checkpoint.faults import inject
 from dlrm.checkpoint.manifest import (
@@ -55,6 +56,7 @@ from dlrm.checkpoint.manifest import (
     CheckpointCorrupt,
     CheckpointError,
     check_compatible,
+    check_preprocessing,
     digest,
     load_meta,
     load_state,
@@ -129,6 +131,7 @@ def save_checkpoint(
             "progress": dataclasses.asdict(progress),
             "config": config,
             "schema": schema_to_json(schema),
+            "preprocessing": preprocessing_digest(Path(run_dir)),  # sha256 of RUN/preprocessing.json
             "plan": json.loads(plan.to_json()) if plan is not None else None,
             "world_size": info.world_size,
             "files": dict(sorted(manifest.items())),
@@ -250,6 +253,7 @@ def load_checkpoint(
     every file against the manifest (unless ``verified``: :func:`find_resumable`
     did). Collective with several ranks (``info``)."""
     meta = load_meta(ckpt)
+    check_preprocessing(meta, ckpt)
     if config is not None:
         check_compatible(meta, config, schema, ckpt)
     if not verified:

@@ -48,6 +48,18 @@ def schema_from_json(d: dict[str, Any]) -> Schema:
 
 
 
+def check_preprocessing(meta: dict[str, Any], ckpt: Path) -> None:
+    """Refuse a checkpoint whose run's RUN/preprocessing.json is not the one it was
+    trained with (its sha256 is in meta.json): the same value would map to other rows."""
+    from data.preprocess import digest as preprocessing_digest
+
+    want = meta.get("preprocessing")
+    run_dir = Path(ckpt).parent.parent
+    if want is not None and preprocessing_digest(run_dir) != want:
+        raise CheckpointError(f"checkpoint {ckpt}: {run_dir}/preprocessing.json is missing or not "
+                              "the one it was trained with (sha256 differs)")
+
+
 def digest(path: Path, fsync: bool = False) -> dict[str, Any]:
     """{"bytes": size, "sha256": hex} of ``path``, read in 8 MiB chunks."""
     h = hashlib.sha256()

@@ -9,6 +9,7 @@ from typing import Any
 from data.bad_data import count
 from data.errors import UserError
 from data.files import expand_paths
+from data.preprocess import load as load_preprocessing
 from data.schema import check_files
 from dlrm.checkpoint.manager import CHECKPOINTS, CheckpointError, find_checkpoint, load_checkpoint
 from dlrm.checkpoint.manifest import load_meta, schema_from_json
@@ -46,13 +47,15 @@ def evaluate_checkpoint(
     if device is not None:
         cfg.train.device = device  # type: ignore[assignment]  # one of the CLI's choices
     schema = schema_from_json(meta["schema"])
+    # the run's vocabularies and dense transforms (its sha256 is checked on load)
+    prep = load_preprocessing(ckpt.parent.parent) if meta.get("preprocessing") else None
     files = expand_paths(data)
     check_files(files, schema, cfg.data.on_error)
     info = init_distributed(cfg.train.backend, cfg.train.device, cfg.train.timeout_s)
     model = build_model(cfg, schema, info.device, info)
     with contextlib.closing(model):
         load_checkpoint(ckpt, model, None, None, schema, info)  # verified first
-        reader = make_reader(cfg, files, schema, False, info.rank, info.world_size)
+        reader = make_reader(cfg, files, schema, False, info.rank, info.world_size, prep)
         try:
             result, scores, labels = evaluate(model, reader, info)
         except ValueError as e:

@@ -1,18 +1,22 @@
 """A run's input: its files and schema, and each rank's reader of them.
 
     data.train / data.eval ──expand──► files ──footers──► Schema (fixed for the run)
+    data.train ──one pass──► Preprocessing (vocabularies, dense statistics; saved in RUN,
+                            loaded instead on resume): encodings and table rows of the Schema
     files ──ParquetReader(rank r of W)──► batch t of epoch e: a pure function of (seed, e, t)
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
+from data import preprocess as prep_io
 from data.errors import DataError
 from data.files import expand_paths
 from data.merged import MergedReader
 from data.reader import ParquetReader
-from data.schema import Schema, check_files, infer_schema
+from data.schema import Schema, check_files, infer_schema, screen_files
 from dlrm.config import Config
 
 
@@ -21,10 +25,19 @@ class RunData:
     train_files: list[str]
     eval_files: list[str]
     schema: Schema
+    preprocess: prep_io.Preprocessing | None = None
 
 
-def resolve_data(cfg: Config) -> RunData:
-    """Expand data paths and fix the schema (inferred from train + eval footers)."""
+def prep_options(cfg: Config) -> prep_io.Options:
+    d = cfg.data
+    return prep_io.Options(d.encoding, dict(d.encodings), d.min_frequency, d.max_rows,
+                           d.hash_rows, dict(d.rows), d.dense_transform, dict(d.dense_transforms))
+
+
+def resolve_data(cfg: Config, run_dir: str | Path | None = None) -> RunData:
+    """Expand data paths and fix the schema (inferred from train + eval footers) and
+    the preprocessing: RUN/preprocessing.json if the run has one (a resume never
+    refits), else fitted over the training files (the same on every rank)."""
     if not cfg.data.train:
         raise DataError("no training data: set data.train=PATH (file, directory or glob)")
     train_files = expand_paths(cfg.data.train)
@@ -38,14 +51,22 @@ def resolve_data(cfg: Config) -> RunData:
         tables=cfg.data.tables or None,
         on_error=cfg.data.on_error,
     )
-    check_files(train_files, schema, cfg.data.on_error)  # skip: bad files left out, reported
+    usable = screen_files(train_files, schema, cfg.data.on_error).files  # skip: bad files out
+    saved = Path(run_dir) / prep_io.FILE if run_dir is not None else None
+    if saved is not None and saved.is_file():
+        prep = prep_io.load(saved.parent)
+    else:
+        prep = prep_io.fit(usable, schema, prep_options(cfg))
+    schema = prep.apply(schema)
+    check_files(train_files, schema, cfg.data.on_error)  # skip: reported by the readers
     if eval_files:
         check_files(eval_files, schema, cfg.data.on_error)
-    return RunData(train_files, eval_files, schema)
+    return RunData(train_files, eval_files, schema, prep)
 
 
 def make_reader(
-    cfg: Config, files: list[str], schema: Schema, train: bool, rank: int = 0, world_size: int = 1
+    cfg: Config, files: list[str], schema: Schema, train: bool, rank: int = 0, world_size: int = 1,
+    preprocess: prep_io.Preprocessing | None = None,
 ) -> ParquetReader | MergedReader:
     """This rank's reader; with data.order_world_size=W on one process, the merged
     reader of a W-rank job's ranks (same global batches, same order)."""
@@ -64,6 +85,7 @@ def make_reader(
             id_policy=cfg.data.id_policy,
             dense_nan=cfg.data.dense_nan,
             on_error=cfg.data.on_error,
+            preprocess=preprocess,
         )
 
     order = cfg.data.order_world_size

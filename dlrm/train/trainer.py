@@ -37,6 +37,8 @@ from tqdm import tqdm
 
 from data.atomic import write_atomic
 from data.batch import Batch
+from data.preprocess import FILE as PREP_FILE
+from data.preprocess import save as save_preprocessing
 from dlrm.checkpoint.manager import (
     CheckpointError,
     Progress,
@@ -82,14 +84,19 @@ def train(cfg: Config, run_dir: str | Path, echo: Callable[[str], None] = print)
     precision = decide_precision(cfg.train, info.device, info, say)
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, precision=precision))
     say("config:\n" + to_yaml(cfg).rstrip())
-    data = resolve_data(cfg)  # before creating anything: bad data leaves no run dir
+    data = resolve_data(cfg, run_dir)  # before creating anything: bad data leaves no run dir
+    for note in data.preprocess.notes if data.preprocess else ():
+        say(note)
     if info.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
+        if data.preprocess is not None and not (run_dir / PREP_FILE).is_file():
+            save_preprocessing(data.preprocess, run_dir)
         write_atomic(run_dir / "config.yaml", to_yaml(cfg))
         write_atomic(run_dir / "schema.json", json.dumps(schema_to_json(data.schema), indent=1))
     hot_profile = None
     if cfg.embeddings.placement == "hotline":
-        reader = make_reader(cfg, data.train_files, data.schema, True, info.rank, info.world_size)
+        reader = make_reader(cfg, data.train_files, data.schema, True, info.rank, info.world_size,
+                             data.preprocess)
         hot_profile = make_profile(cfg, run_tables(cfg, data.schema), reader, run_dir, say, info)
     model = build_model(cfg, data.schema, info.device, info, hot_profile)
     if model.plan is not None and info.is_main:
@@ -126,14 +133,16 @@ class Trainer:
         say: Callable[[str], None],
     ) -> None:
         self.cfg, self.run_dir, self.model, self.info, self.say = cfg, run_dir, model, info, say
-        self.schema = data.schema
+        self.schema, self.preprocess = data.schema, data.preprocess
         self.dense_opt = build_dense_optimizer(cfg, model.dense_parameters())
         resumed = self._resume()
-        self.reader = make_reader(cfg, data.train_files, self.schema, True, info.rank, info.world_size)
+        self.reader = make_reader(cfg, data.train_files, self.schema, True, info.rank,
+                                  info.world_size, data.preprocess)
         steps_per_epoch = -(-self.reader.steps_per_epoch() // cfg.train.accumulate)  # optimizer steps
         self.total_steps = cfg.train.max_steps or cfg.train.epochs * steps_per_epoch
         self.eval_reader = (
-            make_reader(cfg, data.eval_files, self.schema, False, info.rank, info.world_size)
+            make_reader(cfg, data.eval_files, self.schema, False, info.rank, info.world_size,
+                        data.preprocess)
             if data.eval_files else None
         )
         self.bad_data = None  # data.on_error=skip: what the readers dropped, RUN/bad_data.jsonl

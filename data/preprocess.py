@@ -1,0 +1,294 @@
+"""A run's preprocessing: how categorical values become rows, how dense values change.
+
+    data.train ──one pass (fit)──► Preprocessing ──save──► RUN/preprocessing.json
+                                                           RUN/preprocessing/vocab-K.parquet
+    reader: column ──Preprocessing.ids / .dense──► rows, transformed dense values
+
+Each table has one encoding (data.encoding, data.encodings per column):
+
+* ``identity``: the int id is the row (table rows = max id + 1, as before).
+* ``vocabulary``: :class:`data.vocabulary.Vocabulary`; row 0 = out-of-vocabulary (values
+  rarer than data.min_frequency, cut by data.max_rows or data.rows[column], unseen in
+  training, null).
+* ``hash``: row = 1 + splitmix64(key) % (rows - 1), key = the int or the stable hash
+  of the bytes; rows = data.rows[column] or data.hash_rows; row 0 = null. No pass.
+* ``auto``: vocabulary for strings, binary and dictionaries; for ints, identity unless
+  the footers' min is negative or max id + 1 > 2^20 (and data.rows does not size the
+  column): such a column is counted in the pass and gets a vocabulary when its distinct
+  values fill less than half of max id + 1 (Criteo's hashed ids up to 4.29e9).
+
+The pass reads, row group by row group, the counted columns and the dense columns
+(statistics for standardize and for the raw-count warning). With nothing to count and
+no standardize it reads only the first 2^20 rows, for the warning.
+
+Every rank fits the same preprocessing from the same files (the result depends only on
+the data, not on the order it was read in), a resumed run loads the saved one and
+never refits, and each checkpoint's meta.json holds the sha256 of preprocessing.json.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from data.dense_transform import DenseStats, apply_transform
+from data.errors import DataError, UserError
+from data.hashing import splitmix64
+from data.schema import (
+    Schema,
+    SparseFeature,
+    column_types,
+    id_ranges,
+    is_categorical,
+    type_name,
+)
+from data.vocabulary import ValueCounter, Vocabulary, flat_values, value_keys
+
+FILE = "preprocessing.json"
+VOCAB_DIR = "preprocessing"
+AUTO_IDENTITY_ROWS = 1 << 20
+SAMPLE_ROWS = 1 << 20
+
+
+@dataclass
+class Options:
+    """The data.* settings the preprocessing follows (see dlrm/config.py DataConfig)."""
+
+    encoding: str = "auto"
+    encodings: dict[str, str] = field(default_factory=dict)
+    min_frequency: int = 1
+    max_rows: int = 0
+    hash_rows: int = 1 << 20
+    rows: dict[str, int] = field(default_factory=dict)  # data.rows: per feature
+    dense_transform: str = "none"
+    dense_transforms: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Preprocessing:
+    """What ``fit`` found; ``apply`` puts each table's encoding and rows into a Schema."""
+
+    encodings: dict[str, str]  # table → identity | vocabulary | hash
+    rows: dict[str, int]  # table → rows (vocabulary and hash tables)
+    vocabularies: dict[str, Vocabulary]
+    transforms: dict[str, str]  # dense column → transform
+    stats: dict[str, DenseStats]
+    stats_rows: int  # rows the dense statistics were taken over
+    notes: list[str] = field(default_factory=list)  # lines to show at the start of a run
+
+    def apply(self, schema: Schema) -> Schema:
+        """``schema`` with each sparse feature's encoding and, if not identity, rows."""
+        out = []
+        for f in schema.sparse:
+            enc = self.encodings.get(f.table_name, "identity")
+            rows = self.rows[f.table_name] if enc != "identity" else f.rows
+            out.append(SparseFeature(f.name, rows, f.table, f.multi_hot, enc))
+        return Schema(schema.label, schema.dense, tuple(out))
+
+    def ids(self, feature: SparseFeature, col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray | None]:
+        """Rows of a vocabulary or hash feature's column: (values, offsets or None)."""
+        values, offsets = flat_values(col)
+        if feature.encoding == "vocabulary":
+            return self.vocabularies[feature.table_name].lookup(values), offsets
+        if feature.encoding != "hash":
+            raise ValueError(f"feature {feature.name}: encoding {feature.encoding} maps no values")
+        return hash_rows(values, feature.rows), offsets
+
+    def dense(self, name: str, x: np.ndarray) -> np.ndarray:
+        return apply_transform(x, self.transforms.get(name, "none"), self.stats.get(name))
+
+
+def hash_rows(values: pa.Array, rows: int) -> np.ndarray:
+    """1 + splitmix64(key) % (rows - 1) for each value, 0 for nulls (rows >= 2)."""
+    null = np.asarray(pc.is_null(values).to_numpy(zero_copy_only=False), dtype=bool)
+    filled = pc.fill_null(values, 0) if pa.types.is_integer(values.type) else pc.fill_null(
+        values, pa.scalar(b"", pa.large_binary()).cast(values.type))
+    keys = splitmix64(value_keys(filled))
+    out = (keys % np.uint64(rows - 1)).astype(np.int64) + 1
+    out[null] = 0
+    return out
+
+
+# --------------------------------------------------------------------------- fitting
+
+
+def fit(files: list[str], schema: Schema, opts: Options) -> Preprocessing:
+    """The preprocessing of ``schema``'s columns over ``files`` (one pass at most)."""
+    start = time.perf_counter()
+    kinds = column_types(files[0], [f.name for f in schema.sparse])
+    choice = _table_encodings(schema, kinds, opts)
+    ranges = id_ranges(files, [f.name for f in schema.sparse if choice[f.table_name] == "auto"])
+    for table in [t for t, enc in choice.items() if enc == "auto"]:
+        members = [f.name for f in schema.sparse if f.table_name == table]
+        big = any(ranges[n][0] < 0 or ranges[n][1] + 1 > AUTO_IDENTITY_ROWS for n in members)
+        choice[table] = "auto-count" if big else "identity"
+    counted = {t for t, enc in choice.items() if enc in ("vocabulary", "auto-count")}
+    transforms = {n: opts.dense_transforms.get(n, opts.dense_transform) for n in schema.dense}
+    full = bool(counted) or "standardize" in transforms.values()
+    counters, stats, seen = _count(files, schema, counted, None if full else SAMPLE_ROWS)
+    prep = Preprocessing({}, {}, {}, transforms, stats, seen)
+    for table, enc in choice.items():
+        members = [f for f in schema.sparse if f.table_name == table]
+        cap = max([opts.rows[f.name] for f in members if f.name in opts.rows] or [opts.max_rows])
+        if enc == "hash":
+            prep.encodings[table], prep.rows[table] = "hash", max(cap or opts.hash_rows, 2)
+        elif enc in ("vocabulary", "auto-count"):
+            value_type = _value_type(kinds[members[0].name])
+            vocab = Vocabulary.build(counters[table].table(), value_type, opts.min_frequency, cap)
+            lo = min(ranges.get(f.name, (0, 0))[0] for f in members)
+            hi = max(ranges.get(f.name, (0, 0))[1] for f in members)
+            if enc == "auto-count" and lo >= 0 and 2 * vocab.distinct >= hi + 1:
+                prep.encodings[table] = "identity"  # dense ids: the id is the row
+                continue
+            prep.encodings[table], prep.rows[table] = "vocabulary", vocab.rows
+            prep.vocabularies[table] = vocab
+        else:
+            prep.encodings[table] = "identity"
+    prep.notes = _notes(prep, seen, time.perf_counter() - start)
+    return prep
+
+
+def _table_encodings(schema: Schema, kinds: dict[str, str], opts: Options) -> dict[str, str]:
+    """table → identity | vocabulary | hash | auto (ints the footers decide), checked."""
+    out: dict[str, str] = {}
+    for f in schema.sparse:
+        enc = opts.encodings.get(f.name, opts.encoding)
+        if enc == "auto" and is_categorical(kinds[f.name]):
+            enc = "vocabulary"
+        if enc == "auto" and f.name in opts.rows:
+            enc = "identity"  # the user sized the table: ids are rows (data.id_policy)
+        if enc == "identity" and is_categorical(kinds[f.name]):
+            raise UserError(f"data.encodings.{f.name}=identity: column {f.name!r} is "
+                            f"{type_name(kinds[f.name])}, not integer (use vocabulary or hash)")
+        if out.setdefault(f.table_name, enc) != enc:
+            raise UserError(f"features of table {f.table_name!r} (data.tables) have different "
+                            f"encodings ({out[f.table_name]}, {enc}): set one in data.encodings")
+    return out
+
+
+def _value_type(t: pa.DataType) -> pa.DataType:
+    """The type a vocabulary of a column of type ``t`` holds (flat_values' types)."""
+    while pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_dictionary(t):
+        t = t.value_type
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return pa.large_string()
+    return pa.int64() if pa.types.is_integer(t) else pa.large_binary()
+
+
+def _count(files: list[str], schema: Schema, tables: set[str], limit: int | None
+           ) -> tuple[dict[str, ValueCounter], dict[str, DenseStats], int]:
+    """The pass: value counts of the counted tables' columns, dense statistics; rows read."""
+    from data.files import open_parquet
+
+    counters = {t: ValueCounter() for t in tables}
+    stats = {n: DenseStats() for n in schema.dense}
+    columns = [f.name for f in schema.sparse if f.table_name in tables] + list(schema.dense)
+    seen = 0
+    for path in files:
+        pf = open_parquet(path)
+        for g in range(pf.metadata.num_row_groups):
+            if limit is not None and seen >= limit:
+                return counters, stats, seen
+            try:
+                table = pf.read_row_group(g, columns=columns)
+            except (pa.ArrowException, OSError) as e:
+                raise DataError(f"cannot read ({str(e)[:200]})", file=path, row_group=g) from None
+            seen += table.num_rows
+            for f in schema.sparse:
+                if f.table_name in tables:
+                    counters[f.table_name].add(flat_values(table.column(f.name))[0])
+            for n in schema.dense:
+                col = pc.drop_null(table.column(n))
+                stats[n].add(col.to_numpy().astype(np.float32, copy=False))
+    return counters, stats, seen
+
+
+def _notes(prep: Preprocessing, seen: int, seconds: float) -> list[str]:
+    """One line on the vocabularies, one on columns that look like raw counts."""
+    notes = []
+    if prep.vocabularies:
+        sizes = ", ".join(f"{t} {v.rows}" for t, v in sorted(prep.vocabularies.items()))
+        notes.append(f"preprocessing: vocabularies fitted over {seen} rows in {seconds:.1f}s "
+                     f"(table rows incl. OOV row 0: {sizes})")
+    raw = [n for n, s in prep.stats.items()
+           if prep.transforms.get(n, "none") == "none" and s.looks_like_counts()]
+    if raw:
+        notes.append(f"dense columns {', '.join(raw)} look like raw counts (non-negative, max "
+                     ">= 100x median): set data.dense_transform=log1p")
+    return notes
+
+
+# --------------------------------------------------------------------------- saving
+
+
+def save(prep: Preprocessing, run_dir: Path) -> str:
+    """Write RUN/preprocessing.json (last) and one Parquet file per vocabulary, each
+    atomically; the sha256 of preprocessing.json."""
+    import pyarrow.parquet as pq
+
+    from data.atomic import atomic_path, write_atomic
+
+    tables = {}
+    for k, (table, vocab) in enumerate(sorted(prep.vocabularies.items())):
+        name = f"{VOCAB_DIR}/vocab-{k}.parquet"
+        (run_dir / VOCAB_DIR).mkdir(parents=True, exist_ok=True)
+        with atomic_path(run_dir / name) as tmp:
+            pq.write_table(pa.table({"value": vocab.values, "count": vocab.counts}), tmp)
+        tables[table] = {"file": name, "sha256": _sha256(run_dir / name),
+                         "distinct": vocab.distinct}
+    body = {
+        "version": 1,
+        "encodings": prep.encodings, "rows": prep.rows, "vocabularies": tables,
+        "dense": {n: {"transform": prep.transforms.get(n, "none"), "stats": s.to_json()}
+                  for n, s in prep.stats.items()},
+        "stats_rows": prep.stats_rows, "notes": prep.notes,
+    }
+    text = json.dumps(body, indent=1)
+    write_atomic(run_dir / FILE, text)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def load(run_dir: Path) -> Preprocessing:
+    """The preprocessing saved in ``run_dir``, every vocabulary file checked by sha256."""
+    import pyarrow.parquet as pq
+
+    path = Path(run_dir) / FILE
+    try:
+        body = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise UserError(f"{path}: cannot be read ({str(e).splitlines()[0]})") from None
+    vocabs = {}
+    for table, entry in body["vocabularies"].items():
+        file = Path(run_dir) / entry["file"]
+        if not file.is_file() or _sha256(file) != entry["sha256"]:
+            raise UserError(f"{file}: missing or altered since the run saved it (sha256)")
+        t = pq.read_table(file)
+        vocabs[table] = Vocabulary(t["value"].combine_chunks(), t["count"].to_numpy(),
+                                   int(entry["distinct"]))
+    return Preprocessing(
+        body["encodings"], {k: int(v) for k, v in body["rows"].items()}, vocabs,
+        {n: d["transform"] for n, d in body["dense"].items()},
+        {n: DenseStats.from_json(d["stats"]) for n, d in body["dense"].items()},
+        int(body["stats_rows"]), list(body["notes"]))
+
+
+def digest(run_dir: Path) -> str | None:
+    """sha256 of RUN/preprocessing.json (None if the run has none): what a checkpoint
+    records so it refers to exactly its preprocessing."""
+    path = Path(run_dir) / FILE
+    return _sha256(path) if path.is_file() else None
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(8 << 20):
+            h.update(chunk)
+    return h.hexdigest()

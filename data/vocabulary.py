@@ -1,0 +1,164 @@
+"""A categorical column's vocabulary: which value owns which embedding row.
+
+    counted    value_counts of every row group, merged  ("b":5, "a":5, "c":2, "d":1)
+    ordered    by count descending, then value          a b c d
+    kept       count >= min_frequency, at most max_rows - 1 values
+    rows       0 = out-of-vocabulary (rare, unseen, null) | 1 "a" | 2 "b" | 3 "c"
+
+The order depends only on the counts and the values, so every rank, every run and
+``dlrm eval`` map a value to the same row. Counting is pyarrow's ``value_counts`` per
+row group, with the partial counts merged by a ``group_by(...).aggregate(sum)`` once
+they outgrow the merged table (each value's count is summed O(log) times, never
+one Python step per row).
+
+Looking up is a binary search: the vocabulary's keys (an int column's values, or a
+string's stable 64-bit hash, :func:`data.hashing.hash_bytes`) are sorted once, and
+``np.searchsorted`` finds a batch's keys. ``pc.index_in`` would build its hash set of
+the whole vocabulary again on every call (a 1M-value vocabulary: about 0.2 s per
+64k-row batch), so it is not used per batch. Two vocabulary strings of the same
+hash would be ambiguous: the later one (in row order) is left to the OOV row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from data.hashing import hash_bytes
+
+
+def flat_values(col: pa.ChunkedArray | pa.Array) -> tuple[pa.Array, np.ndarray | None]:
+    """A categorical column as (flat values, offsets [n + 1] or None for single-hot).
+
+    Dictionaries are decoded; strings become large_string, binaries large_binary and
+    integers int64, so files that wrote one column with different types count and
+    look up alike. Nulls stay (a null list is an empty bag).
+    """
+    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    offsets = None
+    if pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type):
+        lengths = pc.fill_null(pc.list_value_length(arr), 0).to_numpy().astype(np.int64)
+        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        arr = arr.flatten()
+    if pa.types.is_dictionary(arr.type):
+        arr = arr.dictionary_decode()
+    # safe=False: a uint64 above 2^63 wraps to a negative int64, one-to-one
+    return arr.cast(_common_type(arr.type), safe=False), offsets
+
+
+def _common_type(t: pa.DataType) -> pa.DataType:
+    if pa.types.is_integer(t):
+        return pa.int64()
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return pa.large_string()
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
+        return pa.large_binary()
+    raise TypeError(f"not a categorical type: {t}")
+
+
+def value_keys(values: pa.Array) -> np.ndarray:
+    """int64 [n] keys of non-null values: an integer itself, a string's or binary's
+    stable hash (as uint64)."""
+    if pa.types.is_integer(values.type):
+        return values.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+    values = values.cast(pa.large_binary())
+    _, offsets_buf, data_buf = values.buffers()
+    offsets = np.frombuffer(offsets_buf, np.int64)[values.offset:values.offset + len(values) + 1]
+    data = np.frombuffer(data_buf, np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
+    return hash_bytes(offsets, data)
+
+
+def _zero(t: pa.DataType) -> pa.Scalar:
+    """A placeholder for nulls of type ``t`` (their keys are ignored)."""
+    if pa.types.is_integer(t):
+        return pa.scalar(0, t)
+    return pa.scalar(b"", pa.large_binary()).cast(t)
+
+
+class ValueCounter:
+    """Counts of each value seen, merged as they come (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._merged: pa.Table | None = None
+        self._pending: list[pa.Table] = []
+        self._pending_rows = 0
+
+    def add(self, values: pa.Array) -> None:
+        """Count the non-null ``values`` (one flat array of :func:`flat_values`)."""
+        counted = pc.value_counts(pc.drop_null(values))
+        if len(counted) == 0:
+            return
+        self._pending.append(pa.table({"value": counted.field("values"),
+                                       "count": counted.field("counts")}))
+        self._pending_rows += len(counted)
+        if self._pending_rows > max(1 << 20, len(self._merged or ())):
+            self._merge()
+
+    def _merge(self) -> None:
+        parts = ([self._merged] if self._merged is not None else []) + self._pending
+        if parts:
+            table = pa.concat_tables(parts).group_by("value").aggregate([("count", "sum")])
+            self._merged = table.rename_columns(["value", "count"]).combine_chunks()
+        self._pending, self._pending_rows = [], 0
+
+    def table(self) -> pa.Table | None:
+        """(value, count) of every distinct value seen; None if none was."""
+        self._merge()
+        return self._merged
+
+
+@dataclass
+class Vocabulary:
+    """values[i] owns row i + 1; row 0 is out-of-vocabulary. counts [len] as counted."""
+
+    values: pa.Array
+    counts: np.ndarray
+    distinct: int  # distinct values counted (before min_frequency and max_rows)
+    _sorted_keys: np.ndarray | None = None
+    _sorted_rows: np.ndarray | None = None
+
+    @property
+    def rows(self) -> int:
+        return len(self.values) + 1
+
+    @staticmethod
+    def build(counted: pa.Table | None, value_type: pa.DataType, min_frequency: int = 1,
+              max_rows: int = 0) -> Vocabulary:
+        """The vocabulary of ``counted`` (ValueCounter.table()): values seen at least
+        ``min_frequency`` times, most frequent first (ties by value), at most
+        ``max_rows - 1`` of them when ``max_rows`` > 0."""
+        if counted is None:
+            return Vocabulary(pa.array([], type=value_type), np.zeros(0, np.int64), 0)
+        distinct = counted.num_rows
+        kept = counted.filter(pc.greater_equal(counted["count"], max(min_frequency, 1)))
+        kept = kept.sort_by([("count", "descending"), ("value", "ascending")])
+        if max_rows > 0:
+            kept = kept.slice(0, max(max_rows - 1, 0))
+        values = kept["value"].combine_chunks()
+        counts = kept["count"].to_numpy().astype(np.int64)
+        if not pa.types.is_integer(values.type) and len(values):
+            _, first = np.unique(value_keys(values), return_index=True)
+            if len(first) < len(values):  # a 64-bit hash collision: keep the earlier value
+                keep = np.sort(first)
+                values, counts = values.take(pa.array(keep)), counts[keep]
+        return Vocabulary(values, counts, distinct)
+
+    def lookup(self, values: pa.Array) -> np.ndarray:
+        """Rows [n] of ``values`` (flat, of :func:`flat_values`): unseen and null → 0."""
+        if self._sorted_keys is None:
+            keys = value_keys(self.values)
+            order = np.argsort(keys, kind="stable")
+            self._sorted_keys, self._sorted_rows = keys[order], order.astype(np.int64) + 1
+        out = np.zeros(len(values), dtype=np.int64)
+        valid = ~np.asarray(pc.is_null(values).to_numpy(zero_copy_only=False), dtype=bool)
+        if not valid.any() or len(self._sorted_keys) == 0:
+            return out
+        keys = value_keys(pc.fill_null(values, _zero(values.type)))
+        at = np.minimum(np.searchsorted(self._sorted_keys, keys), len(self._sorted_keys) - 1)
+        found = valid & (self._sorted_keys[at] == keys)
+        out[found] = self._sorted_rows[at[found]]
+        return out
