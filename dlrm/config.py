@@ -160,8 +160,8 @@ class TrainConfig:
     # then differ from fp32 training by bf16 rounding (see README).
     precision: Literal["fp32", "bf16"] = "fp32"
     # bf16 measured slower than fp32 at start (no native bf16: dlrm/train/precision.py):
-    # fp32 = train in fp32 with a warning; error = stop; off = keep bf16 (benchmarks)
-    precision_fallback: Literal["fp32", "error", "off"] = "fp32"
+    # fp32 = train in fp32 with a warning; error = stop; none = keep bf16 (benchmarks)
+    precision_fallback: Literal["fp32", "error", "none"] = "fp32"
     time_sections: bool = False  # ms per step by section in the summary (dlrm bench)
     # torch.profiler over steps profile_start .. +profile_steps-1: RUN/profile/rank-R.txt
     # (operators by time) and .json (Chrome trace); 0 steps = off

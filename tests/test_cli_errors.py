@@ -203,3 +203,119 @@ def test_real_process_exit_code_and_no_traceback(tmp_path: Path) -> None:
     assert "Traceback" not in proc.stderr and "none" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "run").exists()
+
+
+# --------------------------------------------------------------------------- config values
+# (override, key named, value as printed): every kind of rule in dlrm/config_rules.py,
+# the checks across keys, enums and types. Each must stop `dlrm train` at load.
+BAD_VALUES = [
+    ("model.embedding_dim=-4", "model.embedding_dim", "-4"),  # dims and sizes > 0
+    ("model.embedding_dim=0", "model.embedding_dim", "0"),
+    ("data.batch_size=0", "data.batch_size", "0"),
+    ("data.rows={c0: 0}", "data.rows", "0"),
+    ("generate.table_rows=[0]", "generate.table_rows", "[0]"),
+    ("model.bottom_mlp=[]", "model.bottom_mlp", "[]"),  # MLP widths
+    ("model.top_mlp=[64,-3,1]", "model.top_mlp", "-3"),
+    ("model.top_mlp=[512,256,2]", "model.top_mlp", "[512, 256, 2]"),  # MLP ends
+    ("model.bottom_mlp=[64,8]", "model.bottom_mlp", "[64, 8]"),
+    ("optim.dense_lr=-1", "optim.dense_lr", "-1"),  # learning rates: finite, > 0
+    ("optim.sparse_lr=0", "optim.sparse_lr", "0"),
+    ("optim.dense_lr=.nan", "optim.dense_lr", "nan"),
+    ("optim.eps=.inf", "optim.eps", "inf"),
+    ("train.max_steps=-1", "train.max_steps", "-1"),  # steps, intervals: >= 0 (0 = off)
+    ("train.checkpoint_every=-5", "train.checkpoint_every", "-5"),
+    ("train.checkpoint_seconds=-1", "train.checkpoint_seconds", "-1"),
+    ("optim.warmup_steps=-2", "optim.warmup_steps", "-2"),
+    ("train.keep_checkpoints=0", "train.keep_checkpoints", "0"),  # counts >= 1
+    ("train.accumulate=0", "train.accumulate", "0"),
+    ("train.epochs=0", "train.epochs", "0"),
+    ("hotline.profile_fraction=1.5", "hotline.profile_fraction", "1.5"),  # fractions in (0, 1]
+    ("hotline.profile_fraction=0", "hotline.profile_fraction", "0"),
+    ("hotline.budget=lots", "hotline.budget", "lots"),  # byte sizes
+    ("embeddings.memory_per_rank=16XB", "embeddings.memory_per_rank", "16XB"),
+    ("embeddings.plan={c0: {ranks: [-1]}}", "embeddings.plan.c0.ranks", "-1"),
+    ("generate.table_rows=[10,20]", "generate.table_rows", "[10, 20]"),  # across keys
+    ("generate.multi_hot=30", "generate.multi_hot", "30"),
+    ("embeddings.placement=everywhere", "embeddings.placement", "everywhere"),  # enums
+    ("embeddings.pooling=max", "embeddings.pooling", "max"),
+    ("train.precision=fp8", "train.precision", "fp8"),
+    ("train.precision_fallback=maybe", "train.precision_fallback", "maybe"),
+    ("optim.dense=lamb", "optim.dense", "lamb"),
+    ("data.train=[a,b]", "data.train", "['a', 'b']"),  # types (paths are strings)
+    ("data.shuffle=3", "data.shuffle", "3"),
+]
+
+
+@pytest.mark.parametrize("override, key, value", BAD_VALUES, ids=[c[0] for c in BAD_VALUES])
+def test_bad_config_value(override: str, key: str, value: str, tmp_path: Path, capsys) -> None:
+    """One line naming the key and its value, exit 2, before the run directory exists."""
+    argv = ["train", "--config", str(TINY), "--out", str(tmp_path / "run"), *tiny_overrides(), override]
+    code, err = run_cli(argv, capsys)
+    assert_one_line_error(code, err, f"config key {key}", value)
+    assert not (tmp_path / "run").exists()
+
+
+def test_every_bad_value_kind_is_refused_by_load_config() -> None:
+    """The table above tells the shipped config from a broken one only by the override."""
+    from dlrm.config import ConfigError, load_config
+
+    load_config(TINY, tiny_overrides())
+    for override, key, _ in BAD_VALUES:
+        with pytest.raises(ConfigError, match=f"config key {key}"):
+            load_config(TINY, [*tiny_overrides(), override])
+
+
+# --------------------------------------------------------------------------- --out
+
+
+@pytest.mark.parametrize("verb", ["train", "generate", "convert-criteo", "bench", "eval", "below_file"])
+def test_out_is_a_file(verb: str, tmp_path: Path, capsys) -> None:
+    """An output directory that names a file (or a path below one) is one line naming the flag."""
+    taken = tmp_path / "taken"
+    taken.write_text("not a directory\n")
+    argv = {
+        "train": ["train", "--config", str(TINY), "--out", str(taken)],
+        "generate": ["generate", "--config", str(TINY), "--out", str(taken)],
+        "convert-criteo": ["convert-criteo", str(tmp_path / "day_0"), "--out", str(taken)],
+        "bench": ["bench", "--config", str(TINY), "--out", str(taken)],
+        "eval": ["eval", "--checkpoint", str(tmp_path), "--data", str(tmp_path), "--plots", str(taken)],
+        "below_file": ["train", "--config", str(TINY), "--out", str(taken / "run")],
+    }[verb]
+    code, err = run_cli(argv, capsys)
+    assert_one_line_error(code, err, "--plots" if verb == "eval" else "--out", str(taken))
+    assert taken.read_text() == "not a directory\n"
+
+
+# --------------------------------------------------------------------------- bf16
+
+
+@pytest.mark.parametrize("fallback", ["fp32", "error", "none"])
+@pytest.mark.parametrize("bf16_gflops", [2.5, 400.0])  # emulated bf16; native (faster than fp32)
+def test_bf16_on_slow_hardware(fallback: str, bf16_gflops: float, tmp_path: Path, capsys,
+                               monkeypatch) -> None:
+    """Measured rates injected (this CPU: about 2.5 GFLOP/s bf16 against 180 fp32):
+    slow bf16 trains in fp32 with one warning (fallback fp32), stops with one line
+    (error) or stays bf16 (none); fast bf16 stays bf16. config.yaml says what ran."""
+    import yaml
+
+    from dlrm.train import precision
+
+    monkeypatch.setattr(precision, "matmul_rates", lambda device: (bf16_gflops * 1e9, 180e9))
+    f = write(tmp_path / "d.parquet", good_columns(np.random.default_rng(11)))
+    argv = train_argv(f, tmp_path / "run", "train.precision=bf16", f"train.precision_fallback={fallback}")
+    code = main(argv)
+    out, err = capsys.readouterr()
+    slow = bf16_gflops < 180
+    if slow and fallback == "error":
+        assert_one_line_error(code, err.strip(), "train.precision=bf16", "2.5 GFLOP/s", "180.0",
+                              "train.precision_fallback")
+        assert not (tmp_path / "run").exists()
+        return
+    assert code == 0, err
+    warnings = [line for line in out.splitlines() if line.startswith("warning: train.precision=bf16")]
+    ran = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["train"]["precision"]
+    if slow and fallback == "fp32":
+        assert len(warnings) == 1 and "2.5 GFLOP/s against 180.0" in warnings[0], out
+        assert ran == "fp32"
+    else:
+        assert warnings == [] and ran == "bf16"

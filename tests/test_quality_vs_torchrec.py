@@ -63,7 +63,7 @@ def test_bf16_dense_arch_keeps_the_auc(tiny_data, tmp_path: Path) -> None:
     for precision in ("fp32", "bf16"):
         cfg = load_config(TINY, tiny_overrides(**{"data.train": tiny_data["train"],
                                                   "data.eval": tiny_data["eval"]})
-                          + [f"train.precision={precision}"])
+                          + [f"train.precision={precision}", "train.precision_fallback=none"])
         aucs[precision] = train(cfg, tmp_path / precision, echo=lambda s: None)["eval_auc"]
     print("precision", aucs)
     assert aucs["bf16"] != aucs["fp32"]  # bf16 really ran
