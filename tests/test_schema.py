@@ -71,6 +71,7 @@ def test_infer_schema_kinds_order_and_rows_from_every_file(tmp_path: Path) -> No
     assert s.label == "label" and s.dense == ("I1", "I2")
     assert s.sparse == (
         SparseFeature("C1", 100),
+        SparseFeature("S", 1, encoding="vocabulary"),  # rows: fitted by data/preprocess.py
         SparseFeature("C2", 6),
         SparseFeature("C3", 41, multi_hot=True),
         SparseFeature("C4", 10, multi_hot=True),
@@ -92,7 +93,7 @@ def test_infer_schema_without_statistics_reads_the_column(tmp_path: Path) -> Non
     a = _mixed(tmp_path / "a.parquet", c1_max=77, write_statistics=False)
     assert pq.ParquetFile(a).metadata.row_group(0).column(2).statistics is None
     s = infer_schema([a])
-    assert [f.rows for f in s.sparse] == [78, 6, 41, 10]
+    assert [f.rows for f in s.sparse] == [78, 1, 6, 41, 10]  # S: a string, fitted later
 
 
 def test_infer_schema_explicit_lists_rows_and_shared_tables(tmp_path: Path) -> None:
@@ -102,8 +103,8 @@ def test_infer_schema_explicit_lists_rows_and_shared_tables(tmp_path: Path) -> N
     assert s.dense == ("I2",)
     assert s.sparse == (SparseFeature("C3", 1000, "t", True), SparseFeature("C1", 1000, "t"))
     s = infer_schema([a], dense=["I1"], tables={"C2": "u", "C4": "u"})
-    assert s.dense == ("I1",) and [f.name for f in s.sparse] == ["C1", "C2", "C3", "C4"]
-    assert [f.rows for f in s.sparse] == [6, 10, 41, 10]  # C2, C4 share table u: max(6, 10)
+    assert s.dense == ("I1",) and [f.name for f in s.sparse] == ["C1", "S", "C2", "C3", "C4"]
+    assert [f.rows for f in s.sparse] == [6, 1, 10, 41, 10]  # C2, C4 share table u: max(6, 10)
 
 
 def test_infer_schema_user_errors(tmp_path: Path) -> None:
