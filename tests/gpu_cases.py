@@ -41,7 +41,7 @@ from tests.run_state import run_state
 
 DEVICE_RTOL = 1e-4  # CUDA against CPU, or two CUDA runs (atomics): see the module docstring
 STEPS = 12
-OPTIMIZERS = ("sgd", "rowwise_adagrad", "adam")
+OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad", "adam")
 STRATEGIES = ("table_wise", "column_wise", "row_wise", "data_parallel")
 HOTLINE = ("embeddings.placement=hotline", "hotline.budget=1MB")
 

@@ -31,14 +31,24 @@ def run_state(run: Path) -> dict[str, torch.Tensor]:
     return flat
 
 
-def assert_states_close(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], label: str) -> None:
-    """Every tensor within 1e-5 relative, measured as ||got - want|| <= 1e-5 ||want||.
+# Element-wise Adagrad divides each element's gradient by its own sqrt(sum g²), so an
+# element touched once or twice moves by about lr whatever the size of its gradient:
+# rounding of a tiny, partly cancelled gradient (tiny.yaml's are ~1e-5) becomes an
+# error of the step itself. Measured on tiny.yaml, Hotline against plain, 12 steps:
+# 1.5e-5 relative on the worst table (its "sum" state: 1e-6; Adam's tables: 5e-7).
+RTOL = {"adagrad": 5e-5}
+
+
+def assert_states_close(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], label: str,
+                        rtol: float = 1e-5) -> None:
+    """Every tensor within ``rtol`` relative, measured as ||got - want|| <= rtol ||want||.
 
     Norm-wise: adaptive optimizers (Adagrad, Adam) turn rounding-level differences
     of near-zero gradients (another summation order across ranks) into visible
-    per-element differences of near-zero weights, while the tensor stays equal."""
+    per-element differences of near-zero weights, while the tensor stays equal.
+    ``RTOL`` holds the optimizers that need more than 1e-5."""
     assert got.keys() == want.keys(), label
     for key, expected in want.items():
         diff = float((got[key].double() - expected.double()).norm())
         scale = float(expected.double().norm())
-        assert diff <= 1e-5 * scale + 1e-7, f"{label} {key}: |diff| {diff:.3g} vs |want| {scale:.3g}"
+        assert diff <= rtol * scale + 1e-7, f"{label} {key}: |diff| {diff:.3g} vs |want| {scale:.3g}"

@@ -59,7 +59,7 @@ def assert_same_tables(got: dict[str, torch.Tensor], want: dict[str, torch.Tenso
 @pytest.mark.parametrize("refresh", [False, True])
 @pytest.mark.parametrize("share", ["none", "half", "all"])
 @pytest.mark.parametrize("fused", [True, False])
-@pytest.mark.parametrize("kind", ["sgd", "rowwise_adagrad", "adam"])
+@pytest.mark.parametrize("kind", ["sgd", "adagrad", "rowwise_adagrad", "adam"])
 def test_hotline_equals_local_collection(kind: str, fused: bool, share: str, refresh: bool) -> None:
     steps = 4
     pooling = Pooling.MEAN if kind == "rowwise_adagrad" else Pooling.SUM
@@ -98,7 +98,7 @@ def test_hotline_equals_local_collection(kind: str, fused: bool, share: str, ref
         assert int(hot.hot_state["step"]) == int(hot.host.state["step"]) == steps
 
 
-@pytest.mark.parametrize("kind", ["rowwise_adagrad", "adam"])
+@pytest.mark.parametrize("kind", ["adagrad", "rowwise_adagrad", "adam"])
 def test_popular_then_non_popular_micro_batches_equal_one_step(kind: str) -> None:
     tables = tables_fixture()
     kjts = [random_kjt(FEATURES, rows_of(tables), batch=16, max_len=2, seed=s) for s in range(3)]

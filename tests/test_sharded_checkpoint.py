@@ -37,7 +37,7 @@ from tests.test_sharded_embeddings import (
     make_tables,
 )
 
-OPTIMIZERS = ("rowwise_adagrad", "adam")
+OPTIMIZERS = ("adagrad", "rowwise_adagrad", "adam")
 TW, CW, RW, DP = (ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE, ShardingType.ROW_WISE,
                   ShardingType.DATA_PARALLEL)
 # Saved under PLANS["mixed"]: t0 table_wise, t1 column_wise, t2 data_parallel, t3 row_wise.
