@@ -66,7 +66,7 @@ def test_schedule_keeps_the_newest_and_the_manifest_covers_every_file(trained) -
     meta = manifest.load_meta(ckpt)
     files = {str(f.relative_to(ckpt)) for f in ckpt.rglob("*") if f.is_file()} - {"meta.json"}
     assert set(meta["files"]) == files
-    assert {"state.pt", "embeddings/.metadata"} < files and any(f.endswith(".distcp") for f in files)
+    assert {"state.pt", "embeddings/index.json"} < files and any(f.endswith(".bin") for f in files)
     for name, entry in meta["files"].items():
         assert entry["sha256"] == hashlib.sha256((ckpt / name).read_bytes()).hexdigest(), name
     assert meta["progress"]["global_step"] == STEPS and meta["config"]["train"]["max_steps"] == STEPS
@@ -109,7 +109,7 @@ def damaged_copy(run: Path, dst: Path, damage: str) -> tuple[Path, str, str]:
     """A copy of ``run`` whose newest checkpoint has ``damage``; (copy, file, reason)."""
     shutil.copytree(run, dst)
     ckpt = ck.find_checkpoint(dst)
-    shard = next(p for p in (ckpt / "embeddings").iterdir() if p.suffix == ".distcp")
+    shard = next(p for p in (ckpt / "embeddings").iterdir() if p.suffix == ".bin")
     if damage == "bit_flip_in_shard":
         data = bytearray(shard.read_bytes())
         data[len(data) // 2] ^= 0x10
@@ -120,8 +120,8 @@ def damaged_copy(run: Path, dst: Path, damage: str) -> tuple[Path, str, str]:
         state.write_bytes(state.read_bytes()[:1000])
         return dst, "state.pt", "truncated"
     if damage == "missing_metadata":
-        (ckpt / "embeddings" / ".metadata").unlink()
-        return dst, "embeddings/.metadata", "is missing"
+        (ckpt / "embeddings" / "index.json").unlink()
+        return dst, "embeddings/index.json", "is missing"
     if damage == "edited_meta":
         meta = json.loads((ckpt / "meta.json").read_text())
         meta["progress"]["global_step"] = 3

@@ -12,6 +12,7 @@ and a missing, truncated, foreign or malicious checkpoint raises CheckpointError
 
 from __future__ import annotations
 
+import json
 import pickle
 import shutil
 from pathlib import Path
@@ -116,9 +117,9 @@ def saved_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str,
 
 
 def truncated_copy(src: Path, dst: Path) -> Path:
-    """``src`` with its rank-1 data file cut to half its length."""
+    """``src`` with the largest data file of rank 1 cut to half its length."""
     shutil.copytree(src, dst)
-    data = dst / "__1_0.distcp"
+    data = max(dst.glob("rank-1.*.bin"), key=lambda f: f.stat().st_size)
     data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])
     return dst
 
@@ -210,13 +211,15 @@ def test_bad_checkpoints_raise_checkpoint_error(saved_run, tmp_path: Path) -> No
     evil = tmp_path / "evil"
     shutil.copytree(root / "adam", evil)
     marker = tmp_path / "code-ran"
-    (evil / ".metadata").write_bytes(pickle.dumps(_Payload(marker)))
-    with pytest.raises(CheckpointError, match=r"\.metadata is unreadable .*not allowed"):
+    (evil / "index.json").write_bytes(pickle.dumps(_Payload(marker)))
+    with pytest.raises(CheckpointError, match=r"index\.json is unreadable"):
         load_embeddings(evil, local().table_state())
     assert not marker.exists()
 
-    (evil / ".metadata").write_bytes(b"\x80\x04garbage")
-    with pytest.raises(CheckpointError, match=r"\.metadata is unreadable"):
+    index = json.loads((root / "adam" / "index.json").read_text())
+    index["pieces"][0]["file"] = "../../outside.bin"
+    (evil / "index.json").write_text(json.dumps(index))
+    with pytest.raises(CheckpointError, match=r"index\.json is unreadable .*not a file of the checkpoint"):
         load_embeddings(evil, local().table_state())
 
 

@@ -4,9 +4,9 @@
         meta.json                          train.keep_checkpoints are kept)
         state.pt                           tensors only (torch.load weights_only=True):
                                            dense model, dense optimizer, RNG (rank 0)
-        embeddings/.metadata, __R_0.distcp torch.distributed.checkpoint: every rank
-                                           writes its own shards; loads into any world
-                                           size and plan
+        embeddings/index.json, rank-R.N.bin  the tables (dlrm/checkpoint/tables.py):
+                                           every rank streams its own shards; loads
+                                           into any world size and plan
     RUN/checkpoints/step-000000150.partial/  a save in progress, or one a kill cut
                                            short: never read, removed by the next save
     RUN/checkpoints/step-000000140.corrupt/  failed verification; moved aside by the
@@ -14,13 +14,15 @@
 
 meta.json holds the format version, the progress, the full config, the schema, the
 plan that wrote the shards, and a manifest: size and sha256 of every other file
-(``.metadata`` and shard files included), plus a sha256 of meta.json's own content.
+(``index.json`` and the shard files included, each hashed as it was written), plus a
+sha256 of meta.json's own content.
 
 A save, all ranks together (a collective)::
 
-    rank 0: mkdir step-N.partial ─► all: embedding shards (DCP) ─► rank 0: state.pt
-    ─► all: hash + fsync a share of the files ─► rank 0: meta.json with the manifest,
-    fsync, rename step-N.partial → step-N, drop the oldest beyond keep ─► all: barrier
+    rank 0: mkdir step-N.partial ─► all: embedding shards, hashed and fsynced as they
+    are written ─► rank 0: state.pt (the same) ─► all: gather the hashes ─► rank 0:
+    meta.json with the manifest, fsync, rename step-N.partial → step-N, drop the
+    oldest beyond keep ─► all: barrier
 
 A checkpoint directory gets its final name only once every byte of it is on disk,
 so a kill at any moment leaves the previous checkpoints as they were: the next
@@ -61,6 +63,7 @@ from dlrm.checkpoint.manifest import (
     load_meta,
     load_state,
     meta_digest,
+    save_digested,
     schema_to_json,
     verify,
 )
@@ -114,16 +117,20 @@ def save_checkpoint(
     barrier(info)
     state, tables = model.state_for_checkpoint()
     state.update({"dense_optimizer": dense_opt.state_dict(), "rng": torch.get_rng_state()})
+    # Every file is hashed (and fsynced) by whoever writes it, as it is written.
+    mine = {}
     if tables is not None:
-        save_embeddings(partial / "embeddings", tables)
+        written = save_embeddings(partial / "embeddings", tables)
+        mine.update({f"embeddings/{name}": d for name, d in written.items()})
     inject("kill_after_shards", step, info.rank)
     if info.is_main:
-        torch.save(state, partial / "state.pt")
-    barrier(info)
-    # Every rank hashes (and fsyncs) its share of the files; rank 0 writes the manifest.
-    names = broadcast_object(_files_under(partial) if info.is_main else None, info)
-    mine = {name: digest(partial / name, fsync=True) for name in names[info.rank::info.world_size]}
+        mine["state.pt"] = save_digested(state, partial / "state.pt")
     manifest = {k: v for part in all_gather_objects(mine, info) for k, v in part.items()}
+    # Anything else under the directory (nothing, today) is read back and hashed.
+    names = broadcast_object(_files_under(partial) if info.is_main else None, info)
+    rest = [name for name in names if name not in manifest][info.rank::info.world_size]
+    others = {name: digest(partial / name, fsync=True) for name in rest}
+    manifest.update({k: v for part in all_gather_objects(others, info) for k, v in part.items()})
     if info.is_main:
         plan = tables.plan if tables is not None else None
         meta = {

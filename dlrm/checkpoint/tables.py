@@ -1,10 +1,12 @@
-"""Sharded checkpoints of embedding collections, resharded on load (torch DCP).
+"""Sharded checkpoints of embedding collections, streamed and resharded on load.
 
 Every table's weight, and each per-row or per-element optimizer state, is saved
-as ONE logical tensor of the full table's shape. Each rank hands
-``torch.distributed.checkpoint`` the blocks it holds, at their offsets; every
-rank writes its own file in parallel and rank 0 writes ``.metadata`` (which
-block of which key lies where). Nobody gathers a whole table.
+as ONE logical key of the full table's shape. Each rank writes the blocks it holds,
+at their offsets, as raw bytes (``pieces.py``: at most 256 MiB of rows per file,
+hashed while written, several files at a time); rank 0 writes ``index.json``, which
+says which piece of which key lies in which file. Nobody gathers a whole table, and
+nothing is copied beyond a 16 MiB buffer per file in flight: the live tensors are
+written from, and read into, their own memory.
 
     saved at W=2 (mixed plan)                 loaded at W=3 (every table row_wise)
 
@@ -15,8 +17,12 @@ block of which key lies where). Nobody gathers a whole table.
           "sum"     [rank 0's copy only]      t1 "sum"  rows 0-8 | 9-16 | 17-24
 
     t3 row_wise     ┌────────┐ rank 0         t3   read by rows the same way, whatever
-                    ├────────┤ rank 1              wrote them: DCP intersects the blocks
-                    └────────┘                     asked for with the blocks on disk
+                    ├────────┤ rank 1              wrote them: each block asked for is
+                    └────────┘                     intersected with the pieces on disk
+
+    embeddings/index.json   {"version": 1, "keys": {key: {"size", "dtype"}},
+                             "pieces": [{"key", "file", "offsets", "sizes"}, ...]}
+    embeddings/rank-R.N.bin the N-th piece rank R wrote: raw row-major bytes
 
 Keys (all float32 unless the optimizer says otherwise):
 
@@ -24,79 +30,93 @@ Keys (all float32 unless the optimizer says otherwise):
     tables.{table}.{state}     [rows] (row-wise Adagrad "sum") or [rows, dim] (Adam moments)
     optimizer.{state}          a counter of the whole collection (Adam "step", [1] int64)
 
-How each logical tensor is built from this rank's live tensors (views into the
-stacked weights, so DCP reads straight into the model):
+How each key is laid out from this rank's live tensors (views into the stacked
+weights):
 
     split over ranks (row_wise; column_wise weight and moments)
-        a ShardedTensor of this rank's blocks (possibly none); building it is a
-        collective, so every rank builds every such key, in table order
+        this rank's blocks (possibly none); together the ranks' blocks tile the key
     whole on one rank (table_wise, or any table at W=1)
-        a plain tensor on that rank only
+        a block of the whole key on that rank only
     data_parallel, and a column_wise table's row state
-        a plain tensor: on save every holder offers the same values and DCP
-        writes it once (column_wise: the first column shard alone offers it);
-        on load every holder reads it in full (each column shard keeps the whole
-        [rows] "sum", kept equal by design)
+        on save the lowest rank holding it writes it (column_wise: the first column
+        shard's holder); on load every holder reads it in full (each column shard
+        keeps the whole [rows] "sum", kept equal by design)
     optimizer counters
-        a plain tensor; on load copied into every store's counter
+        written once; on load copied into every store's counter
 
-The trainer's part: call both functions on every rank of the collection's group
-at the same point (they are collectives); when ``save_embeddings`` returns on any
-rank the directory is complete (DCP writes ``.metadata`` last, then releases the
-ranks). Save into a fresh directory and rename it into place afterwards (rank 0,
-then a barrier) if a crash must not leave a half-written checkpoint. The
-directory must be one shared filesystem path for all ranks. A
-``LocalEmbeddingCollection`` is saved and loaded by one process, without a
-process group.
+Both functions are collectives on the collection's group: call them on every rank
+at the same point. When ``save_embeddings`` returns on any rank the directory is
+complete (every file fsynced). Save into a fresh directory and rename it into place
+afterwards (rank 0, then a barrier) if a crash must not leave a half-written
+checkpoint. The directory must be one shared filesystem path for all ranks. A
+``LocalEmbeddingCollection`` is saved and loaded by one process, without a process
+group. ``index.json`` is plain JSON: loading runs no code from the checkpoint.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import pickle
+import hashlib
+import json
+import math
+import os
+import re
 import shutil
-import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
-from torch.distributed._shard.sharded_tensor import Shard as BlockOf
-from torch.distributed._shard.sharded_tensor import ShardedTensor, init_from_local_shards
-from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
-from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
-from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner
-from torch.futures import Future
 
 from data.errors import one_line
 from dlrm.checkpoint.manifest import CheckpointError
+from dlrm.checkpoint.pieces import Truncated, matrix, read_overlap, write_piece
 from embeddings.interface import TableState
 from embeddings.optim import SparseOptimizer
 from embeddings.plan.types import Shard, ShardingType
 from embeddings.sharding.registry import strategy
 
+INDEX = "index.json"
+PIECE_BYTES = 256 << 20  # at most this many bytes of rows per file
+THREADS = min(4, os.cpu_count() or 1)  # files written (and hashed) at a time
+_PIECE_FILE = re.compile(r"rank-\d+\.\d+\.bin")
+
 # --------------------------------------------------------------------------- API
 
 
-def save_embeddings(path: str | Path, tables: TableState) -> None:
+def save_embeddings(path: str | Path, tables: TableState) -> dict[str, dict[str, Any]]:
     """Write a collection's tables and optimizer state (its ``table_state()``) to
-    the directory ``path``.
+    the directory ``path``; the {"bytes", "sha256"} of each file this rank wrote,
+    by name under ``path`` (hashed while written: no second read needed).
 
     Sharded: a collective on the collection's group, each rank writing its own
     blocks. One process: no process group needed.
     """
+    path = Path(path)
     layout = _layout(tables, saving=True)
-    state = _dcp_state(layout, tables)
+    rank = _rank(tables)
+    holders = _all_gather(tables, [lg.key for lg in layout if not lg.split and lg.blocks])
+    writes = [(lg, b) for lg in layout for b in lg.blocks
+              if lg.split or min(r for r, keys in enumerate(holders) if lg.key in keys) == rank]
+    pieces, digests, error = [], {}, None
     try:
-        with _quiet():
-            dcp.save(state, storage_writer=FileSystemWriter(path), **_dist_args(tables))
-    except CheckpointException as e:
-        raise _error_from(e, path, "cannot be written") from None
+        path.mkdir(parents=True, exist_ok=True)
+        pieces = _pieces(writes, rank)
+        with ThreadPoolExecutor(THREADS) as pool:
+            done = pool.map(lambda p: write_piece(path / p["file"], p.pop("tensor")), pieces)
+            digests = {p["file"]: d for p, d in zip(pieces, done)}
+    except OSError as e:
+        error = f"checkpoint {path}: cannot be written ({one_line(e, named=True)}){_free_space(path)}"
+    everyone = _all_gather(tables, (pieces, error))
+    _raise_first([e for _, e in everyone])
+    if rank == 0:
+        try:
+            digests[INDEX] = _write_index(path, layout, [p for ps, _ in everyone for p in ps])
+        except OSError as e:
+            error = f"checkpoint {path}: cannot be written ({one_line(e, named=True)}){_free_space(path)}"
+    _raise_first(_all_gather(tables, error))
+    return digests
 
 
 def load_embeddings(path: str | Path, tables: TableState) -> None:
@@ -104,22 +124,31 @@ def load_embeddings(path: str | Path, tables: TableState) -> None:
     place, resharding from whatever layout wrote it to the collection's current one
     (the caller then tells the collection: ``tables_loaded()``).
 
-    Raises :class:`CheckpointError` (one line, naming ``path`` and the key) for a
-    missing or corrupt checkpoint, or one whose tables or shapes differ.
+    Raises :class:`CheckpointError` (one line, naming ``path`` and the key) on every
+    rank for a missing or corrupt checkpoint, or one whose tables or shapes differ.
     """
+    path = Path(path)
     layout = _layout(tables, saving=False)
-    reader = _SafeReader(path)
-    _check_fits(_read_metadata(reader, path), layout, path)
-    state = _dcp_state(layout, tables)
+    index = _read_index(path)
+    _check_fits(index, layout, path)
+    by_key: dict[str, list[dict[str, Any]]] = {}
+    for piece in index["pieces"]:
+        by_key.setdefault(piece["key"], []).append(piece)
+    error = None
     try:
-        with _quiet():
-            dcp.load(state, storage_reader=reader, **_dist_args(tables))
-    except CheckpointException as e:
-        raise _error_from(e, path, "cannot be read") from None
-    for logical in layout:  # further live copies of a plain tensor: from the one DCP filled
-        with torch.no_grad():
-            for block in logical.blocks[1:]:
-                block.tensor.copy_(logical.blocks[0].tensor)
+        for logical in layout:
+            # A split key: each block its own part. A whole one: the first copy read,
+            # the others copied from it.
+            for block in logical.blocks if logical.split else logical.blocks[:1]:
+                _fill(path, logical.key, block, by_key.get(logical.key, []))
+    except CheckpointError as e:
+        error = str(e)
+    _raise_first(_all_gather(tables, error))
+    for logical in layout:
+        if not logical.split:
+            with torch.no_grad():
+                for block in logical.blocks[1:]:
+                    block.tensor.copy_(logical.blocks[0].tensor)
 
 
 # --------------------------------------------------------------------------- layout
@@ -209,140 +238,140 @@ def _state_kinds(optimizer: SparseOptimizer) -> dict[str, tuple[str, torch.dtype
     return {name: (spec.kind.value, spec.dtype) for name, spec in optimizer.state_layout().items()}
 
 
-# --------------------------------------------------------------------------- DCP
+# --------------------------------------------------------------------------- pieces
 
 
-def _dcp_state(layout: list[_Logical], tables: TableState) -> dict[str, torch.Tensor | ShardedTensor]:
-    """The state dict DCP sees: a ShardedTensor per split key (built collectively,
-    every rank, in layout order), this rank's first copy of every whole key it holds."""
-    group = tables.group
-    state: dict[str, torch.Tensor | ShardedTensor] = {}
-    for logical in layout:
-        if logical.split:
-            rank = dist.get_rank()  # ShardedTensor placements name global ranks
-            blocks = [BlockOf.from_tensor_and_offsets(b.tensor, list(b.offsets), rank)
-                      for b in logical.blocks]
-            state[logical.key] = init_from_local_shards(blocks, *logical.size, process_group=group)
-        elif logical.blocks:
-            state[logical.key] = logical.blocks[0].tensor
-    return state
+def _pieces(writes: list[tuple[_Logical, _Block]], rank: int) -> list[dict[str, Any]]:
+    """This rank's blocks cut into row ranges of at most PIECE_BYTES, each a file:
+    {"key", "file", "offsets", "sizes", "tensor"} (offsets and sizes as [row, col])."""
+    out: list[dict[str, Any]] = []
+    for logical, block in writes:
+        t = matrix(block.tensor)
+        at = (block.offsets + (0,))[:2]
+        step = max(1, PIECE_BYTES // max(1, t.shape[1] * t.element_size()))
+        for start in range(0, t.shape[0], step):
+            part = t[start : start + step]
+            out.append({"key": logical.key, "file": f"rank-{rank}.{len(out)}.bin",
+                        "offsets": [at[0] + start, at[1]], "sizes": list(part.shape), "tensor": part})
+    return out
 
 
-def _dist_args(tables: TableState) -> dict[str, Any]:
-    """A sharded collection coordinates over its group; one process, or a run
-    without a process group, uses DCP's single-process mode."""
-    if tables.plan is not None and dist.is_initialized():
-        return {"process_group": tables.group}
-    return {"no_dist": True}
+def _write_index(path: Path, layout: list[_Logical], pieces: list[dict[str, Any]]) -> dict[str, Any]:
+    """index.json (fsynced); its digest."""
+    index = {
+        "version": 1,
+        "keys": {lg.key: {"size": list(lg.size), "dtype": str(lg.dtype).removeprefix("torch.")}
+                 for lg in layout},
+        "pieces": sorted(pieces, key=lambda p: (p["key"], p["offsets"])),
+    }
+    body = json.dumps(index, indent=0).encode()
+    with open(path / INDEX, "wb") as fh:
+        fh.write(body)
+        fh.flush()
+        os.fsync(fh.fileno())
+    return {"bytes": len(body), "sha256": hashlib.sha256(body).hexdigest()}
 
 
-@contextmanager
-def _quiet() -> Iterator[None]:
-    """Without DCP's "assuming the intent is to save in a single process" warning and
-    its ShardedTensor deprecation notice (DTensor cannot hold our uneven or
-    rank-subset shards; see the module docstring)."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        warnings.filterwarnings("ignore", message=".*deprecating ShardedTensor", category=FutureWarning)
-        yield
+def _fill(path: Path, key: str, block: _Block, pieces: list[dict[str, Any]]) -> None:
+    """Read ``block`` of ``key`` from the pieces that overlap it; every element must
+    be covered."""
+    dest = matrix(block.tensor)
+    at = (block.offsets + (0,))[:2]
+    filled = 0
+    with torch.no_grad():
+        for piece in pieces:
+            try:
+                filled += read_overlap(path / piece["file"], (tuple(piece["offsets"]), tuple(piece["sizes"])),
+                                       dest, at)
+            except (OSError, Truncated) as e:
+                raise CheckpointError(f"checkpoint {path}: {key} cannot be read ({one_line(e)})") from None
+    if filled != dest.numel():
+        raise CheckpointError(
+            f"checkpoint {path}: {key} cannot be read (its pieces cover {filled} of the "
+            f"{dest.numel()} values at {list(at)})"
+        )
 
 
 # --------------------------------------------------------------------------- reading safely
 
 
-class _MetadataUnpickler(pickle.Unpickler):
-    """Unpickles DCP's ``.metadata`` and nothing else: DCP's own reader calls
-    plain ``pickle.load``, which would run whatever callable the file names."""
-
-    ALLOWED = {
-        ("torch.distributed.checkpoint.metadata", name)
-        for name in ("Metadata", "TensorStorageMetadata", "BytesStorageMetadata", "TensorProperties",
-                     "ChunkStorageMetadata", "MetadataIndex", "StorageMeta", "_MEM_FORMAT_ENCODING")
-    } | {
-        ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
-        ("torch", "Size"),
-        ("torch.serialization", "_get_layout"),
-        ("collections", "OrderedDict"),
-        ("pathlib", "PosixPath"), ("pathlib", "WindowsPath"),
-        ("pathlib._local", "PosixPath"), ("pathlib._local", "WindowsPath"),
-    }
-
-    def find_class(self, module: str, name: str) -> Any:
-        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
-            return getattr(torch, name)
-        if (module, name) in self.ALLOWED:
-            return super().find_class(module, name)
-        raise pickle.UnpicklingError(f"{module}.{name} is not allowed in checkpoint metadata")
-
-
-class _SafeReader(FileSystemReader):
-    """DCP's file reader with an allow-listed ``.metadata`` unpickler (tensor data
-    it already reads with ``torch.load(weights_only=True)``), reading one item at a
-    time so that a failure names the key it was reading."""
-
-    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        path = self._get_metadata_path(kwargs.get("rank"))
-        with self.fs.create_stream(path, "rb") as stream:
-            metadata = _MetadataUnpickler(stream).load()
-        if not isinstance(metadata, Metadata):
-            raise pickle.UnpicklingError(f"{path} holds a {type(metadata).__name__}, not DCP metadata")
-        if metadata.storage_meta is None:
-            metadata.storage_meta = StorageMeta()
-        metadata.storage_meta.load_id = self.load_id
-        return metadata
-
-    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
-        for item in plan.items:
-            try:
-                super().read_data(dataclasses.replace(plan, items=[item]), planner).wait()
-            except Exception as e:  # noqa: BLE001 - truncated or foreign files fail in many ways
-                raise CheckpointError(
-                    f"checkpoint {self.path}: {item.dest_index.fqn} cannot be read ({one_line(e, named=True)})"
-                ) from None
-        done: Future[None] = Future()
-        done.set_result(None)
-        return done
-
-
-def _read_metadata(reader: _SafeReader, path: str | Path) -> Metadata:
+def _read_index(path: Path) -> dict[str, Any]:
+    """index.json, its shape checked (a file name outside the directory, a size that
+    does not fit its key... is refused before anything is read)."""
+    file = path / INDEX
+    if not file.is_file():
+        raise CheckpointError(f"checkpoint {path}: not found (no {file})")
     try:
-        return reader.read_metadata()
-    except FileNotFoundError:
-        raise CheckpointError(f"checkpoint {path}: not found (no {Path(path) / '.metadata'})") from None
-    except Exception as e:  # noqa: BLE001 - a corrupt pickle fails in many ways
-        raise CheckpointError(f"checkpoint {path}: .metadata is unreadable ({one_line(e, named=True)})") from None
+        index = json.loads(file.read_bytes())
+        keys = {k: (tuple(int(n) for n in v["size"]), _dtype(v["dtype"])) for k, v in index["keys"].items()}
+        for p in index["pieces"]:
+            size, _ = keys[p["key"]]
+            offsets, sizes = [int(n) for n in p["offsets"]], [int(n) for n in p["sizes"]]
+            if not _PIECE_FILE.fullmatch(p["file"]):
+                raise ValueError(f"piece file {p['file']!r} is not a file of the checkpoint")
+            if len(offsets) != 2 or len(sizes) != 2 or min(offsets + sizes) < 0:
+                raise ValueError(f"piece {p['file']} has offsets {offsets}, sizes {sizes}")
+            rows, cols = size[0] if size else 1, math.prod(size[1:])
+            if offsets[0] + sizes[0] > rows or offsets[1] + sizes[1] > cols:
+                raise ValueError(f"piece {p['file']} lies outside {p['key']} {list(size)}")
+    except Exception as e:  # noqa: BLE001 - a damaged or foreign index fails in many ways
+        raise CheckpointError(f"checkpoint {path}: {INDEX} is unreadable ({one_line(e, named=True)})") from None
+    return {"keys": keys, "pieces": index["pieces"]}
 
 
-def _check_fits(metadata: Metadata, layout: list[_Logical], path: str | Path) -> None:
+def _dtype(name: str) -> torch.dtype:
+    dtype = getattr(torch, str(name), None)
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"{name!r} is not a dtype")
+    return dtype
+
+
+def _check_fits(index: dict[str, Any], layout: list[_Logical], path: Path) -> None:
     """The checkpoint holds exactly the collection's keys, with their sizes and
     dtypes. The same verdict on every rank: it looks at every key, held or not."""
-    saved = metadata.state_dict_metadata
-    wanted = {logical.key: logical for logical in layout}
-    for key, logical in wanted.items():
-        entry = saved.get(key)
-        if entry is None:
-            raise CheckpointError(f"checkpoint {path}: {key} is missing (another model or optimizer?)")
-        if not isinstance(entry, TensorStorageMetadata):
-            raise CheckpointError(f"checkpoint {path}: {key} is not a tensor there")
-        if tuple(entry.size) != logical.size:
+    saved = index["keys"]
+    for logical in layout:
+        if logical.key not in saved:
+            raise CheckpointError(f"checkpoint {path}: {logical.key} is missing (another model or optimizer?)")
+        size, dtype = saved[logical.key]
+        if size != logical.size:
             raise CheckpointError(
-                f"checkpoint {path}: {key} is {list(entry.size)} there, {list(logical.size)} here"
+                f"checkpoint {path}: {logical.key} is {list(size)} there, {list(logical.size)} here"
             )
-        if entry.properties.dtype != logical.dtype:
-            raise CheckpointError(
-                f"checkpoint {path}: {key} is {entry.properties.dtype} there, {logical.dtype} here"
-            )
-    extra = sorted(set(saved) - set(wanted))
+        if dtype != logical.dtype:
+            raise CheckpointError(f"checkpoint {path}: {logical.key} is {dtype} there, {logical.dtype} here")
+    extra = sorted(set(saved) - {lg.key for lg in layout})
     if extra:
         raise CheckpointError(f"checkpoint {path}: {extra[0]} is there but not in this collection")
 
 
-def _error_from(e: CheckpointException, path: str | Path, verb: str) -> CheckpointError:
-    """DCP gathers every rank's failure; the first one, as one line."""
-    failure = next(iter(e.failures.values()))[0]
-    if isinstance(failure, CheckpointError):
-        return failure
-    return CheckpointError(f"checkpoint {path}: {verb} ({one_line(failure, named=True)}){_free_space(path)}")
+# --------------------------------------------------------------------------- ranks
+
+
+def _distributed(tables: TableState) -> bool:
+    """A sharded collection coordinates over its group; one process, or a run
+    without a process group, works alone."""
+    return tables.plan is not None and dist.is_initialized()
+
+
+def _rank(tables: TableState) -> int:
+    return dist.get_rank(tables.group) if _distributed(tables) else 0
+
+
+def _all_gather(tables: TableState, obj: Any) -> list[Any]:
+    """Every rank's ``obj`` of the collection's group, in rank order."""
+    if not _distributed(tables):
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size(tables.group)
+    dist.all_gather_object(out, obj, group=tables.group)
+    return out
+
+
+def _raise_first(errors: list[str | None]) -> None:
+    """The same CheckpointError on every rank, if any rank had one."""
+    for error in errors:
+        if error:
+            raise CheckpointError(error)
 
 
 def _free_space(path: str | Path) -> str:
@@ -355,4 +384,3 @@ def _free_space(path: str | Path) -> str:
     except OSError:
         return ""
     return f"; {free / 2**20:,.1f} MB free on its file system"
-

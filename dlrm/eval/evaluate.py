@@ -1,4 +1,5 @@
-"""Offline evaluation of a saved run on any Parquet data with the run's schema."""
+"""Offline evaluation of a saved run on any Parquet data with the run's schema, whatever
+placement trained it (dlrm/eval/model.py: which collection scores it)."""
 
 from __future__ import annotations
 
@@ -14,9 +15,9 @@ from data.schema import check_files
 from dlrm.checkpoint.manager import CHECKPOINTS, CheckpointError, find_checkpoint, load_checkpoint
 from dlrm.checkpoint.manifest import load_meta, schema_from_json
 from dlrm.config import Config, from_dict
+from dlrm.eval.model import eval_model
 from dlrm.eval.predict import evaluate
 from dlrm.parallel.distributed import init_distributed
-from dlrm.parallel.parallelize import build_model
 from dlrm.train.bad_data_report import gather_lines, records_by_split
 from dlrm.train.inputs import make_reader
 
@@ -52,7 +53,7 @@ def evaluate_checkpoint(
     files = expand_paths(data)
     check_files(files, schema, cfg.data.on_error)
     info = init_distributed(cfg.train.backend, cfg.train.device, cfg.train.timeout_s)
-    model = build_model(cfg, schema, info.device, info)
+    model = eval_model(cfg, schema, info)
     with contextlib.closing(model):
         load_checkpoint(ckpt, model, None, None, schema, info)  # verified first
         reader = make_reader(cfg, files, schema, False, info.rank, info.world_size, prep)

@@ -1,0 +1,91 @@
+"""The model that scores a checkpoint, whatever placement trained it.
+
+    trained as                     scored as (one process, or each rank under torchrun)
+    native, sharded (any strategy, one process: LocalEmbeddingCollection; W ranks:
+      any world size)                sharded by the config's plan for W
+    native, hotline (1 or W ranks) the same, when its tables fit on the eval device;
+                                     else every row in host memory: a Hotline
+                                     collection with no hot rows (a CPU eval always
+                                     takes the first way: the host is the device)
+    torchrec                       TorchRec's DLRM again (its tables are whole in state.pt)
+
+Every native checkpoint holds the same thing: each table as one logical tensor of
+its full shape (dlrm/checkpoint/tables.py), which loads into any collection of any
+world size. A Hotline checkpoint is its host tier's (hot rows written back first),
+so Hotline's hot set is a training-time choice that does not change a score, and
+evaluation needs no profile.
+
+Memory: a Hotline run's host tier is exactly this plain collection (one process:
+``LocalEmbeddingCollection``; W ranks: ``ShardedEmbeddingCollection`` by the same
+plan), so scoring on the host takes what training's host tier took (weights and
+optimizer state: the checkpoint's keys are all loaded, checked against the
+collection's). On a GPU the whole tables would have to fit in device memory, which
+is what Hotline avoids; where they do not (free memory, every rank agreeing), they
+stay in host memory and only pooled vectors go to the device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from collections.abc import Callable
+
+import torch
+
+from data.schema import Schema
+from dlrm.config import Config
+from dlrm.models.interface import RecModel
+from dlrm.parallel.distributed import DistInfo, all_reduce_sum
+from dlrm.parallel.parallelize import build_model, sparse_optimizer
+from dlrm.parallel.planning import plan_from_config, run_tables
+from embeddings.hotline.profile import HotProfile
+from embeddings.plan.estimate import plan_memory
+
+DEVICE_SHARE = 0.8  # of the free device memory the tables may take (the rest: activations)
+
+
+def eval_model(
+    cfg: Config, schema: Schema, info: DistInfo, say: Callable[[str], None] | None = None
+) -> RecModel:
+    """This rank's model of ``cfg`` for scoring (see the module docstring), not yet
+    loaded: ``load_checkpoint`` fills it. ``say``: where the choice of host memory is
+    told (default stderr: stdout holds the metrics' JSON)."""
+    if cfg.embeddings.backend == "torchrec" or cfg.embeddings.placement != "hotline":
+        return build_model(cfg, schema, info.device, info)
+    plain = dataclasses.replace(cfg, embeddings=dataclasses.replace(cfg.embeddings, placement="sharded"))
+    if tables_fit(plain, schema, info):
+        return build_model(plain, schema, info.device, info)
+    if info.is_main:
+        (say or _stderr)(f"eval: the tables do not fit on {info.device}; they stay in host memory")
+    return build_model(cfg, schema, info.device, info, no_hot_rows(cfg, schema))
+
+
+def tables_fit(cfg: Config, schema: Schema, info: DistInfo) -> bool:
+    """Whether this rank's share of the tables (weights and optimizer state, as the
+    plan of ``cfg`` for this world size places them) fits in DEVICE_SHARE of the free
+    memory of every rank's device; the host always answers yes."""
+    if info.device.type != "cuda":
+        return True
+    need = table_bytes(cfg, schema, info.world_size)[info.rank]
+    free, _ = torch.cuda.mem_get_info(info.device)
+    fits = float(need <= DEVICE_SHARE * free)
+    return all_reduce_sum([fits], info)[0] == info.world_size
+
+
+def table_bytes(cfg: Config, schema: Schema, world_size: int) -> list[int]:
+    """Bytes of weights and optimizer state on each rank of a plain collection."""
+    tables, optimizer = run_tables(cfg, schema), sparse_optimizer(cfg)
+    if world_size == 1:
+        return [sum(t.bytes + t.rows * optimizer.state_bytes_per_row(t.dim) for t in tables)]
+    plan, _ = plan_from_config(cfg, schema, world_size)
+    return [m.tables + m.optimizer for m in plan_memory(plan, tables, optimizer, cfg.data.batch_size)]
+
+
+def no_hot_rows(cfg: Config, schema: Schema) -> HotProfile:
+    """A hot set with no rows: a Hotline collection of it keeps every row in host memory."""
+    tables = run_tables(cfg, schema)
+    return HotProfile(hot={}, features={f: t.name for t in tables for f in t.features}, budget_bytes=0)
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr)
