@@ -321,6 +321,8 @@ def memory_by_hand(state_per_row) -> list[RankMemory]:
         # Two fp32 moments per column (the per-table step counter is not per row).
         (ADAM, lambda cols: 2 * cols * 4),
         (make_sparse_optimizer("rowwise_adagrad"), lambda cols: 4),
+        # Element-wise Adagrad: one fp32 sum per column, as large as the weights.
+        (make_sparse_optimizer("adagrad"), lambda cols: cols * 4),
     ],
 )
 def test_plan_memory_by_hand(optimizer, state_per_row) -> None:
