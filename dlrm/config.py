@@ -11,6 +11,7 @@ checkpoint (``config.yaml``).
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -22,6 +23,8 @@ import yaml
 from data.errors import UserError, one_line
 from data.generate import GenerateConfig
 from dlrm.config_rules import check_config
+
+_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")  # a number YAML 1.1 misses
 
 
 class ConfigError(UserError):
@@ -276,6 +279,8 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
             return int(value)
         raise ConfigError(f"config key {key}: expected an integer, got {value!r}")
     if tp is float:
+        if isinstance(value, str) and _FLOAT.fullmatch(value.strip()):
+            value = float(value)  # YAML 1.1 reads 1e-4 (no dot) as a string
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
         raise ConfigError(f"config key {key}: expected a number, got {value!r}")
