@@ -6,6 +6,7 @@ in-process; heavy imports happen inside the verbs so ``dlrm --help`` is instant.
                         [--max-ind-range R] [--eval-days K | --eval-fraction F]
     dlrm train --config FILE [--out RUN_DIR] [key.sub=value ...]
     dlrm eval --checkpoint RUN_DIR --data PATH [--plots DIR] [--device auto|cpu|cuda]
+    dlrm plot RUN_DIR [--out FILE.png]
     dlrm plan --config FILE --world-size N [--memory-per-rank SIZE]
     dlrm bench --config FILE [--ranks 1,2] [--steps N] [--out DIR] [--reader-only] [key.sub=value ...]
 
@@ -142,6 +143,28 @@ def cmd_plan(argv: list[str]) -> int:
     return 0
 
 
+def cmd_plot(argv: list[str]) -> int:
+    """Training curves of a run (loss, eval points, samples/s by step) from its
+    metrics.jsonl, to RUN/curves.png or ``--out``."""
+    p = argparse.ArgumentParser(prog="dlrm plot", description="Draw a run's training curves to PNG.")
+    p.add_argument("run", help="run directory of dlrm train (reads RUN/metrics.jsonl)")
+    p.add_argument("--out", default=None,
+                   help="PNG file, or a directory for curves.png (default: RUN/curves.png)")
+    a = p.parse_args(argv)
+    from pathlib import Path
+
+    from dlrm.eval.curves import CURVES_FILE, write_curves
+
+    out = None
+    if a.out is not None:
+        out = Path(a.out) / CURVES_FILE if Path(a.out).is_dir() else Path(a.out)
+        output_dir(out.parent, "--out")
+    path, curves = write_curves(a.run, out)
+    print(json.dumps({"out": str(path), "train_points": len(curves.loss),
+                      "eval_points": len(curves.eval_auc)}))
+    return 0
+
+
 def cmd_bench(argv: list[str]) -> int:
     from dlrm.bench.run import cmd_bench as bench
 
@@ -154,6 +177,7 @@ VERBS: dict[str, Callable[[list[str]], int]] = {
     "train": cmd_train,
     "eval": cmd_eval,
     "plan": cmd_plan,
+    "plot": cmd_plot,
     "bench": cmd_bench,
 }
 

@@ -22,16 +22,31 @@ SECTIONS = ("data_wait", "input_alltoall", "lookup", "output_alltoall", "mlp",
 
 
 class JsonLog:
-    """Appends one JSON object per line to RUN/metrics.jsonl (rank 0 only)."""
+    """Appends one JSON object per line to RUN/metrics.jsonl (rank 0 only); with
+    ``tensorboard``, their numbers also go to RUN/tensorboard/ (dlrm/train/tensorboard.py)."""
 
-    def __init__(self, path: Path, enabled: bool = True) -> None:
+    def __init__(self, path: Path, enabled: bool = True, tensorboard: bool = False) -> None:
         self.path = path
         self.enabled = enabled
+        self.board = None
+        if tensorboard:
+            from dlrm.train.tensorboard import TensorBoardLog, summary_writer
+
+            summary_writer()  # every rank: without the package, all stop (one line)
+            if enabled:
+                self.board = TensorBoardLog(path.parent)
 
     def write(self, record: dict[str, Any]) -> None:
         if self.enabled:
             with open(self.path, "a") as fh:
                 fh.write(json.dumps(record) + "\n")
+            if self.board is not None:
+                self.board.write(record)
+
+    def close(self) -> None:
+        if self.board is not None:
+            self.board.close()
+            self.board = None
 
 
 class Meter:

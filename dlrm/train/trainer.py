@@ -149,7 +149,8 @@ class Trainer:
         if cfg.data.on_error == "skip":
             readers = {"train": self.reader, **({"eval": self.eval_reader} if self.eval_reader else {})}
             self.bad_data = BadDataReport(run_dir, info, readers, resumed=resumed)
-        self.log = JsonLog(run_dir / "metrics.jsonl", enabled=info.is_main)
+        self.log = JsonLog(run_dir / "metrics.jsonl", enabled=info.is_main,
+                           tensorboard=cfg.train.tensorboard)
         self.loss_fn = torch.nn.BCEWithLogitsLoss(reduction="sum")
         self.schedule = CheckpointSchedule(
             cfg.train.checkpoint_every, cfg.train.checkpoint_seconds, cfg.train.keep_checkpoints,
@@ -345,6 +346,7 @@ class Trainer:
         if self.bad_data is not None:
             summary["bad_data"] = self.bad_data.write()
         self.log.write(summary)
+        self.log.close()
         self.say(json.dumps(summary))
         line = f"trained {self.progress.global_step} steps at {summary['samples_per_s']:,.0f} samples/s"
         if self.last_eval is not None:
