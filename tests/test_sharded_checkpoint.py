@@ -205,6 +205,9 @@ def test_bad_checkpoints_raise_checkpoint_error(saved_run, tmp_path: Path) -> No
         load_embeddings(root / "rowwise_adagrad", local("adam").table_state())
     with pytest.raises(CheckpointError, match=r"tables\.t0\.sum is missing"):
         load_embeddings(root / "adam", local("rowwise_adagrad").table_state())
+    # Both Adagrads name their state "sum": a row's scalar there, a sum per element here.
+    with pytest.raises(CheckpointError, match=r"tables\.t0\.sum is \[40\] there, \[40, 6\] here"):
+        load_embeddings(root / "rowwise_adagrad", local("adagrad").table_state())
     with pytest.raises(CheckpointError, match=r"optimizer\.step is there but not in this collection"):
         load_embeddings(root / "adam", local("sgd").table_state())
 
