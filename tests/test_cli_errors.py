@@ -319,3 +319,27 @@ def test_bf16_on_slow_hardware(fallback: str, bf16_gflops: float, tmp_path: Path
         assert ran == "fp32"
     else:
         assert warnings == [] and ran == "bf16"
+
+
+def _decide_on_rank(rank: int, world_size: int) -> tuple[str, list[str]]:
+    """Rank 1 measures slow bf16, the others fast; the precision each rank chooses."""
+    from dlrm.config import load_config
+    from dlrm.parallel.distributed import DistInfo
+    from dlrm.train import precision
+
+    precision.matmul_rates = lambda device: (2.5e9 if rank == 1 else 400e9, 180e9)
+    cfg = load_config(TINY, ["train.precision=bf16"])
+    said: list[str] = []
+    info = DistInfo(rank=rank, world_size=world_size, backend="gloo")
+    return precision.decide_precision(cfg.train, info.device, info, said.append), said
+
+
+@pytest.mark.distributed
+def test_ranks_agree_on_the_precision() -> None:
+    """One rank's slow bf16 moves every rank to fp32 (one precision per job); the
+    warning names where it was measured."""
+    from tests.multiprocess import run_ranks
+
+    results = run_ranks(2, _decide_on_rank)
+    assert [r[0] for r in results] == ["fp32", "fp32"]
+    assert "another rank" in results[0][1][0] and "2.5 GFLOP/s against 180.0" in results[1][1][0]
