@@ -210,13 +210,15 @@ def _count(files: list[str], schema: Schema, tables: set[str], limit: int | None
     return counters, stats, seen
 
 
-def _notes(prep: Preprocessing, seen: int, seconds: float) -> list[str]:
-    """One line on the vocabularies, one on columns that look like raw counts."""
+def _notes(prep: Preprocessing, seen: int, seconds: float | None) -> list[str]:
+    """One line on the vocabularies (fitted, or reused: ``seconds`` None), one on
+    columns that look like raw counts."""
     notes = []
     if prep.vocabularies:
         sizes = ", ".join(f"{t} {v.rows}" for t, v in sorted(prep.vocabularies.items()))
-        notes.append(f"preprocessing: vocabularies fitted over {seen} rows in {seconds:.1f}s "
-                     f"(table rows incl. OOV row 0: {sizes})")
+        how = (f"fitted over {seen} rows in {seconds:.1f}s" if seconds is not None
+               else f"reused from {FILE}")
+        notes.append(f"preprocessing: vocabularies {how} (table rows incl. OOV row 0: {sizes})")
     raw = [n for n, s in prep.stats.items()
            if prep.transforms.get(n, "none") == "none" and s.looks_like_counts()]
     if raw:
@@ -248,7 +250,7 @@ def save(prep: Preprocessing, run_dir: Path) -> str:
         "encodings": prep.encodings, "rows": prep.rows, "vocabularies": tables,
         "dense": {n: {"transform": prep.transforms.get(n, "none"), "stats": s.to_json()}
                   for n, s in prep.stats.items()},
-        "stats_rows": prep.stats_rows, "notes": prep.notes,
+        "stats_rows": prep.stats_rows,
     }
     text = json.dumps(body, indent=1)
     write_atomic(run_dir / FILE, text)
@@ -272,11 +274,13 @@ def load(run_dir: Path) -> Preprocessing:
         t = pq.read_table(file)
         vocabs[table] = Vocabulary(t["value"].combine_chunks(), t["count"].to_numpy(),
                                    int(entry["distinct"]))
-    return Preprocessing(
+    prep = Preprocessing(
         body["encodings"], {k: int(v) for k, v in body["rows"].items()}, vocabs,
         {n: d["transform"] for n, d in body["dense"].items()},
         {n: DenseStats.from_json(d["stats"]) for n, d in body["dense"].items()},
-        int(body["stats_rows"]), list(body["notes"]))
+        int(body["stats_rows"]))
+    prep.notes = _notes(prep, prep.stats_rows, None)
+    return prep
 
 
 def digest(run_dir: Path) -> str | None:

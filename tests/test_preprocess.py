@@ -193,8 +193,8 @@ def test_raw_counts_are_named_with_the_setting(tmp_path: Path) -> None:
     f = write_parquet(tmp_path / "a.parquet", cols)
     schema = infer_schema([f])
     notes = preprocess.fit([f], schema, preprocess.Options()).notes
-    assert notes == ["dense columns counts look like raw counts (non-negative, max >= 100x "
-                     "median): set data.dense_transform=log1p"]
+    assert notes == [("dense columns counts look like raw counts (non-negative, max >= 100x "
+                     "median): set data.dense_transform=log1p")]
     assert preprocess.fit([f], schema, preprocess.Options(dense_transform="log1p")).notes == []
     prep = preprocess.fit([f], schema, preprocess.Options(dense_transforms={"counts": "standardize"}))
     x = np.asarray(cols["counts"], np.float32)
