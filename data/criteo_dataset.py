@@ -95,6 +95,7 @@ def _check(inputs: list[str], ids: str, min_frequency: int, max_ind_range: int,
            eval_days: int, eval_fraction: float) -> None:
     """Each bad argument is one line naming its flag."""
     checks = [
+        (not (eval_days and eval_fraction), "give --eval-days or --eval-fraction, not both"),
         (ids in IDS, f"--ids {ids!r} is not one of {', '.join(IDS)}"),
         (ids != "hash" or max_ind_range >= 2, "--ids hash needs --max-ind-range R >= 2"),
         (ids == "hash" or not max_ind_range, f"--max-ind-range goes with --ids hash, not {ids}"),
@@ -103,7 +104,6 @@ def _check(inputs: list[str], ids: str, min_frequency: int, max_ind_range: int,
          f"--eval-days {eval_days} must leave one of the {len(inputs)} input(s) to train on"),
         (0.0 <= eval_fraction < 1.0 and math.isfinite(eval_fraction),
          f"--eval-fraction {eval_fraction} must be in [0, 1)"),
-        (not (eval_days and eval_fraction), "give --eval-days or --eval-fraction, not both"),
     ]
     for ok, message in checks:
         if not ok:
