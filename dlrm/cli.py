@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 from data.errors import UserError
 from data.outputs import output_dir
-from dlrm.train.preemption import PREEMPTED
+from dlrm.train.preemption import PREEMPTED, ignore_signals
 
 
 def cmd_generate(argv: list[str]) -> int:
@@ -89,7 +89,10 @@ def cmd_train(argv: list[str]) -> int:
 
     cfg = load_config(a.config, a.overrides)
     summary = train(cfg, a.out)
-    return PREEMPTED if summary.get("preempted") else 0
+    if summary.get("preempted"):
+        ignore_signals()  # checkpoint saved: this process only leaves now
+        return PREEMPTED
+    return 0
 
 
 def cmd_eval(argv: list[str]) -> int:

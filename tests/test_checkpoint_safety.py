@@ -13,6 +13,7 @@ import hashlib
 import json
 import pickle
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -85,7 +86,7 @@ def _ranks_agree(rank: int, world_size: int) -> list[tuple[bool, int]]:
     from dlrm.parallel.distributed import DistInfo
 
     info = DistInfo(rank, world_size, rank, torch.device("cpu"), "gloo")
-    schedule = CheckpointSchedule(0, 1000.0, 2, info)
+    schedule = CheckpointSchedule(0, 1000.0, 2, info, exchange_seconds=0)  # exchange every step
     verdicts = []
     for late_rank in (0, 1):  # one rank's clock says "late", the other's does not
         schedule.saved_at = float("-inf") if rank == late_rank else float("inf")
@@ -96,6 +97,22 @@ def _ranks_agree(rank: int, world_size: int) -> list[tuple[bool, int]]:
     return verdicts
 
 
+def _stop_step(rank: int, world_size: int, step_s: float) -> list[tuple[int, bool, int]]:
+    """Steps of ``step_s`` seconds; rank 1 is signalled at step 5: every verdict to the stop."""
+    from dlrm.parallel.distributed import DistInfo
+
+    info = DistInfo(rank, world_size, rank, torch.device("cpu"), "gloo")
+    schedule = CheckpointSchedule(4, 0.0, 2, info, exchange_seconds=0.2)
+    verdicts = []
+    for step in range(1, 1000):
+        time.sleep(step_s)
+        verdict = schedule.after_step(step, 15 if rank == 1 and step >= 5 else 0)
+        verdicts.append((step, *verdict))
+        if verdict.stop:
+            return verdicts
+    return verdicts
+
+
 @pytest.mark.distributed
 @pytest.mark.slow
 def test_ranks_decide_alike() -> None:
@@ -103,6 +120,13 @@ def test_ranks_decide_alike() -> None:
     # every rank at the same step: a save is a collective.
     expected = [(True, 0), (False, 0), (True, 15), (True, 2)]
     assert run_ranks(2, _ranks_agree) == [expected, expected]
+    # Exchanging about every 0.2 s (10 steps of 20 ms): the same verdicts on both
+    # ranks, saves every 4 steps, and the stop after step 5 but within 0.2 s or so.
+    ranks = run_ranks(2, _stop_step, 0.02)
+    assert ranks[0] == ranks[1]
+    stop_step = ranks[0][-1][0]
+    assert ranks[0][-1][1:] == (True, 15) and 5 <= stop_step <= 5 + 11
+    assert all(save == (step % 4 == 0) and not stop for step, save, stop in ranks[0][:-1])
 
 
 def damaged_copy(run: Path, dst: Path, damage: str) -> tuple[Path, str, str]:

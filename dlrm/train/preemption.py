@@ -58,6 +58,15 @@ class Preemption:
         self.signum = self.signum or signum
 
 
+def ignore_signals() -> None:
+    """For a process that stopped with its checkpoint and is only leaving: SIGTERM and
+    SIGINT are ignored from now on. torchrun's agent SIGTERMs the ranks still leaving
+    once the first one exited 75; they would die of it, reported as the failure's
+    root cause, instead of exiting 75 themselves."""
+    for sig in SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+
+
 def signal_name(signum: int) -> str:
     """``SIGTERM`` for 15."""
     return signal.Signals(signum).name
