@@ -137,8 +137,8 @@ def infer_schema(
     binary, dictionary → sparse single-hot; a list of those → sparse multi-hot; the
     label and other types are left out (no sparse feature at all is a DataError
     naming the columns found). String, binary and dictionary features get encoding
-    "vocabulary" here and rows 1 until :mod:`data.preprocess` fits them. A non-empty ``dense`` or ``sparse`` list replaces the
-    inference for its side (in its own order); the other side is inferred from
+    "vocabulary" here and rows 1 until :mod:`data.preprocess` fits them. A non-empty
+    ``dense`` or ``sparse`` list replaces the inference for its side (in its own order); the other side is inferred from
     the remaining columns. A table's rows are ``rows[feature]`` when given, else
     max id + 1 over the row-group statistics of every file (for a list, its leaf
     column's). Where a row group has no statistics its column is read to find
@@ -165,16 +165,7 @@ def infer_schema(
         for name in given:
             if name not in kinds:
                 raise DataError("column is missing", file=files[0], column=name)
-    if sparse:
-        sparse_names = list(sparse)
-    else:
-        sparse_names = [n for n, k in kinds.items() if k in (_INT, _INT_LIST, _CAT, _CAT_LIST)]
-        sparse_names = [n for n in sparse_names if n not in (dense or [])]
-        if not sparse_names:
-            found = ", ".join(f"{f.name} ({type_name(f.type)})" for f in first)
-            raise DataError(f"no categorical column (int, string, binary, dictionary or a list "
-                            f"of those) to use as a sparse feature; columns found: {found}",
-                            file=files[0])
+    sparse_names = list(sparse) if sparse else _categorical_columns(first, kinds, dense, files[0])
     dense_names = list(dense) if dense else [
         n for n, k in kinds.items() if k == _FLOAT and n not in sparse_names
     ]
@@ -209,6 +200,19 @@ def infer_schema(
             for n in sparse_names
         ),
     )
+
+
+def _categorical_columns(first: pa.Schema, kinds: dict[str, str], dense: list[str] | None,
+                         path: str) -> list[str]:
+    """Columns that can be sparse features, in file order, less ``dense``; a DataError
+    naming every column and its type if there is none."""
+    names = [n for n, k in kinds.items() if k in (_INT, _INT_LIST, _CAT, _CAT_LIST)]
+    names = [n for n in names if n not in (dense or [])]
+    if not names:
+        found = ", ".join(f"{f.name} ({type_name(f.type)})" for f in first)
+        raise DataError(f"no categorical column (int, string, binary, dictionary or a list of "
+                        f"those) to use as a sparse feature; columns found: {found}", file=path)
+    return names
 
 
 def _readable(files: list[str]) -> list[str]:

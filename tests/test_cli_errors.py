@@ -90,7 +90,9 @@ def test_bad_values(case: str, tmp_path: Path, capsys) -> None:
     cols, column = _bad(case, np.random.default_rng(0))
     # Schema pinned by config so a mistyped column is an error, not "not a feature".
     f = write(tmp_path / "data" / f"{case}.parquet", cols)
-    code, err = run_cli(train_argv(f, tmp_path / "run", "data.dense=[x0,x1]", "data.sparse=[c0,c1]"), capsys)
+    # identity: ids are rows, so a negative one is an error (auto gives it a vocabulary)
+    code, err = run_cli(train_argv(f, tmp_path / "run", "data.dense=[x0,x1]", "data.sparse=[c0,c1]",
+                                   "data.encoding=identity"), capsys)
     assert_one_line_error(code, err, f.name, repr(column))
 
 
