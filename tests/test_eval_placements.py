@@ -72,8 +72,8 @@ def test_hotline_scored_from_host_memory(tiny_data, tmp_path: Path, capsys, monk
     built = []
     original = eval_model.build_model
     monkeypatch.setattr(eval_model, "tables_fit", lambda *a: False)
-    monkeypatch.setattr(eval_model, "build_model",
-                        lambda *a: built.append(a[-1]) or original(*a))
+    monkeypatch.setattr(eval_model, "build_model", lambda *a, **k: built.append(
+        k.get("hot_profile", a[4] if len(a) > 4 else None)) or original(*a, **k))
     result, err = cli_eval(tmp_path / "run", tiny_data["eval"], capsys)
     assert_same_eval(result, summary, "host memory")
     assert len(built) == 1 and built[0].hot == {}  # the profile of no hot rows was used
