@@ -99,14 +99,16 @@ class LocalEmbeddingCollection(EmbeddingCollection):
         tables: list[TableSpec],
         optimizer: SparseOptimizer,
         fused: bool = True,
-        seed: int = 0,
+        seed: int | None = 0,
         device: torch.device | str = "cpu",
         table_origin: dict[str, tuple[str, int, int, int]] | None = None,
         init_dim: dict[str, int] | None = None,
     ) -> None:
         """``table_origin`` (for shards): table name → (full table name, its rows,
         first row, first column) and ``init_dim`` → the full table's dim, so a shard
-        starts with its slice of the full table's initial values."""
+        starts with its slice of the full table's initial values. ``seed=None``: no
+        initial values (``torch.empty``, not even touched), for a collection that a
+        checkpoint is about to fill: a resume skips the random init of every row."""
         super().__init__()
         table_origin = table_origin or {}
         init_dim = init_dim or {}
@@ -149,14 +151,8 @@ class LocalEmbeddingCollection(EmbeddingCollection):
         with naming_oom(f"the embedding weight of {stacked}", total * self.dim * 4, device):
             weight = torch.empty(total, self.dim, device=device)
             advise_huge_pages(weight)  # before the first write: rows are touched at random
-        for t in self.tables:
-            start = self.row_offsets[t.name]
-            init_name, init_rows_total, r0, c0 = table_origin.get(t.name, (t.name, t.rows, 0, 0))
-            with naming_oom(f"the initial rows of table {t.name}", t.bytes, device):
-                weight[start : start + t.rows] = init_rows(
-                    init_name, init_rows_total, init_dim.get(t.name, t.dim), seed,
-                    r0, r0 + t.rows, c0, c0 + t.dim,
-                )
+        if seed is not None:
+            self._initial_rows(weight, seed, table_origin, init_dim)
         # requires_grad so autograd calls our backward; its .grad stays None.
         self.weight = nn.Parameter(weight)
         state_bytes = total * optimizer.state_bytes_per_row(self.dim)
@@ -168,6 +164,18 @@ class LocalEmbeddingCollection(EmbeddingCollection):
         for name, tensor in initial_state.items():
             self.register_buffer(f"optim_{name}", tensor)
         self._kept: list[KVGradient] = []
+
+    def _initial_rows(self, weight: torch.Tensor, seed: int, table_origin: dict[str, tuple[str, int, int, int]],
+                      init_dim: dict[str, int]) -> None:
+        """Fill ``weight`` with every table's (or shard's slice of its table's) initial rows."""
+        for t in self.tables:
+            start = self.row_offsets[t.name]
+            init_name, init_rows_total, r0, c0 = table_origin.get(t.name, (t.name, t.rows, 0, 0))
+            with naming_oom(f"the initial rows of table {t.name}", t.bytes, weight.device):
+                weight[start : start + t.rows] = init_rows(
+                    init_name, init_rows_total, init_dim.get(t.name, t.dim), seed,
+                    r0, r0 + t.rows, c0, c0 + t.dim,
+                )
 
     # ------------------------------------------------------------------ forward
     def forward(self, sparse: KeyedJagged) -> torch.Tensor:

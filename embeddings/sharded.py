@@ -88,7 +88,7 @@ class ShardedEmbeddingCollection(EmbeddingCollection):
         plan: ShardingPlan,
         make_optimizer: Callable[[], SparseOptimizer],
         fused: bool = True,
-        seed: int = 0,
+        seed: int | None = 0,
         group: dist.ProcessGroup | None = None,
         device: torch.device | str = "cpu",
     ) -> None:
@@ -154,7 +154,7 @@ class ShardedEmbeddingCollection(EmbeddingCollection):
         self,
         make_optimizer: Callable[[], SparseOptimizer],
         fused: bool,
-        seed: int,
+        seed: int | None,
         device: torch.device | str,
         defer_column_shards: bool,
     ) -> None:

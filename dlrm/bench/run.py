@@ -7,7 +7,8 @@
 Each row's samples/s is the median of the trainer's logged windows after the first
 (warm-up). Sections (ms per step) and peak memory are the trainer's summary, shown
 as "-" where a backend does not report them. The machine limit (dlrm/bench/limits.py)
-bounds samples/s from measured matmul rate and memory bandwidth.
+bounds samples/s from measured matmul rate and memory bandwidth. ``--checkpoint``
+measures a checkpoint's save and resume instead (dlrm/bench/checkpoint.py).
 """
 
 from __future__ import annotations
@@ -63,6 +64,8 @@ def cmd_bench(argv: list[str]) -> int:
     """Entry point of ``dlrm bench``; see the module docstring."""
     a = _parse(argv)
     cfg = load_config(a.config, a.overrides)
+    if a.checkpoint:
+        return checkpoint_only(a)
     out = output_dir(a.out, "--out").resolve()
     if not a.reader_only:
         a.engines = runnable_engines(a.engines)  # before generating data: fail fast
@@ -111,6 +114,21 @@ def cmd_bench(argv: list[str]) -> int:
     return 0
 
 
+def checkpoint_only(a: argparse.Namespace) -> int:
+    """``--checkpoint``: save and resume the config's model (no data, no training);
+    the figures join OUT/bench.json under "checkpoint"."""
+    from dlrm.bench.checkpoint import checkpoint_bench, format_checkpoint
+
+    out = Path(a.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    result = checkpoint_bench(a.config, a.overrides, out)
+    print(format_checkpoint(result))
+    path = out / "bench.json"  # kept beside the training rows of an earlier bench
+    report = json.loads(path.read_text()) if path.is_file() else {"config": a.config}
+    write_json(path, {**report, "checkpoint": result})
+    return 0
+
+
 def _parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="dlrm bench", description="Benchmark engines on this machine.")
     p.add_argument("--config", default="configs/bench.yaml", help="YAML config with a generate: section")
@@ -122,6 +140,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--engines", default=",".join(ENGINES),
                    help=f"comma-separated subset of {', '.join(ENGINES)} (default: all)")
     p.add_argument("--reader-only", action="store_true", help="only Parquet decode rate on one core")
+    p.add_argument("--checkpoint", action="store_true",
+                   help="only checkpoint save/resume GB/s and peak RSS of the config's model")
     p.add_argument("overrides", nargs="*", help="key.sub=value config overrides")
     a = p.parse_args(argv)
     try:

@@ -211,6 +211,15 @@ def find_checkpoint(run_dir: Path) -> Path | None:
     return found[0] if found else None
 
 
+def will_resume(run_dir: Path, info: DistInfo | None = None) -> bool:
+    """Whether a start in ``run_dir`` resumes: it has a checkpoint. Then
+    :func:`find_resumable` either finds one that verifies, whose load overwrites every
+    table, or raises, so the model can be built without initial table values. The
+    same answer on every rank (rank 0 looks)."""
+    info = info or DistInfo()
+    return bool(broadcast_object(bool(checkpoints(run_dir)) if info.is_main else None, info))
+
+
 def find_resumable(run_dir: Path, info: DistInfo | None = None, warn: Callable[[str], None] = print) -> Path | None:
     """The newest checkpoint of ``run_dir`` whose files verify (None if there is
     none), to resume from. A corrupt one is reported through ``warn`` and the one

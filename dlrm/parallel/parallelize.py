@@ -43,10 +43,17 @@ def build_model(
     device: torch.device | str = "cpu",
     info: DistInfo | None = None,
     hot_profile: HotProfile | None = None,
+    resume: bool = False,
 ) -> RecModel:
     """The model of ``cfg`` for ``schema`` on this rank, initialised from ``cfg.seed``
-    (``hot_profile``: Hotline's hot rows, from ``dlrm.train.hotline.make_profile``)."""
+    (``hot_profile``: Hotline's hot rows, from ``dlrm.train.hotline.make_profile``).
+
+    ``resume``: a checkpoint will be loaded into it, so our embedding tables are left
+    uninitialised (``torch.empty``: the random init of a 6.6 GB model takes about 25 s
+    on this project's machine). The MLPs still start from ``cfg.seed``, so the global
+    RNG is where it would be; the checkpoint then restores it."""
     device = torch.device(device)
+    seed = None if resume else cfg.seed
     if cfg.embeddings.backend == "torchrec":
         torchrec_dlrm = torchrec_backend()
         pins = {name: p.sharding for name, p in cfg.embeddings.plan.items()}
@@ -57,12 +64,12 @@ def build_model(
     world = info.world_size if info is not None else 1
     embeddings: PooledEmbeddings
     if cfg.embeddings.placement == "hotline":
-        embeddings = hotline_embeddings(cfg, schema, device, info, hot_profile)
+        embeddings = hotline_embeddings(cfg, schema, device, info, hot_profile, seed)
     elif world == 1:
-        embeddings = local_embeddings(cfg, schema, device)
+        embeddings = local_embeddings(cfg, schema, device, seed)
     else:
         assert info is not None
-        embeddings = sharded_embeddings(cfg, schema, device, info)
+        embeddings = sharded_embeddings(cfg, schema, device, info, seed)
     torch.manual_seed(cfg.seed)
     model = DLRM(len(schema.dense), embeddings, cfg.model).to(device)
     if info is not None and world > 1:
@@ -104,15 +111,15 @@ def pooled_grad_scale(cfg: Config, info: DistInfo) -> float:
     return 1.0 / info.world_size if averaging(cfg) else 1.0
 
 
-def local_embeddings(cfg: Config, schema: Schema, device: torch.device) -> LocalEmbeddingCollection:
-    """Every table in this process, stacked in one weight."""
+def local_embeddings(cfg: Config, schema: Schema, device: torch.device, seed: int | None) -> LocalEmbeddingCollection:
+    """Every table in this process, stacked in one weight (``seed=None``: left empty)."""
     return LocalEmbeddingCollection(
-        run_tables(cfg, schema), sparse_optimizer(cfg), fused=fused(cfg), seed=cfg.seed, device=device
+        run_tables(cfg, schema), sparse_optimizer(cfg), fused=fused(cfg), seed=seed, device=device
     )
 
 
 def sharded_embeddings(
-    cfg: Config, schema: Schema, device: torch.device, info: DistInfo
+    cfg: Config, schema: Schema, device: torch.device, info: DistInfo, seed: int | None
 ) -> ShardedEmbeddingCollection:
     """The tables sharded over the ranks by the plan of the config."""
     plan, _ = plan_from_config(cfg, schema, info.world_size)
@@ -121,7 +128,7 @@ def sharded_embeddings(
     # and two threads on one gloo group can order collectives differently per rank.
     collection = ShardedEmbeddingCollection(
         run_tables(cfg, schema), plan, lambda: sparse_optimizer(cfg), fused=fused(cfg),
-        seed=cfg.seed, group=new_group(info), device=device,
+        seed=seed, group=new_group(info), device=device,
     )
     collection.grad_scale = pooled_grad_scale(cfg, info)
     return collection
@@ -133,6 +140,7 @@ def hotline_embeddings(
     device: torch.device,
     info: DistInfo | None,
     hot_profile: HotProfile | None,
+    seed: int | None,
 ) -> PooledEmbeddings:
     """Hot rows on ``device``, the rest in host memory (several ranks: the cold rows
     sharded over the ranks' host memory by the plan, reached on a gloo group of their
@@ -148,7 +156,7 @@ def hotline_embeddings(
     # Kept (not fused) gradients: the popular and the non-popular micro-batch of a
     # mini-batch add up to one optimizer step.
     collection = HotlineEmbeddingCollection(
-        run_tables(cfg, schema), hot_profile, sparse_optimizer(cfg), fused=False, seed=cfg.seed,
+        run_tables(cfg, schema), hot_profile, sparse_optimizer(cfg), fused=False, seed=seed,
         device=device, plan=plan, group=group,
     )
     if info is not None and info.world_size > 1:

@@ -45,6 +45,7 @@ from dlrm.checkpoint.manager import (
     find_resumable,
     load_checkpoint,
     save_checkpoint,
+    will_resume,
 )
 from dlrm.checkpoint.manifest import schema_to_json
 from dlrm.checkpoint.schedule import CheckpointSchedule
@@ -98,7 +99,8 @@ def train(cfg: Config, run_dir: str | Path, echo: Callable[[str], None] = print)
         reader = make_reader(cfg, data.train_files, data.schema, True, info.rank, info.world_size,
                              data.preprocess)
         hot_profile = make_profile(cfg, run_tables(cfg, data.schema), reader, run_dir, say, info)
-    model = build_model(cfg, data.schema, info.device, info, hot_profile)
+    # A resume loads every table: they are not randomly initialised first.
+    model = build_model(cfg, data.schema, info.device, info, hot_profile, resume=will_resume(run_dir, info))
     if model.plan is not None and info.is_main:
         say(describe(cfg, data.schema, model.plan, parse_size(cfg.embeddings.memory_per_rank)))
         write_atomic(run_dir / "plan.json", model.plan.to_json())

@@ -36,7 +36,7 @@ class LocalHostTier:
         tables: list[TableSpec],
         optimizer: SparseOptimizer,
         fused: bool,
-        seed: int,
+        seed: int | None,
         device: torch.device | str,
         hot_device: torch.device,
     ) -> None:

@@ -46,7 +46,7 @@ class ShardedHostTier:
         tables: list[TableSpec],
         plan: ShardingPlan,
         optimizer: SparseOptimizer,
-        seed: int,
+        seed: int | None,
         group: dist.ProcessGroup | None,
         device: torch.device | str,
     ) -> None:

@@ -74,7 +74,7 @@ class HotlineEmbeddingCollection(EmbeddingCollection):
         profile: HotProfile,
         optimizer: SparseOptimizer,
         fused: bool = True,
-        seed: int = 0,
+        seed: int | None = 0,
         device: torch.device | str = "cpu",
         host: torch.device | str = "cpu",
         plan: ShardingPlan | None = None,
