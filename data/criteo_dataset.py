@@ -169,7 +169,7 @@ def _summary(out_dir: str, sets: dict[str, list[str]],
     """What was written and how to train on it; saved as OUT/criteo.json."""
     from data.atomic import write_atomic
 
-    paths = {name or "data": os.path.join(out_dir, name) for name in sets}
+    paths = {name or "data": os.path.join(out_dir, name) if name else out_dir for name in sets}
     summary: dict = {
         "out": out_dir,
         "sets": {k: {"path": paths[k], "files": len(sets[n]), "rows": _rows(sets[n])}

@@ -178,3 +178,18 @@ def test_plan_says_when_sizes_are_synthetic_or_from_data(
     text = capsys.readouterr().out
     assert text.splitlines()[0].startswith(f"table sizes: from the data {tmp_path / 'd'}")
     assert _planned_rows(text) == [50 + 2] * 26  # 50 values once each, the empty and OOV ids
+
+
+def test_plan_sizes_raw_hashed_ids_as_training_will(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--ids raw keeps 32-bit hashes; the plan, like dlrm train, sizes by the vocabulary
+    (50 values + its out-of-vocabulary row 0), not by max id + 1 (about 2e9 here)."""
+    src = tmp_path / "day_0"
+    src.write_text("".join(f"{i % 2}" + "\t1" * 13 + f"\t{i * 40_000_000 + 7:x}" * 26 + "\n"
+                           for i in range(50)))
+    assert main(["convert-criteo", str(src), "--out", str(tmp_path / "d"), "--ids", "raw"]) == 0
+    assert pq.read_table(tmp_path / "d" / "part-00000.parquet").column("C1").to_numpy().max() > 1_900_000_000
+    capsys.readouterr()
+    assert main(["plan", "--config", str(ROOT / "configs/tiny.yaml"), "--world-size", "2",
+                 "--data", str(tmp_path / "d")]) == 0
+    assert _planned_rows(capsys.readouterr().out) == [50 + 1] * 26

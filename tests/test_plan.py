@@ -355,7 +355,8 @@ def test_describe_plan_lists_tables_shards_and_ranks() -> None:
 
 def test_cmd_plan_bench_two_ranks(capsys) -> None:
     assert cmd_plan(["--config", str(BENCH), "--world-size", "2"]) == 0
-    out = capsys.readouterr().out.splitlines()
+    sizes, *out = capsys.readouterr().out.splitlines()
+    assert sizes.startswith("table sizes: no data given") and "synthetic" in sizes
     assert out[0].startswith("sharding plan: 26 tables over 2 ranks")
     rows = {line.split()[0]: line.split() for line in out[2:28]}
     assert sorted(rows) == sorted(f"C{i}" for i in range(1, 27))
@@ -400,7 +401,8 @@ def test_cmd_plan_reads_schema_from_data(tmp_path, capsys) -> None:
     )
     argv = ["--config", str(BENCH), "--world-size", "2", "--data", str(tmp_path)]
     assert cmd_plan(argv) == 0
-    out = capsys.readouterr().out.splitlines()
+    sizes, *out = capsys.readouterr().out.splitlines()
+    assert sizes == f"table sizes: from the data {tmp_path} (2 tables, 139 rows in all)"
     assert out[0] == "sharding plan: 2 tables over 2 ranks (data_parallel 2)"
     assert out[2].split()[:3] == ["c0", "7x64", "data_parallel"]
     assert out[3].split()[:3] == ["c1", "132x64", "data_parallel"]

@@ -42,21 +42,28 @@ def run_tables(cfg: Config, schema: Schema) -> list[TableSpec]:
 def run_schema(cfg: Config, data: str | None = None) -> tuple[Schema, dict[str, float]]:
     """The schema of the run's data and its known pooling factors (feature → mean ids
     per sample): from ``data`` or ``cfg.data.train`` if set (factors unknown, so
-    empty), else from ``cfg.generate`` (a multi-hot bag averages max_bag / 2 ids)."""
+    empty), else from ``cfg.generate`` (a multi-hot bag averages max_bag / 2 ids).
+
+    With data, the tables are sized as training will size them: after data.encoding's
+    vocabularies and hashing (one pass over the files where a vocabulary is fitted),
+    not by the raw ids (Criteo's hashed ids would ask for 2^32 rows per table)."""
     spec = data or cfg.data.train
     if spec:
         from data.files import expand_paths
+        from data.preprocess import fit
         from data.schema import infer_schema
+        from dlrm.train.inputs import prep_options
 
+        files = expand_paths(spec)
         schema = infer_schema(
-            expand_paths(spec),
+            files,
             label=cfg.data.label,
             dense=cfg.data.dense or None,
             sparse=cfg.data.sparse or None,
             rows=cfg.data.rows or None,
             tables=cfg.data.tables or None,
         )
-        return schema, {}
+        return fit(files, schema, prep_options(cfg)).apply(schema), {}
     from data.generate import generator_schema
 
     schema = generator_schema(cfg.generate)
