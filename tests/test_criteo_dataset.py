@@ -113,32 +113,31 @@ def test_bad_arguments_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixtur
 
 @needs_shared
 @pytest.mark.slow
-@pytest.mark.parametrize("ids", ["vocabulary", "raw"])
-def test_convert_train_eval_with_small_tables(tmp_path: Path, ids: str,
+def test_convert_train_eval_with_small_tables(tmp_path: Path,
                                               capsys: pytest.CaptureFixture[str]) -> None:
-    """No range flag: the converter's vocabulary (or, with --ids raw, dlrm train's own)
-    gives tables of at most a few thousand rows instead of 2^32.
+    """No range flag: the converter's vocabulary gives tables of at most a few thousand
+    rows instead of 2^32 (--ids raw, where dlrm train fits the vocabulary, is planned
+    in test_plan_sizes_raw_hashed_ids_as_training_will).
 
     AUC floor 0.70: on this split (rows 9001-10000 of Kaggle's day 1 held out)
     scikit-learn's logistic regression reaches 0.721 on the 13 log1p dense features
     alone and 0.755 with the categoricals one-hot (best of C in 0.03-1); this small
-    DLRM measured 0.729 (vocabulary) and 0.731 (raw). 0.70 says it learned the dense
-    signal at least, with room for thread-order noise."""
+    DLRM measured 0.725 (0.731 at twice the steps, with the raw ids and dlrm train's
+    vocabulary too). 0.70 says it learned the dense signal at least, with room for
+    thread-order noise."""
     out = tmp_path / "criteo"
     assert main(["convert-criteo", str(HEAD10K), "--out", str(out), "--eval-fraction", "0.1",
-                 "--ids", ids, "--min-frequency", "2"]) == 0
+                 "--min-frequency", "2"]) == 0
     summary = json.loads(capsys.readouterr().out)
     run = tmp_path / "run"
     assert main(["train", "--config", str(ROOT / "configs/criteo_kaggle.yaml"), "--out", str(run),
                  f"data.train={out / 'train'}", f"data.eval={out / 'eval'}",
-                 "data.min_frequency=2", "optim.dense=adagrad", "optim.sparse=rowwise_adagrad",
-                 "optim.dense_lr=0.01", "optim.sparse_lr=0.02", "model.embedding_dim=8",
+                 "data.batch_size=256", "optim.dense=adagrad", "optim.sparse=rowwise_adagrad",
+                 "optim.dense_lr=0.02", "optim.sparse_lr=0.04", "model.embedding_dim=8",
                  "model.bottom_mlp=[32,8]", "model.top_mlp=[32,1]", "train.epochs=2",
-                 "train.progress=false", "train.checkpoint_seconds=0"]) == 0
+                 "train.progress=false"]) == 0
     rows = {f["name"]: f["rows"] for f in json.loads((run / "schema.json").read_text())["sparse"]}
-    if ids == "vocabulary":
-        assert rows == summary["table_rows"]
-    assert max(rows.values()) < 2000, rows
+    assert rows == summary["table_rows"] and max(rows.values()) < 2000, rows
     capsys.readouterr()
     assert main(["eval", "--checkpoint", str(run), "--data", str(out / "eval")]) == 0
     result = json.loads(capsys.readouterr().out)
