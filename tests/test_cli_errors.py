@@ -345,3 +345,19 @@ def test_ranks_agree_on_the_precision() -> None:
     results = run_ranks(2, _decide_on_rank)
     assert [r[0] for r in results] == ["fp32", "fp32"]
     assert "another rank" in results[0][1][0] and "2.5 GFLOP/s against 180.0" in results[1][1][0]
+
+
+@pytest.mark.parametrize("override, key", [
+    ("data.encodings={x0: hash}", "data.encodings"),  # a dense column, not a sparse feature
+    ("data.dense_transforms={c9: log1p}", "data.dense_transforms"),
+    ("embeddings.plan={nope: {sharding: row_wise}}", "embeddings.plan"),
+])
+def test_config_names_a_column_the_data_lacks(override: str, key: str, tmp_path: Path, capsys) -> None:
+    """A column or table named in the config that the data lacks is one line, not ignored;
+    the same keys naming real ones train."""
+    f = write(tmp_path / "d.parquet", good_columns(np.random.default_rng(12)))
+    code, err = run_cli(train_argv(f, tmp_path / "run", override), capsys)
+    assert_one_line_error(code, err, f"config key {key}", override.split("{")[1].split(":")[0])
+    fixed = override.replace("x0", "c0").replace("c9", "x1").replace("nope", "c1")
+    code, err = run_cli(train_argv(f, tmp_path / "run_fixed", fixed), capsys)
+    assert code == 0, err

@@ -51,6 +51,7 @@ def resolve_data(cfg: Config, run_dir: str | Path | None = None) -> RunData:
         tables=cfg.data.tables or None,
         on_error=cfg.data.on_error,
     )
+    check_named_columns(cfg, schema)
     usable = screen_files(train_files, schema, cfg.data.on_error).files  # skip: bad files out
     saved = Path(run_dir) / prep_io.FILE if run_dir is not None else None
     if saved is not None and saved.is_file():
@@ -62,6 +63,22 @@ def resolve_data(cfg: Config, run_dir: str | Path | None = None) -> RunData:
     if eval_files:
         check_files(eval_files, schema, cfg.data.on_error)
     return RunData(train_files, eval_files, schema, prep)
+
+
+def check_named_columns(cfg: Config, schema: Schema) -> None:
+    """Config keys that name columns or tables name ones the data has: a typo in
+    data.encodings, data.dense_transforms or embeddings.plan would otherwise be
+    ignored (the column trained as if it were not named) without a word."""
+    tables = {f.table_name for f in schema.sparse}
+    named = [("data.encodings", cfg.data.encodings, {f.name for f in schema.sparse}, "sparse feature"),
+             ("data.dense_transforms", cfg.data.dense_transforms, set(schema.dense), "dense column"),
+             ("embeddings.plan", cfg.embeddings.plan, tables, "table")]
+    for key, mapping, known, kind in named:
+        for name in mapping:
+            if name not in known:
+                raise DataError(f"config key {key} names {name!r}, which is not a {kind} of the data "
+                                f"(there are {len(known)}: {', '.join(sorted(known)[:8])}"
+                                f"{', ...' if len(known) > 8 else ''})")
 
 
 def make_reader(
