@@ -29,6 +29,8 @@ import pyarrow.compute as pc
 
 from data.hashing import hash_bytes
 
+_CHUNK = 1 << 20  # values hashed at a time
+
 
 def flat_values(col: pa.ChunkedArray | pa.Array) -> tuple[pa.Array, np.ndarray | None]:
     """A categorical column as (flat values, offsets [n + 1] or None for single-hot).
@@ -65,6 +67,9 @@ def value_keys(values: pa.Array) -> np.ndarray:
     stable hash (as uint64)."""
     if pa.types.is_integer(values.type):
         return values.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+    if len(values) > _CHUNK:  # hashing takes ~40 bytes of temporaries per byte hashed
+        return np.concatenate([value_keys(values.slice(i, _CHUNK))
+                               for i in range(0, len(values), _CHUNK)])
     values = values.cast(pa.large_binary())
     _, offsets_buf, data_buf = values.buffers()
     offsets = np.frombuffer(offsets_buf, np.int64)[values.offset:values.offset + len(values) + 1]
