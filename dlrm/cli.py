@@ -100,13 +100,15 @@ def cmd_eval(argv: list[str]) -> int:
     p.add_argument("--checkpoint", required=True, help="run directory or checkpoint directory")
     p.add_argument("--data", required=True, help="Parquet file, directory or glob")
     p.add_argument("--plots", default=None, help="write ROC and calibration PNGs here")
-    p.add_argument("--batch-size", type=int, default=None)
+    p.add_argument("--batch-size", type=int, default=None, help="default: the run's data.eval_batch_size")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default=None,
                    help="where to score (default: the run's train.device); a run trained "
                         "on a GPU is evaluated on a CPU-only machine with --device cpu")
     a = p.parse_args(argv)
     if a.plots is not None:
         output_dir(a.plots, "--plots")
+    if a.batch_size is not None and a.batch_size < 1:  # 0 read as "not given" before
+        raise UserError(f"--batch-size {a.batch_size}: must be >= 1 (default: the run's data.eval_batch_size)")
     from dlrm.eval.evaluate import evaluate_checkpoint
 
     result = evaluate_checkpoint(a.checkpoint, a.data, plots_dir=a.plots, batch_size=a.batch_size,

@@ -361,3 +361,11 @@ def test_config_names_a_column_the_data_lacks(override: str, key: str, tmp_path:
     fixed = override.replace("x0", "c0").replace("c9", "x1").replace("nope", "c1")
     code, err = run_cli(train_argv(f, tmp_path / "run_fixed", fixed), capsys)
     assert code == 0, err
+
+
+@pytest.mark.parametrize("size", ["0", "-3"])
+def test_eval_batch_size_below_one(size: str, tmp_path: Path, capsys) -> None:
+    """--batch-size 0 was read as "not given"; now it is refused like -3, before any work."""
+    code, err = run_cli(["eval", "--checkpoint", str(tmp_path), "--data", str(tmp_path),
+                         "--batch-size", size], capsys)
+    assert_one_line_error(code, err, f"--batch-size {size}")
