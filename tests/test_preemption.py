@@ -1,6 +1,7 @@
 """Preemption: SIGTERM to one rank of a 2-rank torchrun job mid-run stops every rank
 after the same step with a checkpoint and exit code 75; the same command then
-resumes and ends with the parameters of a run never stopped, bit for bit. Under
+resumes, is stopped again by SIGTERM to torchrun itself, resumes again and ends with
+the parameters of a run never stopped, bit for bit. Under
 torchrun --max-restarts=1 a SIGINT to one rank does the same within one job. A
 default-config run checkpoints on its time interval, and one process stops on
 SIGINT the same way."""
@@ -28,7 +29,7 @@ from tests.run_state import run_state
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
-STEPS = 60  # long enough that a signal sent at step 3 lands well before the end
+STEPS = 80  # long enough that signals sent 3 steps into a job land well before the end
 ARGS = ["train.progress=false", "train.log_every=1", "data.batch_size=128",
         "embeddings.replicate_max_bytes=0"]
 
@@ -95,7 +96,7 @@ def straight(tmp_path_factory) -> tuple[Path, dict[str, torch.Tensor]]:
     return root / "train", run_state(root / "straight")
 
 
-def test_sigterm_to_one_rank_saves_exits_75_and_resumes_bit_equal(straight, tmp_path: Path) -> None:
+def test_sigterm_to_one_rank_then_to_torchrun_resumes_bit_equal(straight, tmp_path: Path) -> None:
     data, want = straight
     run = tmp_path / "run"
     job = torchrun(data, run)
@@ -111,10 +112,20 @@ def test_sigterm_to_one_rank_saves_exits_75_and_resumes_bit_equal(straight, tmp_
     summary = [x for x in logged(run) if x.get("event") == "summary"]
     assert summary[-1]["preempted"] == "SIGTERM" and summary[-1]["steps"] == stopped
 
-    job = torchrun(data, run)  # the same command
+    # The same command resumes; SIGTERM to torchrun itself now (what a scheduler
+    # sends): the agent forwards it to both workers, which stop and save again.
+    job = torchrun(data, run)
+    wait_for_step(job, run, stopped + 3)
+    os.kill(job.pid, signal.SIGTERM)
+    assert job.wait(timeout=300) != 0
+    log = output(run)
+    assert f"resumed from {run / ck.CHECKPOINTS / f'step-{stopped:09d}'} at step {stopped}" in log
+    again = newest_step(run)
+    assert stopped + 3 <= again < STEPS and f"stopped by SIGTERM after step {again} of {STEPS}" in log
+
+    job = torchrun(data, run)  # the same command, to the end
     assert job.wait(timeout=300) == 0, output(run)[-3000:]
-    assert f"resumed from {run / ck.CHECKPOINTS / f'step-{stopped:09d}'} at step {stopped}" in output(run)
-    assert newest_step(run) == STEPS
+    assert f"at step {again}" in output(run) and newest_step(run) == STEPS
     assert_bit_equal(run_state(run), want)
 
 
