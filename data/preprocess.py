@@ -69,6 +69,7 @@ class Options:
     rows: dict[str, int] = field(default_factory=dict)  # data.rows: per feature
     dense_transform: str = "none"
     dense_transforms: dict[str, str] = field(default_factory=dict)
+    on_error: str = "fail"  # skip: a row group that cannot be read is left out of the pass
 
 
 @dataclass
@@ -132,7 +133,8 @@ def fit(files: list[str], schema: Schema, opts: Options) -> Preprocessing:
     counted = {t for t, enc in choice.items() if enc in ("vocabulary", "auto-count")}
     transforms = {n: opts.dense_transforms.get(n, opts.dense_transform) for n in schema.dense}
     full = bool(counted) or "standardize" in transforms.values()
-    counters, stats, seen = _count(files, schema, counted, None if full else SAMPLE_ROWS)
+    counters, stats, seen = _count(files, schema, counted, None if full else SAMPLE_ROWS,
+                                   opts.on_error == "skip")
     prep = Preprocessing({}, {}, {}, transforms, stats, seen)
     for table, enc in choice.items():
         members = [f for f in schema.sparse if f.table_name == table]
@@ -182,9 +184,10 @@ def _value_type(t: pa.DataType) -> pa.DataType:
     return pa.int64() if pa.types.is_integer(t) else pa.large_binary()
 
 
-def _count(files: list[str], schema: Schema, tables: set[str], limit: int | None
+def _count(files: list[str], schema: Schema, tables: set[str], limit: int | None, skip: bool
            ) -> tuple[dict[str, ValueCounter], dict[str, DenseStats], int]:
-    """The pass: value counts of the counted tables' columns, dense statistics; rows read."""
+    """The pass: value counts of the counted tables' columns, dense statistics; rows read.
+    ``skip``: row groups that cannot be read are left out (the reader reports them)."""
     from data.files import open_parquet
 
     counters = {t: ValueCounter() for t in tables}
@@ -199,6 +202,8 @@ def _count(files: list[str], schema: Schema, tables: set[str], limit: int | None
             try:
                 table = pf.read_row_group(g, columns=columns)
             except (pa.ArrowException, OSError) as e:
+                if skip:
+                    continue
                 raise DataError(f"cannot read ({str(e)[:200]})", file=path, row_group=g) from None
             seen += table.num_rows
             for f in schema.sparse:

@@ -201,3 +201,20 @@ def test_raw_counts_are_named_with_the_setting(tmp_path: Path) -> None:
     assert prep.stats["counts"].mean == pytest.approx(x.astype(np.float64).mean(), rel=1e-9)
     assert prep.stats["counts"].std == pytest.approx(x.astype(np.float64).std(), rel=1e-6)
     assert prep.stats["counts"].median() <= np.median(x) < 2 ** 0.25 * (prep.stats["counts"].median() + 1)
+
+
+def test_the_pass_leaves_out_an_unreadable_row_group_only_under_skip(tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    f = write_parquet(tmp_path / "a.parquet", {"label": [0.0] * 6, "s": list("aabbbc")},
+                      row_group_size=2)
+    chunk = pq.ParquetFile(f).metadata.row_group(1).column(1)  # s of rows 2, 3 ("b", "b")
+    with open(f, "r+b") as fh:
+        fh.seek(chunk.dictionary_page_offset or chunk.data_page_offset)
+        fh.write(b"\xff" * 16)
+    schema = infer_schema([f])
+    with pytest.raises(DataError, match="a.parquet, row group 1: cannot read"):
+        preprocess.fit([f], schema, preprocess.Options())
+    prep = preprocess.fit([f], schema, preprocess.Options(on_error="skip"))
+    vocab = prep.vocabularies["s"]
+    assert vocab.values.to_pylist() == ["a", "b", "c"] and vocab.counts.tolist() == [2, 1, 1]
