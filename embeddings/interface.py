@@ -60,7 +60,7 @@ class TableState:
     sharding: dict[str, tuple[ShardingType, list[Shard]]]
     optimizer: SparseOptimizer
     plan: ShardingPlan | None = None  # recorded in the checkpoint; None: one process
-    group: dist.ProcessGroup | None = None  # None: DCP's single-process mode
+    group: dist.ProcessGroup | None = None  # None: one process, no collectives
 
 
 class PooledEmbeddings(Protocol):

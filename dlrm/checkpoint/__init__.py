@@ -1,2 +1,2 @@
 """Checkpoints: when and where they are written, the manifest that verifies them, and
-the sharded (torch.distributed.checkpoint) part that holds the embedding tables."""
+the sharded part that holds the embedding tables, streamed as raw pieces."""

@@ -1,6 +1,6 @@
 """A checkpoint's manifest: what makes it verifiable before anything is loaded.
 
-    meta.json   {"format_version": 3, "progress", "config", "schema", "plan",
+    meta.json   {"format_version": 4, "progress", "config", "schema", "plan",
                  "world_size", "files": {name: {"bytes", "sha256"}}, "meta_sha256"}
 
 Loading checks meta.json's own sha256 and the format version (:func:`load_meta`),

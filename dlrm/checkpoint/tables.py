@@ -224,7 +224,7 @@ def _table_key(
         for s, t in mine
     ]
     if whole and saving:
-        blocks = blocks[:1]  # data_parallel: this rank's copy; DCP keeps one of the ranks'
+        blocks = blocks[:1]  # data_parallel: this rank's copy; the lowest rank holding it writes it
     return _Logical(key, size, dtype, not whole, blocks)
 
 
