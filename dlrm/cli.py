@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 from data.errors import UserError
 from data.outputs import output_dir
-from dlrm.train.preemption import PREEMPTED, ignore_signals
+from dlrm.train.preemption import PREEMPTED, ignore_agent_signals
 
 
 def cmd_generate(argv: list[str]) -> int:
@@ -90,7 +90,7 @@ def cmd_train(argv: list[str]) -> int:
     cfg = load_config(a.config, a.overrides)
     summary = train(cfg, a.out)
     if summary.get("preempted"):
-        ignore_signals()  # checkpoint saved: this process only leaves now
+        ignore_agent_signals()  # checkpoint saved: this process only leaves now
         return PREEMPTED
     return 0
 

@@ -22,12 +22,10 @@ import torch
 
 from dlrm.checkpoint import manager as ck
 from dlrm.config import load_config
-from dlrm.train.preemption import PREEMPTED
+from dlrm.train.preemption import PREEMPTED, Preemption, ignore_agent_signals
 from tests.conftest import REPO, TINY
 from tests.multiprocess import free_port
 from tests.run_state import run_state
-
-pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 STEPS = 80  # long enough that signals sent 3 steps into a job land well before the end
 ARGS = ["train.progress=false", "train.log_every=1", "data.batch_size=128",
@@ -84,6 +82,18 @@ def assert_bit_equal(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]
         assert torch.equal(got[key], value), key
 
 
+def test_signals_only_set_a_flag_while_entered() -> None:
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    with Preemption() as preemption:
+        assert preemption.signum == 0
+        os.kill(os.getpid(), signal.SIGTERM)  # Python runs the handler as kill returns
+        os.kill(os.getpid(), signal.SIGINT)  # a later signal changes nothing
+        assert preemption.signum == signal.SIGTERM
+    assert {sig: signal.getsignal(sig) for sig in before} == before
+    ignore_agent_signals()  # not a torchrun worker (no TORCHELASTIC_RUN_ID): nothing changes
+    assert {sig: signal.getsignal(sig) for sig in before} == before
+
+
 @pytest.fixture(scope="module")
 def straight(tmp_path_factory) -> tuple[Path, dict[str, torch.Tensor]]:
     from data.generate import generate_dataset
@@ -96,6 +106,8 @@ def straight(tmp_path_factory) -> tuple[Path, dict[str, torch.Tensor]]:
     return root / "train", run_state(root / "straight")
 
 
+@pytest.mark.distributed
+@pytest.mark.slow
 def test_sigterm_to_one_rank_then_to_torchrun_resumes_bit_equal(straight, tmp_path: Path) -> None:
     data, want = straight
     run = tmp_path / "run"
@@ -129,6 +141,8 @@ def test_sigterm_to_one_rank_then_to_torchrun_resumes_bit_equal(straight, tmp_pa
     assert_bit_equal(run_state(run), want)
 
 
+@pytest.mark.distributed
+@pytest.mark.slow
 def test_max_restarts_resumes_after_sigint_to_one_rank(straight, tmp_path: Path) -> None:
     data, want = straight
     run = tmp_path / "run"
@@ -143,6 +157,7 @@ def test_max_restarts_resumes_after_sigint_to_one_rank(straight, tmp_path: Path)
     assert_bit_equal(run_state(run), want)
 
 
+@pytest.mark.slow
 def test_default_config_checkpoints_on_time_and_stops_on_sigint(straight, tmp_path: Path) -> None:
     # The shipped defaults save on a clock (README: every 30 minutes); shortened here.
     interval = 3.0

@@ -24,6 +24,7 @@ with a checkpoint, run me again" from "killed".
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 from types import FrameType
@@ -58,11 +59,15 @@ class Preemption:
         self.signum = self.signum or signum
 
 
-def ignore_signals() -> None:
-    """For a process that stopped with its checkpoint and is only leaving: SIGTERM and
-    SIGINT are ignored from now on. torchrun's agent SIGTERMs the ranks still leaving
-    once the first one exited 75; they would die of it, reported as the failure's
-    root cause, instead of exiting 75 themselves."""
+def ignore_agent_signals() -> None:
+    """For a torchrun worker that stopped with its checkpoint and is only leaving:
+    SIGTERM and SIGINT are ignored from now on. The agent SIGTERMs the ranks still
+    leaving once the first one exited 75; they would die of it, reported as the
+    failure's root cause, instead of exiting 75 themselves. Outside torchrun (no
+    TORCHELASTIC_RUN_ID, which the agent sets for its workers: one process, or
+    ``main`` called in-process by a test) nothing changes."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ:
+        return
     for sig in SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
 
