@@ -107,14 +107,15 @@ class Preprocessing:
 
 
 def hash_rows(values: pa.Array, rows: int) -> np.ndarray:
-    """1 + splitmix64(key) % (rows - 1) for each value, 0 for nulls (rows >= 2)."""
-    null = np.asarray(pc.is_null(values).to_numpy(zero_copy_only=False), dtype=bool)
-    filled = pc.fill_null(values, 0) if pa.types.is_integer(values.type) else pc.fill_null(
-        values, pa.scalar(b"", pa.large_binary()).cast(values.type))
-    keys = splitmix64(value_keys(filled))
-    out = (keys % np.uint64(rows - 1)).astype(np.int64) + 1
-    out[null] = 0
-    return out
+    """1 + splitmix64(key) % (rows - 1) for each value, 0 for nulls (rows >= 2); each
+    distinct value of the batch is hashed once."""
+    if len(values) == 0 or values.null_count == len(values):
+        return np.zeros(len(values), dtype=np.int64)
+    encoded = pc.dictionary_encode(values)
+    keys = splitmix64(value_keys(encoded.dictionary))
+    buckets = (keys % np.uint64(rows - 1)).astype(np.int64) + 1
+    indices = pc.fill_null(encoded.indices, -1).to_numpy().astype(np.int64)
+    return np.where(indices >= 0, buckets[indices], 0)
 
 
 # --------------------------------------------------------------------------- fitting
