@@ -13,10 +13,10 @@ one Python step per row).
 
 Looking up is a binary search: the vocabulary's keys (an int column's values, or a
 string's stable 64-bit hash, :func:`data.hashing.hash_bytes`) are sorted once, and
-``np.searchsorted`` finds the keys of a batch's distinct values (``dictionary_encode``). ``pc.index_in`` would build its hash set of
-the whole vocabulary again on every call (a 1M-value vocabulary: about 0.2 s per
-64k-row batch), so it is not used per batch. Two vocabulary strings of the same
-hash would be ambiguous: the later one (in row order) is left to the OOV row.
+``np.searchsorted`` finds the keys of a batch's distinct values (``dictionary_encode``).
+``pc.index_in`` would build its hash set of the whole vocabulary again on every call,
+so it is not used per batch. Two vocabulary strings of the same hash would be
+ambiguous: the later one (in row order) is left to the OOV row.
 """
 
 from __future__ import annotations
