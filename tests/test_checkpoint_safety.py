@@ -23,6 +23,7 @@ from dlrm.checkpoint import manager as ck
 from dlrm.checkpoint import manifest
 from dlrm.checkpoint.schedule import CheckpointSchedule
 from dlrm.cli import main
+from dlrm.parallel.distributed import DistInfo
 from tests.conftest import TINY, tiny_overrides
 from tests.data_helpers import tiny_dataset
 from tests.multiprocess import run_ranks
@@ -82,9 +83,7 @@ def test_checkpoint_seconds_saves_on_time(trained, tmp_path: Path) -> None:
     assert steps_kept(tmp_path / "run") == [f"step-00000000{i}" for i in (1, 2, 3, 4)]
 
 
-def _ranks_agree(rank: int, world_size: int) -> list[tuple[bool, int]]:
-    from dlrm.parallel.distributed import DistInfo
-
+def _ranks_agree(rank: int, world_size: int) -> tuple[list[tuple[bool, int]], list[tuple[int, bool, int]]]:
     info = DistInfo(rank, world_size, rank, torch.device("cpu"), "gloo")
     schedule = CheckpointSchedule(0, 1000.0, 2, info, exchange_seconds=0)  # exchange every step
     verdicts = []
@@ -94,19 +93,16 @@ def _ranks_agree(rank: int, world_size: int) -> list[tuple[bool, int]]:
     schedule.saved_at = float("inf")
     for signalled, signum in ((1, 15), (0, 2)):  # one rank got SIGTERM, then SIGINT
         verdicts.append(tuple(schedule.after_step(7, signum if rank == signalled else 0)))
-    return verdicts
+    return verdicts, _stop_step(info, step_s=0.02)
 
 
-def _stop_step(rank: int, world_size: int, step_s: float) -> list[tuple[int, bool, int]]:
+def _stop_step(info: DistInfo, step_s: float) -> list[tuple[int, bool, int]]:
     """Steps of ``step_s`` seconds; rank 1 is signalled at step 5: every verdict to the stop."""
-    from dlrm.parallel.distributed import DistInfo
-
-    info = DistInfo(rank, world_size, rank, torch.device("cpu"), "gloo")
     schedule = CheckpointSchedule(4, 0.0, 2, info, exchange_seconds=0.2)
     verdicts = []
     for step in range(1, 1000):
         time.sleep(step_s)
-        verdict = schedule.after_step(step, 15 if rank == 1 and step >= 5 else 0)
+        verdict = schedule.after_step(step, 15 if info.rank == 1 and step >= 5 else 0)
         verdicts.append((step, *verdict))
         if verdict.stop:
             return verdicts
@@ -118,15 +114,15 @@ def _stop_step(rank: int, world_size: int, step_s: float) -> list[tuple[int, boo
 def test_ranks_decide_alike() -> None:
     # Rank 0's clock decides for all ranks, and any rank's signal stops (and saves)
     # every rank at the same step: a save is a collective.
+    (verdicts0, steps0), (verdicts1, steps1) = run_ranks(2, _ranks_agree)
     expected = [(True, 0), (False, 0), (True, 15), (True, 2)]
-    assert run_ranks(2, _ranks_agree) == [expected, expected]
+    assert verdicts0 == verdicts1 == expected
     # Exchanging about every 0.2 s (10 steps of 20 ms): the same verdicts on both
     # ranks, saves every 4 steps, and the stop after step 5 but within 0.2 s or so.
-    ranks = run_ranks(2, _stop_step, 0.02)
-    assert ranks[0] == ranks[1]
-    stop_step = ranks[0][-1][0]
-    assert ranks[0][-1][1:] == (True, 15) and 5 <= stop_step <= 5 + 11
-    assert all(save == (step % 4 == 0) and not stop for step, save, stop in ranks[0][:-1])
+    assert steps0 == steps1
+    stop_step, save, stop = steps0[-1]
+    assert save and stop == 15 and 5 <= stop_step <= 5 + 11
+    assert all(save == (step % 4 == 0) and not stop for step, save, stop in steps0[:-1])
 
 
 def damaged_copy(run: Path, dst: Path, damage: str) -> tuple[Path, str, str]:
