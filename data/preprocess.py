@@ -97,7 +97,11 @@ class Preprocessing:
         """Rows of a vocabulary or hash feature's column: (values, offsets or None)."""
         values, offsets = flat_values(col)
         if feature.encoding == "vocabulary":
-            return self.vocabularies[feature.table_name].lookup(values), offsets
+            vocab = self.vocabularies[feature.table_name]
+            if pa.types.is_integer(vocab.values.type) != pa.types.is_integer(values.type):
+                raise DataError(f"type {values.type} here, {vocab.values.type} in the data its "
+                                "vocabulary was fitted on", column=feature.name)
+            return vocab.lookup(values), offsets
         if feature.encoding != "hash":
             raise ValueError(f"feature {feature.name}: encoding {feature.encoding} maps no values")
         return hash_rows(values, feature.rows), offsets

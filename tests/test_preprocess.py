@@ -218,3 +218,14 @@ def test_the_pass_leaves_out_an_unreadable_row_group_only_under_skip(tmp_path: P
     prep = preprocess.fit([f], schema, preprocess.Options(on_error="skip"))
     vocab = prep.vocabularies["s"]
     assert vocab.values.to_pylist() == ["a", "b", "c"] and vocab.counts.tolist() == [2, 1, 1]
+
+
+def test_a_column_of_another_type_than_its_vocabulary_is_one_line(tmp_path: Path) -> None:
+    train = write_parquet(tmp_path / "t.parquet", {"label": [0.0, 1.0], "c": [5_000_000, 7]})
+    other = write_parquet(tmp_path / "e.parquet", {"label": [0.0, 1.0], "c": ["5000000", "7"]})
+    schema = infer_schema([train])
+    prep = preprocess.fit([train], schema, preprocess.Options(encoding="vocabulary"))
+    schema = prep.apply(schema)
+    assert _read_all([train], schema, prep)["c"] == [2, 1]  # a tie: ordered by value
+    with pytest.raises(DataError, match="column 'c': type large_string here, int64 in the data"):
+        _read_all([other], schema, prep)
