@@ -59,6 +59,7 @@ def strings(tmp_path_factory) -> dict[str, Path]:
             "eval_log": string_dataset(root / "eval_log", 800, 2, log1p=True)}
 
 
+@pytest.mark.slow
 def test_log1p_setting_equals_data_given_log1p(strings, tmp_path: Path) -> None:
     said: list[str] = []
     train(cfg_for(strings["train"], strings["eval"], "data.dense_transform=log1p"),
@@ -89,6 +90,7 @@ def _with_unseen(src: Path, dst: Path, replacement) -> Path:
     return dst
 
 
+@pytest.mark.slow
 def test_resume_and_eval_reuse_the_saved_mapping(strings, tmp_path: Path) -> None:
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     train(cfg_for(strings["train"], strings["eval"], "train.max_steps=8"), straight, echo=lambda s: None)

@@ -21,7 +21,7 @@ from tests.conftest import REPO, TINY, tiny_overrides
 AVAZU = REPO.parent / "shared" / "data" / "avazu" / "avazu_train_head9999.csv"
 FLOOR = 0.69
 
-pytestmark = pytest.mark.skipif(not AVAZU.is_file(), reason=f"needs {AVAZU}")
+pytestmark = [pytest.mark.skipif(not AVAZU.is_file(), reason=f"needs {AVAZU}"), pytest.mark.slow]
 
 
 def test_avazu_csv_trains_and_evaluates_with_only_the_label_named(tmp_path: Path, capsys) -> None:
