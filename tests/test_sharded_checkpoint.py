@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from dlrm.checkpoint.manager import CheckpointError
+from dlrm.checkpoint.manifest import digest
 from dlrm.checkpoint.tables import load_embeddings, save_embeddings
 from embeddings.collection import LocalEmbeddingCollection
 from embeddings.optim import make_sparse_optimizer
@@ -232,3 +233,23 @@ def test_write_error_names_free_space(tmp_path: Path) -> None:
     line = _free_space(tmp_path / "not" / "yet" / "there")  # reports the nearest existing dir
     assert line.startswith("; ") and line.endswith(" MB free on its file system")
     assert float(line[2:].split()[0].replace(",", "")) > 0
+
+
+def test_write_error_and_missing_piece_are_one_line(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    with pytest.raises(CheckpointError, match=r"a-file/ckpt: cannot be written \(.*\); [\d,.]+ MB free"):
+        save_embeddings(blocker / "ckpt", local().table_state())
+
+    saved = local()
+    digests = save_embeddings(tmp_path / "ckpt", saved.table_state())
+    on_disk = {f.name for f in (tmp_path / "ckpt").iterdir()}
+    assert set(digests) == on_disk and "index.json" in on_disk  # every file hashed as written
+    for name, streamed in digests.items():  # ... and the hashes are the files' own
+        assert streamed == digest(tmp_path / "ckpt" / name), name
+    index = json.loads((tmp_path / "ckpt" / "index.json").read_text())
+    gone = next(p for p in index["pieces"] if p["key"] == "tables.t1.weight")
+    index["pieces"].remove(gone)
+    (tmp_path / "ckpt" / "index.json").write_text(json.dumps(index))
+    with pytest.raises(CheckpointError, match=r"tables\.t1\.weight cannot be read \(its pieces cover 0 of"):
+        load_embeddings(tmp_path / "ckpt", local().table_state())

@@ -6,6 +6,10 @@ the bytes go out (sha256, so the manifest needs no second read):
     live tensor [rows, cols] ──16 MiB of rows at a time──► sha256.update ─► file
     (a contiguous CPU tensor is written from its own memory: no copy at all)
 
+Each file is fsynced, then dropped from the page cache: a save of tables that fill
+most of host memory does not also fill the rest with dirty cache, which the kernel
+would have to write back while the writers wait.
+
 Reading fills a region of a live tensor from the part of a piece that overlaps it:
 whole rows of a contiguous CPU tensor are read straight into its storage
 (``readinto``); anything else (a column slice, a GPU tensor) goes through a buffer of
@@ -62,6 +66,8 @@ def write_piece(path: Path, t: torch.Tensor) -> dict[str, Any]:
             size += len(data)
         fh.flush()
         os.fsync(fh.fileno())
+        if hasattr(os, "posix_fadvise"):  # written back: its cached pages are not needed
+            os.posix_fadvise(fh.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
     return {"bytes": size, "sha256": h.hexdigest()}
 
 

@@ -79,7 +79,7 @@ from embeddings.sharding.registry import strategy
 
 INDEX = "index.json"
 PIECE_BYTES = 256 << 20  # at most this many bytes of rows per file
-THREADS = min(4, os.cpu_count() or 1)  # files written (and hashed) at a time
+THREADS = 4  # files written (and hashed) at a time: they wait on the disk as much as on a core
 _PIECE_FILE = re.compile(r"rank-\d+\.\d+\.bin")
 
 # --------------------------------------------------------------------------- API
@@ -103,8 +103,9 @@ def save_embeddings(path: str | Path, tables: TableState) -> dict[str, dict[str,
     try:
         path.mkdir(parents=True, exist_ok=True)
         pieces = _pieces(writes, rank)
+        tensors = [p.pop("tensor") for p in pieces]  # the rest goes into the index
         with ThreadPoolExecutor(THREADS) as pool:
-            done = pool.map(lambda p: write_piece(path / p["file"], p.pop("tensor")), pieces)
+            done = pool.map(lambda p, t: write_piece(path / p["file"], t), pieces, tensors)
             digests = {p["file"]: d for p, d in zip(pieces, done)}
     except OSError as e:
         error = f"checkpoint {path}: cannot be written ({one_line(e, named=True)}){_free_space(path)}"
