@@ -135,13 +135,13 @@ def load_embeddings(path: str | Path, tables: TableState) -> None:
     by_key: dict[str, list[dict[str, Any]]] = {}
     for piece in index["pieces"]:
         by_key.setdefault(piece["key"], []).append(piece)
+    # A split key: each block its own part. A whole one: the first copy read, the
+    # others copied from it. Blocks are read several at a time (disjoint memory).
+    jobs = [(lg.key, b) for lg in layout for b in (lg.blocks if lg.split else lg.blocks[:1])]
     error = None
     try:
-        for logical in layout:
-            # A split key: each block its own part. A whole one: the first copy read,
-            # the others copied from it.
-            for block in logical.blocks if logical.split else logical.blocks[:1]:
-                _fill(path, logical.key, block, by_key.get(logical.key, []))
+        with ThreadPoolExecutor(THREADS) as pool:
+            list(pool.map(lambda job: _fill(path, *job, by_key.get(job[0], [])), jobs))
     except CheckpointError as e:
         error = str(e)
     _raise_first(_all_gather(tables, error))
