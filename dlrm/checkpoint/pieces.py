@@ -24,6 +24,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import hashlib
+import mmap
 import os
 from pathlib import Path
 from typing import Any
@@ -88,10 +89,9 @@ class _Sink:
         except OSError:  # tmpfs and others refuse O_DIRECT
             self.fd, self.direct = os.open(path, flags, 0o644), False
         self.size = self.filled = 0
-        if self.direct:
-            raw = torch.empty(DIRECT_BYTES + ALIGN, dtype=torch.uint8)
-            skip = -raw.data_ptr() % ALIGN
-            self.buffer = raw[skip : skip + DIRECT_BYTES]
+        if self.direct:  # page-aligned, and given back to the system at close (a heap
+            self.pages = mmap.mmap(-1, DIRECT_BYTES)  # buffer per file stayed resident)
+            self.buffer = torch.frombuffer(self.pages, dtype=torch.uint8)
 
     def write(self, flat: torch.Tensor) -> None:
         self.size += flat.numel()
@@ -127,6 +127,9 @@ class _Sink:
                 os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
             os.close(self.fd)
+            if hasattr(self, "pages"):
+                del self.buffer
+                self.pages.close()
 
 
 def _write_all(fd: int, data: memoryview) -> None:
