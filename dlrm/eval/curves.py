@@ -94,10 +94,10 @@ def write_curves(run_dir: str | Path, out: str | Path | None = None) -> tuple[Pa
     if curves.eval_logloss:
         loss_ax.plot(*zip(*curves.eval_logloss), "o", ms=6, label="eval logloss")
     loss_ax.set(ylabel="binary cross-entropy (nats)")
-    loss_ax.legend(loc="upper right")
+    loss_ax.legend(loc="best")  # "best": away from the points (an eval point sat under a fixed corner)
     if curves.eval_auc:
         auc_ax.plot(*zip(*curves.eval_auc), "o-", ms=6, c="tab:green", label="eval AUC")
-        auc_ax.legend(loc="lower right")
+        auc_ax.legend(loc="best")
     else:
         auc_ax.text(0.5, 0.5, "no eval in this run (data.eval)", ha="center", va="center",
                     transform=auc_ax.transAxes, color="grey")
@@ -109,7 +109,7 @@ def write_curves(run_dir: str | Path, out: str | Path | None = None) -> tuple[Pa
     rate_ax.set(xlabel="optimizer step", ylabel="throughput (samples/s)")
     rate_ax.set_ylim(bottom=0)
     rate_ax.yaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))
-    rate_ax.legend(loc="lower right")
+    rate_ax.legend(loc="best")
     for ax in (loss_ax, auc_ax, rate_ax):
         ax.grid(alpha=0.3)
     path = Path(out) if out is not None else run_dir / CURVES_FILE
