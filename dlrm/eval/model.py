@@ -48,16 +48,17 @@ def eval_model(
     cfg: Config, schema: Schema, info: DistInfo, say: Callable[[str], None] | None = None
 ) -> RecModel:
     """This rank's model of ``cfg`` for scoring (see the module docstring), not yet
-    loaded: ``load_checkpoint`` fills it. ``say``: where the choice of host memory is
+    loaded: ``load_checkpoint`` fills it, so its tables skip the random init
+    (``resume=True``). ``say``: where the choice of host memory is
     told (default stderr: stdout holds the metrics' JSON)."""
     if cfg.embeddings.backend == "torchrec" or cfg.embeddings.placement != "hotline":
-        return build_model(cfg, schema, info.device, info)
+        return build_model(cfg, schema, info.device, info, resume=True)
     plain = dataclasses.replace(cfg, embeddings=dataclasses.replace(cfg.embeddings, placement="sharded"))
     if tables_fit(plain, schema, info):
-        return build_model(plain, schema, info.device, info)
+        return build_model(plain, schema, info.device, info, resume=True)
     if info.is_main:
         (say or _stderr)(f"eval: the tables do not fit on {info.device}; they stay in host memory")
-    return build_model(cfg, schema, info.device, info, no_hot_rows(cfg, schema))
+    return build_model(cfg, schema, info.device, info, no_hot_rows(cfg, schema), resume=True)
 
 
 def tables_fit(cfg: Config, schema: Schema, info: DistInfo) -> bool:
