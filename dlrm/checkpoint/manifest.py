@@ -15,6 +15,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -164,7 +165,10 @@ def _check_file(ckpt: Path, name: str, want: Any) -> str | None:
 def load_state(ckpt: Path) -> dict[str, Any]:
     path = ckpt / "state.pt"
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():
+            # A foreign pickle's protocol warning would precede the one-line refusal.
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")
+            return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - corrupt, truncated or foreign files fail in many ways
         raise CheckpointError(f"checkpoint {path}: cannot be loaded ({one_line(e)})") from None
 

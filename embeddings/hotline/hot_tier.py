@@ -55,7 +55,7 @@ class HotTier(nn.Module):
     def locate(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(hot mask [N], slot [N]; slot is meaningless where not hot)."""
         hot_ids = self._ids_on.get(ids.device)
-        if hot_ids is None or hot_ids.numel() != self.ids.numel():
+        if hot_ids is None:
             hot_ids = self._ids_on[ids.device] = self.ids.to(ids.device)
         if hot_ids.numel() == 0:
             return torch.zeros_like(ids, dtype=torch.bool), torch.zeros_like(ids)
