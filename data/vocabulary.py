@@ -15,7 +15,9 @@ Looking up is a binary search: the vocabulary's keys (an int column's values, or
 string's stable 64-bit hash, :func:`data.hashing.hash_bytes`) are sorted once, and
 ``np.searchsorted`` finds the keys of a batch's distinct values (``dictionary_encode``).
 ``pc.index_in`` would build its hash set of the whole vocabulary again on every call,
-so it is not used per batch. Two vocabulary strings of the same hash would be
+so it is not used per batch. An integer vocabulary whose values span at most 4x its
+size (+ 64k) is looked up by one gather from a table indexed by value (int32 rows,
+built once), no dictionary encode, no search. Two vocabulary strings of the same hash would be
 ambiguous: the later one (in row order) is left to the OOV row.
 """
 
@@ -77,6 +79,16 @@ def value_keys(values: pa.Array) -> np.ndarray:
     return hash_bytes(offsets, data)
 
 
+def _direct_lookup(direct: tuple[int, np.ndarray], values: pa.Array) -> np.ndarray:
+    """Rows [n] of non-null integer ``values`` by one gather from the direct table."""
+    lo, table = direct
+    i = values.to_numpy(zero_copy_only=False).astype(np.int64, copy=False) - lo
+    inside = (i >= 0) & (i < len(table))
+    rows = table[np.where(inside, i, 0)].astype(np.int64)
+    rows[~inside] = 0
+    return rows
+
+
 class ValueCounter:
     """Counts of each value seen, merged as they come (see the module docstring)."""
 
@@ -118,6 +130,7 @@ class Vocabulary:
     distinct: int  # distinct values counted (before min_frequency and max_rows)
     _sorted_keys: np.ndarray | None = None
     _sorted_rows: np.ndarray | None = None
+    _direct: tuple[int, np.ndarray] | None = None  # (lowest value, rows by value - lowest)
 
     @property
     def rows(self) -> int:
@@ -149,7 +162,12 @@ class Vocabulary:
         """Rows [n] of ``values`` (flat, of :func:`flat_values`): unseen and null → 0.
 
         Each distinct value of the batch is looked up once (``dictionary_encode``:
-        popular ids repeat, so a batch holds far fewer distinct values than rows)."""
+        popular ids repeat, so a batch holds far fewer distinct values than rows).
+        Integer values without nulls whose span fits the table of :meth:`_direct_table`
+        take one gather instead."""
+        direct = self._direct_table() if pa.types.is_integer(values.type) else None
+        if direct is not None and len(values) and values.null_count == 0:
+            return _direct_lookup(direct, values)
         if self._sorted_keys is None:
             keys = value_keys(self.values)
             order = np.argsort(keys, kind="stable")
@@ -162,3 +180,18 @@ class Vocabulary:
         rows = np.where(self._sorted_keys[at] == keys, self._sorted_rows[at], 0)
         indices = pc.fill_null(encoded.indices, -1).to_numpy().astype(np.int64)
         return np.where(indices >= 0, rows[indices], 0)
+
+    def _direct_table(self) -> tuple[int, np.ndarray] | None:
+        """(lo, table): table[v - lo] is integer value v's row (0: not in the vocabulary),
+        built once when the values' span is at most 4 x the vocabulary (+ 64k), else None.
+        int32 rows: 4 bytes per value of the span."""
+        if self._direct is None:
+            v = self.values.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+            self._direct = (0, np.zeros(0, np.int32))
+            if len(v) and len(v) < 2**31 - 1:
+                lo, span = int(v.min()), int(v.max()) - int(v.min()) + 1
+                if span <= 4 * len(v) + (1 << 16):
+                    table = np.zeros(span, np.int32)
+                    table[v[::-1] - lo] = np.arange(len(v), 0, -1, dtype=np.int32)  # earliest wins
+                    self._direct = (lo, table)
+        return self._direct if len(self._direct[1]) else None
