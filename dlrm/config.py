@@ -115,6 +115,10 @@ class EmbeddingsConfig:
     # Off: backward produces KV gradients (unique ids, rows) that the optimizer
     # then applies; a user who wants to see embedding gradients sets this off.
     fused: bool = True
+    # The lookup's and update's kernels: auto = Triton on CUDA (embeddings/kernels: one
+    # launch for every bag, optimizer fused in the sorted backward), torch elsewhere;
+    # triton forces them (on CPU only under TRITON_INTERPRET=1, as the tests run them).
+    kernels: Literal["auto", "triton", "torch"] = "auto"
     # Hybrid parallel (more than one rank): the planner places every table unless
     # pinned here, within memory_per_rank (e.g. "16GB"; empty = no limit).
     # sharded: tables on the ranks per the plan; hotline: hot rows on the device,

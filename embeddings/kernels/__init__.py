@@ -14,6 +14,7 @@ imports, torch elsewhere), ``triton`` (Triton everywhere: on CPU tensors it need
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 from enum import Enum
 
@@ -26,6 +27,7 @@ class KernelChoice(str, Enum):
     TORCH = "torch"
 
 
+@functools.cache
 def triton_available() -> bool:
     """Whether ``triton`` can be imported (without importing it)."""
     return importlib.util.find_spec("triton") is not None

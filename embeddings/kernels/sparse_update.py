@@ -32,6 +32,8 @@ numbers, so a captured CUDA graph replays with the current values.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
@@ -80,7 +82,7 @@ def _run_gradient(sorted_ptr, order_ptr, bag_of_ptr, offsets_ptr, grad_ptr, i, r
 def _runs_kernel(
     sorted_ptr, order_ptr, bag_of_ptr, offsets_ptr, grad_ptr,
     weight_ptr, state_ptr, state2_ptr, lr_ptr, step_ptr, out_ids_ptr, out_rows_ptr,
-    n, batch, dim, stride_b, stride_f, eps, beta1, beta2,
+    n, batch, dim, stride_b, stride_f, eps, beta1, beta2, log_beta1, log_beta2,
     OPT: tl.constexpr, MEAN: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     i = tl.program_id(0)
@@ -117,8 +119,8 @@ def _runs_kernel(
                 tl.store(state_ptr + at, m, mask=in_row)
                 tl.store(state2_ptr + at, v, mask=in_row)
                 t = tl.load(step_ptr).to(tl.float64)
-                bias2 = 1.0 - tl.exp(t * tl.log(beta2.to(tl.float64)))
-                bias1 = 1.0 - tl.exp(t * tl.log(beta1.to(tl.float64)))
+                bias2 = 1.0 - tl.exp(t * log_beta2)  # 1 - beta2^t
+                bias1 = 1.0 - tl.exp(t * log_beta1)
                 step_size = (lr.to(tl.float64) * tl.sqrt(bias2) / bias1).to(tl.float32)
                 w = w - step_size * (m / (tl.sqrt(v) + eps))
             tl.store(weight_ptr + at, w.to(weight_ptr.dtype.element_ty), mask=in_row)
@@ -160,6 +162,7 @@ def _launch_runs(grad_pooled, values, offsets, row_base, batch, mean, feature_ma
         dummy if lr is None else lr, dummy if step is None else step,
         dummy if out_ids is None else out_ids, dummy if out_rows is None else out_rows,
         n, batch, dim, stride_b, stride_f, eps, betas[0], betas[1],
+        math.log(betas[0]) if betas[0] > 0 else 0.0, math.log(betas[1]) if betas[1] > 0 else 0.0,
         OPT=opt, MEAN=mean, BLOCK_D=block_d(dim),
     )
 
