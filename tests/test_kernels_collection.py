@@ -20,13 +20,13 @@ def tables(pooling: Pooling) -> list[TableSpec]:
             TableSpec("t1", rows=5, dim=12, features=("c",), pooling=pooling)]
 
 
-def batch(seed: int, multi_hot: bool) -> JaggedFeatures:
-    """Keys in another order than the collection's features (c, a, b)."""
+def batch(seed: int, multi_hot: bool, keys: tuple[str, ...] = ("c", "a", "b")) -> JaggedFeatures:
+    """B=4; by default keys in another order than the collection's features (a, b, c)."""
     gen = torch.Generator().manual_seed(seed)
     lengths = torch.randint(0, 3, (3 * 4,), generator=gen) if multi_hot else torch.ones(12, dtype=torch.long)
-    rows = [5] * 4 + [7] * 8  # c's table, then a's and b's
+    rows = [r for key in keys for r in [5 if key == "c" else 7] * 4]  # each bag's table rows
     values = torch.cat([torch.randint(0, rows[i], (int(n),), generator=gen) for i, n in enumerate(lengths)])
-    return JaggedFeatures(["c", "a", "b"], values, lengths, stride=4).to(DEVICE)
+    return JaggedFeatures(list(keys), values, lengths, stride=4).to(DEVICE)
 
 
 @pytest.mark.parametrize("fused", [True, False])
@@ -67,3 +67,34 @@ def test_lookup_feature_major_matches_torch() -> None:
     got = [c.lookup(ids, lengths[order], 4) for c in made]
     assert got[0].shape == (3, 4, 12)
     torch.testing.assert_close(got[0], got[1], rtol=1e-6, atol=1e-6)
+
+
+def test_triton_step_has_no_host_sync_and_few_ops() -> None:
+    """Forward, backward and fused update of a batch in the collection's own feature
+    order (as the reader gives it): no data-dependent shape, no host read; the op
+    count is printed beside the torch path's. The audit itself must see a planted sync."""
+    from tests.sync_audit import SyncAudit
+
+    sparse = batch(0, True, keys=("a", "b", "c"))
+    counts = {}
+    for kernels in ("triton", "torch"):
+        collection = LocalEmbeddingCollection(tables(Pooling.SUM), make_sparse_optimizer("adam"), seed=1,
+                                              device=DEVICE, kernels=kernels)
+        collection.set_lr(0.1)
+        collection(sparse).sum().backward()  # the first step moves lr and Adam's step once
+        grad = torch.ones(4, 36, device=DEVICE)
+        with SyncAudit() as audit:
+            collection.set_lr(0.05)
+            collection(sparse).backward(grad)
+            collection.step()
+        counts[kernels] = audit.compute_ops
+        if kernels == "triton":
+            assert audit.violations == [], audit.violations
+            assert audit.ops["triton._pooled_kernel"] == 1 and audit.ops["triton._runs_kernel"] == 1
+        else:
+            assert audit.violations  # today's torch path: unique_consecutive, .item() of Adam's step
+    print(f"embedding step ops: triton {counts['triton']}, torch {counts['torch']}")
+    assert counts["triton"] < counts["torch"]
+    with SyncAudit() as audit:
+        torch.ones(3).sum().item()
+    assert audit.violations == ["aten._local_scalar_dense"]
