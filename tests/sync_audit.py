@@ -19,7 +19,7 @@ away from what the interpreter does inside it.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
+from typing import Any, Self
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -43,7 +43,7 @@ class SyncAudit(TorchDispatchMode):
         self._unpatch: Any = None
         self._in_kernel = False
 
-    def __enter__(self) -> SyncAudit:
+    def __enter__(self) -> Self:
         self._patch_triton_interpreter()
         return super().__enter__()
 
@@ -56,7 +56,7 @@ class SyncAudit(TorchDispatchMode):
     def compute_ops(self) -> int:
         return sum(n for name, n in self.ops.items() if name not in FREE)
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if self._in_kernel:  # the interpreter's own copies, inside one launch
             return func(*args, **kwargs)
