@@ -9,6 +9,7 @@ import pytest
 from tests.kernel_cases import DEVICE
 
 pytest.importorskip("triton")
+pytestmark = pytest.mark.kernels
 
 from dlrm.bench.kernels import main
 from tests.conftest import TINY

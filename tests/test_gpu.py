@@ -4,7 +4,8 @@ its own torch ``PYTHONPATH=. python3 -m pytest -m gpu tests``).
 
     equal to CPU      one process on CUDA = the same run on the CPU: every sparse
                       optimizer x fused/kept x sum/mean pooling on mixed single- and
-                      multi-hot data, and all-single-hot data
+                      multi-hot data, and all-single-hot data (CUDA on the Triton
+                      kernels, embeddings.kernels=auto; and on the torch path)
     Hotline on CUDA   = ordinary training on the GPU (every optimizer, refresh,
                       no pipeline, resume); the host tier pinned, cold rows copied
                       on a side stream; the copy hidden under the popular
@@ -73,6 +74,13 @@ def test_cuda_equals_cpu(tiny_data, tmp_path: Path, optim: str, fused: str, pool
 @pytest.mark.parametrize("optim", cases.OPTIMIZERS)
 def test_cuda_equals_cpu_single_hot(single_hot_data, tmp_path: Path, optim: str) -> None:
     cases.device_equals_cpu(single_hot_data, tmp_path, "cuda", f"optim.sparse={optim}")
+
+
+@pytest.mark.parametrize("optim", cases.OPTIMIZERS)
+def test_cuda_torch_kernels_equal_cpu(tiny_data, tmp_path: Path, optim: str) -> None:
+    """The CUDA runs above take the Triton kernels (embeddings.kernels=auto); the torch
+    path on CUDA stays a choice, so it is checked too."""
+    cases.device_equals_cpu(tiny_data, tmp_path, "cuda", f"optim.sparse={optim}", "embeddings.kernels=torch")
 
 
 # ------------------------------------------------------------------ Hotline on CUDA

@@ -8,6 +8,7 @@ import torch
 from tests.kernel_cases import DEVICE
 
 pytest.importorskip("triton")
+pytestmark = pytest.mark.kernels
 
 from data.jagged import JaggedFeatures
 from embeddings.collection import LocalEmbeddingCollection

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from tests.kernel_cases import ROW_BASE, make_case
 
 pytest.importorskip("triton")
+pytestmark = pytest.mark.kernels
 
 from embeddings.kernels.pooled import pooled_forward
 from embeddings.kernels.reference import pooled_reference

@@ -11,6 +11,7 @@ import torch
 from tests.kernel_cases import DEVICE, STACKED_ROWS, make_case
 
 pytest.importorskip("triton")
+pytestmark = pytest.mark.kernels
 
 from embeddings.kernels.reference import pooled_reference
 from embeddings.kernels.sparse_update import backward_kv, backward_update
