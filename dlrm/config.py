@@ -165,6 +165,9 @@ class TrainConfig:
     # bf16: the MLPs and the interaction run under autocast (bf16 matmuls, fp32
     # weights); embeddings, optimizers, loss and eval stay fp32. Opt-in: results
     # then differ from fp32 training by bf16 rounding (see README).
+    # CUDA: fp32 matmuls on TF32 tensor cores (10-bit mantissa products, fp32
+    # accumulation), as torch.backends.cuda.matmul.allow_tf32; false: full fp32
+    tf32: bool = True
     precision: Literal["fp32", "bf16"] = "fp32"
     # bf16 measured slower than fp32 at start (no native bf16: dlrm/train/precision.py):
     # fp32 = train in fp32 with a warning; error = stop; none = keep bf16 (benchmarks)
