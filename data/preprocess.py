@@ -83,6 +83,7 @@ class Preprocessing:
     stats: dict[str, DenseStats]
     stats_rows: int  # rows the dense statistics were taken over
     notes: list[str] = field(default_factory=list)  # lines to show at the start of a run
+    data: dict[str, str] = field(default_factory=dict)  # file fitted over → footer sha256
 
     def apply(self, schema: Schema) -> Schema:
         """``schema`` with each sparse feature's encoding and, if not identity, rows."""
@@ -140,7 +141,7 @@ def fit(files: list[str], schema: Schema, opts: Options) -> Preprocessing:
     full = bool(counted) or "standardize" in transforms.values()
     counters, stats, seen = _count(files, schema, counted, None if full else SAMPLE_ROWS,
                                    opts.on_error == "skip")
-    prep = Preprocessing({}, {}, {}, transforms, stats, seen)
+    prep = Preprocessing({}, {}, {}, transforms, stats, seen, data=footer_digests(files))
     for table, enc in choice.items():
         members = [f for f in schema.sparse if f.table_name == table]
         cap = max([opts.rows[f.name] for f in members if f.name in opts.rows] or [opts.max_rows])
@@ -261,14 +262,17 @@ def save(prep: Preprocessing, run_dir: Path) -> str:
         "dense": {n: {"transform": prep.transforms.get(n, "none"), "stats": s.to_json()}
                   for n, s in prep.stats.items()},
         "stats_rows": prep.stats_rows,
+        "data": prep.data,
     }
     text = json.dumps(body, indent=1)
     write_atomic(run_dir / FILE, text)
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def load(run_dir: Path) -> Preprocessing:
-    """The preprocessing saved in ``run_dir``, every vocabulary file checked by sha256."""
+def load(run_dir: Path, files: list[str] | None = None) -> Preprocessing:
+    """The preprocessing saved in ``run_dir``, every vocabulary file checked by sha256;
+    with ``files``, refused unless they are the files it was fitted over (by name and
+    the sha256 of their Parquet footers: :func:`check_data`)."""
     import pyarrow.parquet as pq
 
     path = Path(run_dir) / FILE
@@ -288,9 +292,51 @@ def load(run_dir: Path) -> Preprocessing:
         body["encodings"], {k: int(v) for k, v in body["rows"].items()}, vocabs,
         {n: d["transform"] for n, d in body["dense"].items()},
         {n: DenseStats.from_json(d["stats"]) for n, d in body["dense"].items()},
-        int(body["stats_rows"]))
+        int(body["stats_rows"]), data=dict(body.get("data", {})))
+    if files is not None:
+        check_data(prep, files, Path(run_dir))
     prep.notes = _notes(prep, prep.stats_rows, None)
     return prep
+
+
+def footer_digest(path: str) -> str:
+    """sha256 of a Parquet file's footer (metadata + length + magic): it holds every
+    row group's offsets, sizes and statistics, so a rewritten file changes it; reading
+    it costs one seek, not a pass."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, 2)
+            size = fh.tell()
+            fh.seek(max(size - 8, 0))
+            tail = fh.read(8)
+            length = int.from_bytes(tail[:4], "little") if len(tail) == 8 else 0
+            fh.seek(max(size - 8 - length, 0))
+            return hashlib.sha256(fh.read()).hexdigest()
+    except OSError as e:
+        raise DataError(f"cannot be read ({e.strerror})", file=path) from None
+
+
+def footer_digests(files: list[str]) -> dict[str, str]:
+    """file name → :func:`footer_digest` (names, so a moved data set still matches)."""
+    return {Path(f).name: footer_digest(f) for f in files}
+
+
+def check_data(prep: Preprocessing, files: list[str], where: Path) -> None:
+    """One line if ``files`` are not the files ``prep`` was fitted over."""
+    if not prep.data:
+        return  # saved before fits recorded their data: nothing to check against
+    now = footer_digests(files)
+    for name in sorted(set(now) | set(prep.data)):
+        if name not in prep.data:
+            why = "is not among the files it was fitted over"
+        elif name not in now:
+            why = "was fitted over but is not in the data now"
+        elif now[name] != prep.data[name]:
+            why = "changed since the fit (Parquet footer sha256)"
+        else:
+            continue
+        raise UserError(f"data.preprocessing={where}: data file {name} {why}; "
+                        "fit again (dlrm fit) or drop data.preprocessing")
 
 
 def digest(run_dir: Path) -> str | None:
