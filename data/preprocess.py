@@ -136,6 +136,7 @@ def fit(files: list[str], schema: Schema, opts: Options) -> Preprocessing:
         members = [f.name for f in schema.sparse if f.table_name == table]
         big = any(ranges[n][0] < 0 or ranges[n][1] + 1 > AUTO_IDENTITY_ROWS for n in members)
         choice[table] = "auto-count" if big else "identity"
+    decided = _decide_auto(files, schema, choice, ranges, opts.on_error == "skip")
     counted = {t for t, enc in choice.items() if enc in ("vocabulary", "auto-count")}
     transforms = {n: opts.dense_transforms.get(n, opts.dense_transform) for n in schema.dense}
     full = bool(counted) or "standardize" in transforms.values()
@@ -160,7 +161,91 @@ def fit(files: list[str], schema: Schema, opts: Options) -> Preprocessing:
         else:
             prep.encodings[table] = "identity"
     prep.notes = _notes(prep, seen, time.perf_counter() - start)
+    prep.notes[:0] = [f"preprocessing: encoding=auto: table {t} {prep.encodings[t]} ({why})"
+                      for t, why in sorted(decided.items())]
     return prep
+
+
+def _decide_auto(files: list[str], schema: Schema, choice: dict[str, str],
+                 ranges: dict[str, tuple[int, int]], skip: bool) -> dict[str, str]:
+    """Settle ``auto-count`` tables (ints past 2^20 or negative) without a full pass
+    where possible; table → what decided it. ``choice`` is updated: identity when the
+    sample says the ids are dense, else left to the full pass (auto-count).
+
+    Footers first: a negative id, or fewer rows in all than half of max id + 1 (too few
+    to fill the range, whatever they hold), means a vocabulary. Else a sample of row
+    groups spread over the files (:data:`SAMPLE_ROWS` rows) estimates the distinct
+    count (Chao1: seen + f1^2 / 2 f2, a lower-bias estimate from the values seen once
+    and twice); identity when twice that reaches max id + 1, as the full pass decides."""
+    from data.files import open_parquet
+
+    auto = [t for t, enc in choice.items() if enc == "auto-count"]
+    if not auto:
+        return {}
+    total = sum(open_parquet(f).metadata.num_rows for f in files)
+    why, sample = {}, []
+    for table in auto:
+        lo, hi = _table_range(schema, table, ranges)
+        if lo < 0:
+            why[table] = f"footers: min id {lo} < 0"
+        elif 2 * total < hi + 1:
+            why[table] = f"footers: {total} rows < half of max id + 1 = {hi + 1}"
+        else:
+            sample.append(table)
+    if sample:
+        counters, rows, groups = _sample(files, schema, sample, skip)
+        for table in sample:
+            lo, hi = _table_range(schema, table, ranges)
+            est = min(_chao1(counters[table].table()), total)
+            if 2 * est >= hi + 1:
+                choice[table] = "identity"
+            why[table] = (f"sample of {rows} rows in {groups} row groups: about {est} distinct "
+                          f"{'>=' if 2 * est >= hi + 1 else '<'} half of max id + 1 = {hi + 1}")
+    return why
+
+
+def _table_range(schema: Schema, table: str, ranges: dict[str, tuple[int, int]]) -> tuple[int, int]:
+    members = [f.name for f in schema.sparse if f.table_name == table]
+    return min(ranges[n][0] for n in members), max(ranges[n][1] for n in members)
+
+
+def _chao1(counted: pa.Table | None) -> int:
+    if counted is None:
+        return 0
+    counts = counted["count"].to_numpy()
+    f1, f2 = int((counts == 1).sum()), int((counts == 2).sum())
+    return int(len(counts) + f1 * (f1 - 1) / (2 * (f2 + 1)))
+
+
+def _sample(files: list[str], schema: Schema, tables: list[str], skip: bool
+            ) -> tuple[dict[str, ValueCounter], int, int]:
+    """Value counts of ``tables`` over row groups spread evenly over ``files`` until
+    :data:`SAMPLE_ROWS` rows; (counters, rows, row groups read)."""
+    from data.files import open_parquet
+
+    groups = []
+    for f in files:
+        md = open_parquet(f).metadata
+        groups += [(f, g, md.row_group(g).num_rows) for g in range(md.num_row_groups)]
+    mean = max(sum(n for *_, n in groups) // max(len(groups), 1), 1)
+    want = min(len(groups), -(-SAMPLE_ROWS // mean))
+    picks = sorted({int(i * len(groups) / want) for i in range(want)}) if want else []
+    columns = [f.name for f in schema.sparse if f.table_name in tables]
+    counters = {t: ValueCounter() for t in tables}
+    rows = read = 0
+    for i in picks:
+        path, g, _ = groups[i]
+        try:
+            table = open_parquet(path).read_row_group(g, columns=columns)
+        except (pa.ArrowException, OSError) as e:
+            if skip:
+                continue
+            raise DataError(f"cannot read ({str(e)[:200]})", file=path, row_group=g) from None
+        rows, read = rows + table.num_rows, read + 1
+        for f in schema.sparse:
+            if f.table_name in tables:
+                counters[f.table_name].add(flat_values(table.column(f.name))[0])
+    return counters, rows, read
 
 
 def _table_encodings(schema: Schema, kinds: dict[str, str], opts: Options) -> dict[str, str]:
@@ -205,6 +290,9 @@ def _count(files: list[str], schema: Schema, tables: set[str], limit: int | None
         for g in range(pf.metadata.num_row_groups):
             if limit is not None and seen >= limit:
                 return counters, stats, seen
+            if not columns:  # nothing to count: the rows are in the footer
+                seen += pf.metadata.row_group(g).num_rows
+                continue
             try:
                 table = pf.read_row_group(g, columns=columns)
             except (pa.ArrowException, OSError) as e:
