@@ -127,6 +127,17 @@ class ValueCounter:
             self._runs.append((values[order], counts[order].astype(np.int64, copy=False)))
             self._run_rows += len(values)
 
+    def add_table(self, counted: pa.Table) -> None:
+        """Add another counter's ``table()`` (each value once with its count)."""
+        if pa.types.is_integer(counted["value"].type):
+            self.add_counts(counted["value"].to_numpy().astype(np.int64, copy=False),
+                            counted["count"].to_numpy().astype(np.int64, copy=False))
+            return
+        self._pending.append(counted.select(["value", "count"]))
+        self._pending_rows += counted.num_rows
+        if self._pending_rows > max(1 << 20, len(self._merged or ())):
+            self._merge()
+
     def _merge_runs(self) -> None:
         if len(self._runs) > 1:
             values = np.concatenate([v for v, _ in self._runs])

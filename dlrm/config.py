@@ -77,6 +77,10 @@ class DataConfig:
     # or a run directory): used instead of fitting, refused if the data files are not
     # the ones it was fitted over (sha256 of their Parquet footers). "" = fit.
     preprocessing: str = ""
+    # Processes that count the vocabulary pass's categorical columns, each over a
+    # disjoint share of the row groups (0 = in this process); the counts are exact and
+    # merged, so the vocabularies are the same bit for bit.
+    fit_workers: int = 0
 
 
 @dataclass

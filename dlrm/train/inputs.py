@@ -32,7 +32,7 @@ def prep_options(cfg: Config) -> prep_io.Options:
     d = cfg.data
     return prep_io.Options(d.encoding, dict(d.encodings), d.min_frequency, d.max_rows,
                            d.hash_rows, dict(d.rows), d.dense_transform, dict(d.dense_transforms),
-                           d.on_error)
+                           d.on_error, d.fit_workers)
 
 
 def resolve_data(cfg: Config, run_dir: str | Path | None = None) -> RunData:
