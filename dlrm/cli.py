@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from collections.abc import Callable
 
@@ -188,6 +189,20 @@ VERBS: dict[str, Callable[[list[str]], int]] = {
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run a verb; a reader that goes away (``dlrm plan ... | head``) ends it quietly."""
+    try:
+        code = _main(argv)
+        sys.stdout.flush()  # inside the try: a pipe closed early fails here, not at exit
+        return code
+    except BrokenPipeError:
+        # Python's recipe (docs: signal, "Note on SIGPIPE"): point stdout at devnull so
+        # the interpreter's last flush has nowhere to fail, and exit as SIGPIPE would.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 128 + 13
+
+
+def _main(argv: list[str] | None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in VERBS:
         print(__doc__.strip(), file=sys.stderr if argv and argv[0] not in ("-h", "--help") else sys.stdout)
