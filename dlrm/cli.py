@@ -4,7 +4,7 @@ in-process; heavy imports happen inside the verbs so ``dlrm --help`` is instant.
     dlrm generate --out DIR [--rows N] [--config FILE] [--seed S]
     dlrm convert-criteo INPUT... --out DIR [--ids vocabulary|raw|hash] [--min-frequency N]
                         [--max-ind-range R] [--eval-days K | --eval-fraction F]
-    dlrm train --config FILE [--out RUN_DIR] [key.sub=value ...]
+    dlrm train --config FILE [--out RUN_DIR] [--print-config] [key.sub=value ...]
     dlrm eval --checkpoint RUN_DIR --data PATH [--plots DIR] [--device auto|cpu|cuda]
     dlrm plot RUN_DIR [--out FILE.png]
     dlrm plan --config FILE --world-size N [--memory-per-rank SIZE]
@@ -82,13 +82,15 @@ def cmd_train(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="dlrm train", description="Train a DLRM.")
     p.add_argument("--config", default=None, help="YAML config (see configs/)")
     p.add_argument("--out", default="runs/latest", help="run directory (resumed if it has a checkpoint)")
+    p.add_argument("--print-config", action="store_true",
+                   help="print the resolved config and the full plan (train.print_config=true)")
     p.add_argument("overrides", nargs="*", help="key.sub=value config overrides")
     a = p.parse_args(argv)
     output_dir(a.out, "--out")
     from dlrm.config import load_config
     from dlrm.train.trainer import train
 
-    cfg = load_config(a.config, a.overrides)
+    cfg = load_config(a.config, a.overrides + ["train.print_config=true"] * a.print_config)
     summary = train(cfg, a.out)
     if summary.get("preempted"):
         ignore_agent_signals()  # checkpoint saved: this process only leaves now

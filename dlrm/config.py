@@ -171,6 +171,9 @@ class TrainConfig:
     profile_start: int = 10
     profile_steps: int = 0
     progress: bool = True
+    # Print the resolved config and the full sharding plan at start (dlrm train
+    # --print-config); off: a short header, the config is in RUN/config.yaml
+    print_config: bool = False
     # Also write the metrics as TensorBoard scalars in RUN/tensorboard/ (rank 0;
     # needs `pip install tensorboard`): loss, samples/s, eval, Hotline stats
     tensorboard: bool = False

@@ -57,6 +57,7 @@ from dlrm.parallel.distributed import DistInfo, all_reduce_sum, barrier, init_di
 from dlrm.parallel.parallelize import build_model
 from dlrm.parallel.planning import describe, run_tables
 from dlrm.train.bad_data_report import BadDataReport
+from dlrm.train.header import header
 from dlrm.train.host_memory import reuse_freed_memory
 from dlrm.train.hotline import HotlineSteps, make_profile
 from dlrm.train.inputs import RunData, make_reader, resolve_data
@@ -84,7 +85,8 @@ def train(cfg: Config, run_dir: str | Path, echo: Callable[[str], None] = print)
     # bf16 only where it is fast; the config printed and saved says what ran
     precision = decide_precision(cfg.train, info.device, info, say)
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, precision=precision))
-    say("config:\n" + to_yaml(cfg).rstrip())
+    if cfg.train.print_config:
+        say("config:\n" + to_yaml(cfg).rstrip())
     data = resolve_data(cfg, run_dir)  # before creating anything: bad data leaves no run dir
     for note in data.preprocess.notes if data.preprocess else ():
         say(note)
@@ -102,8 +104,13 @@ def train(cfg: Config, run_dir: str | Path, echo: Callable[[str], None] = print)
     # A resume loads every table: they are not randomly initialised first.
     model = build_model(cfg, data.schema, info.device, info, hot_profile, resume=will_resume(run_dir, info))
     if model.plan is not None and info.is_main:
-        say(describe(cfg, data.schema, model.plan, parse_size(cfg.embeddings.memory_per_rank)))
+        if cfg.train.print_config:
+            say(describe(cfg, data.schema, model.plan, parse_size(cfg.embeddings.memory_per_rank)))
         write_atomic(run_dir / "plan.json", model.plan.to_json())
+    if info.is_main:
+        for line in header(cfg, data.schema, data.train_files, data.eval_files, model.plan,
+                           str(info.device), run_dir):
+            say(line)
     barrier(info)
     with contextlib.closing(model):  # the torchrec backend owns a process group
         return Trainer(cfg, run_dir, model, data, info, say).fit()
