@@ -5,7 +5,7 @@ in-process; heavy imports happen inside the verbs so ``dlrm --help`` is instant.
     dlrm convert-criteo INPUT... --out DIR [--ids vocabulary|raw|hash] [--min-frequency N]
                         [--max-ind-range R] [--eval-days K | --eval-fraction F]
     dlrm train --config FILE [--out RUN_DIR] [--print-config] [key.sub=value ...]
-    dlrm eval --checkpoint RUN_DIR --data PATH [--plots DIR] [--device auto|cpu|cuda]
+    dlrm eval --checkpoint RUN_DIR --data PATH [--plots DIR] [--device auto|cpu|cuda] [--strict-ids]
     dlrm plot RUN_DIR [--out FILE.png]
     dlrm plan --config FILE --world-size N [--memory-per-rank SIZE]
     dlrm bench --config FILE [--ranks 1,2] [--steps N] [--out DIR] [--reader-only] [key.sub=value ...]
@@ -107,6 +107,9 @@ def cmd_eval(argv: list[str]) -> int:
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default=None,
                    help="where to score (default: the run's train.device); a run trained "
                         "on a GPU is evaluated on a CPU-only machine with --device cpu")
+    p.add_argument("--strict-ids", action="store_true",
+                   help="refuse an id past its trained table (default: look it up as nothing "
+                        "and count it per column in unseen_ids)")
     a = p.parse_args(argv)
     if a.plots is not None:
         output_dir(a.plots, "--plots")
@@ -115,7 +118,7 @@ def cmd_eval(argv: list[str]) -> int:
     from dlrm.eval.evaluate import evaluate_checkpoint
 
     result = evaluate_checkpoint(a.checkpoint, a.data, plots_dir=a.plots, batch_size=a.batch_size,
-                                 device=a.device)
+                                 device=a.device, strict_ids=a.strict_ids)
     if result is not None:  # rank 0 of a torchrun job, or the only process
         print(json.dumps(result))
     return 0
