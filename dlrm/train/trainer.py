@@ -144,7 +144,7 @@ class Trainer:
         self.cfg, self.run_dir, self.model, self.info, self.say = cfg, run_dir, model, info, say
         self.schema, self.preprocess = data.schema, data.preprocess
         self.dense_opt = build_dense_optimizer(cfg, model.dense_parameters())
-        resumed = self._resume()
+        resumed = self.resumed = self._resume()
         self.reader = make_reader(cfg, data.train_files, self.schema, True, info.rank,
                                   info.world_size, data.preprocess)
         steps_per_epoch = -(-self.reader.steps_per_epoch() // cfg.train.accumulate)  # optimizer steps
@@ -202,6 +202,8 @@ class Trainer:
                    file=sys.stderr, dynamic_ncols=True,
                    disable=not (self.cfg.train.progress and self.info.is_main))
         self.model.train()
+        if self._eval_missed():
+            self.last_eval = self.run_eval()
         with Preemption() as preemption:
             stop = self._train_steps(bar, preemption)
             bar.close()
@@ -309,7 +311,8 @@ class Trainer:
     def _on_schedule(self, bar: tqdm, signum: int) -> int:
         """Log, evaluate and checkpoint after a step when they are due; the signal
         that stops the run after this step (``signum`` of any rank), else 0. A
-        stopping run skips the eval (fit saves): the agent's grace period is short."""
+        stopping run skips the eval (fit saves): the agent's grace period is short; the
+        resumed run runs it first (``_eval_missed``)."""
         step, every = self.progress.global_step, self.cfg.train
         if every.log_every and step % every.log_every == 0:
             window = self.meter.take_window()
@@ -325,6 +328,24 @@ class Trainer:
         if verdict.save:
             self.save()
         return 0
+
+    def _eval_missed(self) -> bool:
+        """A resumed run whose step had an eval due that never ran: a run stopped by a
+        signal saves and leaves without it (its grace period is short), so the resumed
+        run evaluates first, at that step, as the run never stopped would have. Rank 0
+        reads RUN/metrics.jsonl; every rank learns its answer (eval is collective)."""
+        step, every = self.progress.global_step, self.cfg.train.eval_every
+        if not (self.resumed and self.eval_reader is not None and every
+                and step % every == 0 and 0 < step < self.total_steps):
+            return False
+        missing = 0.0
+        if self.info.is_main:
+            path = self.run_dir / "metrics.jsonl"
+            lines = path.read_text().splitlines() if path.is_file() else []
+            done = any('"eval"' in line and json.loads(line).get("event") == "eval"
+                       and json.loads(line).get("step") == step for line in lines)
+            missing = 0.0 if done else 1.0
+        return all_reduce_sum([missing], self.info)[0] > 0
 
     def save(self) -> None:
         if self.schedule.saved_step == self.progress.global_step:
