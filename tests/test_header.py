@@ -89,3 +89,16 @@ def test_naming_the_sparse_columns_silences_the_warning(user_data, tmp_path: Pat
 def test_print_config_shows_the_full_config(user_data, tmp_path: Path) -> None:
     lines = run_lines(user_data, tmp_path / "run", "train.print_config=true")
     assert lines.count("config:") == 1 and "  print_config: true" in lines
+
+
+def test_many_integer_columns_keep_the_warning_to_one_short_line(tmp_path: Path) -> None:
+    from data.schema import infer_schema
+    from dlrm.train.header import integer_warning
+
+    cols = {"label": np.zeros(4, np.float32), **{f"I{i}": np.ones(4, np.float32) for i in range(5)},
+            **{f"C{i}": np.arange(4) for i in range(20)}}
+    path = write_parquet(tmp_path / "f.parquet", cols)
+    cfg = load_config(TINY, [])
+    line = integer_warning(cfg, infer_schema([path]), path)
+    assert line is not None and "\n" not in line and len(line) < 300
+    assert "20 columns, C0, C1, C2, ..., C19" in line and "data.dense=[I0,...,I4,THOSE]" in line

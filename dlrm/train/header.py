@@ -49,10 +49,20 @@ def integer_warning(cfg: Config, schema: Schema, first_file: str) -> str | None:
     ints = integer_sparse_columns(cfg, schema, first_file)
     if not ints:
         return None
-    dense = ",".join([*schema.dense, *ints])
+    if len(ints) <= 6:  # a user's file: the exact override
+        named, dense = ", ".join(ints), ",".join([*schema.dense, *ints])
+        which = "they are"
+    else:  # Criteo-like ids: the line stays a line
+        named = f"{len(ints)} columns, {', '.join(ints[:3])}, ..., {ints[-1]}"
+        dense = ",".join([*_ends(list(schema.dense)), "THOSE"])
+        which = "some are"
     return (f"warning: integer columns taken as sparse features (one embedding table each, sized "
-            f"by the largest value): {', '.join(ints)}; if they are counts or measures, train "
-            f"them as dense with data.dense=[{dense}] (naming data.sparse=[...] silences this)")
+            f"by the largest value): {named}; if {which} counts or measures, train them as dense "
+            f"with data.dense=[{dense}] (naming data.sparse=[...] silences this)")
+
+
+def _ends(names: list[str]) -> list[str]:
+    return names if len(names) <= 3 else [names[0], "...", names[-1]]
 
 
 def _schema_line(cfg: Config, schema: Schema) -> str:
