@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
+from data.errors import DataError
 from data.files import open_parquet
 from data.schema import Schema, column_kind
 from dlrm.config import Config
@@ -26,12 +27,22 @@ from embeddings.plan.sizes import format_bytes
 from embeddings.plan.types import ShardingPlan
 
 
-def _rows(files: list[str]) -> int:
-    return sum(open_parquet(f).metadata.num_rows for f in files)
+def _rows(files: list[str]) -> tuple[int, int]:
+    """(rows in the readable footers, files whose footer does not open): under
+    data.on_error=skip an unreadable file is left out of the run, not an error here."""
+    rows = unreadable = 0
+    for f in files:
+        try:
+            rows += open_parquet(f).metadata.num_rows
+        except DataError:
+            unreadable += 1
+    return rows, unreadable
 
 
 def _files(what: str, files: list[str]) -> str:
-    return f"{what}: {len(files)} file{'s' * (len(files) != 1)}, {_rows(files):,} rows"
+    rows, unreadable = _rows(files)
+    skipped = f" ({unreadable} unreadable, left out)" if unreadable else ""
+    return f"{what}: {len(files)} file{'s' * (len(files) != 1)}, {rows:,} rows{skipped}"
 
 
 def integer_sparse_columns(cfg: Config, schema: Schema, first_file: str) -> list[str]:
