@@ -71,6 +71,7 @@ from dlrm.checkpoint.tables import load_embeddings, save_embeddings
 from dlrm.models.interface import RecModel
 from dlrm.parallel.distributed import DistInfo, all_gather_objects, barrier, broadcast_object
 
+TABLES = "embeddings"  # RUN/checkpoints/step-N/embeddings/: the tables
 CHECKPOINTS = "checkpoints"  # RUN/checkpoints/step-NNNNNNNNN/
 LEGACY = "checkpoint"  # RUN/checkpoint/ of format version 2: found, then refused by version
 PARTIAL = ".partial"  # a save in progress (or cut short)
@@ -213,26 +214,38 @@ def find_checkpoint(run_dir: Path) -> Path | None:
 
 def will_resume(run_dir: Path, info: DistInfo | None = None) -> bool:
     """Whether a start in ``run_dir`` resumes: it has a checkpoint. Then
-    :func:`find_resumable` either finds one that verifies, whose load overwrites every
+    :func:`resume_checkpoint` either loads one that verifies, which overwrites every
     table, or raises, so the model can be built without initial table values. The
     same answer on every rank (rank 0 looks)."""
     info = info or DistInfo()
     return bool(broadcast_object(bool(checkpoints(run_dir)) if info.is_main else None, info))
 
 
-def find_resumable(run_dir: Path, info: DistInfo | None = None, warn: Callable[[str], None] = print) -> Path | None:
-    """The newest checkpoint of ``run_dir`` whose files verify (None if there is
-    none), to resume from. A corrupt one is reported through ``warn`` and the one
-    before it tried; once one verifies, the corrupt newer ones are moved aside
-    (``step-N.corrupt``: no longer found, not counted among those kept, left to
-    inspect). If all are corrupt, the newest one's error is raised and nothing
-    moved. Another format version is raised at once: older checkpoints would not
-    fit either. The same answer on every rank (rank 0 lists, all verify a share)."""
+def resume_checkpoint(
+    run_dir: Path,
+    model: RecModel,
+    dense_opt: torch.optim.Optimizer | None,
+    config: dict[str, Any] | None,
+    schema: Schema,
+    info: DistInfo | None = None,
+    warn: Callable[[str], None] = print,
+) -> tuple[Path, Progress] | None:
+    """Load the newest checkpoint of ``run_dir`` whose files verify into ``model``
+    (and ``dense_opt``); the checkpoint and the progress to continue at, or None if
+    there is none. Each file is verified as the load reads it (:func:`load_checkpoint`:
+    one read). A corrupt one is reported through ``warn`` and the one before it
+    loaded over the half-loaded model: that load overwrites every tensor (each
+    table's every element is read, the dense state dicts are loaded whole, the RNG
+    set). Once one loads, the corrupt newer ones are moved aside (``step-N.corrupt``:
+    no longer found, not counted among those kept, left to inspect). If all are
+    corrupt, the newest one's error is raised and nothing moved. Another format
+    version or model is raised at once: older checkpoints would not fit either.
+    The same answer on every rank (rank 0 lists; verdicts are gathered)."""
     info = info or DistInfo()
     corrupt: list[tuple[Path, CheckpointCorrupt]] = []
     for ckpt in broadcast_object(checkpoints(run_dir) if info.is_main else None, info):
         try:
-            verify(ckpt, load_meta(ckpt), info)
+            progress = load_checkpoint(ckpt, model, dense_opt, config, schema, info)
         except CheckpointCorrupt as e:
             warn(f"warning: {e}; trying an older checkpoint")
             corrupt.append((ckpt, e))
@@ -245,7 +258,7 @@ def find_resumable(run_dir: Path, info: DistInfo | None = None, warn: Callable[[
                 os.replace(bad, aside)
                 warn(f"moved {bad} aside to {aside.name}")
         barrier(info)
-        return ckpt
+        return ckpt, progress
     if corrupt:
         raise corrupt[0][1]
     return None
@@ -261,22 +274,29 @@ def load_checkpoint(
     config: dict[str, Any] | None,
     schema: Schema,
     info: DistInfo | None = None,
-    verified: bool = False,
 ) -> Progress:
     """Restore ``model`` (and ``dense_opt``) from ``ckpt``; the progress to continue at.
 
-    With ``config`` given, refuses a checkpoint of another model first; then checks
-    every file against the manifest (unless ``verified``: :func:`find_resumable`
-    did). Collective with several ranks (``info``)."""
+    With ``config`` given, refuses a checkpoint of another model first. Every file
+    is checked against the manifest while it is read, so each byte is read once:
+    presence and sizes first (a stat: a truncated file is refused before anything
+    is loaded); state.pt hashed by rank 0 before it is loaded; the table pieces
+    hashed as they are read, each by one rank, and checked once all are read (a
+    mismatch raises :class:`CheckpointCorrupt` with the model half-loaded:
+    :func:`resume_checkpoint` then loads an older checkpoint over it). Collective
+    with several ranks (``info``)."""
     meta = load_meta(ckpt)
     check_preprocessing(meta, ckpt)
     if config is not None:
         check_compatible(meta, config, schema, ckpt)
-    if not verified:
-        verify(ckpt, meta, info)
-    state = load_state(ckpt)
+    files = meta["files"]
+    verify(ckpt, meta, info, hash_files=False)
+    loaded = {"state.pt"} | {n for n in files if n.startswith(TABLES + "/")}
+    verify(ckpt, meta, info, names=[n for n in files if n not in loaded])  # none today: hashed apart
+    state = load_state(ckpt, files.get("state.pt", {}), info)
+    tables = {n.removeprefix(TABLES + "/"): d for n, d in files.items() if n.startswith(TABLES + "/")}
     try:
-        model.restore(state, lambda tables: load_embeddings(ckpt / "embeddings", tables))
+        model.restore(state, lambda t: load_embeddings(ckpt / TABLES, t, tables))
         if dense_opt is not None:
             dense_opt.load_state_dict(state["dense_optimizer"])
     except (KeyError, ValueError) as e:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import mmap
 import os
 import warnings
 from concurrent.futures import ThreadPoolExecutor
@@ -132,22 +133,24 @@ def load_meta(ckpt: Path) -> dict[str, Any]:
     return meta
 
 
-def verify(ckpt: Path, meta: dict[str, Any], info: Any = None) -> None:
-    """Check every file of the manifest (present, size, sha256); raise
-    :class:`CheckpointCorrupt` naming the first bad one. With several ranks each
-    hashes a share and all get the same verdict (a collective)."""
+def verify(ckpt: Path, meta: dict[str, Any], info: Any = None, names: list[str] | None = None,
+           hash_files: bool = True) -> None:
+    """Check the files ``names`` (default: all) of the manifest (present, size, and
+    with ``hash_files`` sha256); raise :class:`CheckpointCorrupt` naming the first
+    bad one. With several ranks each checks a share and all get the same verdict
+    (a collective)."""
     info = info or DistInfo()
     manifest = meta["files"]
-    mine = sorted(manifest)[info.rank::info.world_size]
+    mine = sorted(manifest if names is None else names)[info.rank::info.world_size]
     with ThreadPoolExecutor(HASH_THREADS) as pool:  # sha256 and reads release the GIL
-        found = pool.map(lambda name: _check_file(Path(ckpt), name, manifest[name]), mine)
+        found = pool.map(lambda name: _check_file(Path(ckpt), name, manifest[name], hash_files), mine)
         problem = next((p for p in found if p), None)
     problems = [p for p in all_gather_objects(problem, info) if p]
     if problems:
         raise CheckpointCorrupt(f"checkpoint {ckpt}: {problems[0]}")
 
 
-def _check_file(ckpt: Path, name: str, want: Any) -> str | None:
+def _check_file(ckpt: Path, name: str, want: Any, hash_file: bool = True) -> str | None:
     """Why file ``name`` of ``ckpt`` differs from its manifest entry, or None."""
     if Path(name).is_absolute() or ".." in Path(name).parts or not isinstance(want, dict):
         return f"manifest entry {name!r} is not a file of the checkpoint"
@@ -157,20 +160,51 @@ def _check_file(ckpt: Path, name: str, want: Any) -> str | None:
     size = path.stat().st_size
     if size != want.get("bytes"):
         return f"{name} is {size} bytes, the manifest says {want.get('bytes')} (truncated or overwritten)"
-    if digest(path)["sha256"] != want.get("sha256"):
+    if hash_file and digest(path)["sha256"] != want.get("sha256"):
         return f"{name} does not match its sha256 (corrupt: a changed byte)"
     return None
 
 
-def load_state(ckpt: Path) -> dict[str, Any]:
+def load_state(ckpt: Path, want: dict[str, Any] | None = None, info: Any = None) -> dict[str, Any]:
+    """state.pt's tensors, mapped from the file (``torch.load(mmap=True)``): they
+    use the page cache's pages instead of a private copy, and a model copies from
+    them what it keeps. ``want``: its manifest entry; then rank 0 hashes the file
+    through the same mapping before loading (the pages the load then uses: one read
+    from disk), and a mismatch raises :class:`CheckpointCorrupt` on every rank
+    before anything is loaded (a collective)."""
     path = ckpt / "state.pt"
+    if want is not None:
+        info = info or DistInfo()
+        problem = None
+        if info.is_main and _mapped_sha256(path) != want.get("sha256"):
+            problem = "state.pt does not match its sha256 (corrupt: a changed byte)"
+        problems = [p for p in all_gather_objects(problem, info) if p]
+        if problems:
+            raise CheckpointCorrupt(f"checkpoint {ckpt}: {problems[0]}")
     try:
         with warnings.catch_warnings():
             # A foreign pickle's protocol warning would precede the one-line refusal.
             warnings.filterwarnings("ignore", message="Detected pickle protocol")
-            return torch.load(path, map_location="cpu", weights_only=True)
+            return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as e:  # noqa: BLE001 - corrupt, truncated or foreign files fail in many ways
         raise CheckpointError(f"checkpoint {path}: cannot be loaded ({one_line(e)})") from None
+
+
+def _mapped_sha256(path: Path) -> str | None:
+    """sha256 of ``path`` read through a read-only mapping (None if unreadable)."""
+    h = hashlib.sha256()
+    try:
+        with open(path, "rb") as fh:
+            if os.fstat(fh.fileno()).st_size == 0:
+                return h.hexdigest()
+            with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as pages:
+                view = memoryview(pages)
+                for start in range(0, len(view), 8 << 20):
+                    h.update(view[start : start + (8 << 20)])
+                view.release()
+    except OSError:
+        return None
+    return h.hexdigest()
 
 
 def check_compatible(meta: dict[str, Any], config: dict[str, Any], schema: Schema, ckpt: Path) -> None:

@@ -151,26 +151,51 @@ def read_overlap(
     piece: tuple[tuple[int, int], tuple[int, int]],
     dest: torch.Tensor,
     at: tuple[int, int],
+    sha: Any = None,
 ) -> int:
     """Fill the part of matrix ``dest`` (whose first element is element ``at`` of the
     key) that the piece stored in ``path`` covers (``piece``: its offsets and sizes
-    in the key). Returns the elements filled (0 if they do not overlap)."""
+    in the key). Returns the elements filled (0 if they do not overlap).
+
+    ``sha`` (a hashlib object): the whole file also goes through it, read once: a
+    piece the region covers whole is hashed from the rows just read into ``dest``;
+    one it covers in part is read whole, in order, through the buffer, and only the
+    overlap copied out (no second read of any byte to verify it)."""
     (r0, c0), (nr, nc) = piece
     rows = max(r0, at[0]), min(r0 + nr, at[0] + dest.shape[0])
     cols = max(c0, at[1]), min(c0 + nc, at[1] + dest.shape[1])
     if rows[0] >= rows[1] or cols[0] >= cols[1]:
         return 0
-    item = dest.dtype.itemsize
     target = dest[rows[0] - at[0] : rows[1] - at[0], cols[0] - at[1] : cols[1] - at[1]]
+    whole_rows = cols == (c0, c0 + nc)
     with open(path, "rb") as fh:
-        fh.seek((rows[0] - r0) * nc * item)
-        if cols == (c0, c0 + nc) and target.device.type == "cpu" and target.is_contiguous():
-            _read_exactly(fh, as_bytes(target), path.name)  # straight into the live storage
+        if whole_rows and target.device.type == "cpu" and target.is_contiguous() and (
+                sha is None or rows == (r0, r0 + nr)):
+            fh.seek((rows[0] - r0) * nc * dest.dtype.itemsize)
+            into = as_bytes(target)
+            _read_exactly(fh, into, path.name)  # straight into the live storage
+            if sha is not None:
+                sha.update(into)  # from memory: the file is not read again
         else:
-            step = _chunk_rows(nc, dest.dtype)
-            buffer = torch.empty(min(step, rows[1] - rows[0]), nc, dtype=dest.dtype)
-            for start in range(0, rows[1] - rows[0], step):
-                part = buffer[: min(step, rows[1] - rows[0] - start)]
-                _read_exactly(fh, as_bytes(part), path.name)
-                target[start : start + part.shape[0]].copy_(part[:, cols[0] - c0 : cols[1] - c0])
+            span = (r0, r0 + nr) if sha is not None else rows  # hashing: every row of the file
+            fh.seek((span[0] - r0) * nc * dest.dtype.itemsize)
+            _copy_rows(fh, path.name, (span[0] - r0, span[1] - r0), (rows[0] - r0, rows[1] - r0),
+                       (cols[0] - c0, cols[1] - c0), nc, target, sha)
     return (rows[1] - rows[0]) * (cols[1] - cols[0])
+
+
+def _copy_rows(fh: Any, name: str, span: tuple[int, int], rows: tuple[int, int], cols: tuple[int, int],
+               nc: int, target: torch.Tensor, sha: Any) -> None:
+    """Read rows ``span`` (of ``nc`` columns) of a piece in order through a bounded
+    buffer, hashing them if ``sha``; copy the part in ``rows`` × ``cols`` (``cols``
+    relative to the piece's first column) into ``target``."""
+    step = _chunk_rows(nc, target.dtype)
+    buffer = torch.empty(min(step, span[1] - span[0]), nc, dtype=target.dtype)
+    for start in range(span[0], span[1], step):
+        part = buffer[: min(step, span[1] - start)]
+        _read_exactly(fh, as_bytes(part), name)
+        if sha is not None:
+            sha.update(as_bytes(part))
+        lo, hi = max(start, rows[0]), min(start + part.shape[0], rows[1])
+        if lo < hi:
+            target[lo - rows[0] : hi - rows[0]].copy_(part[lo - start : hi - start, cols[0] : cols[1]])

@@ -70,7 +70,7 @@ import torch
 import torch.distributed as dist
 
 from data.errors import one_line
-from dlrm.checkpoint.manifest import CheckpointError
+from dlrm.checkpoint.manifest import CheckpointCorrupt, CheckpointError, digest
 from dlrm.checkpoint.pieces import Truncated, matrix, read_overlap, write_piece
 from embeddings.interface import TableState
 from embeddings.optim import SparseOptimizer
@@ -120,17 +120,24 @@ def save_embeddings(path: str | Path, tables: TableState) -> dict[str, dict[str,
     return digests
 
 
-def load_embeddings(path: str | Path, tables: TableState) -> None:
+def load_embeddings(path: str | Path, tables: TableState,
+                    expect: dict[str, dict[str, Any]] | None = None) -> None:
     """Read the checkpoint at ``path`` into a collection's ``table_state()``, in
     place, resharding from whatever layout wrote it to the collection's current one
     (the caller then tells the collection: ``tables_loaded()``).
+
+    ``expect``: the manifest's {"bytes", "sha256"} of every file under ``path``, by
+    name; each is then hashed as it is read, by one rank (:func:`_hashers`), and
+    checked once all are read: one read of every byte, not a second pass to verify.
+    A file that does not match raises :class:`CheckpointCorrupt` on every rank after
+    the load (the tables then hold a mix: load a whole checkpoint over them).
 
     Raises :class:`CheckpointError` (one line, naming ``path`` and the key) on every
     rank for a missing or corrupt checkpoint, or one whose tables or shapes differ.
     """
     path = Path(path)
     layout = _layout(tables, saving=False)
-    index = _read_index(path)
+    index = _read_index(path, None if expect is None else expect.get(INDEX, {}))
     _check_fits(index, layout, path)
     by_key: dict[str, list[dict[str, Any]]] = {}
     for piece in index["pieces"]:
@@ -138,10 +145,11 @@ def load_embeddings(path: str | Path, tables: TableState) -> None:
     # A split key: each block its own part. A whole one: the first copy read, the
     # others copied from it. Blocks are read several at a time (disjoint memory).
     jobs = [(lg.key, b) for lg in layout for b in (lg.blocks if lg.split else lg.blocks[:1])]
+    hashes = _hashers(tables, jobs, by_key, expect) if expect is not None else {}
     error = None
     try:
         with ThreadPoolExecutor(THREADS) as pool:
-            list(pool.map(lambda job: _fill(path, *job, by_key.get(job[0], [])), jobs))
+            list(pool.map(lambda job: _fill(path, *job, by_key.get(job[0], []), hashes), jobs))
     except CheckpointError as e:
         error = str(e)
     _raise_first(_all_gather(tables, error))
@@ -150,6 +158,61 @@ def load_embeddings(path: str | Path, tables: TableState) -> None:
             with torch.no_grad():
                 for block in logical.blocks[1:]:
                     block.tensor.copy_(logical.blocks[0].tensor)
+    if expect is not None:
+        _check_hashes(path, tables, expect, hashes)
+
+
+def _hashers(tables: TableState, jobs: list[tuple[str, _Block]], by_key: dict[str, list[dict[str, Any]]],
+             expect: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """A sha256 for each piece file this rank hashes while reading it, by name.
+
+    Each file is hashed by exactly one rank: the lowest that reads it whole; else the
+    lowest that reads part of it (it then reads the whole file once, in order, and
+    copies its part out); a rank reading several parts of one file is neither. A file
+    no rank can hash while reading (none, with the layouts written today) is hashed
+    on its own by rank ``i % world`` (:func:`_check_hashes`). Collective."""
+    mine: dict[str, list[bool]] = {}  # file -> for each read of it by this rank: whole?
+    for key, block in jobs:
+        dest = matrix(block.tensor)
+        at = (block.offsets + (0,))[:2]
+        for p in by_key.get(key, []):
+            (r0, c0), (nr, nc) = p["offsets"], p["sizes"]
+            inside = at[0] <= r0 and r0 + nr <= at[0] + dest.shape[0] and at[1] <= c0 and c0 + nc <= at[1] + dest.shape[1]
+            touches = max(r0, at[0]) < min(r0 + nr, at[0] + dest.shape[0]) and \
+                max(c0, at[1]) < min(c0 + nc, at[1] + dest.shape[1])
+            if touches:
+                mine.setdefault(p["file"], []).append(inside)
+    reads = {f: ("whole" if w == [True] else "part" if len(w) == 1 else "many") for f, w in mine.items()}
+    everyone = _all_gather(tables, reads)
+    rank = _rank(tables)
+    out = {}
+    for name in expect:
+        for kind in ("whole", "part"):
+            who = [r for r, got in enumerate(everyone) if got.get(name) == kind]
+            if who:
+                if who[0] == rank:
+                    out[name] = hashlib.sha256()
+                break
+    return out
+
+
+def _check_hashes(path: Path, tables: TableState, expect: dict[str, dict[str, Any]],
+                  hashes: dict[str, Any]) -> None:
+    """Compare what this rank hashed while reading with the manifest (files nobody
+    read, index.json aside: hashed now, a share each); the first mismatch of
+    any rank raised as :class:`CheckpointCorrupt` on every rank. Collective."""
+    rank = _rank(tables)
+    world = dist.get_world_size(tables.group) if _distributed(tables) else 1
+    got = {name: h.hexdigest() for name, h in hashes.items()}
+    hashed = _all_gather(tables, sorted(got))
+    unread = sorted(set(expect) - {INDEX} - {n for names in hashed for n in names})
+    for name in unread[rank::world]:
+        got[name] = digest(path / name)["sha256"] if (path / name).is_file() else "missing"
+    problem = next((f"{path.name}/{name} does not match its sha256 (corrupt: a changed byte)"
+                    for name, sha in sorted(got.items()) if sha != expect[name].get("sha256")), None)
+    for error in _all_gather(tables, problem):
+        if error:
+            raise CheckpointCorrupt(f"checkpoint {path.parent}: {error}")
 
 
 # --------------------------------------------------------------------------- layout
@@ -273,9 +336,9 @@ def _write_index(path: Path, layout: list[_Logical], pieces: list[dict[str, Any]
     return {"bytes": len(body), "sha256": hashlib.sha256(body).hexdigest()}
 
 
-def _fill(path: Path, key: str, block: _Block, pieces: list[dict[str, Any]]) -> None:
-    """Read ``block`` of ``key`` from the pieces that overlap it; every element must
-    be covered."""
+def _fill(path: Path, key: str, block: _Block, pieces: list[dict[str, Any]], hashes: dict[str, Any]) -> None:
+    """Read ``block`` of ``key`` from the pieces that overlap it (hashing the files
+    in ``hashes`` whole as they are read); every element must be covered."""
     dest = matrix(block.tensor)
     at = (block.offsets + (0,))[:2]
     filled = 0
@@ -283,7 +346,7 @@ def _fill(path: Path, key: str, block: _Block, pieces: list[dict[str, Any]]) -> 
         for piece in pieces:
             try:
                 filled += read_overlap(path / piece["file"], (tuple(piece["offsets"]), tuple(piece["sizes"])),
-                                       dest, at)
+                                       dest, at, hashes.get(piece["file"]))
             except (OSError, Truncated) as e:
                 raise CheckpointError(f"checkpoint {path}: {key} cannot be read ({one_line(e)})") from None
     if filled != dest.numel():
@@ -296,14 +359,18 @@ def _fill(path: Path, key: str, block: _Block, pieces: list[dict[str, Any]]) -> 
 # --------------------------------------------------------------------------- reading safely
 
 
-def _read_index(path: Path) -> dict[str, Any]:
-    """index.json, its shape checked (a file name outside the directory, a size that
+def _read_index(path: Path, want: dict[str, Any] | None = None) -> dict[str, Any]:
+    """index.json, checked against its manifest entry ``want`` (if given: every rank
+    reads it, so every rank sees a mismatch), its shape checked (a file name outside the directory, a size that
     does not fit its key... is refused before anything is read)."""
     file = path / INDEX
     if not file.is_file():
         raise CheckpointError(f"checkpoint {path}: not found (no {file})")
     try:
-        index = json.loads(file.read_bytes())
+        body = file.read_bytes()
+        if want is not None and hashlib.sha256(body).hexdigest() != want.get("sha256"):
+            raise CheckpointCorrupt(f"checkpoint {path.parent}: {path.name}/{INDEX} does not match its sha256 (corrupt: a changed byte)")
+        index = json.loads(body)
         keys = {k: (tuple(int(n) for n in v["size"]), _dtype(v["dtype"])) for k, v in index["keys"].items()}
         for p in index["pieces"]:
             size, _ = keys[p["key"]]
@@ -315,6 +382,8 @@ def _read_index(path: Path) -> dict[str, Any]:
             rows, cols = size[0] if size else 1, math.prod(size[1:])
             if offsets[0] + sizes[0] > rows or offsets[1] + sizes[1] > cols:
                 raise ValueError(f"piece {p['file']} lies outside {p['key']} {list(size)}")
+    except CheckpointCorrupt:
+        raise
     except Exception as e:  # noqa: BLE001 - a damaged or foreign index fails in many ways
         raise CheckpointError(f"checkpoint {path}: {INDEX} is unreadable ({one_line(e, named=True)})") from None
     return {"keys": keys, "pieces": index["pieces"]}

@@ -42,8 +42,8 @@ from data.preprocess import save as save_preprocessing
 from dlrm.checkpoint.manager import (
     CheckpointError,
     Progress,
-    find_resumable,
-    load_checkpoint,
+    find_checkpoint,
+    resume_checkpoint,
     save_checkpoint,
     will_resume,
 )
@@ -183,16 +183,17 @@ class Trainer:
     def _resume(self) -> bool:
         """Load the newest checkpoint of the run directory that verifies, if any."""
         self.progress = Progress()
-        existing = find_resumable(self.run_dir, self.info, self.say)
-        if existing is None:
-            return False
-        if self.cfg.embeddings.backend == "torchrec" and self.cfg.optim.sparse != "sgd":
+        if (self.cfg.embeddings.backend == "torchrec" and self.cfg.optim.sparse != "sgd"
+                and will_resume(self.run_dir, self.info)):
             raise CheckpointError(
-                f"checkpoint {existing}: resuming embeddings.backend=torchrec needs optim.sparse=sgd "
-                "(its fused optimizer state is not saved); use a new --out"
+                f"checkpoint {find_checkpoint(self.run_dir)}: resuming embeddings.backend=torchrec needs "
+                "optim.sparse=sgd (its fused optimizer state is not saved); use a new --out"
             )
-        self.progress = load_checkpoint(existing, self.model, self.dense_opt, to_dict(self.cfg),
-                                        self.schema, self.info, verified=True)
+        found = resume_checkpoint(self.run_dir, self.model, self.dense_opt, to_dict(self.cfg), self.schema,
+                                  self.info, self.say)
+        if found is None:
+            return False
+        existing, self.progress = found
         self.say(f"resumed from {existing} at step {self.progress.global_step}")
         return True
 
