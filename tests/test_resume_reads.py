@@ -26,8 +26,9 @@ from dlrm.config import to_dict
 
 CONFIG = "configs/bench.yaml"
 # 4 tables x 5000 rows x 64 float32 and their Adagrad sums: 5.2 MB, so the JSON files
-# (meta.json, index.json) are a small share of what a resume reads.
-MODEL = ["generate.sparse=4", "generate.table_rows=[5000]", "optim.sparse=rowwise_adagrad"]
+# (meta.json, index.json) are a small share of what a resume reads; dense Adam has
+# state to restore.
+MODEL = ["generate.sparse=4", "generate.table_rows=[5000]", "optim.sparse=rowwise_adagrad", "optim.dense=adam"]
 
 
 def test_partial_piece_is_read_and_hashed_once(tmp_path: Path) -> None:
