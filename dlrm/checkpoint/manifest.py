@@ -190,18 +190,19 @@ def load_state(ckpt: Path, want: dict[str, Any] | None = None, info: Any = None)
         raise CheckpointError(f"checkpoint {path}: cannot be loaded ({one_line(e)})") from None
 
 
-def _mapped_sha256(path: Path) -> str | None:
-    """sha256 of ``path`` read through a read-only mapping (None if unreadable)."""
+def _mapped_sha256(path: Path, window: int = 8 << 20) -> str | None:
+    """sha256 of ``path`` read through read-only mappings of ``window`` bytes, each
+    unmapped before the next (None if unreadable): the pages are left in the page
+    cache for the load's own mapping, not held in this process."""
     h = hashlib.sha256()
     try:
         with open(path, "rb") as fh:
-            if os.fstat(fh.fileno()).st_size == 0:
-                return h.hexdigest()
-            with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as pages:
-                view = memoryview(pages)
-                for start in range(0, len(view), 8 << 20):
-                    h.update(view[start : start + (8 << 20)])
-                view.release()
+            size = os.fstat(fh.fileno()).st_size
+            window -= window % mmap.ALLOCATIONGRANULARITY
+            for start in range(0, size, window):
+                with mmap.mmap(fh.fileno(), min(window, size - start), access=mmap.ACCESS_READ,
+                               offset=start) as pages:
+                    h.update(pages)
     except OSError:
         return None
     return h.hexdigest()

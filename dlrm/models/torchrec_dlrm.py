@@ -49,6 +49,7 @@ from torchrec.optim.optimizers import in_backward_optimizer_filter
 
 from data.jagged import JaggedFeatures
 from data.schema import Schema
+from dlrm.checkpoint.mapped import release
 from dlrm.config import ConfigError, ModelConfig, OptimConfig
 from embeddings.init import init_rows
 
@@ -137,7 +138,10 @@ class TorchRecDLRM(nn.Module):
         return self.export_state(), None
 
     def restore(self, state: dict[str, Any], read_tables: Callable[[Any], None]) -> None:
-        self.import_state(state)
+        """state.pt holds the whole tables, mapped from the file (``load_state``):
+        each is copied into this rank's shards and its pages given back before the
+        next, so the resume holds one copy of the tables (the model's), not two."""
+        self.import_state(state, mapped=True)
 
     def export_state(self) -> dict[str, dict[str, torch.Tensor]]:
         """MLP tensors and full table weights (the fused optimizer state is not exported)."""
@@ -156,8 +160,10 @@ class TorchRecDLRM(nn.Module):
                     tables[key] = tables[key] + w if key in tables else w.clone()
         return {"dense": dense, "tables": tables}
 
-    def import_state(self, state: dict[str, dict[str, torch.Tensor]]) -> None:
-        """Load :meth:`export_state` output (weights only; fused optimizer state restarts)."""
+    def import_state(self, state: dict[str, dict[str, torch.Tensor]], mapped: bool = False) -> None:
+        """Load :meth:`export_state` output (weights only; fused optimizer state restarts).
+        ``mapped``: the tables are mapped from a file nothing writes (their pages are
+        given back once copied: :func:`dlrm.checkpoint.mapped.release`)."""
         missing, unexpected = self.dmp.load_state_dict(state["dense"], strict=False)
         missing = [k for k in missing if "embedding_bags." not in k]
         if missing or unexpected:
@@ -167,6 +173,8 @@ class TorchRecDLRM(nn.Module):
             for (r, c), t in shards:
                 with torch.no_grad():
                     t.copy_(full[r : r + t.shape[0], c : c + t.shape[1]])
+            if mapped:  # a table at a time beside the model, not every one
+                release(full)
 
     def embedding_weights(self) -> dict[str, torch.Tensor]:
         """[rows, dim] of every table, this rank's shards filled in, zeros elsewhere
