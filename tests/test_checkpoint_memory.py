@@ -4,7 +4,7 @@ The bench's two phases (dlrm/bench/checkpoint.py), each in a fresh process so it
 high-water mark is its own, on a model of 4 tables x 300k rows x 64 (307 MB):
 
     save      peak RSS during save_checkpoint − RSS before it
-    resume    peak RSS during build (no random init) + verify + load − RSS after it;
+    resume    peak RSS during build (no random init) + load (verified as read) − RSS after it;
               the build leaves the tables' pages untouched, the load fills them
 
 Both must stay within 10% of the model state plus 64 MiB: the format's buffers are

@@ -98,7 +98,9 @@ def load_elsewhere(rank: int, world_size: int, root: str, broken: str) -> dict:
     for optim in OPTIMIZERS:
         for name, placements in OTHER_PLANS.items():
             coll = sharded(placements(world_size), optim, world_size, FRESH_SEED)
-            load_embeddings(Path(root, optim), coll.table_state())
+            # Verified as read (each file hashed by one rank, some from partial reads).
+            expect = {f.name: digest(f) for f in Path(root, optim).iterdir()}
+            load_embeddings(Path(root, optim), coll.table_state(), expect)
             loaded = snapshot(coll)
             train_step(coll, STEPS, rank, world_size)
             out[optim, name] = {"loaded": loaded, "next": snapshot(coll)}

@@ -1,4 +1,4 @@
-"""Checkpoints of a run: kept, crash-safe, verified before loading, never running code.
+"""Checkpoints of a run: kept, crash-safe, verified as they load, never running code.
 
     RUN/checkpoints/step-000000120/        a complete checkpoint (the newest
         meta.json                          train.keep_checkpoints are kept)
@@ -26,9 +26,10 @@ A save, all ranks together (a collective)::
 
 A checkpoint directory gets its final name only once every byte of it is on disk,
 so a kill at any moment leaves the previous checkpoints as they were: the next
-resume uses the newest complete one. Loading checks the manifest first: a missing,
-truncated or altered file is refused (:class:`CheckpointCorrupt`, naming the file
-and why); a resume then falls back to the newest one that verifies, saying so. A
+resume uses the newest complete one. Loading checks the manifest as it reads, each
+byte once (:func:`load_checkpoint`): a missing, truncated or altered file is refused
+(:class:`CheckpointCorrupt`, naming the file and why); a resume then loads the
+newest older one that verifies over whatever was half-loaded, saying so. A
 checkpoint of another format version or another model is refused
 (:class:`CheckpointError`). The plan is recorded, not enforced: the shards reshard
 on load into any world size and plan, and their table shapes are checked.

@@ -1,13 +1,13 @@
-"""A checkpoint's manifest: what makes it verifiable before anything is loaded.
+"""A checkpoint's manifest: what makes it verifiable as it is loaded.
 
     meta.json   {"format_version": 4, "progress", "config", "schema", "plan",
                  "world_size", "files": {name: {"bytes", "sha256"}}, "meta_sha256"}
 
 Loading checks meta.json's own sha256 and the format version (:func:`load_meta`),
-then every file's size and sha256 (:func:`verify`: each rank hashes a share), then
-that the checkpoint's model is this run's (:func:`check_compatible`). ``state.pt``
-is read with ``weights_only=True``: tensors, never code.
-"""
+that the checkpoint's model is this run's (:func:`check_compatible`), every file's
+size (:func:`verify` without hashing), then each file's sha256 as the load reads it
+(:func:`load_state` for state.pt; the tables in ``tables.py``): one read. ``state.pt``
+is read with ``weights_only=True``: tensors, never code."""
 
 from __future__ import annotations
 
