@@ -32,7 +32,9 @@ Decoding checks each row group and raises :class:`DataError` naming file, column
 group and the row within the file: a null or out-of-[0, 1] label; a null, NaN or
 infinite dense value (``dense_nan="zero"`` puts 0 there instead); a null or negative
 id; an id >= its table's rows (``id_policy``: "error"; "modulo": id % rows; "hash":
-splitmix64(id) % rows; only out-of-range ids are mapped, ids in range stay as they
+splitmix64(id) % rows; "drop": the id leaves its bag, which may become empty, and
+``unseen_ids`` counts it per column for the last epoch read (held-out eval: ids the
+trained table never saw); only out-of-range ids are mapped, ids in range stay as they
 are); a column whose type does not fit the schema; a row group that cannot be read
 (corrupt, its file gone).
 
@@ -70,7 +72,7 @@ if TYPE_CHECKING:
 
     from data.preprocess import Preprocessing
 
-ID_POLICIES = ("error", "modulo", "hash")
+ID_POLICIES = ("error", "modulo", "hash", "drop")
 DENSE_NAN_POLICIES = ("error", "zero")
 
 
@@ -113,6 +115,7 @@ class ParquetReader:
         self.shuffle, self.seed, self.prefetch = shuffle, seed & (2**64 - 1), prefetch
         self.id_policy, self.dense_nan, self.skip = id_policy, dense_nan, on_error == "skip"
         self.preprocess = preprocess  # vocabulary / hash features, dense transforms
+        self.unseen_ids: dict[str, int] = {}  # id_policy="drop": ids dropped, by column
         screened = screen_files(list(files), schema, on_error)
         self.files = screened.files
         self.bad_data = BadDataLog(screened.left_out)
@@ -149,6 +152,7 @@ class ParquetReader:
             raise ValueError(f"start_step {start_step} outside [0, {self._steps}]")
         if epoch < 0:
             raise ValueError(f"epoch {epoch} is negative")
+        self.unseen_ids = {}
         batches = self._batches(epoch, start_step)
         if self.prefetch > 0:
             batches = _in_background(batches, self.prefetch)
@@ -207,7 +211,8 @@ class ParquetReader:
             try:
                 table = source.read(f, g, int(self._units.rows[unit])).slice(s0, s1 - s0)
                 chunks.append(_decode(table, self.schema, where, self.id_policy, self.dense_nan,
-                                      found if self.skip else None, self.preprocess))
+                                      found if self.skip else None, self.preprocess,
+                                      self.unseen_ids))
             except DataError as e:
                 if not self.skip:
                     raise
@@ -217,7 +222,7 @@ class ParquetReader:
         rows = _Rows.concat(chunks)
         if self.shuffle:
             rng = np.random.default_rng([self.seed, epoch, self.rank, k])
-            rows = rows.take(rng.permutation(rows.size))
+            rows = rows.ordered(rng.permutation(rows.size))
         return rows, found
 
 
@@ -306,12 +311,14 @@ class _Rows:
     ``ids[i]`` is (values, offsets): offsets [n + 1] for a bag column, None for a
     single-hot column (then values has exactly n entries). ``keep`` [n] marks the
     rows a batch takes (None: all); dropped rows keep their place until then.
+    ``order`` [n] (None: stored order) is the window's shuffle, applied per batch.
     """
 
     labels: np.ndarray
     dense: np.ndarray
     ids: list[tuple[np.ndarray, np.ndarray | None]]
     keep: np.ndarray | None = None
+    order: np.ndarray | None = None  # row i of the rows is stored row order[i] (lazy shuffle)
 
     @property
     def size(self) -> int:
@@ -346,10 +353,12 @@ class _Rows:
             keep = np.concatenate([np.ones(c.size, bool) if c.keep is None else c.keep
                                    for c in chunks])
         ids = []
-        for i, (_, offsets) in enumerate(chunks[0].ids):
+        for i in range(len(chunks[0].ids)):
             values = np.concatenate([c.ids[i][0] for c in chunks])
-            if offsets is not None:
-                lengths = np.concatenate([np.diff(c.ids[i][1]) for c in chunks])
+            offsets = None
+            if any(c.ids[i][1] is not None for c in chunks):  # id_policy=drop: some single-hot
+                lengths = np.concatenate([np.ones(c.size, np.int64) if c.ids[i][1] is None
+                                          else np.diff(c.ids[i][1]) for c in chunks])
                 offsets = _offsets(lengths)
             ids.append((values, offsets))
         return _Rows(
@@ -359,39 +368,47 @@ class _Rows:
             keep,
         )
 
-    def take(self, perm: np.ndarray) -> _Rows:
-        """Rows in the order ``perm`` [n] (bags gathered with vectorised index arithmetic)."""
-        ids = []
-        for values, offsets in self.ids:
-            if offsets is None:
-                ids.append((values[perm], None))
-                continue
-            lengths = np.diff(offsets)[perm]
-            new = _offsets(lengths)
-            shift = np.repeat(offsets[:-1][perm] - new[:-1], lengths)
-            ids.append((values[np.arange(new[-1]) + shift], new))
-        keep = None if self.keep is None else self.keep[perm]
-        return _Rows(self.labels[perm], self.dense[perm], ids, keep)
+    def ordered(self, perm: np.ndarray) -> _Rows:
+        """The rows in the order ``perm`` [n], applied lazily: ``batch`` gathers each
+        batch's rows straight into its output (one copy per value, not two)."""
+        order = perm if self.order is None else self.order[perm]
+        return _Rows(self.labels, self.dense, self.ids, self.keep, order)
 
     def batch(self, a: int, b: int, schema: Schema) -> Batch:
-        """Rows [a, b) as a Batch with feature-major JaggedFeatures (kept rows only)."""
-        if self.keep is not None and not self.keep[a:b].all():
-            kept = a + np.flatnonzero(self.keep[a:b])
-            return self.take(kept).batch(0, len(kept), schema)
+        """Rows [a, b) (of ``order`` if set) as a Batch with feature-major
+        JaggedFeatures, kept rows only."""
+        idx = None if self.order is None else self.order[a:b]
+        if self.keep is not None:
+            kept = self.keep[a:b] if idx is None else self.keep[idx]
+            if not kept.all():
+                idx = (np.arange(a, b) if idx is None else idx)[kept]
+        if idx is None:
+            return self._sliced(a, b, schema)
+        n = len(idx)
+        values, lengths = _gather_ids(self.ids, idx)
+        sparse = JaggedFeatures(keys=schema.sparse_names, values=torch.from_numpy(values),
+                                lengths=torch.from_numpy(lengths), stride=n)
+        dense = np.empty((n, self.dense.shape[1]), np.float32)
+        labels = np.empty(n, np.float32)
+        np.take(self.dense, idx, axis=0, out=dense, mode="clip")
+        np.take(self.labels, idx, out=labels, mode="clip")
+        return Batch(dense=torch.from_numpy(dense), sparse=sparse, labels=torch.from_numpy(labels))
+
+    def _sliced(self, a: int, b: int, schema: Schema) -> Batch:
+        """Rows [a, b) in stored order, every row kept: slices, one copy into the batch."""
         n = b - a
         values, lengths = [], []
         for vals, offsets in self.ids:
             if offsets is None:
                 values.append(vals[a:b])
-                lengths.append(np.ones(n, dtype=np.int64))
             else:
                 values.append(vals[offsets[a] : offsets[b]])
-                lengths.append(np.diff(offsets[a : b + 1]))
+        lengths = _lengths([None if o is None else np.diff(o[a : b + 1]) for _, o in self.ids], n)
         empty = np.zeros(0, np.int64)
         sparse = JaggedFeatures(
             keys=schema.sparse_names,
             values=torch.from_numpy(np.concatenate(values) if values else empty),
-            lengths=torch.from_numpy(np.concatenate(lengths) if lengths else empty),
+            lengths=torch.from_numpy(lengths),
             stride=n,
         )
         return Batch(
@@ -399,6 +416,36 @@ class _Rows:
             sparse=sparse,
             labels=torch.from_numpy(np.array(self.labels[a:b], dtype=np.float32)),
         )
+
+
+def _lengths(per_feature: list[np.ndarray | None], n: int) -> np.ndarray:
+    """Feature-major lengths [F*n]: ones for a single-hot feature (None), else its own."""
+    out = np.ones(len(per_feature) * n, dtype=np.int64)
+    for j, lengths in enumerate(per_feature):
+        if lengths is not None:
+            out[j * n : (j + 1) * n] = lengths
+    return out
+
+
+def _gather_ids(ids: list[tuple[np.ndarray, np.ndarray | None]], idx: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """Feature-major (values, lengths) of rows ``idx``: each single-hot column gathered
+    straight into its place in the output; bags by vectorised index arithmetic."""
+    n = len(idx)
+    bags = [None if o is None else np.diff(o)[idx] for _, o in ids]
+    sizes = [n if lengths is None else int(lengths.sum()) for lengths in bags]
+    values = np.empty(sum(sizes), np.int64)
+    at = 0
+    for (vals, offsets), lengths, size in zip(ids, bags, sizes):
+        out = values[at : at + size]
+        if offsets is None:
+            np.take(vals, idx, out=out, mode="clip")  # clip: unbuffered (indices are valid)
+        elif size:
+            new = _offsets(lengths)
+            shift = np.repeat(offsets[:-1][idx] - new[:-1], lengths)
+            np.take(vals, np.arange(size) + shift, out=out, mode="clip")
+        at += size
+    return values, _lengths(bags, n)
 
 
 def _offsets(lengths: np.ndarray) -> np.ndarray:
@@ -448,7 +495,7 @@ class _Problems:
 
 def _decode(table: pa.Table, schema: Schema, where: _Where, id_policy: str,
             dense_nan: str, found: list[BadRecord] | None = None,
-            prep: Preprocessing | None = None) -> _Rows:
+            prep: Preprocessing | None = None, unseen: dict[str, int] | None = None) -> _Rows:
     """Check and convert one slice of a row group to numpy (no per-row Python, except
     once per bad value when ``found`` collects them). A column missing or of a type
     that does not fit is a DataError for the whole slice. ``prep`` maps vocabulary
@@ -466,7 +513,7 @@ def _decode(table: pa.Table, schema: Schema, where: _Where, id_policy: str,
     for j, name in enumerate(schema.dense):
         x = _dense(table.column(name), name, problems, dense_nan)
         dense[:, j] = prep.dense(name, x) if prep is not None else x
-    ids = [_ids(table.column(f.name), f, problems, id_policy) if f.encoding == "identity"
+    ids = [_ids(table.column(f.name), f, problems, id_policy, unseen) if f.encoding == "identity"
            else _prep(prep, f).ids(f, table.column(f.name)) for f in schema.sparse]
     return _Rows(labels, dense, ids, None if problems.keep.all() else problems.keep)
 
@@ -515,7 +562,7 @@ def _dense(col: pa.ChunkedArray, name: str, problems: _Problems, policy: str) ->
 
 
 def _ids(col: pa.ChunkedArray, feature: SparseFeature, problems: _Problems,
-         policy: str) -> tuple[np.ndarray, np.ndarray | None]:
+         policy: str, unseen: dict[str, int] | None = None) -> tuple[np.ndarray, np.ndarray | None]:
     """Ids of one feature as (values, offsets or None), validated and policy-mapped."""
     import pyarrow.compute as pc
 
@@ -525,7 +572,7 @@ def _ids(col: pa.ChunkedArray, feature: SparseFeature, problems: _Problems,
             problems.flag(_nulls(col), name, lambda i: "null id")
             col = pc.fill_null(col, 0)
         values = col.to_numpy().astype(np.int64, copy=False)
-        return _map_ids(values, feature, problems, policy, None), None
+        return _map_ids(values, feature, problems, policy, None, unseen)
     arr = col.combine_chunks()
     lengths = pc.fill_null(pc.list_value_length(arr), 0).to_numpy().astype(np.int64)
     offsets = _offsets(lengths)
@@ -534,7 +581,7 @@ def _ids(col: pa.ChunkedArray, feature: SparseFeature, problems: _Problems,
         problems.flag(_bag_rows(offsets, _nulls(flat)), name, lambda i: "null id inside a bag")
         flat = pc.fill_null(flat, 0)
     values = flat.to_numpy().astype(np.int64, copy=False)
-    return _map_ids(values, feature, problems, policy, offsets), offsets
+    return _map_ids(values, feature, problems, policy, offsets, unseen)
 
 
 def _bag_rows(offsets: np.ndarray, bad_values: np.ndarray) -> np.ndarray:
@@ -545,10 +592,12 @@ def _bag_rows(offsets: np.ndarray, bad_values: np.ndarray) -> np.ndarray:
 
 
 def _map_ids(values: np.ndarray, feature: SparseFeature, problems: _Problems, policy: str,
-             offsets: np.ndarray | None) -> np.ndarray:
-    """Reject negative ids; map or reject ids >= the table's rows as ``policy`` says."""
+             offsets: np.ndarray | None, unseen: dict[str, int] | None = None,
+             ) -> tuple[np.ndarray, np.ndarray | None]:
+    """Reject negative ids; map, drop or reject ids >= the table's rows as ``policy``
+    says. Returns (values, offsets): dropping gives a single-hot column offsets too."""
     if values.size == 0:
-        return values
+        return values, offsets
     rows = feature.rows
 
     def flag(bad: np.ndarray, what: Callable[[int], str]) -> None:
@@ -562,17 +611,32 @@ def _map_ids(values: np.ndarray, feature: SparseFeature, problems: _Problems, po
     if values.min() < 0:
         flag(values < 0, lambda v: f"negative id {v}")
     if values.max() < rows:
-        return values
+        return values, offsets
     big = values >= rows
     if policy == "error":
         flag(big, lambda v: f"id {v} >= table rows {rows} (set data.rows, or "
                             "data.id_policy=hash/modulo)")
-        return values
+        return values, offsets
+    if policy == "drop":
+        return _drop(values, offsets, big, feature.name, unseen)
     if policy == "modulo":
-        return np.where(big, values % rows, values)
+        return np.where(big, values % rows, values), offsets
     out = values.copy()
     out[big] = (splitmix64(values[big]) % np.uint64(rows)).astype(np.int64)
-    return out
+    return out, offsets
+
+
+def _drop(values: np.ndarray, offsets: np.ndarray | None, big: np.ndarray, name: str,
+          unseen: dict[str, int] | None) -> tuple[np.ndarray, np.ndarray]:
+    """Take the ``big`` values out of their bags (counted in ``unseen[name]``)."""
+    if unseen is not None:
+        unseen[name] = unseen.get(name, 0) + int(big.sum())
+    if offsets is None:
+        offsets = np.arange(values.size + 1, dtype=np.int64)
+    lengths = np.diff(offsets)
+    bag = np.repeat(np.arange(lengths.size), lengths)
+    lengths = lengths - np.bincount(bag[big], minlength=lengths.size)
+    return values[~big], _offsets(lengths)
 
 
 # --------------------------------------------------------------------------- prefetch

@@ -4,8 +4,9 @@ in-process; heavy imports happen inside the verbs so ``dlrm --help`` is instant.
     dlrm generate --out DIR [--rows N] [--config FILE] [--seed S]
     dlrm convert-criteo INPUT... --out DIR [--ids vocabulary|raw|hash] [--min-frequency N]
                         [--max-ind-range R] [--eval-days K | --eval-fraction F]
-    dlrm train --config FILE [--out RUN_DIR] [key.sub=value ...]
-    dlrm eval --checkpoint RUN_DIR --data PATH [--plots DIR] [--device auto|cpu|cuda]
+    dlrm fit --config FILE --data PATH --out DIR [key.sub=value ...]
+    dlrm train --config FILE [--out RUN_DIR] [--print-config] [key.sub=value ...]
+    dlrm eval --checkpoint RUN_DIR --data PATH [--plots DIR] [--device auto|cpu|cuda] [--strict-ids]
     dlrm plot RUN_DIR [--out FILE.png]
     dlrm plan --config FILE --world-size N [--memory-per-rank SIZE]
     dlrm bench --config FILE [--ranks 1,2] [--steps N] [--out DIR] [--reader-only] [key.sub=value ...]
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from collections.abc import Callable
 
@@ -81,17 +83,36 @@ def cmd_train(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="dlrm train", description="Train a DLRM.")
     p.add_argument("--config", default=None, help="YAML config (see configs/)")
     p.add_argument("--out", default="runs/latest", help="run directory (resumed if it has a checkpoint)")
+    p.add_argument("--print-config", action="store_true",
+                   help="print the resolved config and the full plan (train.print_config=true)")
     p.add_argument("overrides", nargs="*", help="key.sub=value config overrides")
     a = p.parse_args(argv)
     output_dir(a.out, "--out")
     from dlrm.config import load_config
     from dlrm.train.trainer import train
 
-    cfg = load_config(a.config, a.overrides)
+    cfg = load_config(a.config, a.overrides + ["train.print_config=true"] * a.print_config)
     summary = train(cfg, a.out)
     if summary.get("preempted"):
         ignore_agent_signals()  # checkpoint saved: this process only leaves now
         return PREEMPTED
+    return 0
+
+
+def cmd_fit(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="dlrm fit", description="Fit the vocabularies and dense "
+                                "statistics once; runs reuse them with data.preprocessing=DIR.")
+    p.add_argument("--config", default=None, help="YAML config (its data.* keys)")
+    p.add_argument("--data", required=True, help="training Parquet file, directory or glob")
+    p.add_argument("--out", required=True, help="directory for preprocessing.json")
+    p.add_argument("overrides", nargs="*", help="key.sub=value config overrides")
+    a = p.parse_args(argv)
+    output_dir(a.out, "--out")
+    from dlrm.config import load_config
+    from dlrm.fit import fit_and_save
+
+    for line in fit_and_save(load_config(a.config, a.overrides), a.data, a.out):
+        print(line)
     return 0
 
 
@@ -104,6 +125,9 @@ def cmd_eval(argv: list[str]) -> int:
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default=None,
                    help="where to score (default: the run's train.device); a run trained "
                         "on a GPU is evaluated on a CPU-only machine with --device cpu")
+    p.add_argument("--strict-ids", action="store_true",
+                   help="refuse an id past its trained table (default: look it up as nothing "
+                        "and count it per column in unseen_ids)")
     a = p.parse_args(argv)
     if a.plots is not None:
         output_dir(a.plots, "--plots")
@@ -112,7 +136,7 @@ def cmd_eval(argv: list[str]) -> int:
     from dlrm.eval.evaluate import evaluate_checkpoint
 
     result = evaluate_checkpoint(a.checkpoint, a.data, plots_dir=a.plots, batch_size=a.batch_size,
-                                 device=a.device)
+                                 device=a.device, strict_ids=a.strict_ids)
     if result is not None:  # rank 0 of a torchrun job, or the only process
         print(json.dumps(result))
     return 0
@@ -179,6 +203,7 @@ def cmd_bench(argv: list[str]) -> int:
 VERBS: dict[str, Callable[[list[str]], int]] = {
     "generate": cmd_generate,
     "convert-criteo": cmd_convert_criteo,
+    "fit": cmd_fit,
     "train": cmd_train,
     "eval": cmd_eval,
     "plan": cmd_plan,
@@ -188,6 +213,20 @@ VERBS: dict[str, Callable[[list[str]], int]] = {
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run a verb; a reader that goes away (``dlrm plan ... | head``) ends it quietly."""
+    try:
+        code = _main(argv)
+        sys.stdout.flush()  # inside the try: a pipe closed early fails here, not at exit
+        return code
+    except BrokenPipeError:
+        # Python's recipe (docs: signal, "Note on SIGPIPE"): point stdout at devnull so
+        # the interpreter's last flush has nowhere to fail, and exit as SIGPIPE would.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 128 + 13
+
+
+def _main(argv: list[str] | None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in VERBS:
         print(__doc__.strip(), file=sys.stderr if argv and argv[0] not in ("-h", "--help") else sys.stdout)

@@ -1,17 +1,24 @@
-"""One steady-state training step of the CUDA code path, run on the CPU (the native
-engine, embeddings.kernels=triton under TRITON_INTERPRET=1, the bench model's shape
-with small tables, batch 256, SGD) under dlrm/train/sync_audit.py: no op whose shape
-depends on data, no read by the host, no copy across devices; the op count printed.
-The audit itself fails on a planted .item() and a boolean mask."""
+"""One training step of the CUDA code path, audited on the CPU.
+
+The native engine with ``embeddings.kernels=triton`` (Triton's interpreter stands in
+for the GPU), configs/bench.yaml's model at batch 256, SGD: the trainer's whole step
+(forward, loss, backward, fused sparse update, dense update) runs inside
+``dlrm/train/sync_audit.SyncAudit``, which fails on any op whose output shape depends on
+data and on any read of a device value by the host, and counts the ops issued.
+The audit itself fails on a planted .item(), a boolean mask and repeat_interleave
+without output_size. On CUDA (marker gpu): torch.cuda.set_sync_debug_mode("error")
+over steady-state steps.
+"""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.kernel_cases import DEVICE  # sets TRITON_INTERPRET=1 without a GPU
+from tests.kernel_cases import DEVICE
 
 pytest.importorskip("triton")
 
@@ -19,43 +26,70 @@ from data.generate import generate_dataset
 from dlrm.config import load_config
 from dlrm.parallel.distributed import init_distributed
 from dlrm.parallel.parallelize import build_model
+from dlrm.train import trainer as trainer_module
 from dlrm.train.inputs import resolve_data
 from dlrm.train.sync_audit import SyncAudit
-from dlrm.train.trainer import Trainer
-from tests.conftest import TINY
+from tests.conftest import REPO
 
-BENCH = TINY.parent / "bench.yaml"
+pytestmark = pytest.mark.kernels
+SHAPE = ["generate.rows=2048", "generate.table_rows=[5000]", "generate.row_group_rows=1024",
+         "data.batch_size=256", "train.max_steps=2", "train.log_every=0", "train.eval_every=0",
+         "train.checkpoint_every=0", "train.progress=false", "data.eval="]
+
+
+def audited_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kernels: str) -> SyncAudit:
+    """Train 2 steps; the audit of the second (steady state: lr and Adam's step are on
+    the device since the first, the reader's threads are running)."""
+    data = tmp_path / "data"
+    cfg = load_config(REPO / "configs" / "bench.yaml", [*SHAPE, f"data.train={data}",
+                                                        f"embeddings.kernels={kernels}"])
+    if not data.exists():
+        generate_dataset(str(data), cfg.generate, seed=0)
+    audits: list[SyncAudit] = []
+    step = trainer_module.Trainer.step
+
+    def audited(self, batches):
+        if self.progress.global_step != 1:
+            return step(self, batches)
+        with SyncAudit() as audit:
+            done = step(self, batches)
+        audits.append(audit)
+        return done
+
+    monkeypatch.setattr(trainer_module.Trainer, "step", audited)
+    trainer_module.train(cfg, tmp_path / f"run_{kernels}", echo=lambda s: None)
+    return audits[0]
+
+
+@pytest.mark.slow
+def test_training_step_on_the_cuda_path_never_waits_for_the_device(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert os.environ.get("TRITON_INTERPRET") == "1" or DEVICE.type == "cuda"
+    triton = audited_step(tmp_path, monkeypatch, "triton")
+    torch_path = audited_step(tmp_path, monkeypatch, "torch")
+    print(f"ops per step: triton path {triton.compute_ops} (no sync), torch path "
+          f"{torch_path.compute_ops} (syncs: {sorted(set(torch_path.violations))})")
+    assert triton.violations == []
+    assert triton.ops["triton._pooled_kernel"] == 1 and triton.ops["triton._runs_kernel"] == 1
+    assert "aten.unique_consecutive" in torch_path.violations  # what the kernels removed
+    assert triton.compute_ops < torch_path.compute_ops
+
+
+BENCH = REPO / "configs" / "bench.yaml"
 SHRUNK = ["generate.rows=1024", "generate.table_rows=[1000]", "generate.row_group_rows=512",
           "generate.file_rows=1024", "data.batch_size=256", "embeddings.kernels=triton",
           "optim.dense=sgd", "optim.sparse=sgd", "train.progress=false"]
 
 
-def bench_trainer(tmp_path: Path) -> Trainer:
+def bench_trainer(tmp_path: Path) -> trainer_module.Trainer:
     generated = load_config(BENCH, SHRUNK)
     generate_dataset(str(tmp_path / "data"), generated.generate, seed=0)
     cfg = load_config(BENCH, [*SHRUNK, f"data.train={tmp_path / 'data'}", f"train.device={DEVICE.type}"])
     info = init_distributed(cfg.train.backend, cfg.train.device)
     data = resolve_data(cfg, tmp_path / "run")
     model = build_model(cfg, data.schema, info.device, info)
-    return Trainer(cfg, tmp_path / "run", model, data, info, lambda s: None)
-
-
-@pytest.mark.slow
-def test_bench_step_on_the_cuda_path_has_no_host_sync(tmp_path: Path) -> None:
-    trainer = bench_trainer(tmp_path)
-    for _ in range(2):  # the first steps create the optimizers' state
-        trainer.step(trainer._next_batches())
-    batches = [b.to(trainer.info.device) for b in trainer._next_batches()]  # the reader's copy, not audited
-    with SyncAudit() as audit:
-        trainer.step(batches)
-    from dlrm.train.sync_audit import FREE
-    print(f"bench step ops: {audit.compute_ops} compute ops; "
-          f"{ {k: n for k, n in audit.ops.most_common() if k not in FREE} }")
-    assert audit.violations == [], audit.violations
-    assert audit.ops["triton._pooled_kernel"] == 1 and audit.ops["triton._runs_kernel"] == 1
-    # 70 on the CPU: 12 of them are SGD's per-parameter add_, one fused kernel on CUDA
-    # (dlrm/train/optim.py); 6 linear layers' forward and backward are ~40 more.
-    assert audit.compute_ops <= 70
+    return trainer_module.Trainer(cfg, tmp_path / "run", model, data, info, lambda s: None)
 
 
 def test_audit_flags_item_and_boolean_mask() -> None:
