@@ -120,8 +120,10 @@ class TablePlacement:
 @dataclass
 class EmbeddingsConfig:
     # native: our collection; torchrec: TorchRec's DLRM under DistributedModelParallel
-    # (FBGEMM fused optimizer; on CPU no Adam), to compare with or to fall back on.
-    backend: Literal["native", "torchrec"] = "native"
+    # (FBGEMM fused optimizer; on CPU no Adam), to compare with or to fall back on;
+    # torch_baseline: one nn.EmbeddingBag(sparse=True) per table and a stock torch
+    # optimizer, one process (dlrm/models/torch_baseline.py), the bench's plain-PyTorch row.
+    backend: Literal["native", "torchrec", "torch_baseline"] = "native"
     pooling: Literal["sum", "mean"] = "sum"
     # Fused: the sparse optimizer runs inside backward (no KV gradient kept).
     # Off: backward produces KV gradients (unique ids, rows) that the optimizer

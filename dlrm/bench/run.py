@@ -44,6 +44,9 @@ ENGINES = {
     # TorchRec under the same autocast: the bf16 rows' ratio is taken against it.
     "torchrec_bf16": ["embeddings.backend=torchrec", "train.precision=bf16",
                       "train.precision_fallback=none"],
+    # Stock PyTorch (nn.EmbeddingBag sparse=True, torch.optim), as facebookresearch/dlrm
+    # trains: the floor any engine of ours must beat. One rank only.
+    "torch_baseline": ["embeddings.backend=torch_baseline"],
     "hotline": ["embeddings.placement=hotline"],
     "host_embedding": ["embeddings.placement=hotline", "hotline.budget=1B", "hotline.pipeline=false"],
 }
@@ -89,6 +92,7 @@ def cmd_bench(argv: list[str]) -> int:
     runs = [
         run_engine(a.config, a.overrides, engine, n, steps, data_dir, out / "runs", round_=r)
         for r in range(a.repeat) for n in a.ranks for engine in a.engines
+        if not (engine == "torch_baseline" and n > 1)  # one process by design
     ]
     rows = merge_rounds(runs)
     for row in rows:
@@ -467,8 +471,8 @@ def write_png(path: Path, rows: list[dict[str, Any]], limit: dict[str, float]) -
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
     labels = [f"{r['engine']}\n{r['ranks']} rank(s)" for r in rows]
-    palette = dict(zip(ENGINES, ("tab:blue", "tab:cyan", "tab:orange", "tab:olive", "tab:green",
-                                 "tab:gray")))
+    palette = dict(zip(ENGINES, ("tab:blue", "tab:cyan", "tab:orange", "tab:olive", "tab:red",
+                                 "tab:green", "tab:gray")))
     colors = [palette.get(r["engine"], "tab:purple") for r in rows]
     bars = ax.bar(labels, [r["samples_per_s"] for r in rows], color=colors)
     ax.bar_label(bars, labels=[f"{r['samples_per_s']:,.0f}" for r in rows])

@@ -62,6 +62,8 @@ def build_model(
             constraints=torchrec_dlrm.constraints_from_pins(pins, device),
         )
     world = info.world_size if info is not None else 1
+    if cfg.embeddings.backend == "torch_baseline":
+        return torch_baseline_model(cfg, schema, device, world)
     embeddings: PooledEmbeddings
     if cfg.embeddings.placement == "hotline":
         embeddings = hotline_embeddings(cfg, schema, device, info, hot_profile, seed)
@@ -75,6 +77,17 @@ def build_model(
     if info is not None and world > 1:
         apply_ddp(model, info, cfg)
     return model
+
+
+def torch_baseline_model(cfg: Config, schema: Schema, device: torch.device, world: int) -> RecModel:
+    """Stock PyTorch: nn.EmbeddingBag tables and torch.optim (one process, HBM or host)."""
+    from dlrm.models.torch_baseline import TorchBaselineDLRM
+
+    if world > 1 or cfg.embeddings.placement == "hotline":
+        raise ConfigError("embeddings.backend=torch_baseline runs on one rank with "
+                          "embeddings.placement=sharded (it is plain PyTorch, not a sharded engine)")
+    return TorchBaselineDLRM(len(schema.dense), run_tables(cfg, schema), cfg.model, cfg.optim,
+                             cfg.seed, device)
 
 
 def torchrec_backend() -> ModuleType:
