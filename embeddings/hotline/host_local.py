@@ -49,6 +49,14 @@ class LocalHostTier:
         self.fused = fused
         self.mean = tables[0].pooling is Pooling.MEAN
         self._kept: list[KVGradient] = []
+        # Bytes of the cold path's copies between host and device (H2D: rows and
+        # ids; D2H: gradient rows and ids), counted where they are issued.
+        self.copied = {"h2d": 0, "d2h": 0, "copies": 0}
+
+    def _count(self, way: str, *tensors: torch.Tensor) -> None:
+        for t in tensors:
+            self.copied[way] += t.numel() * t.element_size()
+            self.copied["copies"] += 1
 
     @property
     def device(self) -> torch.device:
@@ -98,13 +106,19 @@ class LocalHostTier:
             t1 = time.perf_counter()
             with torch.cuda.stream(self._copy_stream):  # a side stream: compute goes on
                 rows = rows.to(device, non_blocking=True)
-            self._copy_stream.synchronize()  # this (gather) thread waits, not the trainer
+                ids = unique.pin_memory().to(device, non_blocking=True)
+                ready = torch.cuda.Event()
+                ready.record(self._copy_stream)  # pool() makes the compute stream wait on it
+            # No synchronize(): the copy is ordered by ``ready``, not by a host wait.
+            # The pinned source stays alive until the copy ends: the caching host
+            # allocator holds a pinned block until the stream's work on it is done.
         else:
             rows = source.index_select(0, host_ids)
             t1 = time.perf_counter()
-            rows = rows.to(device)
+            rows, ids, ready = rows.to(device), unique.to(device), None
+        self._count("h2d", rows, ids)
         t2 = time.perf_counter()
-        return ColdRows(unique.to(device), rows.requires_grad_(True), t1 - t0, t2 - t1)
+        return ColdRows(ids, rows.requires_grad_(True), t1 - t0, t2 - t1, ready)
 
     def pool(
         self, lookups: Lookups, hot: HotTier, cold: ColdRows | ColdPooled | None
@@ -115,12 +129,21 @@ class LocalHostTier:
         if self.mean:
             inv = 1.0 / lengths.clamp(min=1).to(hot.weight.dtype)
             scale = torch.repeat_interleave(inv, lengths, output_size=lookups.ids.numel())
+        if cold is None and not self.fused:
+            # A popular micro-batch: no cold side at all (no gather, no empty
+            # embedding_bag, no backward for it; ``step`` still applies the host
+            # tier once). Every id is hot: no boolean select, no host sync.
+            return self._pooled(lookups, hot.lookup(lookups.slot, lookups.lengths, scale)), 0
         cold_ids = lookups.ids[~is_hot]
-        if cold is None:
+        if cold is None:  # fused: the host tier applies once per backward, an empty one too
             cold = self.gather_cold(lookups, hot.device)  # empty
         assert isinstance(cold, ColdRows)
         if cold.rows.device.type == "cuda":  # copied on the side stream, used on this one
-            cold.rows.record_stream(torch.cuda.current_stream(cold.rows.device))
+            current = torch.cuda.current_stream(cold.rows.device)
+            if cold.ready is not None:
+                current.wait_event(cold.ready)  # device-side order, the host does not wait
+            cold.rows.record_stream(current)
+            cold.ids.record_stream(current)
         local = torch.searchsorted(cold.ids, cold_ids)
         if cold_ids.numel() and not torch.equal(cold.ids[local.clamp(max=cold.ids.numel() - 1)], cold_ids):
             raise ValueError("ColdRows were gathered for another batch")
@@ -130,14 +153,18 @@ class LocalHostTier:
             cold.rows, local, bag_offsets(lookups.cold_lengths), partial(self._receive, cold.ids),
             None if scale is None else scale[~is_hot],
         )
+        return self._pooled(lookups, hot_part + cold_part), cold.ids.numel()
+
+    def _pooled(self, lookups: Lookups, bags: torch.Tensor) -> torch.Tensor:
+        """Feature-major bags [F*B, D] as [B, F*D]."""
         batch, features, dim = lookups.batch, lookups.num_features, self.collection.dim
-        pooled = (hot_part + cold_part).view(features, batch, dim)
-        return pooled.transpose(0, 1).reshape(batch, features * dim), cold.ids.numel()
+        return bags.view(features, batch, dim).transpose(0, 1).reshape(batch, features * dim)
 
     # ------------------------------------------------------------------ updates
     def _receive(self, cold_ids: torch.Tensor, grad: KVGradient) -> None:
         home = self.device
         grad = KVGradient(cold_ids[grad.ids].to(home), grad.rows.to(home))
+        self._count("d2h", grad.ids, grad.rows)
         if self.fused:
             self.collection.apply_gradient(grad)
         else:
