@@ -91,8 +91,10 @@ class ShardedEmbeddingCollection(EmbeddingCollection):
         seed: int | None = 0,
         group: dist.ProcessGroup | None = None,
         device: torch.device | str = "cpu",
+        kernels: str = "auto",
     ) -> None:
         super().__init__()
+        self.kernels = kernels  # every store's lookup path (embeddings/kernels)
         self.rank, self.world_size = world(group)
         if plan.world_size != self.world_size:
             raise ValueError(f"plan is for {plan.world_size} ranks, running on {self.world_size}")
@@ -129,7 +131,8 @@ class ShardedEmbeddingCollection(EmbeddingCollection):
         self.dp_features = [f for t in dp_tables for f in t.features]
         self.replicated = (
             ReplicatedTables(
-                LocalEmbeddingCollection(dp_tables, make_optimizer(), fused=False, seed=seed, device=device),
+                LocalEmbeddingCollection(dp_tables, make_optimizer(), fused=False, seed=seed, device=device,
+                                         kernels=kernels),
                 group,
             )
             if dp_tables else None
@@ -176,7 +179,7 @@ class ShardedEmbeddingCollection(EmbeddingCollection):
                 device=device,
                 table_origin={shard_name(sh): (sh.table, plan_rows(self.plan, sh), sh.row_start, sh.col_start)
                               for sh in shards},
-                init_dim={shard_name(sh): self.dim for sh in shards},
+                init_dim={shard_name(sh): self.dim for sh in shards}, kernels=self.kernels,
             )
             self.stores.append(store)
             self.store_slots.append(slots)

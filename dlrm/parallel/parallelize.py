@@ -114,7 +114,8 @@ def pooled_grad_scale(cfg: Config, info: DistInfo) -> float:
 def local_embeddings(cfg: Config, schema: Schema, device: torch.device, seed: int | None) -> LocalEmbeddingCollection:
     """Every table in this process, stacked in one weight (``seed=None``: left empty)."""
     return LocalEmbeddingCollection(
-        run_tables(cfg, schema), sparse_optimizer(cfg), fused=fused(cfg), seed=seed, device=device
+        run_tables(cfg, schema), sparse_optimizer(cfg), fused=fused(cfg), seed=seed, device=device,
+        kernels=cfg.embeddings.kernels,
     )
 
 
@@ -128,7 +129,7 @@ def sharded_embeddings(
     # and two threads on one gloo group can order collectives differently per rank.
     collection = ShardedEmbeddingCollection(
         run_tables(cfg, schema), plan, lambda: sparse_optimizer(cfg), fused=fused(cfg),
-        seed=seed, group=new_group(info), device=device,
+        seed=seed, group=new_group(info), device=device, kernels=cfg.embeddings.kernels,
     )
     collection.grad_scale = pooled_grad_scale(cfg, info)
     return collection
