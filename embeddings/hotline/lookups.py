@@ -57,15 +57,10 @@ class Lookups:
         return self.cold_lengths.view(self.num_features, self.batch).sum(dim=0) == 0
 
     def check_hot_only(self) -> None:
-        """For a popular micro-batch: it must have no cold lookup. On the host a
-        clear error; on CUDA an asynchronous device assert (no host sync: ``int()``
-        of a device tensor would stall the step)."""
-        if self.is_hot.device.type == "cpu":
-            cold = int((~self.is_hot).sum())
-            if cold:
-                raise ValueError(f"a popular micro-batch has {cold} cold lookups")
-        else:
-            torch._assert_async(self.is_hot.all(), "a popular micro-batch has cold lookups")
+        """For a popular micro-batch: it must have no cold lookup (a pipeline bug,
+        not bad input). An asynchronous assert: on CUDA it fails in the device's own
+        time, with no ``int()`` that would make the step wait for it."""
+        torch._assert_async(self.is_hot.all(), "Hotline: a popular micro-batch has cold lookups")
 
 
 @dataclass
