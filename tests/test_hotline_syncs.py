@@ -18,6 +18,8 @@ proves what the code asks for, not what a CUDA driver does.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import torch
 
 from embeddings.hotline.lookups import Lookups
@@ -104,3 +106,20 @@ def test_cold_path_copies_only_cold_rows_ids_and_their_gradients() -> None:
     torch.testing.assert_close(cold.ids, cold_ids)
     want = u * dim * 4 + u * 8
     assert coll.tier.copied == {"h2d": want, "d2h": want, "copies": 4}
+
+
+def test_threaded_gather_equals_index_select(monkeypatch) -> None:
+    coll, _, rest = _collection()
+    tier = coll.tier
+    one = coll.gather_cold(rest)
+    tier.gather_threads = 3
+    tier._gather_pool = ThreadPoolExecutor(3)
+    monkeypatch.setattr(type(tier), "PARALLEL_ROWS", 1)
+    source = tier.collection.weight.data
+    ids = torch.randint(0, source.shape[0], (1000,), generator=torch.Generator().manual_seed(4))
+    out = source.new_empty(1000, source.shape[1])
+    tier._gather_rows(source, ids, out)
+    torch.testing.assert_close(out, source.index_select(0, ids), rtol=0, atol=0)
+    threaded = coll.gather_cold(rest)
+    torch.testing.assert_close(threaded.rows, one.rows, rtol=0, atol=0)
+    tier._gather_pool.shutdown()

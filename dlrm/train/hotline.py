@@ -170,6 +170,7 @@ class HotlineSteps:
             "transfer_ms": 1000 * transfer / steps,
             "gather_wait_ms": 1000 * wait / steps,
             "gather_hidden": max(0.0, 1 - wait / busy) if busy > 0 else 1.0,
+            "gather_threads": float(getattr(self.embeddings.tier, "gather_threads", 1)),
         }
         return out
 

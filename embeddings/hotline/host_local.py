@@ -10,7 +10,9 @@
 
 from __future__ import annotations
 
+import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
 import torch
@@ -39,8 +41,10 @@ class LocalHostTier:
         seed: int | None,
         device: torch.device | str,
         hot_device: torch.device,
+        gather_threads: int = 0,
     ) -> None:
-        """Tables on ``device`` (the host), cold rows copied to ``hot_device``."""
+        """Tables on ``device`` (the host), cold rows copied to ``hot_device``, gathered
+        by ``gather_threads`` host threads (0: min(4, CPU cores))."""
         self.collection = LocalEmbeddingCollection(tables, optimizer, fused=True, seed=seed, device=device)
         if hot_device.type == "cuda":
             self.collection.pin_memory()
@@ -48,6 +52,9 @@ class LocalHostTier:
         self.optimizer = optimizer
         self.fused = fused
         self.mean = tables[0].pooling is Pooling.MEAN
+        self.gather_threads = gather_threads or min(4, os.cpu_count() or 1)
+        self._gather_pool = (ThreadPoolExecutor(self.gather_threads, thread_name_prefix="hotline-rows")
+                             if self.gather_threads > 1 else None)
         self._kept: list[KVGradient] = []
         # Bytes of the cold path's copies between host and device (H2D: rows and
         # ids; D2H: gradient rows and ids), counted where they are issued.
@@ -102,7 +109,7 @@ class LocalHostTier:
         host_ids = unique.to(source.device)
         if device.type == "cuda" and source.device.type == "cpu":
             rows = torch.empty(unique.numel(), source.shape[1], dtype=source.dtype, pin_memory=True)
-            torch.index_select(source, 0, host_ids, out=rows)
+            self._gather_rows(source, host_ids, rows)
             t1 = time.perf_counter()
             with torch.cuda.stream(self._copy_stream):  # a side stream: compute goes on
                 rows = rows.to(device, non_blocking=True)
@@ -113,12 +120,25 @@ class LocalHostTier:
             # The pinned source stays alive until the copy ends: the caching host
             # allocator holds a pinned block until the stream's work on it is done.
         else:
-            rows = source.index_select(0, host_ids)
+            rows = source.new_empty(unique.numel(), source.shape[1])
+            self._gather_rows(source, host_ids, rows)
             t1 = time.perf_counter()
             rows, ids, ready = rows.to(device), unique.to(device), None
         self._count("h2d", rows, ids)
         t2 = time.perf_counter()
         return ColdRows(ids, rows.requires_grad_(True), t1 - t0, t2 - t1, ready)
+
+    # Below this many rows one thread gathers: a hand-off costs more than it saves.
+    PARALLEL_ROWS = 4096
+
+    def _gather_rows(self, source: torch.Tensor, ids: torch.Tensor, out: torch.Tensor) -> None:
+        """``out[i] = source[ids[i]]``, slices of ``ids`` on the gather threads (torch
+        releases the GIL in index_select), each into its own slice of ``out``."""
+        if self._gather_pool is None or ids.numel() < self.PARALLEL_ROWS:
+            torch.index_select(source, 0, ids, out=out)
+            return
+        parts = zip(ids.tensor_split(self.gather_threads), out.tensor_split(self.gather_threads))
+        list(self._gather_pool.map(lambda p: torch.index_select(source, 0, p[0], out=p[1]), parts))
 
     def pool(
         self, lookups: Lookups, hot: HotTier, cold: ColdRows | ColdPooled | None

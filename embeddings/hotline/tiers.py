@@ -79,6 +79,7 @@ class HotlineEmbeddingCollection(EmbeddingCollection):
         host: torch.device | str = "cpu",
         plan: ShardingPlan | None = None,
         group: dist.ProcessGroup | None = None,
+        gather_threads: int = 0,
     ) -> None:
         super().__init__()
         device = torch.device(device)
@@ -88,7 +89,7 @@ class HotlineEmbeddingCollection(EmbeddingCollection):
                 raise ValueError("Hotline on several ranks keeps gradients: hot ones are all-gathered")
             tier = ShardedHostTier(tables, plan, optimizer, seed, group, host)
         else:
-            tier = LocalHostTier(tables, optimizer, fused, seed, host, device)
+            tier = LocalHostTier(tables, optimizer, fused, seed, host, device, gather_threads)
         self.tier = tier  # a plain object: the host tables stay out of the module tree
         self.tables = list(tables)
         self.dim = tables[0].dim
