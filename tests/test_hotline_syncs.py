@@ -123,3 +123,31 @@ def test_threaded_gather_equals_index_select(monkeypatch) -> None:
     threaded = coll.gather_cold(rest)
     torch.testing.assert_close(threaded.rows, one.rows, rtol=0, atol=0)
     tier._gather_pool.shutdown()
+
+
+def test_gather_waits_for_the_queued_host_update() -> None:
+    """step() queues the cold update on the host-update thread and returns; the next
+    gather of the same rows waits for it and reads the updated rows."""
+    import threading
+
+    coll, popular, rest = _collection()
+    tier = coll.tier
+    coll.set_lr(0.1)
+    cold = coll.gather_cold(rest)
+    coll(Prefetched(rest, cold)).sum().backward()
+    coll(Prefetched(popular, HOT_ONLY)).sum().backward()
+    gate = threading.Event()
+    tier._later(gate.wait)  # hold the update thread: the update queues behind it
+    coll.step()  # returns at once
+    assert not tier._pending.done()
+    result: list = []
+    reader = threading.Thread(target=lambda: result.append(coll.gather_cold(rest)))
+    reader.start()
+    reader.join(timeout=0.3)
+    waited = reader.is_alive() and not result
+    gate.set()  # before asserting: a failure must not leave the update thread blocked
+    assert waited  # the gather waits for the update
+    reader.join()
+    updated = tier._tables.weight.data.index_select(0, cold.ids)
+    assert not torch.equal(updated, cold.rows.detach())  # the update changed them
+    torch.testing.assert_close(result[0].rows.detach(), updated, rtol=0, atol=0)

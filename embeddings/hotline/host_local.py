@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 
 import torch
@@ -45,9 +46,12 @@ class LocalHostTier:
     ) -> None:
         """Tables on ``device`` (the host), cold rows copied to ``hot_device``, gathered
         by ``gather_threads`` host threads (0: min(4, CPU cores))."""
-        self.collection = LocalEmbeddingCollection(tables, optimizer, fused=True, seed=seed, device=device)
+        self._tables = LocalEmbeddingCollection(tables, optimizer, fused=True, seed=seed, device=device)
         if hot_device.type == "cuda":
-            self.collection.pin_memory()
+            self._tables.pin_memory()
+        # Host updates (cold gradients, lr) run in order on one thread, off the step.
+        self._updates = ThreadPoolExecutor(1, thread_name_prefix="hotline-host-update")
+        self._pending: Future[None] | None = None
         self._copy_stream = torch.cuda.Stream(hot_device) if hot_device.type == "cuda" else None
         self.optimizer = optimizer
         self.fused = fused
@@ -55,7 +59,7 @@ class LocalHostTier:
         self.gather_threads = gather_threads or min(4, os.cpu_count() or 1)
         self._gather_pool = (ThreadPoolExecutor(self.gather_threads, thread_name_prefix="hotline-rows")
                              if self.gather_threads > 1 else None)
-        self._kept: list[KVGradient] = []
+        self._kept: list[tuple[KVGradient, torch.cuda.Event | None]] = []
         # Bytes of the cold path's copies between host and device (H2D: rows and
         # ids; D2H: gradient rows and ids), counted where they are issued.
         self.copied = {"h2d": 0, "d2h": 0, "copies": 0}
@@ -67,7 +71,7 @@ class LocalHostTier:
 
     @property
     def device(self) -> torch.device:
-        return self.collection.weight.device
+        return self._tables.weight.device
 
     # ------------------------------------------------------------------ hot rows
     @torch.no_grad()
@@ -177,18 +181,27 @@ class LocalHostTier:
 
     def _pooled(self, lookups: Lookups, bags: torch.Tensor) -> torch.Tensor:
         """Feature-major bags [F*B, D] as [B, F*D]."""
-        batch, features, dim = lookups.batch, lookups.num_features, self.collection.dim
+        batch, features, dim = lookups.batch, lookups.num_features, self._tables.dim
         return bags.view(features, batch, dim).transpose(0, 1).reshape(batch, features * dim)
 
     # ------------------------------------------------------------------ updates
     def _receive(self, cold_ids: torch.Tensor, grad: KVGradient) -> None:
-        home = self.device
-        grad = KVGradient(cold_ids[grad.ids].to(home), grad.rows.to(home))
+        ids = cold_ids[grad.ids]
+        ready = None
+        if grad.rows.device.type == "cuda":  # D2H into pinned memory, not waited for here
+            ids, rows = _pinned_copy(ids), _pinned_copy(grad.rows)
+            ready = torch.cuda.Event()
+            ready.record()
+            grad = KVGradient(ids, rows)
+        else:
+            grad = KVGradient(ids.to(self.device), grad.rows.to(self.device))
         self._count("d2h", grad.ids, grad.rows)
         if self.fused:
+            if ready is not None:
+                ready.synchronize()
             self.collection.apply_gradient(grad)
         else:
-            self._kept.append(grad)
+            self._kept.append((grad, ready))
 
     def share_hot_gradient(self, grad: KVGradient) -> KVGradient:
         return grad
@@ -200,7 +213,8 @@ class LocalHostTier:
         if not (hot or self._kept):
             return {}
         home = self.device
-        grad = KVGradient.cat([KVGradient(g.ids.to(home), g.rows.to(home)) for g in hot] + self._kept)
+        grad = KVGradient.cat([KVGradient(g.ids.to(home), g.rows.to(home)) for g in hot]
+                              + _arrived(self._kept))
         out = {}
         for t in self.collection.tables:
             start = self.collection.row_offsets[t.name]
@@ -210,13 +224,52 @@ class LocalHostTier:
         return out
 
     def set_lr(self, lr: float) -> None:
-        self.collection.set_lr(lr)
+        self._later(self._tables.set_lr, lr)  # after the updates queued before it
 
     def step(self) -> None:
+        """Queue the kept cold gradients' update on the host-update thread: the
+        trainer goes on (the next popular micro-batch needs no host row); the next
+        gather, and every other reader of the host rows, waits for it (see
+        ``collection``)."""
         kept, self._kept = self._kept, []
+        self._later(self._apply, kept)
+
+    def _apply(self, kept: list[tuple[KVGradient, torch.cuda.Event | None]]) -> None:
+        """On the host-update thread: wait for the gradients' D2H copies, apply them once."""
+        tables = self._tables
         if kept:
-            grad = KVGradient.cat(kept)
+            grad = KVGradient.cat(_arrived(kept))
         else:
-            ids = torch.zeros(0, dtype=torch.int64, device=self.device)
-            grad = KVGradient(ids, self.collection.weight.new_zeros(0, self.collection.dim))
-        self.collection.apply_gradient(grad)
+            ids = torch.zeros(0, dtype=torch.int64, device=tables.weight.device)
+            grad = KVGradient(ids, tables.weight.new_zeros(0, tables.dim))
+        tables.apply_gradient(grad)
+
+    def _later(self, fn: Callable[..., None], *args: object) -> None:
+        """Run ``fn`` on the single host-update thread, after what was queued before."""
+        self._pending = self._updates.submit(fn, *args)
+
+    def wait_updates(self) -> None:
+        """Until the queued host updates are applied (their error, if any, raises here)."""
+        pending = self._pending
+        if pending is not None:
+            pending.result()
+
+    @property
+    def collection(self) -> LocalEmbeddingCollection:
+        """The host tables, once the queued updates are in: every read goes through here."""
+        self.wait_updates()
+        return self._tables
+
+
+def _pinned_copy(t: torch.Tensor) -> torch.Tensor:
+    out = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    out.copy_(t, non_blocking=True)
+    return out
+
+
+def _arrived(kept: list[tuple[KVGradient, torch.cuda.Event | None]]) -> list[KVGradient]:
+    """The kept gradients, after their D2H copies ended (CUDA events; the host waits)."""
+    for _, ready in kept:
+        if ready is not None:
+            ready.synchronize()
+    return [grad for grad, _ in kept]
