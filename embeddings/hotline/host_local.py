@@ -6,6 +6,21 @@
                1 / FULL bag length, as the single-process collection does)
     backward:  cold KVGradient (stacked ids, moved home) ──► host optimizer
                (applied at once when fused, else kept until step())
+
+One step's ordering (CUDA; kept gradients, as the trainer runs it):
+
+    main thread   | popular fwd/bwd (hot only) | wait gather | non-popular fwd/bwd | step() ─┐ next popular ...
+    gather thread | wait host updates ─► gather rows (N threads) ─► pinned ─► H2D issue   │
+    copy stream   |                                   H2D rows+ids ─► event ready          │
+    compute stream|  ... waits `ready` before the cold lookup (no host wait) ... D2H grads ─► event
+    update thread |                                          waits the D2H events, applies ◄┘ (queued)
+                  the NEXT step's gather waits for this queue (``collection``): read after write.
+
+Host syncs left in the main thread: the non-popular micro-batch's boolean
+hot/cold selects and the unique cold ids (their sizes depend on the data; a
+fixed-size compaction is not written yet), the torch path's KV-gradient
+``unique_consecutive`` per lookup (the Triton sorted backward removes it), and
+the wait for the gather thread (a Python future, not a device sync).
 """
 
 from __future__ import annotations
