@@ -54,7 +54,9 @@ class SyncAudit(TorchDispatchMode):
 
     @property
     def compute_ops(self) -> int:
-        return sum(n for name, n in self.ops.items() if name not in FREE)
+        """Ops that launch work: views, allocations and profiler marks left out."""
+        return sum(n for name, n in self.ops.items()
+                   if name not in FREE and not name.startswith("profiler."))
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}

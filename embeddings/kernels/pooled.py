@@ -54,6 +54,12 @@ def block_d(dim: int) -> int:
     return max(16, triton.next_power_of_2(dim))
 
 
+def warps(dim: int) -> int:
+    """Warps for a program holding one row: a warp per 64 columns (up to 4), so a
+    64-wide row is one warp's two floats a lane, not four warps mostly replicated."""
+    return min(4, max(1, block_d(dim) // 64))
+
+
 def pooled_forward(
     weight: torch.Tensor,
     values: torch.Tensor,
@@ -76,6 +82,6 @@ def pooled_forward(
     if bags:
         _pooled_kernel[(bags,)](
             weight, values, offsets, row_base, out, batch, dim, stride_b, stride_f,
-            MEAN=mean, BLOCK_D=block_d(dim),
+            MEAN=mean, BLOCK_D=block_d(dim), num_warps=warps(dim),
         )
     return out

@@ -38,7 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
-from embeddings.kernels.pooled import block_d
+from embeddings.kernels.pooled import block_d, warps
 from embeddings.kv import KVGradient
 from embeddings.optim import RowWiseAdagrad, SparseAdagrad, SparseAdam, SparseOptimizer, SparseSGD
 
@@ -142,7 +142,8 @@ def _sorted_runs(
     n = values.numel()
     linear = torch.empty(n, dtype=torch.int64, device=values.device)
     bag_of = torch.empty(n, dtype=torch.int64, device=values.device)
-    _linearize_kernel[(row_base.numel() * batch,)](values, offsets, row_base, linear, bag_of, batch)
+    _linearize_kernel[(row_base.numel() * batch,)](values, offsets, row_base, linear, bag_of, batch,
+                                                   num_warps=1)
     sorted_ids, order = torch.sort(linear, stable=True)
     return sorted_ids, order, bag_of
 
@@ -163,7 +164,7 @@ def _launch_runs(grad_pooled, values, offsets, row_base, batch, mean, feature_ma
         dummy if out_ids is None else out_ids, dummy if out_rows is None else out_rows,
         n, batch, dim, stride_b, stride_f, eps, betas[0], betas[1],
         math.log(betas[0]) if betas[0] > 0 else 0.0, math.log(betas[1]) if betas[1] > 0 else 0.0,
-        OPT=opt, MEAN=mean, BLOCK_D=block_d(dim),
+        OPT=opt, MEAN=mean, BLOCK_D=block_d(dim), num_warps=warps(dim),
     )
 
 
