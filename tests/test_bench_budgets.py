@@ -50,7 +50,9 @@ def test_budget_sweep_end_to_end(tmp_path: Path) -> None:
     report = json.loads((tmp_path / "bench.json").read_text())
     sweep = {r["budget"]: r for r in report["hotline_budgets"]}
     assert set(sweep) == {"1KB", "64MB"}
-    # 64 MB holds every row of the tiny tables: every lookup hot; 1 KB holds a few rows.
-    assert sweep["64MB"]["hot_hit_rate"] == 1.0 and sweep["64MB"]["popular_share"] == 1.0
-    assert sweep["1KB"]["hot_hit_rate"] < 1.0
+    # 64 MB holds every profiled row of the tiny tables (rows the 5% profile never
+    # saw stay cold); 1 KB holds a few: fewer hits, fewer popular samples.
+    assert sweep["64MB"]["hot_hit_rate"] > sweep["1KB"]["hot_hit_rate"]
+    assert sweep["64MB"]["popular_share"] > sweep["1KB"]["popular_share"]
+    assert all(r["samples_per_s"] > 0 for r in sweep.values())
     assert (tmp_path / "bench_budgets.png").read_bytes()[:8] == PNG_MAGIC
