@@ -152,6 +152,9 @@ class HotlineConfig:
     profile_seconds: float = 60.0  # profiling time bound
     refresh_every: int = 0  # steps; re-choose the hot rows from the batches since (0 = never)
     pipeline: bool = True  # gather cold rows on a host thread during the popular micro-batch
+    # host threads gathering cold rows (each a slice of the ids into the pinned
+    # buffer); 0 = min(4, CPU cores). host_embedding uses the same gather
+    gather_threads: int = 0
 
 
 @dataclass

@@ -116,6 +116,7 @@ RULES: dict[str, Rule] = {
     "hotline.profile_fraction": number(high=1.0),
     "hotline.profile_seconds": number(),
     "hotline.refresh_every": OFF_OR_MORE,
+    "hotline.gather_threads": OFF_OR_MORE,
     "train.epochs": POSITIVE,
     "train.max_steps": OFF_OR_MORE,
     "train.eval_every": OFF_OR_MORE,

@@ -171,7 +171,7 @@ def hotline_embeddings(
     # mini-batch add up to one optimizer step.
     collection = HotlineEmbeddingCollection(
         run_tables(cfg, schema), hot_profile, sparse_optimizer(cfg), fused=False, seed=seed,
-        device=device, plan=plan, group=group,
+        device=device, plan=plan, group=group, gather_threads=cfg.hotline.gather_threads,
     )
     if info is not None and info.world_size > 1:
         collection.grad_scale = pooled_grad_scale(cfg, info)
