@@ -162,11 +162,12 @@ class ShardedEmbeddingCollection(EmbeddingCollection):
         ``defer_column_shards`` (row-wise Adagrad) a store holding a column shard
         applies after the partial-sum exchange in step(), not inside backward."""
         mine = self.slots_on[self.rank]
+        dtype_of = {t.name: t.dtype for t in self.tables}
         for width in sorted({s.shard.cols for s in mine}):
             slots = [s for s in mine if s.shard.cols == width]
             shards = list(dict.fromkeys(s.shard for s in slots))
             specs = [
-                TableSpec(shard_name(sh), rows=sh.rows, dim=sh.cols, pooling=Pooling.SUM,
+                TableSpec(shard_name(sh), rows=sh.rows, dim=sh.cols, pooling=Pooling.SUM, dtype=dtype_of[sh.table],
                           features=tuple(f"{s.feature}@{shard_name(sh)}" for s in slots if s.shard == sh))
                 for sh in shards
             ]

