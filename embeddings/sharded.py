@@ -91,8 +91,11 @@ class ShardedEmbeddingCollection(EmbeddingCollection):
         seed: int | None = 0,
         group: dist.ProcessGroup | None = None,
         device: torch.device | str = "cpu",
+        rounding_seed: int | None = None,
     ) -> None:
+        """``rounding_seed`` (default ``seed``): of fp16/bf16 tables' stochastic rounding."""
         super().__init__()
+        self.rounding_seed = (seed or 0) if rounding_seed is None else rounding_seed
         self.rank, self.world_size = world(group)
         if plan.world_size != self.world_size:
             raise ValueError(f"plan is for {plan.world_size} ranks, running on {self.world_size}")
@@ -129,7 +132,8 @@ class ShardedEmbeddingCollection(EmbeddingCollection):
         self.dp_features = [f for t in dp_tables for f in t.features]
         self.replicated = (
             ReplicatedTables(
-                LocalEmbeddingCollection(dp_tables, make_optimizer(), fused=False, seed=seed, device=device),
+                LocalEmbeddingCollection(dp_tables, make_optimizer(), fused=False, seed=seed, device=device,
+                                         rounding_seed=self.rounding_seed),
                 group,
             )
             if dp_tables else None
@@ -178,6 +182,7 @@ class ShardedEmbeddingCollection(EmbeddingCollection):
                 table_origin={shard_name(sh): (sh.table, plan_rows(self.plan, sh), sh.row_start, sh.col_start)
                               for sh in shards},
                 init_dim={shard_name(sh): self.dim for sh in shards},
+                rounding_seed=self.rounding_seed,
             )
             self.stores.append(store)
             self.store_slots.append(slots)

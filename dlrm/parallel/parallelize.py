@@ -129,7 +129,7 @@ def sharded_embeddings(
     # and two threads on one gloo group can order collectives differently per rank.
     collection = ShardedEmbeddingCollection(
         run_tables(cfg, schema), plan, lambda: sparse_optimizer(cfg), fused=fused(cfg),
-        seed=seed, group=new_group(info), device=device,
+        seed=seed, group=new_group(info), device=device, rounding_seed=cfg.seed,
     )
     collection.grad_scale = pooled_grad_scale(cfg, info)
     return collection
