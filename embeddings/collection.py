@@ -28,6 +28,7 @@ from embeddings.interface import Prefetched, TableState
 from embeddings.jagged import bag_offsets, in_feature_order, permute_bags, stacked_ids
 from embeddings.kv import KVGradient
 from embeddings.lookup import pooled_lookup
+from embeddings.narrow import fp16_overflow, warn_once
 from embeddings.optim import SparseOptimizer
 from embeddings.plan.sizes import format_bytes
 from embeddings.plan.types import Shard, ShardingPlan, ShardingType
@@ -200,8 +201,13 @@ class LocalEmbeddingCollection(EmbeddingCollection):
         """fp32 ``rows`` of stacked ``ids`` → the weight's type, stochastically rounded."""
         t = torch.searchsorted(self._sr_starts, ids, right=True) - 1
         step = int(self.state["rounding_step"])
-        return stochastic_round(rows, self.weight_dtype, self.rounding_seed, step, self._sr_keys[t],
-                                ids - self._sr_starts[t] + self._sr_rows0[t], self._sr_cols0[t])
+        out = stochastic_round(rows, self.weight_dtype, self.rounding_seed, step, self._sr_keys[t],
+                               ids - self._sr_starts[t] + self._sr_rows0[t], self._sr_cols0[t])
+        if self.weight_dtype == torch.float16:
+            bad = torch.isinf(out).any(dim=1) & torch.isfinite(rows).all(dim=1)
+            for i in t[bad].unique().tolist():
+                warn_once(fp16_overflow(self.tables[i].name, out[bad & (t == i)]) or "")
+        return out
 
     # ------------------------------------------------------------------ forward
     def forward(self, sparse: KeyedJagged) -> torch.Tensor:
@@ -310,6 +316,10 @@ class LocalEmbeddingCollection(EmbeddingCollection):
                 src = tensors[key]
                 if src.shape != dst.shape:
                     raise ValueError(f"{key}: shape {tuple(src.shape)} != {tuple(dst.shape)}")
+                if dst.dtype == torch.float16 and key.endswith(".weight") and src.dtype != torch.float16:
+                    said = fp16_overflow(key.removesuffix(".weight"), src)
+                    if said:
+                        warn_once(said)
                 dst.copy_(src)
 
     def table_state(self) -> TableState:

@@ -168,3 +168,41 @@ def test_checkpoint_saved_in_type_half_size_and_resumes_bit_exact(tmp_path: Path
         c.set_lr(1e-3)  # small: most elements' fate is decided by the rounding bits
         c(batch(3)).sum().backward()
     assert torch.equal(resumed.weight, coll.weight)
+
+
+def test_fp16_overflow_warns_one_line(capsys) -> None:
+    import embeddings.narrow as narrow
+
+    narrow._said.clear()
+    coll = LocalEmbeddingCollection(tables("fp16"), make_sparse_optimizer("sgd"), seed=3)
+    tensors = {k: v.float().clone() if k.endswith(".weight") else v for k, v in coll.export_tables().items()}
+    tensors["a.weight"][4, 2] = 1e5
+    coll.import_tables(tensors)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["warning: table a: 1 values overflow fp16 (|x| > 65504) and are stored as inf; "
+                   "use embeddings.dtype=bf16 or fp32"]
+    assert torch.isinf(coll.weight[4, 2])
+    # grown by training past the range: warned once, naming the table
+    with torch.no_grad():
+        coll.weight[50 + 3] = 65000.0  # table b, row 3
+    sparse = JaggedFeatures(["f0", "f1", "f2"], torch.tensor([3]), torch.tensor([0, 1, 0]))
+    for _ in range(2):
+        coll.set_lr(1.0)
+        (coll(sparse) * -1000.0).sum().backward()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("warning: table b: 8 values overflow fp16"), err
+
+
+def test_bf16_small_lr_warning_matches_round_to_nearest() -> None:
+    from embeddings.narrow import bf16_small_lr
+
+    rows = {"big": 10_000, "small": 100}
+    typical = (1 / 10_000) ** 0.5 / 2  # the big table's typical initial value
+    quiet, loud = 1e-3, 1e-7
+    assert bf16_small_lr(quiet, rows, "rowwise_adagrad") is None
+    note = bf16_small_lr(loud, rows, "rowwise_adagrad")
+    assert note is not None and "\n" not in note and "optim.sparse_lr=1e-07" in note
+    # the reference: round-to-nearest bf16 of w - lr
+    w = torch.tensor(typical).to(torch.bfloat16)
+    assert (w.float() - loud).to(torch.bfloat16) == w
+    assert (w.float() - quiet).to(torch.bfloat16) != w
