@@ -171,7 +171,7 @@ def test_checkpoint_saved_in_type_half_size_and_resumes_bit_exact(tmp_path: Path
 
 
 def test_fp16_overflow_warns_one_line(capsys) -> None:
-    import embeddings.narrow as narrow
+    from embeddings import narrow
 
     narrow._said.clear()
     coll = LocalEmbeddingCollection(tables("fp16"), make_sparse_optimizer("sgd"), seed=3)
@@ -179,8 +179,8 @@ def test_fp16_overflow_warns_one_line(capsys) -> None:
     tensors["a.weight"][4, 2] = 1e5
     coll.import_tables(tensors)
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["warning: table a: 1 values overflow fp16 (|x| > 65504) and are stored as inf; "
-                   "use embeddings.dtype=bf16 or fp32"]
+    want = "warning: table a: 1 values overflow fp16 (|x| > 65504) and are stored as inf; use embeddings.dtype=bf16 or fp32"
+    assert err == [want]
     assert torch.isinf(coll.weight[4, 2])
     # grown by training past the range: warned once, naming the table
     with torch.no_grad():
