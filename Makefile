@@ -24,7 +24,7 @@ test-fast: setup
 # CUDA tests alone (tests/test_gpu.py; skipped on a machine without CUDA). On a GPU
 # machine that has its own torch and no .venv: make test-gpu PY=python3 (no setup).
 test-gpu: $(if $(filter .venv/bin/python,$(PY)),setup)
-	PYTHONPATH=. $(PY) -m pytest -m gpu tests
+	PYTHONPATH=. $(PY) -m pytest -m "gpu or kernels" tests
 
 lint: setup
 	$(PY) -m ruff check dlrm embeddings data tests

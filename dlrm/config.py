@@ -119,6 +119,10 @@ class EmbeddingsConfig:
     # Off: backward produces KV gradients (unique ids, rows) that the optimizer
     # then applies; a user who wants to see embedding gradients sets this off.
     fused: bool = True
+    # The lookup's and update's kernels: auto = Triton on CUDA (embeddings/kernels: one
+    # launch for every bag, optimizer fused in the sorted backward), torch elsewhere;
+    # triton forces them (on CPU only under TRITON_INTERPRET=1, as the tests run them).
+    kernels: Literal["auto", "triton", "torch"] = "auto"
     # Hybrid parallel (more than one rank): the planner places every table unless
     # pinned here, within memory_per_rank (e.g. "16GB"; empty = no limit).
     # sharded: tables on the ranks per the plan; hotline: hot rows on the device,
@@ -165,6 +169,9 @@ class TrainConfig:
     # bf16: the MLPs and the interaction run under autocast (bf16 matmuls, fp32
     # weights); embeddings, optimizers, loss and eval stay fp32. Opt-in: results
     # then differ from fp32 training by bf16 rounding (see README).
+    # CUDA: fp32 matmuls on TF32 tensor cores (10-bit mantissa products, fp32
+    # accumulation), as torch.backends.cuda.matmul.allow_tf32; false: full fp32
+    tf32: bool = True
     precision: Literal["fp32", "bf16"] = "fp32"
     # bf16 measured slower than fp32 at start (no native bf16: dlrm/train/precision.py):
     # fp32 = train in fp32 with a warning; error = stop; none = keep bf16 (benchmarks)

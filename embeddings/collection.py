@@ -26,6 +26,7 @@ from embeddings.huge_pages import advise_huge_pages
 from embeddings.init import init_rows
 from embeddings.interface import Prefetched, TableState
 from embeddings.jagged import bag_offsets, in_feature_order, permute_bags, stacked_ids
+from embeddings.kernels import KernelChoice, use_triton
 from embeddings.kv import KVGradient
 from embeddings.lookup import pooled_lookup
 from embeddings.narrow import fp16_overflow, warn_once
@@ -38,6 +39,7 @@ from embeddings.timing import section
 
 if TYPE_CHECKING:
     from data.jagged import KeyedJagged
+    from embeddings.kernels.lookup import Bags
 
 
 class EmbeddingCollection(nn.Module, ABC):
@@ -106,12 +108,14 @@ class LocalEmbeddingCollection(EmbeddingCollection):
         table_origin: dict[str, tuple[str, int, int, int]] | None = None,
         init_dim: dict[str, int] | None = None,
         rounding_seed: int | None = None,
+        kernels: str | KernelChoice = KernelChoice.AUTO,
     ) -> None:
         """``table_origin`` (for shards): table name → (full table name, its rows,
         first row, first column) and ``init_dim`` → the full table's dim, so a shard
         starts with its slice of the full table's initial values. ``seed=None``: no
         initial values (``torch.empty``, not even touched), for a collection that a
         checkpoint is about to fill: a resume skips the random init of every row.
+        ``kernels``: the lookup's path (embeddings/kernels: ``auto`` is Triton on CUDA).
 
         Tables of fp16/bf16 (``TableSpec.dtype``; one type per collection: the stack is
         one tensor) are stored in that type; lookups accumulate in fp32 and pooled
@@ -132,6 +136,8 @@ class LocalEmbeddingCollection(EmbeddingCollection):
         self.optimizer = optimizer
         self.fused = fused
         self.lr = 0.0
+        self.kernels = KernelChoice(kernels)
+        self._lr_on_device: torch.Tensor | None = None  # the Triton update reads lr here
         device = torch.device(device)
 
         self.row_offsets: dict[str, int] = {}
@@ -212,6 +218,8 @@ class LocalEmbeddingCollection(EmbeddingCollection):
     # ------------------------------------------------------------------ forward
     def forward(self, sparse: KeyedJagged) -> torch.Tensor:
         values, lengths, batch = in_feature_order(sparse, self.features)
+        if self.on_triton():
+            return self._triton_pool(values, lengths, batch, feature_major=False)
         num_features = len(self.features)
         ids = stacked_ids(values, lengths, self.feature_offsets, batch)
         # Bags in sample-major order (b0f0, b0f1, .., b1f0, ..): the pooled rows then
@@ -223,6 +231,8 @@ class LocalEmbeddingCollection(EmbeddingCollection):
 
     def lookup(self, values: torch.Tensor, lengths: torch.Tensor, batch: int) -> torch.Tensor:
         """Feature-major jagged ids (lengths [F*B]) → pooled [F, B, D]."""
+        if self.on_triton():
+            return self._triton_pool(values, lengths, batch, feature_major=True)
         ids = stacked_ids(values, lengths, self.feature_offsets, batch)
         return self._pool(ids, lengths).view(len(self.features), batch, self.dim)
 
@@ -234,6 +244,49 @@ class LocalEmbeddingCollection(EmbeddingCollection):
             inv = 1.0 / lengths.clamp(min=1).to(torch.float32)
             scale = torch.repeat_interleave(inv, lengths, output_size=ids.numel())
         return pooled_lookup(self.weight, ids, offsets, self._receive, scale)
+
+    # ------------------------------------------------------------------ Triton path
+    def on_triton(self) -> bool:
+        """Whether lookups take the Triton kernels (embeddings/kernels) on this device.
+        The kernels store fp32 weights only: fp16/bf16 tables take the torch path."""
+        return self.weight_dtype == torch.float32 and use_triton(self.kernels, self.weight.device)
+
+    def _triton_pool(self, values: torch.Tensor, lengths: torch.Tensor, batch: int,
+                     feature_major: bool) -> torch.Tensor:
+        """The bags as they come (feature-major), pooled by one kernel launch straight
+        into [B, F*D] (or [F, B, D]): no permutation, no stacked-id tensor; the backward
+        sorts once and applies the optimizer in the same kernel when fused."""
+        from embeddings.kernels.lookup import Bags, triton_pooled_lookup  # imports triton
+
+        self._device_scalars()
+        bags = Bags(values, bag_offsets(lengths), self.feature_offsets, batch,
+                    self.pooling is Pooling.MEAN, feature_major)
+        with section("lookup"):
+            return triton_pooled_lookup(self.weight, bags, self._triton_backward)
+
+    def _triton_backward(self, grad_pooled: torch.Tensor, bags: Bags) -> None:
+        from embeddings.kernels.sparse_update import backward_kv, backward_update
+
+        args = (grad_pooled, bags.values, bags.offsets, bags.row_base, bags.batch, bags.mean,
+                bags.feature_major)
+        if self.fused:
+            assert self._lr_on_device is not None
+            with section("embedding_update"):
+                backward_update(*args, self.weight.data, self.optimizer, self.state, self._lr_on_device)
+        else:
+            with section("lookup"):
+                self._receive(backward_kv(*args))
+
+    def _device_scalars(self) -> None:
+        """lr and per-table scalar state (Adam's step) on the weight's device, where the
+        update kernel reads them: no host value enters a launch, so nothing waits and a
+        captured graph replays with the current values. Moved once, not per step."""
+        device = self.weight.device
+        if self._lr_on_device is None or self._lr_on_device.device != device:
+            self._lr_on_device = torch.full((1,), self.lr, dtype=torch.float32, device=device)
+        for name, tensor in self.state.items():
+            if tensor.device != device:
+                self.register_buffer(f"optim_{name}", tensor.to(device))
 
     # ------------------------------------------------------------------ updates
     @property
@@ -255,6 +308,8 @@ class LocalEmbeddingCollection(EmbeddingCollection):
 
     def set_lr(self, lr: float) -> None:
         self.lr = lr
+        if self._lr_on_device is not None:
+            self._lr_on_device.fill_(lr)  # a device-side fill: no host wait
 
     def step(self) -> None:
         if not self.fused:

@@ -92,10 +92,12 @@ class ShardedEmbeddingCollection(EmbeddingCollection):
         group: dist.ProcessGroup | None = None,
         device: torch.device | str = "cpu",
         rounding_seed: int | None = None,
+        kernels: str = "auto",
     ) -> None:
         """``rounding_seed`` (default ``seed``): of fp16/bf16 tables' stochastic rounding."""
         super().__init__()
         self.rounding_seed = (seed or 0) if rounding_seed is None else rounding_seed
+        self.kernels = kernels  # every store's lookup path (embeddings/kernels)
         self.rank, self.world_size = world(group)
         if plan.world_size != self.world_size:
             raise ValueError(f"plan is for {plan.world_size} ranks, running on {self.world_size}")
@@ -133,7 +135,7 @@ class ShardedEmbeddingCollection(EmbeddingCollection):
         self.replicated = (
             ReplicatedTables(
                 LocalEmbeddingCollection(dp_tables, make_optimizer(), fused=False, seed=seed, device=device,
-                                         rounding_seed=self.rounding_seed),
+                                         rounding_seed=self.rounding_seed, kernels=kernels),
                 group,
             )
             if dp_tables else None
@@ -181,7 +183,7 @@ class ShardedEmbeddingCollection(EmbeddingCollection):
                 device=device,
                 table_origin={shard_name(sh): (sh.table, plan_rows(self.plan, sh), sh.row_start, sh.col_start)
                               for sh in shards},
-                init_dim={shard_name(sh): self.dim for sh in shards},
+                init_dim={shard_name(sh): self.dim for sh in shards}, kernels=self.kernels,
                 rounding_seed=self.rounding_seed,
             )
             self.stores.append(store)

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from dlrm.bench.limits import model_cost
+from dlrm.bench.run import stated_rows_override
 from dlrm.cli import main
 from dlrm.config import load_config
 from dlrm.models.interaction import DotInteraction
@@ -57,6 +58,10 @@ def test_bench_rows_ratios_and_limit(bench: Path) -> None:
     for key in ("matmul_fp32_gflops", "matmul_bf16_gflops", "bandwidth_gb_s", "flops_per_sample",
                 "embedding_bytes_per_sample", "samples_per_s_bound", "samples_per_s_bound_bf16"):
         assert limit[key] > 0, key
+    tiny = load_config(TINY, SMALL).generate
+    for r in rows.values():  # what each row trained, from its own summary
+        assert r["tables"] == {"count": tiny.sparse, "rows": tiny.sparse * tiny.table_rows[0],
+                               "bytes": tiny.sparse * tiny.table_rows[0] * 16 * 4, "dtype": "fp32"}
     assert (bench / "bench.png").read_bytes()[:8] == PNG_MAGIC
     assert (bench / "runs" / "native_1" / "metrics.jsonl").is_file()
     assert not list((bench / "runs").glob("*/checkpoints"))  # GBs each on the bench tables
@@ -123,3 +128,23 @@ def test_rounds_merge_to_the_median_round() -> None:
     assert rows["torchrec"]["samples_per_s"] == 21.0
     two = merge_rounds(runs[:4])  # even count: the lower middle, a real round
     assert {r["engine"]: r["samples_per_s"] for r in two} == {"native": 10.0, "torchrec": 20.0}
+
+
+@pytest.mark.parametrize("config", ["bench.yaml", "bench_gpu.yaml"])
+def test_bench_configs_train_the_stated_table_sizes(tmp_path: Path, config: str) -> None:
+    """A table of 3M stated rows whose ids (2,000 rows of Zipf) fill a sliver of it:
+    every bench row trains it at 3M rows; left to the data (the default encoding,
+    auto), it would be a vocabulary of the ids seen."""
+    from data.generate import generate_dataset
+    from dlrm.parallel.planning import run_schema
+
+    small = ["generate.rows=2000", "generate.sparse=2", "generate.multi_hot=0",
+             "generate.table_rows=[3000000,5]", "generate.row_group_rows=1000", "generate.file_rows=2000"]
+    generated = load_config(TINY.parent / config, small)
+    generate_dataset(str(tmp_path / "d"), generated.generate, seed=0)
+    stated = [stated_rows_override(generated), *small]  # what dlrm bench adds to every row
+    schema, _ = run_schema(load_config(TINY.parent / config, stated), str(tmp_path / "d"))
+    assert [f.rows for f in schema.sparse] == [3_000_000, 5]
+    unstated, _ = run_schema(load_config(TINY.parent / config, [*small, "data.encoding=auto"]),
+                             str(tmp_path / "d"))
+    assert unstated.sparse[0].rows < 3_000_000  # what the bench trained before it said the sizes

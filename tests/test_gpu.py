@@ -4,7 +4,8 @@ its own torch ``PYTHONPATH=. python3 -m pytest -m gpu tests``).
 
     equal to CPU      one process on CUDA = the same run on the CPU: every sparse
                       optimizer x fused/kept x sum/mean pooling on mixed single- and
-                      multi-hot data, and all-single-hot data
+                      multi-hot data, and all-single-hot data (CUDA on the Triton
+                      kernels, embeddings.kernels=auto; and on the torch path)
     Hotline on CUDA   = ordinary training on the GPU (every optimizer, refresh,
                       no pipeline, resume); the host tier pinned, cold rows copied
                       on a side stream; the copy hidden under the popular
@@ -73,6 +74,13 @@ def test_cuda_equals_cpu(tiny_data, tmp_path: Path, optim: str, fused: str, pool
 @pytest.mark.parametrize("optim", cases.OPTIMIZERS)
 def test_cuda_equals_cpu_single_hot(single_hot_data, tmp_path: Path, optim: str) -> None:
     cases.device_equals_cpu(single_hot_data, tmp_path, "cuda", f"optim.sparse={optim}")
+
+
+@pytest.mark.parametrize("optim", cases.OPTIMIZERS)
+def test_cuda_torch_kernels_equal_cpu(tiny_data, tmp_path: Path, optim: str) -> None:
+    """The CUDA runs above take the Triton kernels (embeddings.kernels=auto); the torch
+    path on CUDA stays a choice, so it is checked too."""
+    cases.device_equals_cpu(tiny_data, tmp_path, "cuda", f"optim.sparse={optim}", "embeddings.kernels=torch")
 
 
 # ------------------------------------------------------------------ Hotline on CUDA
@@ -240,3 +248,24 @@ def test_bench_gpu_rows(tmp_path: Path, capsys) -> None:
     for r in rows.values():
         assert r["samples_per_s"] > 0 and r["fraction_of_bound"] > 0 and r["hbm_gb_s"] > 0
         assert r["peak_memory_mb"][0] > 0  # CUDA allocations: the rows ran on the GPU
+
+
+# ------------------------------------------------------------------ the dense side
+
+
+@pytest.mark.parametrize("dense", ["sgd", "adagrad", "adam"])
+def test_dense_optimizer_fused_on_cuda(dense: str) -> None:
+    from dlrm.train.optim import build_dense_optimizer
+
+    cfg = load_config(TINY, [f"optim.dense={dense}"])
+    params = [torch.nn.Parameter(torch.randn(4, 4, device="cuda"))]
+    opt = build_dense_optimizer(cfg, params)
+    assert opt.defaults["foreach" if dense == "adagrad" else "fused"] is True
+    cpu = build_dense_optimizer(cfg, [torch.nn.Parameter(torch.randn(4, 4))])
+    assert not cpu.defaults.get("fused") and not cpu.defaults.get("foreach")
+
+
+@pytest.mark.parametrize("tf32", [True, False])
+def test_train_tf32_setting(tiny_data, tmp_path: Path, tf32: bool) -> None:
+    cases.run(tiny_data, tmp_path, "cuda", f"train.tf32={str(tf32).lower()}", steps=2)
+    assert torch.backends.cuda.matmul.allow_tf32 is tf32

@@ -80,6 +80,8 @@ def cmd_bench(argv: list[str]) -> int:
         write_json(path, {**report, "reader": reader})
         return 0
     steps = a.steps or cfg.train.max_steps or 200
+    # The generator's stated sizes, exactly: a table is not sized by the ids its rows drew.
+    a.overrides = [stated_rows_override(cfg), *a.overrides]
     # Rounds interleave the engines (A B A B, not A A B B), so a slow spell of a
     # shared machine falls on every engine rather than on one.
     runs = [
@@ -234,6 +236,14 @@ def ensure_dataset(cfg: Config, data_dir: Path) -> Path:
     return data_dir
 
 
+def stated_rows_override(cfg: Config) -> str:
+    """``data.rows={C1: 1460, ...}``: every generated table at generate.table_rows (with
+    identity ids, a table is otherwise sized by the largest id its rows drew)."""
+    from data.generate import generator_schema
+
+    return "data.rows=" + json.dumps({f.name: f.rows for f in generator_schema(cfg.generate).sparse})
+
+
 # ------------------------------------------------------------------ one run
 
 
@@ -292,6 +302,7 @@ def collect(metrics: Path) -> dict[str, Any]:
         "sections_ms": {k: sections.get(k) for k in SECTIONS},
         "peak_memory_mb": summary.get("peak_memory_mb"),
         "hotline": summary.get("hotline"),  # hit rate, popular share, gather hidden
+        "tables": summary.get("tables"),  # what the run built: count, rows, bytes
     }
 
 
@@ -355,7 +366,7 @@ def _fmt(value: Any, spec: str = ".1f") -> str:
 
 def format_table(rows: list[dict[str, Any]]) -> str:
     """One line per row: samples/s, ratio, ms per step by section, peak MB per rank."""
-    head = ["engine", "ranks", "samples/s", "vs torchrec", *SECTION_HEADS, "peak MB/rank"]
+    head = ["engine", "ranks", "samples/s", "vs torchrec", *SECTION_HEADS, "peak MB/rank", "tables"]
     body = []
     for r in rows:
         peak = r["peak_memory_mb"]
@@ -364,11 +375,20 @@ def format_table(rows: list[dict[str, Any]]) -> str:
             _fmt(r["vs_torchrec"], ".2f") + ("x" if r["vs_torchrec"] is not None else ""),
             *(_fmt(r["sections_ms"][k]) for k in SECTIONS),
             "/".join(f"{m:.0f}" for m in peak) if peak else "-",
+            _tables_cell(r.get("tables")),
         ])
     widths = [max(len(x) for x in col) for col in zip(head, *body)]
     lines = ["  ".join(c.rjust(w) for c, w in zip(line, widths)) for line in [head, *body]]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "sections: ms per step (rank 0)\n" + "\n".join(lines)
+
+
+def _tables_cell(tables: dict[str, Any] | None) -> str:
+    """"26 x 33.8M rows, 8.65 GB fp32": what the row trained, read from its summary."""
+    if not tables:
+        return "-"
+    return (f"{tables['count']} x {tables['rows'] / 1e6:.1f}M rows, {tables['bytes'] / 1e9:.2f} GB "
+            f"{tables['dtype']}")
 
 
 def format_limit(limit: dict[str, float], rows: list[dict[str, Any]]) -> str:

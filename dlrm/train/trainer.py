@@ -81,6 +81,9 @@ def train(cfg: Config, run_dir: str | Path, echo: Callable[[str], None] = print)
     if cfg.train.reuse_host_memory:
         reuse_freed_memory()
     info = init_distributed(cfg.train.backend, cfg.train.device, cfg.train.timeout_s)
+    if info.device.type == "cuda":  # TF32 products for fp32 matmuls (train.tf32)
+        torch.backends.cuda.matmul.allow_tf32 = cfg.train.tf32
+        torch.backends.cudnn.allow_tf32 = cfg.train.tf32
     say = echo if info.is_main else (lambda _: None)
     # bf16 only where it is fast; the config printed and saved says what ran
     precision = decide_precision(cfg.train, info.device, info, say)
@@ -346,9 +349,16 @@ class Trainer:
         self.log.write({"event": "eval", "step": self.progress.global_step, **metrics})
         return metrics
 
+    def _tables_trained(self) -> dict[str, Any]:
+        """The tables this run built (after the data's encodings): count, rows, bytes."""
+        tables = run_tables(self.cfg, self.schema)
+        rows = sum(t.rows for t in tables)
+        return {"count": len(tables), "rows": rows, "bytes": sum(t.rows * t.dim * 4 for t in tables),
+                "dtype": "fp32"}
+
     def _summary(self, preempted: int = 0) -> dict[str, Any]:
         summary: dict[str, Any] = {"event": "summary", "steps": self.progress.global_step,
-                                   **self.meter.summary()}
+                                   **self.meter.summary(), "tables": self._tables_trained()}
         if preempted:
             summary["preempted"] = signal_name(preempted)
         if self.hotline:

@@ -1,0 +1,227 @@
+"""Backward of the pooled lookup: one sort, one program per run of equal ids.
+
+    values [N] (feature-major bags)        grad_pooled (the forward's layout)
+        │ _linearize: one program per bag
+        ▼
+    linear [N] = row_base[f] + values[j]   bag_of [N] = the bag lookup j sits in
+        │ torch.sort(stable): the step's only sort, static size N
+        ▼
+    sorted  [3 3 7 7 7 9]    order [4 0 1 2 5 3]   (positions of the lookups)
+             ^   ^     ^     a run starts where sorted[i] != sorted[i-1]
+        │ _runs: program i returns unless a run starts at i; else it walks the run,
+        │ summing grad_pooled[bag_of[order[k]]] (x 1/len for mean) in lookup order,
+        │ and applies the optimizer to that one row, or writes (id, row) at slot i
+        ▼
+    weight and optimizer state updated in place     |   KV gradient (ids, rows)
+
+Every shape is N, known before the step: no unique, no host sync. Each row is
+written by exactly one program (its run's head), so no atomics are needed, and the
+sum is taken in the same order as ``KVGradient.from_lookups``.
+
+The optimizers are those of ``embeddings/optim.py``, with the same formulas:
+
+    SGD               w -= lr * g
+    row-wise Adagrad  s += mean(g²);  w -= lr * g / (sqrt(s) + eps)
+    Adagrad           s += g²;        w -= lr * g / (sqrt(s) + eps)
+    Adam (lazy)       m += (1-b1)(g - m);  v += (1-b2)(g² - v)
+                      w -= lr * sqrt(1 - b2^t) / (1 - b1^t) * m / (sqrt(v) + eps)
+
+``lr`` and Adam's step count ``t`` are read from device tensors, not passed as
+numbers, so a captured CUDA graph replays with the current values.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from embeddings.kernels.pooled import block_d, warps
+from embeddings.kv import KVGradient
+from embeddings.optim import RowWiseAdagrad, SparseAdagrad, SparseAdam, SparseOptimizer, SparseSGD
+
+KV, SGD, ROWWISE_ADAGRAD, ADAGRAD, ADAM = 0, 1, 2, 3, 4
+
+
+@triton.jit
+def _linearize_kernel(values_ptr, offsets_ptr, row_base_ptr, linear_ptr, bag_of_ptr, batch):
+    bag = tl.program_id(0)
+    start = tl.load(offsets_ptr + bag)
+    end = tl.load(offsets_ptr + bag + 1)
+    base = tl.load(row_base_ptr + bag // batch)
+    for j in range(start, end):
+        tl.store(linear_ptr + j, tl.load(values_ptr + j).to(tl.int64) + base)
+        tl.store(bag_of_ptr + j, bag)
+
+
+@triton.jit
+def _run_gradient(sorted_ptr, order_ptr, bag_of_ptr, offsets_ptr, grad_ptr, i, row, n,
+                  batch, stride_b, stride_f, cols, in_row,
+                  MEAN: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Sum of the gradient rows of the run of ``row`` that starts at sorted position i."""
+    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    k = i
+    more = k < n
+    while more:
+        bag = tl.load(bag_of_ptr + tl.load(order_ptr + k))
+        src = grad_ptr + (bag % batch) * stride_b + (bag // batch) * stride_f + cols
+        g = tl.load(src, mask=in_row, other=0.0).to(tl.float32)
+        if MEAN:
+            length = tl.load(offsets_ptr + bag + 1) - tl.load(offsets_ptr + bag)
+            g = g / tl.maximum(length, 1).to(tl.float32)
+        acc += g
+        k += 1
+        nxt = tl.load(sorted_ptr + k, mask=k < n, other=-1)
+        more = (k < n) & (nxt == row)
+    return acc
+
+
+@triton.jit
+def _runs_kernel(
+    sorted_ptr, order_ptr, bag_of_ptr, offsets_ptr, grad_ptr,
+    weight_ptr, state_ptr, state2_ptr, lr_ptr, step_ptr, out_ids_ptr, out_rows_ptr,
+    n, batch, dim, stride_b, stride_f, eps, beta1, beta2, log_beta1, log_beta2,
+    OPT: tl.constexpr, MEAN: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    i = tl.program_id(0)
+    row = tl.load(sorted_ptr + i)
+    prev = tl.load(sorted_ptr + i - 1, mask=i > 0, other=-1)
+    if (i == 0) | (row != prev):
+        cols = tl.arange(0, BLOCK_D)
+        in_row = cols < dim
+        g = _run_gradient(sorted_ptr, order_ptr, bag_of_ptr, offsets_ptr, grad_ptr, i, row, n,
+                          batch, stride_b.to(tl.int64), stride_f.to(tl.int64), cols, in_row,
+                          MEAN, BLOCK_D)
+        at = row * dim + cols
+        if OPT == 0:  # KV gradient: (id, summed row) at the run's head
+            tl.store(out_ids_ptr + i, row)
+            tl.store(out_rows_ptr + i.to(tl.int64) * dim + cols, g, mask=in_row)
+        else:
+            lr = tl.load(lr_ptr)
+            w = tl.load(weight_ptr + at, mask=in_row, other=0.0).to(tl.float32)
+            if OPT == 1:
+                w = w - lr * g
+            elif OPT == 2:
+                s = tl.load(state_ptr + row) + tl.sum(g * g, axis=0) / dim
+                tl.store(state_ptr + row, s)
+                w = w - g * (lr / (tl.sqrt(s) + eps))
+            elif OPT == 3:
+                s = tl.load(state_ptr + at, mask=in_row, other=0.0) + g * g
+                tl.store(state_ptr + at, s, mask=in_row)
+                w = w - lr * (g / (tl.sqrt(s) + eps))
+            else:
+                m = tl.load(state_ptr + at, mask=in_row, other=0.0)
+                v = tl.load(state2_ptr + at, mask=in_row, other=0.0)
+                m = m + (1.0 - beta1) * (g - m)
+                v = v + (1.0 - beta2) * (g * g - v)
+                tl.store(state_ptr + at, m, mask=in_row)
+                tl.store(state2_ptr + at, v, mask=in_row)
+                t = tl.load(step_ptr).to(tl.float64)
+                bias2 = 1.0 - tl.exp(t * log_beta2)  # 1 - beta2^t
+                bias1 = 1.0 - tl.exp(t * log_beta1)
+                step_size = (lr.to(tl.float64) * tl.sqrt(bias2) / bias1).to(tl.float32)
+                w = w - step_size * (m / (tl.sqrt(v) + eps))
+            tl.store(weight_ptr + at, w.to(weight_ptr.dtype.element_ty), mask=in_row)
+
+
+def optimizer_code(optimizer: SparseOptimizer) -> int:
+    """The ``OPT`` of ``_runs_kernel`` for an optimizer of embeddings/optim.py."""
+    for kind, code in ((SparseSGD, SGD), (RowWiseAdagrad, ROWWISE_ADAGRAD),
+                       (SparseAdagrad, ADAGRAD), (SparseAdam, ADAM)):
+        if type(optimizer) is kind:
+            return code
+    raise TypeError(f"no fused Triton update for {type(optimizer).__name__}")
+
+
+def _sorted_runs(
+    values: torch.Tensor, offsets: torch.Tensor, row_base: torch.Tensor, batch: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(sorted stacked ids, their lookup positions, the bag of each lookup), all [N]."""
+    n = values.numel()
+    linear = torch.empty(n, dtype=torch.int64, device=values.device)
+    bag_of = torch.empty(n, dtype=torch.int64, device=values.device)
+    _linearize_kernel[(row_base.numel() * batch,)](values, offsets, row_base, linear, bag_of, batch,
+                                                   num_warps=1)
+    sorted_ids, order = torch.sort(linear, stable=True)
+    return sorted_ids, order, bag_of
+
+
+def _launch_runs(grad_pooled, values, offsets, row_base, batch, mean, feature_major,
+                 opt, weight, states, lr, step, out_ids, out_rows, eps=0.0, betas=(0.0, 0.0)):
+    n = values.numel()
+    num_features = row_base.numel()
+    dim = grad_pooled.shape[-1] if feature_major else grad_pooled.shape[1] // num_features
+    stride_b, stride_f = (dim, batch * dim) if feature_major else (num_features * dim, dim)
+    sorted_ids, order, bag_of = _sorted_runs(values, offsets, row_base, batch)
+    dummy = sorted_ids  # an unused pointer argument (its OPT never reads it)
+    state, state2 = (list(states) + [dummy, dummy])[:2]
+    _runs_kernel[(n,)](
+        sorted_ids, order, bag_of, offsets, grad_pooled.contiguous(),
+        dummy if weight is None else weight, state, state2,
+        dummy if lr is None else lr, dummy if step is None else step,
+        dummy if out_ids is None else out_ids, dummy if out_rows is None else out_rows,
+        n, batch, dim, stride_b, stride_f, eps, betas[0], betas[1],
+        math.log(betas[0]) if betas[0] > 0 else 0.0, math.log(betas[1]) if betas[1] > 0 else 0.0,
+        OPT=opt, MEAN=mean, BLOCK_D=block_d(dim), num_warps=warps(dim),
+    )
+
+
+def backward_update(
+    grad_pooled: torch.Tensor,
+    values: torch.Tensor,
+    offsets: torch.Tensor,
+    row_base: torch.Tensor,
+    batch: int,
+    mean: bool,
+    feature_major: bool,
+    weight: torch.Tensor,
+    optimizer: SparseOptimizer,
+    state: dict[str, torch.Tensor],
+    lr: torch.Tensor,
+) -> None:
+    """Apply ``optimizer`` to the rows the lookup touched, in place (fused backward).
+
+    ``lr`` [1] and Adam's ``state["step"]`` [1] live on ``weight``'s device."""
+    if values.numel() == 0:
+        if isinstance(optimizer, SparseAdam):
+            state["step"] += 1  # an empty step still counts, as in the torch path
+        return
+    opt = optimizer_code(optimizer)
+    step = None
+    if opt == ADAM:
+        state["step"] += 1
+        step = state["step"]
+        states = [state["exp_avg"], state["exp_avg_sq"]]
+        betas = optimizer.betas
+    else:
+        states = [state["sum"]] if opt in (ROWWISE_ADAGRAD, ADAGRAD) else []
+        betas = (0.0, 0.0)
+    _launch_runs(grad_pooled, values, offsets, row_base, batch, mean, feature_major,
+                 opt, weight, states, lr, step, None, None, optimizer.eps, betas)
+
+
+def backward_kv(
+    grad_pooled: torch.Tensor,
+    values: torch.Tensor,
+    offsets: torch.Tensor,
+    row_base: torch.Tensor,
+    batch: int,
+    mean: bool,
+    feature_major: bool,
+) -> KVGradient:
+    """The KV gradient of the stacked weight (ids ascending, one row each).
+
+    The kernel writes each run's (id, row) at its head's sorted position, in a
+    buffer of N; dropping the other slots is a boolean select, the one host sync of
+    this path (the unfused path: replicated tables and gradient accumulation)."""
+    n = values.numel()
+    dim = grad_pooled.shape[-1] if feature_major else grad_pooled.shape[1] // row_base.numel()
+    out_ids = torch.full((n,), -1, dtype=torch.int64, device=values.device)
+    out_rows = torch.empty(n, dim, dtype=torch.float32, device=values.device)
+    if n:
+        _launch_runs(grad_pooled, values, offsets, row_base, batch, mean, feature_major,
+                     KV, None, [], None, None, out_ids, out_rows)
+    keep = out_ids >= 0
+    return KVGradient(out_ids[keep], out_rows[keep])

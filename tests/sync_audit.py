@@ -1,0 +1,106 @@
+"""An audit of a step's torch ops: no data-dependent shapes, no host reads, a count.
+
+    with SyncAudit() as audit:
+        step()
+    audit.violations   # ops that would make a CUDA step wait for the device
+    audit.compute_ops  # ops issued, a Triton launch counted as one
+
+Flagged: ops whose output shape depends on tensor values (nonzero, unique, masked
+select, boolean-mask indexing, repeat_interleave without output_size) and reads of a
+value by the host (``.item()``, ``int(t)``, ``bool(t)``: ``_local_scalar_dense``),
+and copies between devices. On the CPU these cost nothing, which is why they are
+audited by name: on CUDA each one is a wait for the GPU.
+
+Under ``TRITON_INTERPRET=1`` a kernel launch runs as Python over numpy, issuing torch
+ops of its own (copies in and out); the audit counts the launch as one op and looks
+away from what the interpreter does inside it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, Self
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+DATA_DEPENDENT = {"aten.nonzero", "aten.unique_consecutive", "aten._unique2", "aten._unique",
+                  "aten.unique_dim", "aten.masked_select", "aten._local_scalar_dense",
+                  "aten.nonzero_static"}
+# Views, metadata and allocations: no kernel is launched for them.
+FREE = {"aten.view", "aten._unsafe_view", "aten.slice", "aten.select", "aten.expand", "aten.t",
+        "aten.transpose", "aten.unsqueeze", "aten.squeeze", "aten.detach", "aten.alias",
+        "aten.empty", "aten.new_empty", "aten.as_strided", "aten.reshape", "aten.lift_fresh",
+        "aten.permute", "aten.split", "aten.split_with_sizes", "aten.unbind", "aten.empty_strided",
+        "aten.new_empty_strided", "aten._reshape_alias"}
+
+
+class SyncAudit(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: Counter[str] = Counter()
+        self.violations: list[str] = []
+        self._unpatch: Any = None
+        self._in_kernel = False
+
+    def __enter__(self) -> Self:
+        self._patch_triton_interpreter()
+        return super().__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        super().__exit__(*exc)
+        if self._unpatch is not None:
+            self._unpatch()
+
+    @property
+    def compute_ops(self) -> int:
+        """Ops that launch work: views, allocations and profiler marks left out."""
+        return sum(n for name, n in self.ops.items()
+                   if name not in FREE and not name.startswith("profiler."))
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if self._in_kernel:  # the interpreter's own copies, inside one launch
+            return func(*args, **kwargs)
+        name = str(func.overloadpacket)
+        self.ops[name] += 1
+        if name in DATA_DEPENDENT:
+            self.violations.append(name)
+        elif name == "aten.repeat_interleave" and kwargs.get("output_size") is None:
+            self.violations.append("repeat_interleave without output_size")
+        elif name in ("aten.index", "aten.index_put_", "aten.index_put") and any(
+            isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in (args[1] or [])
+        ):
+            self.violations.append(f"{name} with a boolean mask")
+        elif name in ("aten._to_copy", "aten.copy_") and _crosses_devices(name, args, kwargs):
+            self.violations.append(f"{name} across devices")
+        return func(*args, **kwargs)
+
+    def _patch_triton_interpreter(self) -> None:
+        try:
+            from triton.runtime import interpreter
+        except ImportError:
+            return
+        original = interpreter.GridExecutor.__call__
+        audit = self
+
+        def launch(executor: Any, *args: Any, **kwargs: Any) -> Any:
+            audit.ops[f"triton.{executor.fn.__name__}"] += 1
+            audit._in_kernel = True
+            try:
+                return original(executor, *args, **kwargs)
+            finally:
+                audit._in_kernel = False
+
+        interpreter.GridExecutor.__call__ = launch
+
+        def unpatch() -> None:
+            interpreter.GridExecutor.__call__ = original
+
+        self._unpatch = unpatch
+
+
+def _crosses_devices(name: str, args: tuple, kwargs: dict) -> bool:
+    source = args[0] if name == "aten._to_copy" else args[1]
+    target = kwargs.get("device") if name == "aten._to_copy" else args[0].device
+    return target is not None and isinstance(source, torch.Tensor) and torch.device(target) != source.device
