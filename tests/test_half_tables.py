@@ -219,22 +219,6 @@ def test_int8_rowwise_round_trip_error_and_size() -> None:
     back = dequantize_rows(q, sb)
     # reference: each row's error is at most half its step (max - min) / 255
     step = (w.max(dim=1).values - w.min(dim=1).values) / 255
-    assert ((back - w).abs() <= step[:, None] / 2 * (1 + 1e-5) + 1e-7).all()
-    assert torch.equal(back[7], w[7])
-    assert q.dtype == torch.uint8 and q.numel() + sb.numel() * 4 == int8_bytes(300, 16)
-    assert int8_bytes(300, 16) == 300 * 16 * 4 // 4 + 300 * 8
-
-
-def test_int8_rowwise_round_trip_error_and_size() -> None:
-    from embeddings.int8 import dequantize_rows, int8_bytes, quantize_rows
-
-    gen = torch.Generator().manual_seed(5)
-    w = torch.randn(300, 16, generator=gen) * torch.logspace(-3, 1, 300).unsqueeze(1)
-    w[7] = 0.25  # a constant row comes back exactly
-    q, sb = quantize_rows(w)
-    back = dequantize_rows(q, sb)
-    # reference: each row's error is at most half its step (max - min) / 255
-    step = (w.max(dim=1).values - w.min(dim=1).values) / 255
     assert ((back - w).abs() <= step[:, None] / 2 * (1 + 1e-4) + 1e-6).all()
     assert torch.equal(back[7], w[7])
     assert q.dtype == torch.uint8 and q.numel() + sb.numel() * 4 == int8_bytes(300, 16)
