@@ -5,7 +5,7 @@ in-process; heavy imports happen inside the verbs so ``dlrm --help`` is instant.
     dlrm convert-criteo INPUT... --out DIR [--ids vocabulary|raw|hash] [--min-frequency N]
                         [--max-ind-range R] [--eval-days K | --eval-fraction F]
     dlrm train --config FILE [--out RUN_DIR] [key.sub=value ...]
-    dlrm eval --checkpoint RUN_DIR --data PATH [--plots DIR] [--device auto|cpu|cuda]
+    dlrm eval --checkpoint RUN_DIR --data PATH [--plots DIR] [--device auto|cpu|cuda] [--tables stored|int8]
     dlrm plot RUN_DIR [--out FILE.png]
     dlrm plan --config FILE --world-size N [--memory-per-rank SIZE]
     dlrm bench --config FILE [--ranks 1,2] [--steps N] [--out DIR] [--reader-only] [key.sub=value ...]
@@ -104,6 +104,8 @@ def cmd_eval(argv: list[str]) -> int:
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default=None,
                    help="where to score (default: the run's train.device); a run trained "
                         "on a GPU is evaluated on a CPU-only machine with --device cpu")
+    p.add_argument("--tables", choices=("stored", "int8"), default="stored",
+                   help="int8: also score with the tables quantised int8 row-wise (AUC beside the stored one)")
     a = p.parse_args(argv)
     if a.plots is not None:
         output_dir(a.plots, "--plots")
@@ -112,7 +114,7 @@ def cmd_eval(argv: list[str]) -> int:
     from dlrm.eval.evaluate import evaluate_checkpoint
 
     result = evaluate_checkpoint(a.checkpoint, a.data, plots_dir=a.plots, batch_size=a.batch_size,
-                                 device=a.device)
+                                 device=a.device, tables=a.tables)
     if result is not None:  # rank 0 of a torchrun job, or the only process
         print(json.dumps(result))
     return 0

@@ -50,3 +50,22 @@ def test_half_tables_resume_equals_uninterrupted(tiny_data, tmp_path: Path) -> N
     assert a.keys() == b.keys()
     for key in a:
         assert torch.equal(a[key], b[key]), key
+
+
+@pytest.mark.slow
+def test_int8_eval_auc_within_half_a_thousandth(tiny_data, tmp_path: Path, capsys) -> None:
+    import json
+
+    from dlrm.cli import main
+
+    run_train(tiny_data, tmp_path / "run")
+    capsys.readouterr()
+    assert main(["eval", "--checkpoint", str(tmp_path / "run"), "--data", str(tiny_data["eval"]),
+                 "--tables", "int8"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["auc"] > 0.70
+    assert abs(result["int8"]["auc"] - result["auc"]) <= 0.0005, result
+    assert result["int8"]["auc"] != result["auc"]  # the tables were quantised
+    state = run_state(tmp_path / "run")
+    weights = [v for k, v in state.items() if k.startswith("tables.") and k.endswith(".weight")]
+    assert result["int8"]["table_bytes"] == sum(w.shape[0] * (w.shape[1] + 8) for w in weights)
