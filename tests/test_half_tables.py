@@ -223,3 +223,19 @@ def test_int8_rowwise_round_trip_error_and_size() -> None:
     assert torch.equal(back[7], w[7])
     assert q.dtype == torch.uint8 and q.numel() + sb.numel() * 4 == int8_bytes(300, 16)
     assert int8_bytes(300, 16) == 300 * 16 * 4 // 4 + 300 * 8
+
+
+def test_plan_counts_half_tables_at_half_the_bytes(capsys) -> None:
+    """dlrm plan's per-rank table memory: bf16 is 0.5x fp32 (+-2%); the reference is
+    rows x dim x 2 bytes over the config's tables."""
+    from dlrm.cli import main
+
+    root = Path(__file__).resolve().parent.parent
+    tables = {}
+    for dtype in ("fp32", "bf16"):
+        assert main(["plan", "--config", str(root / "configs/bench.yaml"), "--world-size", "2",
+                     f"embeddings.dtype={dtype}"]) == 0
+        rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith(("0 ", "1 "))]
+        tables[dtype] = sum(float(r[1]) for r in rows)  # "634.8 MiB" per rank
+    assert abs(tables["bf16"] / tables["fp32"] - 0.5) <= 0.01, tables
+    assert tables["bf16"] == pytest.approx(26 * 200_000 * 64 * 2 / 2**20, rel=1e-3)
