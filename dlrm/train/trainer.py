@@ -353,8 +353,8 @@ class Trainer:
         """The tables this run built (after the data's encodings): count, rows, bytes."""
         tables = run_tables(self.cfg, self.schema)
         rows = sum(t.rows for t in tables)
-        return {"count": len(tables), "rows": rows, "bytes": sum(t.rows * t.dim * 4 for t in tables),
-                "dtype": "fp32"}
+        return {"count": len(tables), "rows": rows, "bytes": sum(t.bytes for t in tables),
+                "dtype": self.cfg.embeddings.dtype}
 
     def _summary(self, preempted: int = 0) -> dict[str, Any]:
         summary: dict[str, Any] = {"event": "summary", "steps": self.progress.global_step,
