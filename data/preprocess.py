@@ -70,6 +70,7 @@ class Options:
     dense_transform: str = "none"
     dense_transforms: dict[str, str] = field(default_factory=dict)
     on_error: str = "fail"  # skip: a row group that cannot be read is left out of the pass
+    workers: int = 0  # data.fit_workers: processes counting disjoint row groups
 
 
 @dataclass
@@ -83,6 +84,7 @@ class Preprocessing:
     stats: dict[str, DenseStats]
     stats_rows: int  # rows the dense statistics were taken over
     notes: list[str] = field(default_factory=list)  # lines to show at the start of a run
+    data: dict[str, str] = field(default_factory=dict)  # file fitted over → footer sha256
 
     def apply(self, schema: Schema) -> Schema:
         """``schema`` with each sparse feature's encoding and, if not identity, rows."""
@@ -135,12 +137,13 @@ def fit(files: list[str], schema: Schema, opts: Options) -> Preprocessing:
         members = [f.name for f in schema.sparse if f.table_name == table]
         big = any(ranges[n][0] < 0 or ranges[n][1] + 1 > AUTO_IDENTITY_ROWS for n in members)
         choice[table] = "auto-count" if big else "identity"
+    decided = _decide_auto(files, schema, choice, ranges, opts.on_error == "skip")
     counted = {t for t, enc in choice.items() if enc in ("vocabulary", "auto-count")}
     transforms = {n: opts.dense_transforms.get(n, opts.dense_transform) for n in schema.dense}
     full = bool(counted) or "standardize" in transforms.values()
     counters, stats, seen = _count(files, schema, counted, None if full else SAMPLE_ROWS,
-                                   opts.on_error == "skip")
-    prep = Preprocessing({}, {}, {}, transforms, stats, seen)
+                                   opts.on_error == "skip", opts.workers)
+    prep = Preprocessing({}, {}, {}, transforms, stats, seen, data=footer_digests(files))
     for table, enc in choice.items():
         members = [f for f in schema.sparse if f.table_name == table]
         cap = max([opts.rows[f.name] for f in members if f.name in opts.rows] or [opts.max_rows])
@@ -159,7 +162,91 @@ def fit(files: list[str], schema: Schema, opts: Options) -> Preprocessing:
         else:
             prep.encodings[table] = "identity"
     prep.notes = _notes(prep, seen, time.perf_counter() - start)
+    prep.notes[:0] = [f"preprocessing: encoding=auto: table {t} {prep.encodings[t]} ({why})"
+                      for t, why in sorted(decided.items())]
     return prep
+
+
+def _decide_auto(files: list[str], schema: Schema, choice: dict[str, str],
+                 ranges: dict[str, tuple[int, int]], skip: bool) -> dict[str, str]:
+    """Settle ``auto-count`` tables (ints past 2^20 or negative) without a full pass
+    where possible; table → what decided it. ``choice`` is updated: identity when the
+    sample says the ids are dense, else left to the full pass (auto-count).
+
+    Footers first: a negative id, or fewer rows in all than half of max id + 1 (too few
+    to fill the range, whatever they hold), means a vocabulary. Else a sample of row
+    groups spread over the files (:data:`SAMPLE_ROWS` rows) estimates the distinct
+    count (Chao1: seen + f1^2 / 2 f2, a lower-bias estimate from the values seen once
+    and twice); identity when twice that reaches max id + 1, as the full pass decides."""
+    from data.files import open_parquet
+
+    auto = [t for t, enc in choice.items() if enc == "auto-count"]
+    if not auto:
+        return {}
+    total = sum(open_parquet(f).metadata.num_rows for f in files)
+    why, sample = {}, []
+    for table in auto:
+        lo, hi = _table_range(schema, table, ranges)
+        if lo < 0:
+            why[table] = f"footers: min id {lo} < 0"
+        elif 2 * total < hi + 1:
+            why[table] = f"footers: {total} rows < half of max id + 1 = {hi + 1}"
+        else:
+            sample.append(table)
+    if sample:
+        counters, rows, groups = _sample(files, schema, sample, skip)
+        for table in sample:
+            lo, hi = _table_range(schema, table, ranges)
+            est = min(_chao1(counters[table].table()), total)
+            if 2 * est >= hi + 1:
+                choice[table] = "identity"
+            why[table] = (f"sample of {rows} rows in {groups} row groups: about {est} distinct "
+                          f"{'>=' if 2 * est >= hi + 1 else '<'} half of max id + 1 = {hi + 1}")
+    return why
+
+
+def _table_range(schema: Schema, table: str, ranges: dict[str, tuple[int, int]]) -> tuple[int, int]:
+    members = [f.name for f in schema.sparse if f.table_name == table]
+    return min(ranges[n][0] for n in members), max(ranges[n][1] for n in members)
+
+
+def _chao1(counted: pa.Table | None) -> int:
+    if counted is None:
+        return 0
+    counts = counted["count"].to_numpy()
+    f1, f2 = int((counts == 1).sum()), int((counts == 2).sum())
+    return int(len(counts) + f1 * (f1 - 1) / (2 * (f2 + 1)))
+
+
+def _sample(files: list[str], schema: Schema, tables: list[str], skip: bool
+            ) -> tuple[dict[str, ValueCounter], int, int]:
+    """Value counts of ``tables`` over row groups spread evenly over ``files`` until
+    :data:`SAMPLE_ROWS` rows; (counters, rows, row groups read)."""
+    from data.files import open_parquet
+
+    groups = []
+    for f in files:
+        md = open_parquet(f).metadata
+        groups += [(f, g, md.row_group(g).num_rows) for g in range(md.num_row_groups)]
+    mean = max(sum(n for *_, n in groups) // max(len(groups), 1), 1)
+    want = min(len(groups), -(-SAMPLE_ROWS // mean))
+    picks = sorted({int(i * len(groups) / want) for i in range(want)}) if want else []
+    columns = [f.name for f in schema.sparse if f.table_name in tables]
+    counters = {t: ValueCounter() for t in tables}
+    rows = read = 0
+    for i in picks:
+        path, g, _ = groups[i]
+        try:
+            table = open_parquet(path).read_row_group(g, columns=columns)
+        except (pa.ArrowException, OSError) as e:
+            if skip:
+                continue
+            raise DataError(f"cannot read ({str(e)[:200]})", file=path, row_group=g) from None
+        rows, read = rows + table.num_rows, read + 1
+        for f in schema.sparse:
+            if f.table_name in tables:
+                counters[f.table_name].add(flat_values(table.column(f.name))[0])
+    return counters, rows, read
 
 
 def _table_encodings(schema: Schema, kinds: dict[str, str], opts: Options) -> dict[str, str]:
@@ -189,12 +276,20 @@ def _value_type(t: pa.DataType) -> pa.DataType:
     return pa.int64() if pa.types.is_integer(t) else pa.large_binary()
 
 
-def _count(files: list[str], schema: Schema, tables: set[str], limit: int | None, skip: bool
-           ) -> tuple[dict[str, ValueCounter], dict[str, DenseStats], int]:
+def _count(files: list[str], schema: Schema, tables: set[str], limit: int | None, skip: bool,
+           workers: int = 0) -> tuple[dict[str, ValueCounter], dict[str, DenseStats], int]:
     """The pass: value counts of the counted tables' columns, dense statistics; rows read.
-    ``skip``: row groups that cannot be read are left out (the reader reports them)."""
+    ``skip``: row groups that cannot be read are left out (the reader reports them).
+    ``workers`` > 0: the counting is split (:func:`data.fit_split.count_split`) and this
+    process reads only the dense columns, in file order (their float sums unchanged)."""
     from data.files import open_parquet
 
+    if workers > 0 and tables and limit is None:
+        from data.fit_split import count_split
+
+        counters = count_split(files, schema, tables, skip, workers)
+        _, stats, seen = _count(files, schema, set(), limit, skip)
+        return counters, stats, seen
     counters = {t: ValueCounter() for t in tables}
     stats = {n: DenseStats() for n in schema.dense}
     columns = [f.name for f in schema.sparse if f.table_name in tables] + list(schema.dense)
@@ -204,6 +299,9 @@ def _count(files: list[str], schema: Schema, tables: set[str], limit: int | None
         for g in range(pf.metadata.num_row_groups):
             if limit is not None and seen >= limit:
                 return counters, stats, seen
+            if not columns:  # nothing to count: the rows are in the footer
+                seen += pf.metadata.row_group(g).num_rows
+                continue
             try:
                 table = pf.read_row_group(g, columns=columns)
             except (pa.ArrowException, OSError) as e:
@@ -261,14 +359,17 @@ def save(prep: Preprocessing, run_dir: Path) -> str:
         "dense": {n: {"transform": prep.transforms.get(n, "none"), "stats": s.to_json()}
                   for n, s in prep.stats.items()},
         "stats_rows": prep.stats_rows,
+        "data": prep.data,
     }
     text = json.dumps(body, indent=1)
     write_atomic(run_dir / FILE, text)
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def load(run_dir: Path) -> Preprocessing:
-    """The preprocessing saved in ``run_dir``, every vocabulary file checked by sha256."""
+def load(run_dir: Path, files: list[str] | None = None) -> Preprocessing:
+    """The preprocessing saved in ``run_dir``, every vocabulary file checked by sha256;
+    with ``files``, refused unless they are the files it was fitted over (by name and
+    the sha256 of their Parquet footers: :func:`check_data`)."""
     import pyarrow.parquet as pq
 
     path = Path(run_dir) / FILE
@@ -288,9 +389,51 @@ def load(run_dir: Path) -> Preprocessing:
         body["encodings"], {k: int(v) for k, v in body["rows"].items()}, vocabs,
         {n: d["transform"] for n, d in body["dense"].items()},
         {n: DenseStats.from_json(d["stats"]) for n, d in body["dense"].items()},
-        int(body["stats_rows"]))
+        int(body["stats_rows"]), data=dict(body.get("data", {})))
+    if files is not None:
+        check_data(prep, files, Path(run_dir))
     prep.notes = _notes(prep, prep.stats_rows, None)
     return prep
+
+
+def footer_digest(path: str) -> str:
+    """sha256 of a Parquet file's footer (metadata + length + magic): it holds every
+    row group's offsets, sizes and statistics, so a rewritten file changes it; reading
+    it costs one seek, not a pass."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, 2)
+            size = fh.tell()
+            fh.seek(max(size - 8, 0))
+            tail = fh.read(8)
+            length = int.from_bytes(tail[:4], "little") if len(tail) == 8 else 0
+            fh.seek(max(size - 8 - length, 0))
+            return hashlib.sha256(fh.read()).hexdigest()
+    except OSError as e:
+        raise DataError(f"cannot be read ({e.strerror})", file=path) from None
+
+
+def footer_digests(files: list[str]) -> dict[str, str]:
+    """file name → :func:`footer_digest` (names, so a moved data set still matches)."""
+    return {Path(f).name: footer_digest(f) for f in files}
+
+
+def check_data(prep: Preprocessing, files: list[str], where: Path) -> None:
+    """One line if ``files`` are not the files ``prep`` was fitted over."""
+    if not prep.data:
+        return  # saved before fits recorded their data: nothing to check against
+    now = footer_digests(files)
+    for name in sorted(set(now) | set(prep.data)):
+        if name not in prep.data:
+            why = "is not among the files it was fitted over"
+        elif name not in now:
+            why = "was fitted over but is not in the data now"
+        elif now[name] != prep.data[name]:
+            why = "changed since the fit (Parquet footer sha256)"
+        else:
+            continue
+        raise UserError(f"data.preprocessing={where}: data file {name} {why}; "
+                        "fit again (dlrm fit) or drop data.preprocessing")
 
 
 def digest(run_dir: Path) -> str | None:

@@ -217,7 +217,7 @@ class ParquetReader:
         rows = _Rows.concat(chunks)
         if self.shuffle:
             rng = np.random.default_rng([self.seed, epoch, self.rank, k])
-            rows = rows.take(rng.permutation(rows.size))
+            rows = rows.ordered(rng.permutation(rows.size))
         return rows, found
 
 
@@ -306,12 +306,14 @@ class _Rows:
     ``ids[i]`` is (values, offsets): offsets [n + 1] for a bag column, None for a
     single-hot column (then values has exactly n entries). ``keep`` [n] marks the
     rows a batch takes (None: all); dropped rows keep their place until then.
+    ``order`` [n] (None: stored order) is the window's shuffle, applied per batch.
     """
 
     labels: np.ndarray
     dense: np.ndarray
     ids: list[tuple[np.ndarray, np.ndarray | None]]
     keep: np.ndarray | None = None
+    order: np.ndarray | None = None  # row i of the rows is stored row order[i] (lazy shuffle)
 
     @property
     def size(self) -> int:
@@ -359,39 +361,47 @@ class _Rows:
             keep,
         )
 
-    def take(self, perm: np.ndarray) -> _Rows:
-        """Rows in the order ``perm`` [n] (bags gathered with vectorised index arithmetic)."""
-        ids = []
-        for values, offsets in self.ids:
-            if offsets is None:
-                ids.append((values[perm], None))
-                continue
-            lengths = np.diff(offsets)[perm]
-            new = _offsets(lengths)
-            shift = np.repeat(offsets[:-1][perm] - new[:-1], lengths)
-            ids.append((values[np.arange(new[-1]) + shift], new))
-        keep = None if self.keep is None else self.keep[perm]
-        return _Rows(self.labels[perm], self.dense[perm], ids, keep)
+    def ordered(self, perm: np.ndarray) -> _Rows:
+        """The rows in the order ``perm`` [n], applied lazily: ``batch`` gathers each
+        batch's rows straight into its output (one copy per value, not two)."""
+        order = perm if self.order is None else self.order[perm]
+        return _Rows(self.labels, self.dense, self.ids, self.keep, order)
 
     def batch(self, a: int, b: int, schema: Schema) -> Batch:
-        """Rows [a, b) as a Batch with feature-major JaggedFeatures (kept rows only)."""
-        if self.keep is not None and not self.keep[a:b].all():
-            kept = a + np.flatnonzero(self.keep[a:b])
-            return self.take(kept).batch(0, len(kept), schema)
+        """Rows [a, b) (of ``order`` if set) as a Batch with feature-major
+        JaggedFeatures, kept rows only."""
+        idx = None if self.order is None else self.order[a:b]
+        if self.keep is not None:
+            kept = self.keep[a:b] if idx is None else self.keep[idx]
+            if not kept.all():
+                idx = (np.arange(a, b) if idx is None else idx)[kept]
+        if idx is None:
+            return self._sliced(a, b, schema)
+        n = len(idx)
+        values, lengths = _gather_ids(self.ids, idx)
+        sparse = JaggedFeatures(keys=schema.sparse_names, values=torch.from_numpy(values),
+                                lengths=torch.from_numpy(lengths), stride=n)
+        dense = np.empty((n, self.dense.shape[1]), np.float32)
+        labels = np.empty(n, np.float32)
+        np.take(self.dense, idx, axis=0, out=dense, mode="clip")
+        np.take(self.labels, idx, out=labels, mode="clip")
+        return Batch(dense=torch.from_numpy(dense), sparse=sparse, labels=torch.from_numpy(labels))
+
+    def _sliced(self, a: int, b: int, schema: Schema) -> Batch:
+        """Rows [a, b) in stored order, every row kept: slices, one copy into the batch."""
         n = b - a
         values, lengths = [], []
         for vals, offsets in self.ids:
             if offsets is None:
                 values.append(vals[a:b])
-                lengths.append(np.ones(n, dtype=np.int64))
             else:
                 values.append(vals[offsets[a] : offsets[b]])
-                lengths.append(np.diff(offsets[a : b + 1]))
+        lengths = _lengths([None if o is None else np.diff(o[a : b + 1]) for _, o in self.ids], n)
         empty = np.zeros(0, np.int64)
         sparse = JaggedFeatures(
             keys=schema.sparse_names,
             values=torch.from_numpy(np.concatenate(values) if values else empty),
-            lengths=torch.from_numpy(np.concatenate(lengths) if lengths else empty),
+            lengths=torch.from_numpy(lengths),
             stride=n,
         )
         return Batch(
@@ -399,6 +409,36 @@ class _Rows:
             sparse=sparse,
             labels=torch.from_numpy(np.array(self.labels[a:b], dtype=np.float32)),
         )
+
+
+def _lengths(per_feature: list[np.ndarray | None], n: int) -> np.ndarray:
+    """Feature-major lengths [F*n]: ones for a single-hot feature (None), else its own."""
+    out = np.ones(len(per_feature) * n, dtype=np.int64)
+    for j, lengths in enumerate(per_feature):
+        if lengths is not None:
+            out[j * n : (j + 1) * n] = lengths
+    return out
+
+
+def _gather_ids(ids: list[tuple[np.ndarray, np.ndarray | None]], idx: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """Feature-major (values, lengths) of rows ``idx``: each single-hot column gathered
+    straight into its place in the output; bags by vectorised index arithmetic."""
+    n = len(idx)
+    bags = [None if o is None else np.diff(o)[idx] for _, o in ids]
+    sizes = [n if lengths is None else int(lengths.sum()) for lengths in bags]
+    values = np.empty(sum(sizes), np.int64)
+    at = 0
+    for (vals, offsets), lengths, size in zip(ids, bags, sizes):
+        out = values[at : at + size]
+        if offsets is None:
+            np.take(vals, idx, out=out, mode="clip")  # clip: unbuffered (indices are valid)
+        elif size:
+            new = _offsets(lengths)
+            shift = np.repeat(offsets[:-1][idx] - new[:-1], lengths)
+            np.take(vals, np.arange(size) + shift, out=out, mode="clip")
+        at += size
+    return values, _lengths(bags, n)
 
 
 def _offsets(lengths: np.ndarray) -> np.ndarray:

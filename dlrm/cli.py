@@ -4,6 +4,7 @@ in-process; heavy imports happen inside the verbs so ``dlrm --help`` is instant.
     dlrm generate --out DIR [--rows N] [--config FILE] [--seed S]
     dlrm convert-criteo INPUT... --out DIR [--ids vocabulary|raw|hash] [--min-frequency N]
                         [--max-ind-range R] [--eval-days K | --eval-fraction F]
+    dlrm fit --config FILE --data PATH --out DIR [key.sub=value ...]
     dlrm train --config FILE [--out RUN_DIR] [key.sub=value ...]
     dlrm eval --checkpoint RUN_DIR --data PATH [--plots DIR] [--device auto|cpu|cuda] [--tables stored|int8]
     dlrm plot RUN_DIR [--out FILE.png]
@@ -95,6 +96,23 @@ def cmd_train(argv: list[str]) -> int:
     return 0
 
 
+def cmd_fit(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="dlrm fit", description="Fit the vocabularies and dense "
+                                "statistics once; runs reuse them with data.preprocessing=DIR.")
+    p.add_argument("--config", default=None, help="YAML config (its data.* keys)")
+    p.add_argument("--data", required=True, help="training Parquet file, directory or glob")
+    p.add_argument("--out", required=True, help="directory for preprocessing.json")
+    p.add_argument("overrides", nargs="*", help="key.sub=value config overrides")
+    a = p.parse_args(argv)
+    output_dir(a.out, "--out")
+    from dlrm.config import load_config
+    from dlrm.fit import fit_and_save
+
+    for line in fit_and_save(load_config(a.config, a.overrides), a.data, a.out):
+        print(line)
+    return 0
+
+
 def cmd_eval(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="dlrm eval", description="Offline metrics of a trained run.")
     p.add_argument("--checkpoint", required=True, help="run directory or checkpoint directory")
@@ -181,6 +199,7 @@ def cmd_bench(argv: list[str]) -> int:
 VERBS: dict[str, Callable[[list[str]], int]] = {
     "generate": cmd_generate,
     "convert-criteo": cmd_convert_criteo,
+    "fit": cmd_fit,
     "train": cmd_train,
     "eval": cmd_eval,
     "plan": cmd_plan,

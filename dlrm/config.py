@@ -73,6 +73,14 @@ class DataConfig:
     dense_transform: Literal["none", "log1p", "standardize"] = "none"
     dense_transforms: dict[str, Literal["none", "log1p", "standardize"]] = field(
         default_factory=dict)
+    # A directory holding a fit's preprocessing.json and vocabularies (`dlrm fit --out`,
+    # or a run directory): used instead of fitting, refused if the data files are not
+    # the ones it was fitted over (sha256 of their Parquet footers). "" = fit.
+    preprocessing: str = ""
+    # Processes that count the vocabulary pass's categorical columns, each over a
+    # disjoint share of the row groups (0 = in this process); the counts are exact and
+    # merged, so the vocabularies are the same bit for bit.
+    fit_workers: int = 0
 
 
 @dataclass

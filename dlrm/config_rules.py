@@ -86,6 +86,7 @@ RULES: dict[str, Rule] = {
     "data.order_world_size": OFF_OR_MORE,
     "data.min_frequency": POSITIVE,
     "data.max_rows": OFF_OR_MORE,
+    "data.fit_workers": OFF_OR_MORE,
     "data.hash_rows": POSITIVE,
     "generate.rows": POSITIVE,
     "generate.dense": OFF_OR_MORE,

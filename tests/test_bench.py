@@ -81,6 +81,8 @@ def test_reader_only_reuses_dataset(bench: Path, capsys: pytest.CaptureFixture[s
     reader = report["reader"]
     assert reader["rows"] == 20000
     assert reader["rows_per_s"] > 0
+    assert set(reader["modes"]) == {"shuffled", "vocabulary_shuffled"}
+    assert all(rate > 0 for rate in reader["modes"].values())
 
 
 def test_bad_ranks_is_a_user_error(tmp_path: Path) -> None:

@@ -74,7 +74,9 @@ def cmd_bench(argv: list[str]) -> int:
     if a.reader_only:
         reader = reader_rate(cfg, data_dir)
         print(f"reader: {reader['rows_per_s']:,.0f} rows/s decoded into batches of "
-              f"{reader['batch_size']} on one core ({reader['rows']} rows)")
+              f"{reader['batch_size']} on one core ({reader['rows']} rows); shuffled "
+              f"{reader['modes']['shuffled']:,.0f}, shuffled through vocabularies "
+              f"{reader['modes']['vocabulary_shuffled']:,.0f}")
         path = out / "bench.json"  # kept beside the training rows of an earlier bench
         report = json.loads(path.read_text()) if path.is_file() else {"config": a.config}
         write_json(path, {**report, "reader": reader})
@@ -338,23 +340,43 @@ def add_ratios(rows: list[dict[str, Any]]) -> None:
 
 
 def reader_rate(cfg: Config, data_dir: Path) -> dict[str, Any]:
-    """Rows/s of ParquetReader decoding the bench set into batches on one core."""
+    """Rows/s of ParquetReader decoding the bench set into batches on one core: in
+    stored order with the generator's ids (the top-level figures; a second pass, the
+    first warms the page cache), and under
+    ``modes`` shuffled, and shuffled through vocabularies fitted on the set (the fit
+    is not timed)."""
     import torch
 
+    from data import preprocess
     from data.files import expand_paths
     from data.generate import generator_schema
-    from data.reader import ParquetReader
 
     torch.set_num_threads(1)
-    reader = ParquetReader(expand_paths(str(data_dir)), generator_schema(cfg.generate),
-                           cfg.data.batch_size, shuffle=False, prefetch=0)
+    files, schema = expand_paths(str(data_dir)), generator_schema(cfg.generate)
+    _read_rate(files, schema, cfg.data.batch_size, shuffle=False)  # warm: page cache, imports
+    out = _read_rate(files, schema, cfg.data.batch_size, shuffle=False)
+    prep = preprocess.fit(files, schema, preprocess.Options(encoding="vocabulary"))
+    out["modes"] = {
+        "shuffled": _read_rate(files, schema, cfg.data.batch_size, shuffle=True)["rows_per_s"],
+        "vocabulary_shuffled": _read_rate(files, prep.apply(schema), cfg.data.batch_size,
+                                          shuffle=True, prep=prep)["rows_per_s"],
+    }
+    return out
+
+
+def _read_rate(files: list[str], schema: Any, batch_size: int, shuffle: bool,
+               prep: Any = None) -> dict[str, Any]:
+    """One epoch of ParquetReader in the calling thread: rows, seconds, rows/s."""
+    from data.reader import ParquetReader
+
+    reader = ParquetReader(files, schema, batch_size, shuffle=shuffle, prefetch=0, preprocess=prep)
     rows = 0
     t0 = time.perf_counter()
     for batch in reader.epoch(0):
         rows += batch.size
     seconds = time.perf_counter() - t0
     return {"rows": rows, "seconds": seconds, "rows_per_s": rows / seconds if seconds else 0.0,
-            "batch_size": cfg.data.batch_size}
+            "batch_size": batch_size}
 
 
 # ------------------------------------------------------------------ report

@@ -32,7 +32,7 @@ def prep_options(cfg: Config) -> prep_io.Options:
     d = cfg.data
     return prep_io.Options(d.encoding, dict(d.encodings), d.min_frequency, d.max_rows,
                            d.hash_rows, dict(d.rows), d.dense_transform, dict(d.dense_transforms),
-                           d.on_error)
+                           d.on_error, d.fit_workers)
 
 
 def resolve_data(cfg: Config, run_dir: str | Path | None = None) -> RunData:
@@ -57,8 +57,13 @@ def resolve_data(cfg: Config, run_dir: str | Path | None = None) -> RunData:
     saved = Path(run_dir) / prep_io.FILE if run_dir is not None else None
     if saved is not None and saved.is_file():
         prep = prep_io.load(saved.parent)
+    elif cfg.data.preprocessing:
+        prep = prep_io.load(Path(cfg.data.preprocessing), usable)
     else:
         prep = prep_io.fit(usable, schema, prep_options(cfg))
+        if prep.vocabularies and run_dir is not None:
+            prep.notes.append(f"preprocessing: another run on the same data reuses this fit "
+                              f"with data.preprocessing={run_dir}")
     schema = prep.apply(schema)
     check_files(train_files, schema, cfg.data.on_error)  # skip: reported by the readers
     if eval_files:

@@ -17,6 +17,7 @@ import torch
 from dlrm.parallel.distributed import DistInfo, all_gather_rows, all_reduce_sum
 from embeddings.timing import TIMER
 
+READER_WARN_SHARE = 0.10  # data wait above this share of step time: the reader is named
 SECTIONS = ("data_wait", "input_alltoall", "lookup", "output_alltoall", "mlp",
             "embedding_update", "dense_update")
 
@@ -61,6 +62,7 @@ class Meter:
         self.local_rows = 0
         self.window_rows, self.window_seconds = 0, 0.0  # global rows, wall time
         self.timed_rows, self.timed_seconds, self.timed_steps = 0, 0.0, 0
+        self.timed_wait = 0.0  # seconds of the timed steps spent waiting for a batch
         TIMER.enabled = time_sections
         TIMER.reset()
 
@@ -81,6 +83,7 @@ class Meter:
         self.timed_rows += global_rows
         self.timed_seconds += seconds
         self.timed_steps += 1
+        self.timed_wait += wait
         TIMER.totals["data_wait"] += wait
         TIMER.totals["mlp"] += inside
         TIMER.totals["dense_update"] += dense_update
@@ -89,6 +92,19 @@ class Meter:
     def rate(self) -> float:
         """Samples/s over the timed steps so far."""
         return self.timed_rows / self.timed_seconds if self.timed_seconds else 0.0
+
+    @property
+    def data_wait_share(self) -> float:
+        """This rank's time waiting for input batches over its timed steps' wall time."""
+        return self.timed_wait / self.timed_seconds if self.timed_seconds else 0.0
+
+    def reader_warning(self) -> str | None:
+        """A line naming the reader as the bottleneck when the wait share passes 10%."""
+        share = self.data_wait_share
+        if share <= READER_WARN_SHARE:
+            return None
+        return (f"warning: the Parquet reader is the bottleneck: {share:.0%} of step time "
+                f"waited for input batches (above {READER_WARN_SHARE:.0%})")
 
     def take_window(self) -> dict[str, float]:
         """The window's mean loss (all ranks) and samples/s; a new window starts."""
@@ -102,7 +118,8 @@ class Meter:
     def summary(self) -> dict[str, Any]:
         """Samples/s, peak memory of every rank, and ms per step by section if timed."""
         out: dict[str, Any] = {"samples_per_s": self.rate, "world_size": self.info.world_size,
-                               "peak_memory_mb": peak_memory_mb(self.info)}
+                               "peak_memory_mb": peak_memory_mb(self.info),
+                               "data_wait_share": self.data_wait_share}
         if TIMER.enabled and self.timed_steps:
             out["sections_ms"] = {name: 1000 * TIMER.totals[name] / self.timed_steps
                                   for name in SECTIONS}

@@ -371,6 +371,9 @@ class Trainer:
         self.log.write(summary)
         self.log.close()
         self.say(json.dumps(summary))
+        warning = self.meter.reader_warning()
+        if warning:
+            self.say(warning)
         line = f"trained {self.progress.global_step} steps at {summary['samples_per_s']:,.0f} samples/s"
         if self.last_eval is not None:
             line += f"; eval AUC {self.last_eval['auc']:.4f}, logloss {self.last_eval['logloss']:.4f}"

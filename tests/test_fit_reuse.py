@@ -1,0 +1,72 @@
+"""`dlrm fit` once, reuse with data.preprocessing=DIR: the reused run trains the same
+parameters as a run that fits for itself (reference: that fresh run), its
+preprocessing.json is the fit's byte for byte, and a changed data file is refused in
+one line naming the file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from data.preprocess import FILE
+from dlrm.cli import main
+from dlrm.train.trainer import train
+from tests.conftest import TINY
+from tests.run_state import run_state
+from tests.test_preprocess_train import cfg_for, string_dataset
+
+
+@pytest.fixture(scope="module")
+def fitted(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("fit")
+    paths = {"train": string_dataset(root / "train", 1500, 1),
+             "eval": string_dataset(root / "eval", 400, 2), "fit": root / "fit"}
+    code = main(["fit", "--config", str(TINY), "--data", str(paths["train"]),
+                 "--out", str(paths["fit"]), "data.label=click", "data.min_frequency=2"])
+    assert code == 0
+    return paths
+
+
+@pytest.mark.slow
+def test_reused_fit_trains_the_fresh_fit_parameters(fitted, tmp_path: Path) -> None:
+    said: list[str] = []
+    extra = ("data.min_frequency=2", "train.max_steps=3")
+    train(cfg_for(fitted["train"], fitted["eval"], *extra), tmp_path / "fresh", echo=said.append)
+    assert f"data.preprocessing={tmp_path / 'fresh'}" in "\n".join(said)
+    train(cfg_for(fitted["train"], fitted["eval"], *extra,
+                  f"data.preprocessing={fitted['fit']}"), tmp_path / "reused", echo=lambda s: None)
+    assert (tmp_path / "reused" / FILE).read_bytes() == (fitted["fit"] / FILE).read_bytes()
+    assert (tmp_path / "fresh" / FILE).read_bytes() == (fitted["fit"] / FILE).read_bytes()
+    a, b = run_state(tmp_path / "fresh"), run_state(tmp_path / "reused")
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+
+
+def test_a_changed_data_file_is_refused_in_one_line(fitted, tmp_path: Path, capsys) -> None:
+    changed = tmp_path / "train"
+    changed.mkdir()
+    table = pq.read_table(fitted["train"] / "part-0.parquet")
+    pq.write_table(table.slice(0, 1400), changed / "part-0.parquet", row_group_size=500)
+    code = main(["train", "--config", str(TINY), "--out", str(tmp_path / "run"),
+                 f"data.train={changed}", f"data.eval={fitted['eval']}", "data.label=click",
+                 f"data.preprocessing={fitted['fit']}"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert "part-0.parquet changed since the fit" in err[0] and "data.preprocessing=" in err[0]
+    assert not (tmp_path / "run").exists()
+
+
+def test_an_unchanged_copy_elsewhere_is_accepted(fitted, tmp_path: Path) -> None:
+    """Files are matched by name and footer, so a moved data set reuses the fit."""
+    import shutil
+
+    from data import preprocess
+
+    moved = tmp_path / "moved"
+    shutil.copytree(fitted["train"], moved)
+    prep = preprocess.load(fitted["fit"], [str(moved / "part-0.parquet")])
+    assert prep.vocabularies and prep.data == preprocess.footer_digests([str(moved / "part-0.parquet")])
