@@ -68,13 +68,38 @@ def fmix32(h: torch.Tensor) -> torch.Tensor:
     return h ^ (h >> 16)
 
 
+def _signed32(c: int) -> int:
+    """The int32 holding the bits of unsigned ``c``."""
+    return c - (1 << 32) if c >= 1 << 31 else c
+
+
+def fmix32_int32(h: torch.Tensor) -> torch.Tensor:
+    """``fmix32`` on int32 tensors holding the bits of uint32 values: multiplies wrap,
+    right shifts are made logical by a mask. Same bits, half the bytes of int64."""
+    h = h ^ ((h >> 16) & 0xFFFF)
+    h = h * _signed32(0x85EBCA6B)
+    h = h ^ ((h >> 13) & 0x7FFFF)
+    h = h * _signed32(0xC2B2AE35)
+    return h ^ ((h >> 16) & 0xFFFF)
+
+
 def random_bits(seed: int, step: int, tables: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
-    """[U, D] hash values: ``tables`` and ``rows`` [U] (keys, full-table rows), ``cols`` [U, D] or [D]."""
+    """[U, D] hash values, int64 in [0, 2^32): ``tables`` and ``rows`` [U] (keys,
+    full-table rows), ``cols`` [U, D] or [D]."""
+    return element_bits(seed, step, tables, rows, cols).to(torch.int64) & MASK32
+
+
+def element_bits(seed: int, step: int, tables: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+    """``random_bits`` as int32 tensors holding the uint32 bits (the per-element stage
+    in int32: the bulk of the work)."""
     h = fmix32(torch.tensor((seed + 0x9E3779B9) & MASK32, dtype=torch.int64))
     h = fmix32(h ^ (step & MASK32))
     h = fmix32(h ^ (tables & MASK32))
     h = fmix32(h ^ (rows & MASK32))
-    return fmix32(h.unsqueeze(-1) ^ (cols & MASK32))
+    h32 = (h - ((h >> 31) << 32)).to(torch.int32)
+    c32 = cols & MASK32
+    c32 = (c32 - ((c32 >> 31) << 32)).to(torch.int32)
+    return fmix32_int32(h32.unsqueeze(-1) ^ c32)
 
 
 def _exp_bits(e: torch.Tensor) -> torch.Tensor:
@@ -83,21 +108,21 @@ def _exp_bits(e: torch.Tensor) -> torch.Tensor:
 
 
 def round_with(x: torch.Tensor, bits: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """fp32 ``x`` rounded stochastically to ``dtype`` with hash values ``bits`` (see above)."""
+    """fp32 ``x`` rounded stochastically to ``dtype`` with hash values ``bits`` (see above;
+    int32 or int64 tensors holding the uint32 bits)."""
     if dtype == torch.float32:
         return x
     x = x.float().contiguous()
     if dtype == torch.bfloat16:
-        raw = x.view(torch.int32).to(torch.int64) & MASK32
-        out = ((raw + (bits & 0xFFFF)) & 0xFFFF0000).to(torch.int32)  # int64 → int32 wraps to the same bits
+        # int32 add wraps; the mask keeps the top 16 bits (-65536 is 0xFFFF0000)
+        out = (x.view(torch.int32) + (bits & 0xFFFF).to(torch.int32)) & -65536
         return out.view(torch.float32).to(torch.bfloat16)
     if dtype != torch.float16:
         raise ValueError(f"no stochastic rounding to {dtype}")
-    raw = x.view(torch.int32).to(torch.int64) & MASK32
-    u = (((raw >> 23) & 0xFF) - 127).clamp(min=-14)
+    u = (((x.view(torch.int32) >> 23) & 0xFF) - 127).clamp(min=-14)
     y = x.abs() * _exp_bits(10 - u)
     whole = y.floor()
-    r = (bits >> 8).to(torch.float32) * 2.0**-24
+    r = ((bits >> 8) & 0xFFFFFF).to(torch.float32) * 2.0**-24
     mag = (whole + (r < y - whole).to(torch.float32)) * _exp_bits(u - 10)
     return torch.where(x < 0, -mag, mag).to(torch.float16)
 
@@ -111,4 +136,4 @@ def stochastic_round(
     if dtype == torch.float32:
         return x
     cols = col0.unsqueeze(1) + torch.arange(x.shape[1], device=x.device)
-    return round_with(x, random_bits(seed, step, tables, rows, cols), dtype)
+    return round_with(x, element_bits(seed, step, tables, rows, cols), dtype)

@@ -239,3 +239,26 @@ def test_plan_counts_half_tables_at_half_the_bytes(capsys) -> None:
         tables[dtype] = sum(float(r[1]) for r in rows)  # "634.8 MiB" per rank
     assert abs(tables["bf16"] / tables["fp32"] - 0.5) <= 0.01, tables
     assert tables["bf16"] == pytest.approx(26 * 200_000 * 64 * 2 / 2**20, rel=1e-3)
+
+
+def _fmix_py(h: int) -> int:
+    h ^= h >> 16
+    h = (h * 0x85EBCA6B) & 0xFFFFFFFF
+    h ^= h >> 13
+    h = (h * 0xC2B2AE35) & 0xFFFFFFFF
+    return h ^ (h >> 16)
+
+
+def test_hash_equals_python_uint32_reference() -> None:
+    """The documented recipe in plain Python integers (what a Triton kernel reproduces)."""
+    seed, step = 2**32 + 5, 7  # seed taken mod 2^32
+    tables = torch.tensor([0, 2**32 - 1, 123456789])
+    rows = torch.tensor([0, 5_000_000_000, 2**31])
+    cols = torch.tensor([0, 1, 2**31 + 3])
+    got = random_bits(seed, step, tables, rows, cols)
+    for i in range(3):
+        for j in range(3):
+            h = _fmix_py((seed + 0x9E3779B9) & 0xFFFFFFFF)
+            for v in (step, int(tables[i]), int(rows[i]) & 0xFFFFFFFF, int(cols[j])):
+                h = _fmix_py(h ^ v)
+            assert int(got[i, j]) == h, (i, j)
