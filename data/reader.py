@@ -32,7 +32,9 @@ Decoding checks each row group and raises :class:`DataError` naming file, column
 group and the row within the file: a null or out-of-[0, 1] label; a null, NaN or
 infinite dense value (``dense_nan="zero"`` puts 0 there instead); a null or negative
 id; an id >= its table's rows (``id_policy``: "error"; "modulo": id % rows; "hash":
-splitmix64(id) % rows; only out-of-range ids are mapped, ids in range stay as they
+splitmix64(id) % rows; "drop": the id leaves its bag, which may become empty, and
+``unseen_ids`` counts it per column for the last epoch read (held-out eval: ids the
+trained table never saw); only out-of-range ids are mapped, ids in range stay as they
 are); a column whose type does not fit the schema; a row group that cannot be read
 (corrupt, its file gone).
 
@@ -70,7 +72,7 @@ if TYPE_CHECKING:
 
     from data.preprocess import Preprocessing
 
-ID_POLICIES = ("error", "modulo", "hash")
+ID_POLICIES = ("error", "modulo", "hash", "drop")
 DENSE_NAN_POLICIES = ("error", "zero")
 
 
@@ -113,6 +115,7 @@ class ParquetReader:
         self.shuffle, self.seed, self.prefetch = shuffle, seed & (2**64 - 1), prefetch
         self.id_policy, self.dense_nan, self.skip = id_policy, dense_nan, on_error == "skip"
         self.preprocess = preprocess  # vocabulary / hash features, dense transforms
+        self.unseen_ids: dict[str, int] = {}  # id_policy="drop": ids dropped, by column
         screened = screen_files(list(files), schema, on_error)
         self.files = screened.files
         self.bad_data = BadDataLog(screened.left_out)
@@ -149,6 +152,7 @@ class ParquetReader:
             raise ValueError(f"start_step {start_step} outside [0, {self._steps}]")
         if epoch < 0:
             raise ValueError(f"epoch {epoch} is negative")
+        self.unseen_ids = {}
         batches = self._batches(epoch, start_step)
         if self.prefetch > 0:
             batches = _in_background(batches, self.prefetch)
@@ -207,7 +211,8 @@ class ParquetReader:
             try:
                 table = source.read(f, g, int(self._units.rows[unit])).slice(s0, s1 - s0)
                 chunks.append(_decode(table, self.schema, where, self.id_policy, self.dense_nan,
-                                      found if self.skip else None, self.preprocess))
+                                      found if self.skip else None, self.preprocess,
+                                      self.unseen_ids))
             except DataError as e:
                 if not self.skip:
                     raise
@@ -348,10 +353,12 @@ class _Rows:
             keep = np.concatenate([np.ones(c.size, bool) if c.keep is None else c.keep
                                    for c in chunks])
         ids = []
-        for i, (_, offsets) in enumerate(chunks[0].ids):
+        for i in range(len(chunks[0].ids)):
             values = np.concatenate([c.ids[i][0] for c in chunks])
-            if offsets is not None:
-                lengths = np.concatenate([np.diff(c.ids[i][1]) for c in chunks])
+            offsets = None
+            if any(c.ids[i][1] is not None for c in chunks):  # id_policy=drop: some single-hot
+                lengths = np.concatenate([np.ones(c.size, np.int64) if c.ids[i][1] is None
+                                          else np.diff(c.ids[i][1]) for c in chunks])
                 offsets = _offsets(lengths)
             ids.append((values, offsets))
         return _Rows(
@@ -488,7 +495,7 @@ class _Problems:
 
 def _decode(table: pa.Table, schema: Schema, where: _Where, id_policy: str,
             dense_nan: str, found: list[BadRecord] | None = None,
-            prep: Preprocessing | None = None) -> _Rows:
+            prep: Preprocessing | None = None, unseen: dict[str, int] | None = None) -> _Rows:
     """Check and convert one slice of a row group to numpy (no per-row Python, except
     once per bad value when ``found`` collects them). A column missing or of a type
     that does not fit is a DataError for the whole slice. ``prep`` maps vocabulary
@@ -506,7 +513,7 @@ def _decode(table: pa.Table, schema: Schema, where: _Where, id_policy: str,
     for j, name in enumerate(schema.dense):
         x = _dense(table.column(name), name, problems, dense_nan)
         dense[:, j] = prep.dense(name, x) if prep is not None else x
-    ids = [_ids(table.column(f.name), f, problems, id_policy) if f.encoding == "identity"
+    ids = [_ids(table.column(f.name), f, problems, id_policy, unseen) if f.encoding == "identity"
            else _prep(prep, f).ids(f, table.column(f.name)) for f in schema.sparse]
     return _Rows(labels, dense, ids, None if problems.keep.all() else problems.keep)
 
@@ -555,7 +562,7 @@ def _dense(col: pa.ChunkedArray, name: str, problems: _Problems, policy: str) ->
 
 
 def _ids(col: pa.ChunkedArray, feature: SparseFeature, problems: _Problems,
-         policy: str) -> tuple[np.ndarray, np.ndarray | None]:
+         policy: str, unseen: dict[str, int] | None = None) -> tuple[np.ndarray, np.ndarray | None]:
     """Ids of one feature as (values, offsets or None), validated and policy-mapped."""
     import pyarrow.compute as pc
 
@@ -565,7 +572,7 @@ def _ids(col: pa.ChunkedArray, feature: SparseFeature, problems: _Problems,
             problems.flag(_nulls(col), name, lambda i: "null id")
             col = pc.fill_null(col, 0)
         values = col.to_numpy().astype(np.int64, copy=False)
-        return _map_ids(values, feature, problems, policy, None), None
+        return _map_ids(values, feature, problems, policy, None, unseen)
     arr = col.combine_chunks()
     lengths = pc.fill_null(pc.list_value_length(arr), 0).to_numpy().astype(np.int64)
     offsets = _offsets(lengths)
@@ -574,7 +581,7 @@ def _ids(col: pa.ChunkedArray, feature: SparseFeature, problems: _Problems,
         problems.flag(_bag_rows(offsets, _nulls(flat)), name, lambda i: "null id inside a bag")
         flat = pc.fill_null(flat, 0)
     values = flat.to_numpy().astype(np.int64, copy=False)
-    return _map_ids(values, feature, problems, policy, offsets), offsets
+    return _map_ids(values, feature, problems, policy, offsets, unseen)
 
 
 def _bag_rows(offsets: np.ndarray, bad_values: np.ndarray) -> np.ndarray:
@@ -585,10 +592,12 @@ def _bag_rows(offsets: np.ndarray, bad_values: np.ndarray) -> np.ndarray:
 
 
 def _map_ids(values: np.ndarray, feature: SparseFeature, problems: _Problems, policy: str,
-             offsets: np.ndarray | None) -> np.ndarray:
-    """Reject negative ids; map or reject ids >= the table's rows as ``policy`` says."""
+             offsets: np.ndarray | None, unseen: dict[str, int] | None = None,
+             ) -> tuple[np.ndarray, np.ndarray | None]:
+    """Reject negative ids; map, drop or reject ids >= the table's rows as ``policy``
+    says. Returns (values, offsets): dropping gives a single-hot column offsets too."""
     if values.size == 0:
-        return values
+        return values, offsets
     rows = feature.rows
 
     def flag(bad: np.ndarray, what: Callable[[int], str]) -> None:
@@ -602,17 +611,32 @@ def _map_ids(values: np.ndarray, feature: SparseFeature, problems: _Problems, po
     if values.min() < 0:
         flag(values < 0, lambda v: f"negative id {v}")
     if values.max() < rows:
-        return values
+        return values, offsets
     big = values >= rows
     if policy == "error":
         flag(big, lambda v: f"id {v} >= table rows {rows} (set data.rows, or "
                             "data.id_policy=hash/modulo)")
-        return values
+        return values, offsets
+    if policy == "drop":
+        return _drop(values, offsets, big, feature.name, unseen)
     if policy == "modulo":
-        return np.where(big, values % rows, values)
+        return np.where(big, values % rows, values), offsets
     out = values.copy()
     out[big] = (splitmix64(values[big]) % np.uint64(rows)).astype(np.int64)
-    return out
+    return out, offsets
+
+
+def _drop(values: np.ndarray, offsets: np.ndarray | None, big: np.ndarray, name: str,
+          unseen: dict[str, int] | None) -> tuple[np.ndarray, np.ndarray]:
+    """Take the ``big`` values out of their bags (counted in ``unseen[name]``)."""
+    if unseen is not None:
+        unseen[name] = unseen.get(name, 0) + int(big.sum())
+    if offsets is None:
+        offsets = np.arange(values.size + 1, dtype=np.int64)
+    lengths = np.diff(offsets)
+    bag = np.repeat(np.arange(lengths.size), lengths)
+    lengths = lengths - np.bincount(bag[big], minlength=lengths.size)
+    return values[~big], _offsets(lengths)
 
 
 # --------------------------------------------------------------------------- prefetch

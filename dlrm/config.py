@@ -48,6 +48,10 @@ class DataConfig:
     shuffle_buffer: int = 65536  # rows held in memory for shuffling
     prefetch: int = 4  # batches decoded ahead by the background worker
     id_policy: Literal["error", "hash", "modulo"] = "error"  # ids >= table rows
+    # Eval (in training and dlrm eval) with data.id_policy=error: an id past its
+    # trained table is looked up as nothing (left out of its bag) and counted per
+    # column beside the AUC; true: refuse it as training does (dlrm eval --strict-ids)
+    eval_strict_ids: bool = False
     dense_nan: Literal["error", "zero"] = "error"  # NaN/inf dense values
     # Bad rows or row groups (nulls, NaN, bad ids, unreadable or vanished files):
     # fail = stop with file / row group / column / row; skip = drop them, count them,
@@ -190,6 +194,9 @@ class TrainConfig:
     profile_start: int = 10
     profile_steps: int = 0
     progress: bool = True
+    # Print the resolved config and the full sharding plan at start (dlrm train
+    # --print-config); off: a short header, the config is in RUN/config.yaml
+    print_config: bool = False
     # Also write the metrics as TensorBoard scalars in RUN/tensorboard/ (rank 0;
     # needs `pip install tensorboard`): loss, samples/s, eval, Hotline stats
     tensorboard: bool = False

@@ -28,12 +28,15 @@ def evaluate_checkpoint(
     plots_dir: str | None = None,
     batch_size: int | None = None,
     device: str | None = None,
+    strict_ids: bool = False,
     tables: str = "stored",
 ) -> dict[str, Any] | None:
     """Metrics (auc, logloss, ne, calibration, ctr, rows) of a checkpoint on ``data``,
     scored on ``device`` (auto/cpu/cuda; None: the run's ``train.device``): state.pt is
     read onto the CPU and the tables into the model's device, so a run trained on a
     GPU is evaluated on a CPU-only machine with ``device="cpu"``, and back.
+    An id past its trained table is looked up as nothing and counted per column in
+    ``unseen_ids``; ``strict_ids`` refuses it instead.
 
     Under torchrun every rank scores its share; the metrics are computed over all
     rows gathered, so they equal one process's. Returns None on ranks other than 0.
@@ -51,6 +54,7 @@ def evaluate_checkpoint(
         cfg.data.eval_batch_size = batch_size
     if device is not None:
         cfg.train.device = device  # type: ignore[assignment]  # one of the CLI's choices
+    cfg.data.eval_strict_ids = strict_ids  # default: ids training never saw look up as nothing
     schema = schema_from_json(meta["schema"])
     # the run's vocabularies and dense transforms (its sha256 is checked on load)
     prep = load_preprocessing(ckpt.parent.parent) if meta.get("preprocessing") else None

@@ -57,6 +57,7 @@ from dlrm.parallel.distributed import DistInfo, all_reduce_sum, barrier, init_di
 from dlrm.parallel.parallelize import build_model
 from dlrm.parallel.planning import describe, run_tables
 from dlrm.train.bad_data_report import BadDataReport
+from dlrm.train.header import header
 from dlrm.train.host_memory import reuse_freed_memory
 from dlrm.train.hotline import HotlineSteps, make_profile
 from dlrm.train.inputs import RunData, make_reader, resolve_data
@@ -88,7 +89,8 @@ def train(cfg: Config, run_dir: str | Path, echo: Callable[[str], None] = print)
     # bf16 only where it is fast; the config printed and saved says what ran
     precision = decide_precision(cfg.train, info.device, info, say)
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, precision=precision))
-    say("config:\n" + to_yaml(cfg).rstrip())
+    if cfg.train.print_config:
+        say("config:\n" + to_yaml(cfg).rstrip())
     data = resolve_data(cfg, run_dir)  # before creating anything: bad data leaves no run dir
     for note in data.preprocess.notes if data.preprocess else ():
         say(note)
@@ -107,8 +109,13 @@ def train(cfg: Config, run_dir: str | Path, echo: Callable[[str], None] = print)
     # A resume loads every table: they are not randomly initialised first.
     model = build_model(cfg, data.schema, info.device, info, hot_profile, resume=will_resume(run_dir, info))
     if model.plan is not None and info.is_main:
-        say(describe(cfg, data.schema, model.plan, parse_size(cfg.embeddings.memory_per_rank)))
+        if cfg.train.print_config:
+            say(describe(cfg, data.schema, model.plan, parse_size(cfg.embeddings.memory_per_rank)))
         write_atomic(run_dir / "plan.json", model.plan.to_json())
+    if info.is_main:
+        for line in header(cfg, data.schema, data.train_files, data.eval_files, model.plan,
+                           str(info.device), run_dir):
+            say(line)
     barrier(info)
     with contextlib.closing(model):  # the torchrec backend owns a process group
         return Trainer(cfg, run_dir, model, data, info, say).fit()
@@ -151,7 +158,7 @@ class Trainer:
         self.cfg, self.run_dir, self.model, self.info, self.say = cfg, run_dir, model, info, say
         self.schema, self.preprocess = data.schema, data.preprocess
         self.dense_opt = build_dense_optimizer(cfg, model.dense_parameters())
-        resumed = self._resume()
+        resumed = self.resumed = self._resume()
         self.reader = make_reader(cfg, data.train_files, self.schema, True, info.rank,
                                   info.world_size, data.preprocess)
         steps_per_epoch = -(-self.reader.steps_per_epoch() // cfg.train.accumulate)  # optimizer steps
@@ -209,6 +216,8 @@ class Trainer:
                    file=sys.stderr, dynamic_ncols=True,
                    disable=not (self.cfg.train.progress and self.info.is_main))
         self.model.train()
+        if self._eval_missed():
+            self.last_eval = self.run_eval()
         with Preemption() as preemption:
             stop = self._train_steps(bar, preemption)
             bar.close()
@@ -316,7 +325,8 @@ class Trainer:
     def _on_schedule(self, bar: tqdm, signum: int) -> int:
         """Log, evaluate and checkpoint after a step when they are due; the signal
         that stops the run after this step (``signum`` of any rank), else 0. A
-        stopping run skips the eval (fit saves): the agent's grace period is short."""
+        stopping run skips the eval (fit saves): the agent's grace period is short; the
+        resumed run runs it first (``_eval_missed``)."""
         step, every = self.progress.global_step, self.cfg.train
         if every.log_every and step % every.log_every == 0:
             window = self.meter.take_window()
@@ -332,6 +342,24 @@ class Trainer:
         if verdict.save:
             self.save()
         return 0
+
+    def _eval_missed(self) -> bool:
+        """A resumed run whose step had an eval due that never ran: a run stopped by a
+        signal saves and leaves without it (its grace period is short), so the resumed
+        run evaluates first, at that step, as the run never stopped would have. Rank 0
+        reads RUN/metrics.jsonl; every rank learns its answer (eval is collective)."""
+        step, every = self.progress.global_step, self.cfg.train.eval_every
+        if not (self.resumed and self.eval_reader is not None and every
+                and step % every == 0 and 0 < step < self.total_steps):
+            return False
+        missing = 0.0
+        if self.info.is_main:
+            path = self.run_dir / "metrics.jsonl"
+            lines = path.read_text().splitlines() if path.is_file() else []
+            done = any('"eval"' in line and json.loads(line).get("event") == "eval"
+                       and json.loads(line).get("step") == step for line in lines)
+            missing = 0.0 if done else 1.0
+        return all_reduce_sum([missing], self.info)[0] > 0
 
     def save(self) -> None:
         if self.schedule.saved_step == self.progress.global_step:
