@@ -125,6 +125,10 @@ class EmbeddingsConfig:
     # optimizer, one process (dlrm/models/torch_baseline.py), the bench's plain-PyTorch row.
     backend: Literal["native", "torchrec", "torch_baseline"] = "native"
     pooling: Literal["sum", "mean"] = "sum"
+    # Storage type of every table's weights (TorchRec's data_type, fbgemm's
+    # weights_precision): fp16/bf16 halve table memory; lookups and updates are
+    # computed in fp32, written back with stochastic rounding (embeddings/rounding.py).
+    dtype: Literal["fp32", "fp16", "bf16"] = "fp32"
     # Fused: the sparse optimizer runs inside backward (no KV gradient kept).
     # Off: backward produces KV gradients (unique ids, rows) that the optimizer
     # then applies; a user who wants to see embedding gradients sets this off.

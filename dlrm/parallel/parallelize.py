@@ -128,7 +128,7 @@ def local_embeddings(cfg: Config, schema: Schema, device: torch.device, seed: in
     """Every table in this process, stacked in one weight (``seed=None``: left empty)."""
     return LocalEmbeddingCollection(
         run_tables(cfg, schema), sparse_optimizer(cfg), fused=fused(cfg), seed=seed, device=device,
-        kernels=cfg.embeddings.kernels,
+        rounding_seed=cfg.seed, kernels=cfg.embeddings.kernels,
     )
 
 
@@ -142,7 +142,7 @@ def sharded_embeddings(
     # and two threads on one gloo group can order collectives differently per rank.
     collection = ShardedEmbeddingCollection(
         run_tables(cfg, schema), plan, lambda: sparse_optimizer(cfg), fused=fused(cfg),
-        seed=seed, group=new_group(info), device=device, kernels=cfg.embeddings.kernels,
+        seed=seed, group=new_group(info), device=device, rounding_seed=cfg.seed, kernels=cfg.embeddings.kernels,
     )
     collection.grad_scale = pooled_grad_scale(cfg, info)
     return collection

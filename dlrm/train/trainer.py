@@ -69,6 +69,7 @@ from dlrm.train.profiling import StepProfiler
 from dlrm.train.trace import RowTrace
 from embeddings.hotline.lookups import HOT_ONLY
 from embeddings.interface import Prefetched
+from embeddings.narrow import bf16_small_lr
 from embeddings.plan.sizes import parse_size
 from embeddings.timing import EMBEDDING_SECTIONS, TIMER
 
@@ -93,6 +94,7 @@ def train(cfg: Config, run_dir: str | Path, echo: Callable[[str], None] = print)
     data = resolve_data(cfg, run_dir)  # before creating anything: bad data leaves no run dir
     for note in data.preprocess.notes if data.preprocess else ():
         say(note)
+    narrow_type_warning(cfg, data.schema, say)
     if info.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
         if data.preprocess is not None and not (run_dir / PREP_FILE).is_file():
@@ -117,6 +119,15 @@ def train(cfg: Config, run_dir: str | Path, echo: Callable[[str], None] = print)
     barrier(info)
     with contextlib.closing(model):  # the torchrec backend owns a process group
         return Trainer(cfg, run_dir, model, data, info, say).fit()
+
+
+def narrow_type_warning(cfg: Config, schema: Any, say: Callable[[str], None]) -> None:
+    """One line where bf16 tables get steps below their spacing (embeddings/narrow.py)."""
+    if cfg.embeddings.dtype == "bf16":
+        rows = {t.name: t.rows for t in run_tables(cfg, schema)}
+        note = bf16_small_lr(cfg.optim.sparse_lr, rows, cfg.optim.sparse)
+        if note:
+            say(f"warning: {note}")
 
 
 def micro_batch_name(sparse: Any) -> str:
@@ -370,8 +381,8 @@ class Trainer:
         """The tables this run built (after the data's encodings): count, rows, bytes."""
         tables = run_tables(self.cfg, self.schema)
         rows = sum(t.rows for t in tables)
-        return {"count": len(tables), "rows": rows, "bytes": sum(t.rows * t.dim * 4 for t in tables),
-                "dtype": "fp32"}
+        return {"count": len(tables), "rows": rows, "bytes": sum(t.bytes for t in tables),
+                "dtype": self.cfg.embeddings.dtype}
 
     def _summary(self, preempted: int = 0) -> dict[str, Any]:
         summary: dict[str, Any] = {"event": "summary", "steps": self.progress.global_step,
