@@ -333,6 +333,7 @@ def collect(metrics: Path) -> dict[str, Any]:
         "peak_memory_mb": summary.get("peak_memory_mb"),
         "hotline": summary.get("hotline"),  # hit rate, popular share, gather hidden
         "tables": summary.get("tables"),  # what the run built: count, rows, bytes
+        "step_mode": summary.get("step_mode"),  # graphs replayed, or eager and why
     }
 
 
