@@ -112,6 +112,9 @@ def cmd_bench(argv: list[str]) -> int:
     limit = machine_limit(cfg)
     add_bounds(rows, cfg, limit)
     print(format_table(rows))
+    for row in rows:  # replayed CUDA graphs or eager steps, and why (train.cuda_graphs)
+        if row.get("step_mode"):
+            print(f"{row['engine']}@{row['ranks']} steps: {row['step_mode']}")
     for row in rows:
         if row.get("hotline"):
             h = row["hotline"]
