@@ -47,10 +47,11 @@ class Sketch:
     @staticmethod
     def merged(parts: list, width: int, tables: set[str]) -> Sketch:
         """The sum of the ``parts`` that are sketches (another rank's empty share gives {})."""
-        out = Sketch(width, tables)
-        for p in parts:
-            if isinstance(p, Sketch):
-                out.add(p)
+        sketches = [p for p in parts if isinstance(p, Sketch)]
+        out = sketches[0] if sketches else Sketch(width)
+        for p in sketches[1:]:
+            out.add(p)
+        out.tables = tables
         return out
 
     def _index(self, table: str, values: pa.Array) -> tuple[np.ndarray, np.ndarray]:
@@ -61,9 +62,10 @@ class Sketch:
 
     def add(self, other_or_table, values: pa.Array | None = None) -> Sketch:
         """Count ``values`` of ``table`` (``add(table, values)``), or add another sketch."""
-        if isinstance(other_or_table, Sketch):
-            total = self.counts.astype(np.uint16) + other_or_table.counts
-            self.counts = np.minimum(total, _SAT).astype(np.uint8)
+        if isinstance(other_or_table, Sketch):  # saturating, in place, 1M counters at a time
+            for a, b in zip(self.counts.reshape(-1, min(self.width, 1 << 20)),
+                            other_or_table.counts.reshape(-1, min(self.width, 1 << 20))):
+                a[:] = np.minimum(a.astype(np.uint16) + b, _SAT)
             return self
         for row, idx in enumerate(self._index(other_or_table, values)):
             u, c = np.unique(idx, return_counts=True)

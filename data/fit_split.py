@@ -76,11 +76,16 @@ def count_split(files: list[str], schema: Schema, tables: set[str], skip: bool,
         parts = _run(mine, mine_rows, ("sketch", sketched, skip, width, None, 0), split)
         sketch = Sketch.merged(_gathered(parts, split), width, set(sketched.values()))
     job = ("count", columns, skip, 0, sketch, split.min_frequency)
-    counters = {t: ValueCounter() for t in tables}
+    parts: dict[str, list[pa.Table]] = {t: [] for t in tables}
     for result in _gathered(_run(mine, mine_rows, job, split), split):
-        for table, parts in result.items():
-            for counted in parts:
-                counters[table].add_table(counted)
+        for table, counted in result.items():
+            parts[table] += counted
+    counters = {}
+    for table, counted in parts.items():  # one part: it is the table, no copy
+        counters[table] = ValueCounter.of(counted[0]) if len(counted) == 1 else ValueCounter()
+        for c in counted if len(counted) > 1 else []:
+            counters[table].add_table(c)
+        counted.clear()
     return counters
 
 
