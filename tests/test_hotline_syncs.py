@@ -22,12 +22,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
+from dlrm.train.sync_audit import SyncAudit
 from embeddings.hotline.lookups import Lookups
 from embeddings.hotline.tiers import HOT_ONLY, HotlineEmbeddingCollection
 from embeddings.interface import Prefetched
 from embeddings.optim import make_sparse_optimizer
 from embeddings.table import Pooling
-from tests.sync_audit import SyncAudit
 from tests.test_embeddings import random_kjt, tables_fixture
 from tests.test_hotline import FEATURES, profile_of, rows_of, touched
 
