@@ -55,3 +55,31 @@ def test_unreadable_share_stops_every_rank_with_one_line(tmp_path: Path) -> None
     with pytest.raises(DataError, match="part-1.parquet: row group 2"):
         _gathered({}, Split(rank=0, world=2,
                             gather=lambda o: [o, "part-1.parquet: row group 2: cannot read"]))
+
+
+def _resolve(rank: int, world: int, train: str, out: str) -> dict[str, bytes]:
+    """resolve_data under the run's process group (prep_options wires the gather)."""
+    from dlrm.train.inputs import prep_options, resolve_data
+    from tests.test_preprocess_train import cfg_for
+
+    cfg = cfg_for(Path(train), Path(train), "data.min_frequency=2")
+    opts = prep_options(cfg)
+    assert (opts.rank, opts.world, opts.progress) == (rank, world, rank == 0)
+    target = Path(out) / f"r{rank}"
+    preprocess.save(resolve_data(cfg).preprocess, target)
+    return {str(p.relative_to(target)): p.read_bytes() for p in sorted(target.rglob("*"))
+            if p.is_file()}
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_training_fit_under_two_ranks_equals_one_process(tmp_path: Path) -> None:
+    """The fit ``dlrm train`` runs on every rank, split over 2 ranks, saves what one
+    process without a group saves (string and list columns, min_frequency 2)."""
+    from tests.test_preprocess_train import string_dataset
+
+    train = string_dataset(tmp_path / "train", 1500, 1)
+    one = _resolve(0, 1, str(train), str(tmp_path / "one"))
+    assert len(one) >= 2
+    for rank, got in enumerate(run_ranks(2, _resolve, str(train), str(tmp_path / "two"))):
+        assert got == one, rank
