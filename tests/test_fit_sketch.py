@@ -30,3 +30,40 @@ def test_sketch_overestimates_and_drops_the_tail() -> None:
             tail = [v for v, c in true.items() if c < k]
             dropped = sum(1 for v in tail if v not in kept)
             assert dropped >= 0.8 * len(tail), (table, k, dropped, len(tail))
+
+
+def test_progress_bar_counts_the_footers_rows(tmp_path) -> None:
+    """The pass's bar: total from the footers (reference: pyarrow's own row count),
+    and the split pass's bar advances by exactly the rows counted."""
+    import pyarrow.parquet as pq
+
+    from data import fit_split, preprocess
+    from data.schema import infer_schema
+    from tests.test_fit_split import _files
+
+    files = _files(tmp_path)
+    total = sum(pq.ParquetFile(f).metadata.num_rows for f in files)
+    bar = preprocess._bar(files, True)
+    assert bar.total == total
+    bar.close()
+    assert preprocess._bar(files, False) is None
+    seen = []
+    orig = fit_split._bar
+
+    def spy(t, what, on):  # shown (not a terminal here), into a buffer
+        import io
+
+        from tqdm import tqdm
+
+        assert orig(t, what, on) is not None and on
+        seen.append(tqdm(total=t, file=io.StringIO(), disable=False))
+        return seen[-1]
+
+    fit_split._bar = spy
+    try:
+        schema = infer_schema(files)
+        fit_split.count_split(files, schema, {f.table_name for f in schema.sparse}, False,
+                              fit_split.Split(progress=True))
+    finally:
+        fit_split._bar = orig
+    assert [(b.total, b.n) for b in seen] == [(total, total)]
