@@ -85,6 +85,9 @@ class DataConfig:
     # disjoint share of the row groups (0 = in this process); the counts are exact and
     # merged, so the vocabularies are the same bit for bit.
     fit_workers: int = 0
+    # min_frequency > 1: a count-min sketch pass first drops values that cannot reach it,
+    # so exact counting holds only the survivors (the vocabulary is the same).
+    fit_sketch: bool = True
 
 
 @dataclass

@@ -76,6 +76,8 @@ def cmd_bench(argv: list[str]) -> int:
     cfg = load_config(a.config, a.overrides)
     if a.checkpoint:
         return checkpoint_only(a)
+    if a.fit_only:
+        return fit_only(a)
     out = output_dir(a.out, "--out").resolve()
     if not a.reader_only:
         a.engines = runnable_engines(a.engines)  # before generating data: fail fast
@@ -155,6 +157,21 @@ def checkpoint_only(a: argparse.Namespace) -> int:
     return 0
 
 
+def fit_only(a: argparse.Namespace) -> int:
+    """``--fit-only``: the vocabulary pass by ranks x workers and its peak memory per
+    distinct value (dlrm/bench/fit_bench.py); figures join OUT/bench.json under "fit"."""
+    from dlrm.bench.fit_bench import fit_bench, format_fit
+
+    out = Path(a.out).resolve()
+    workers = [int(x) for x in a.fit_workers.split(",")]
+    result = fit_bench(out / "fit-data", a.fit_rows, list(a.ranks), workers)
+    print(format_fit(result))
+    path = out / "bench.json"
+    report = json.loads(path.read_text()) if path.is_file() else {"config": a.config}
+    write_json(path, {**report, "fit": result})
+    return 0
+
+
 def _parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="dlrm bench", description="Benchmark engines on this machine.")
     p.add_argument("--config", default="configs/bench.yaml", help="YAML config with a generate: section")
@@ -170,6 +187,10 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--reader-only", action="store_true", help="only Parquet decode rate on one core")
     p.add_argument("--checkpoint", action="store_true",
                    help="only checkpoint save/resume GB/s and peak RSS of the config's model")
+    p.add_argument("--fit-only", action="store_true",
+                   help="only the vocabulary pass: rows/s by --ranks x --fit-workers, B/distinct")
+    p.add_argument("--fit-rows", type=int, default=1 << 20, help="--fit-only: generated rows")
+    p.add_argument("--fit-workers", default="0", help="--fit-only: comma-separated worker counts")
     p.add_argument("overrides", nargs="*", help="key.sub=value config overrides")
     a = p.parse_args(argv)
     try:

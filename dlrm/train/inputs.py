@@ -29,10 +29,27 @@ class RunData:
 
 
 def prep_options(cfg: Config) -> prep_io.Options:
+    """The fit's options; under a process group, this rank's share of the pass and the
+    all-gather that merges the ranks' counts (the same vocabulary on every rank)."""
+    import torch.distributed as dist
+
     d = cfg.data
-    return prep_io.Options(d.encoding, dict(d.encodings), d.min_frequency, d.max_rows,
-                           d.hash_rows, dict(d.rows), d.dense_transform, dict(d.dense_transforms),
-                           d.on_error, d.fit_workers)
+    opts = prep_io.Options(d.encoding, dict(d.encodings), d.min_frequency, d.max_rows,
+                           d.hash_rows, dict(d.rows), d.dense_transform,
+                           dict(d.dense_transforms), d.on_error, d.fit_workers, d.fit_sketch)
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        opts.rank, opts.world, opts.gather = dist.get_rank(), dist.get_world_size(), _gather
+    opts.progress = opts.rank == 0
+    return opts
+
+
+def _gather(obj: object) -> list[object]:
+    """Every rank's ``obj`` in rank order (all_gather_object over the default group)."""
+    import torch.distributed as dist
+
+    out: list[object] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
 
 
 def resolve_data(cfg: Config, run_dir: str | Path | None = None) -> RunData:
