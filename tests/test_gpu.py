@@ -288,3 +288,19 @@ def test_graph_replayed_training_equals_eager(single_hot_data, tmp_path: Path) -
         assert eager["step_mode"] == "eager (train.cuda_graphs=off)"
         cases.assert_runs_close(tmp_path / f"g{dense}", tmp_path / f"e{dense}", f"graphs vs eager, {dense}",
                                 rtol=1e-5)
+
+
+# ------------------------------------------------------------------ 2 ranks, one GPU
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("strategy", cases.STRATEGIES)
+def test_two_ranks_sharing_the_gpu_equal_one_process(tiny_data, tmp_path: Path, strategy: str) -> None:
+    """torchrun --nproc_per_node=2 on the one GPU with gloo (collectives through the
+    host), the first tables pinned to each strategy, reading the global batches one
+    process reads (data.order_world_size=2): the same parameters as that process."""
+    order = "data.order_world_size=2"
+    two = cases.torchrun_one_rank(tiny_data, tmp_path, "cuda", "gloo", strategy, 2, order)
+    one = cases.run(tiny_data, tmp_path / "one", "cuda", order)
+    cases.assert_runs_close(two, tmp_path / "one", f"2 ranks on one GPU, {strategy}")
+    assert one["world_size"] == 1
