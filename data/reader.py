@@ -58,6 +58,7 @@ import torch
 
 from data.bad_data import ON_ERROR, BadDataLog, BadRecord
 from data.batch import Batch
+from data.decode_workers import in_workers
 from data.errors import DataError, UserError
 from data.files import open_parquet
 from data.hashing import splitmix64
@@ -99,6 +100,7 @@ class ParquetReader:
         dense_nan: str = "error",
         on_error: str = "fail",
         preprocess: Preprocessing | None = None,
+        workers: int = 0,
     ) -> None:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} outside world size {world_size}")
@@ -113,6 +115,9 @@ class ParquetReader:
         self.shuffle, self.seed, self.prefetch = shuffle, seed & (2**64 - 1), prefetch
         self.id_policy, self.dense_nan, self.skip = id_policy, dense_nan, on_error == "skip"
         self.preprocess = preprocess  # vocabulary / hash features, dense transforms
+        if workers < 0:
+            raise ValueError(f"workers {workers} is negative")
+        self.workers = workers  # decode processes (0: the background thread, or none)
         screened = screen_files(list(files), schema, on_error)
         self.files = screened.files
         self.bad_data = BadDataLog(screened.left_out)
@@ -149,10 +154,21 @@ class ParquetReader:
             raise ValueError(f"start_step {start_step} outside [0, {self._steps}]")
         if epoch < 0:
             raise ValueError(f"epoch {epoch} is negative")
-        batches = self._batches(epoch, start_step)
-        if self.prefetch > 0:
-            batches = _in_background(batches, self.prefetch)
+        if self.workers > 0:
+            windows = _Windows(self, epoch, start_step)
+            batches = in_workers(windows, windows.numbers(), windows.empties(), self.workers,
+                                 max(self.prefetch, 2))
+        else:
+            batches = self._batches(epoch, start_step)
+            if self.prefetch > 0:
+                batches = _in_background(batches, self.prefetch)
         return self._logged(batches)
+
+    def __getstate__(self) -> dict:
+        """Pickled into decode workers: the log of dropped rows stays with the parent."""
+        state = dict(self.__dict__)
+        state["bad_data"] = None
+        return state
 
     # ------------------------------------------------------------------ internals
 
@@ -170,24 +186,10 @@ class ParquetReader:
     def _batches(self, epoch: int, start_step: int
                  ) -> Generator[tuple[Batch, list[BadRecord]], None, None]:
         """(batch, records found in its window if it is the window's first batch)."""
-        order = np.arange(len(self._units.rows))
-        if self.shuffle:
-            order = np.random.default_rng([self.seed, epoch]).permutation(order)
-        starts = np.concatenate([[0], np.cumsum(self._units.rows[order])])
-        source = _RowGroups(self.files, self.schema.columns)
-        b, size = self.local_batch_size, self._hi - self._lo
-        window, loaded, found = None, -1, []
-        for t in range(start_step, self._steps):
-            if t * b >= size:
-                yield _Rows.empty(self.schema).batch(0, 0, self.schema), []
-                continue
-            k = t * b // self._window
-            if k != loaded:
-                window, found = self._read_window(source, order, starts, epoch, k)
-                loaded = k
-            first = t * b - k * self._window
-            yield window.batch(first, first + min(b, size - t * b), self.schema), found
-            found = []
+        windows = _Windows(self, epoch, start_step)
+        for k in windows.numbers():
+            yield from windows(k)
+        yield from windows.empties()
 
     def _read_window(
         self, source: _RowGroups, order: np.ndarray, starts: np.ndarray, epoch: int, k: int
@@ -219,6 +221,57 @@ class ParquetReader:
             rng = np.random.default_rng([self.seed, epoch, self.rank, k])
             rows = rows.ordered(rng.permutation(rows.size))
         return rows, found
+
+
+class _Windows:
+    """The batches of one epoch of ``reader`` from ``start_step`` on, window by window:
+    ``self(k)`` yields window k's (batch, records) in order, records on its first batch.
+    Windows are independent, so decode workers (data/decode_workers.py) each take
+    some; this object is pickled to them and reads its row groups where it runs."""
+
+    def __init__(self, reader: ParquetReader, epoch: int, start_step: int) -> None:
+        self.reader, self.epoch, self.start_step = reader, epoch, start_step
+        order = np.arange(len(reader._units.rows))
+        if reader.shuffle:
+            order = np.random.default_rng([reader.seed, epoch]).permutation(order)
+        self.order = order
+        self.starts = np.concatenate([[0], np.cumsum(reader._units.rows[order])])
+        self._source: _RowGroups | None = None
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_source": None}
+
+    def _span(self) -> tuple[int, int]:
+        """[first, end) steps holding rows: batches t >= end are empty."""
+        r = self.reader
+        return self.start_step, max(self.start_step, -(-(r._hi - r._lo) // r.local_batch_size))
+
+    def numbers(self) -> list[int]:
+        """The windows holding batches start_step.., in order."""
+        first, end = self._span()
+        if first >= end:
+            return []
+        b, s = self.reader.local_batch_size, self.reader._window
+        return list(range(first * b // s, (end - 1) * b // s + 1))
+
+    def __call__(self, k: int) -> Generator[tuple[Batch, list[BadRecord]], None, None]:
+        r = self.reader
+        if self._source is None:
+            self._source = _RowGroups(r.files, r.schema.columns)
+        window, found = r._read_window(self._source, self.order, self.starts, self.epoch, k)
+        b, size = r.local_batch_size, r._hi - r._lo
+        first, end = self._span()
+        per = r._window // b
+        for t in range(max(first, k * per), min(end, (k + 1) * per)):
+            a = t * b - k * r._window
+            yield window.batch(a, a + min(b, size - t * b), r.schema), found
+            found = []
+
+    def empties(self) -> Iterator[tuple[Batch, list[BadRecord]]]:
+        """The empty batches after this rank's rows ran out."""
+        first, end = self._span()
+        for _ in range(max(end, first), self.reader._steps):
+            yield _Rows.empty(self.reader.schema).batch(0, 0, self.reader.schema), []
 
 
 # --------------------------------------------------------------------------- layout
