@@ -98,15 +98,22 @@ def _get(q: queue.Queue, proc: object, i: int) -> tuple[int, object]:
         try:
             return q.get(timeout=_POLL_S)
         except queue.Empty:
-            pass
-        if not proc.is_alive():  # type: ignore[attr-defined]
-            try:  # its last message may have landed just before it died
-                return q.get(timeout=_POLL_S)
-            except queue.Empty:
-                code = proc.exitcode  # type: ignore[attr-defined]
-                raise DecodeWorkerError(
-                    f"Parquet decode worker {i} died (exit code {code}) before sending its "
-                    "batches (killed? out of memory? try data.workers=0)") from None
+            if not proc.is_alive():  # type: ignore[attr-defined]
+                try:  # its last message may have landed just before it died
+                    return q.get(timeout=_POLL_S)
+                except queue.Empty:
+                    raise _died(proc, i) from None
+        except (EOFError, OSError) as e:  # a tensor's shared memory whose sender is gone
+            proc.join(timeout=5)  # type: ignore[attr-defined]
+            if proc.is_alive():  # type: ignore[attr-defined]
+                raise
+            raise _died(proc, i) from e
+
+
+def _died(proc: object, i: int) -> DecodeWorkerError:
+    code = proc.exitcode  # type: ignore[attr-defined]
+    return DecodeWorkerError(f"Parquet decode worker {i} died (exit code {code}) before "
+                             "sending its batches (killed? out of memory? try data.workers=0)")
 
 
 def _work(window: Callable[[int], Iterable[T]], ks: list[int], q: object, stop: object) -> None:
