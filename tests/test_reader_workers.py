@@ -142,3 +142,18 @@ def test_auto_workers_leave_the_trainers_cores() -> None:
     assert auto_workers(16, 8, 1) == 1
     assert auto_workers(2, 1, 2) == 0
     assert auto_workers(4, 8, 1) == 0
+
+
+def test_data_workers_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dlrm.config import ConfigError, load_config
+    from dlrm.train.inputs import decode_workers
+
+    assert decode_workers(load_config(None, ["data.workers=3"])) == 3
+    assert decode_workers(load_config(None, ["data.workers=auto", "train.device=cpu"])) == 0
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    monkeypatch.setattr("dlrm.train.inputs.available_cores", lambda: 16)
+    assert decode_workers(load_config(None, ["data.workers=auto"])) == 15
+    for bad in ("-1", "lots"):
+        with pytest.raises(ConfigError, match="data.workers"):
+            load_config(None, [f"data.workers={bad}"])
