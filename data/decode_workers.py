@@ -8,8 +8,8 @@ A window (``data/reader.py``: S rows of the rank's range, shuffled as one) is th
 of work, so a worker does exactly what the one-thread reader does for it: the batches,
 and the records of dropped rows, are the same and come out in the same order, at any
 worker count. Each worker's queue holds at most ``depth`` batches, so a worker runs at
-most that far ahead. Batches travel as torch tensors in shared memory
-(``torch.multiprocessing``: the parent maps the worker's pages, no copy through a pipe).
+most that far ahead. Items travel as the reader's :class:`Transport` says: a batch in
+one shared-memory block (data/shm_batch.py), only its handle through the queue.
 
 Errors: a worker's exception (a DataError under ``on_error="fail"``) is sent to the
 consumer and raised there when it reaches that window, exactly where the one-thread
@@ -24,7 +24,8 @@ from __future__ import annotations
 import os
 import queue
 from collections.abc import Callable, Iterable, Iterator
-from typing import TypeVar
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from data.errors import UserError
 
@@ -51,18 +52,30 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
+@dataclass(frozen=True)
+class Transport:
+    """How an item crosses from a worker to the consumer: ``pack`` in the worker (to
+    something small to pickle, e.g. a shared-memory handle), ``unpack`` in the consumer,
+    ``discard`` for a packed item never unpacked (an abandoned epoch). Module-level
+    functions: they are pickled to the workers."""
+
+    pack: Callable[[Any], Any]
+    unpack: Callable[[Any], Any]
+    discard: Callable[[Any], None]
+
+
 def in_workers(window: Callable[[int], Iterable[T]], windows: list[int], tail: Iterable[T],
-               workers: int, depth: int) -> Iterator[T]:
+               workers: int, depth: int, transport: Transport) -> Iterator[T]:
     """The items of ``window(k)`` for each k of ``windows`` in order, then ``tail``,
-    decoded by ``workers`` spawned processes (``window`` is pickled to them)."""
-    import torch.multiprocessing as mp
+    decoded by ``workers`` processes (``window`` is pickled to them)."""
+    import multiprocessing as mp
 
     n = max(1, min(workers, len(windows)))
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["data.reader", "pyarrow.parquet", "pyarrow.compute"])  # each worker forks with torch imported
     stop = ctx.Event()
     queues = [ctx.Queue(maxsize=depth) for _ in range(n)]
-    procs = [ctx.Process(target=_work, args=(window, windows[i::n], queues[i], stop),
+    procs = [ctx.Process(target=_work, args=(window, windows[i::n], queues[i], stop, transport.pack),
                          name=f"ParquetDecode-{i}", daemon=True) for i in range(n)]
     if not windows:
         procs = []
@@ -76,10 +89,11 @@ def in_workers(window: Callable[[int], Iterable[T]], windows: list[int], tail: I
                     break
                 if kind == _ERROR:
                     raise item
-                yield item
+                yield transport.unpack(item)
         yield from tail
     finally:
         stop.set()
+        _drain(queues, transport.discard)
         for p in procs:
             if p.pid is None:  # never started
                 continue
@@ -116,7 +130,20 @@ def _died(proc: object, i: int) -> DecodeWorkerError:
                              "sending its batches (killed? out of memory? try data.workers=0)")
 
 
-def _work(window: Callable[[int], Iterable[T]], ks: list[int], q: object, stop: object) -> None:
+def _drain(queues: list, discard: Callable[[Any], None]) -> None:
+    """Discard what the workers sent and nobody took (their shared memory)."""
+    for q in queues:
+        while True:
+            try:
+                kind, item = q.get(timeout=_POLL_S)
+            except (queue.Empty, EOFError, OSError):
+                break
+            if kind == _ITEM:
+                discard(item)
+
+
+def _work(window: Callable[[int], Iterable[T]], ks: list[int], q: object, stop: object,
+          pack: Callable[[Any], Any]) -> None:
     """A worker's life: each of its windows' items, then an end mark, in order; an
     exception goes to the consumer. It waits for ``stop`` before exiting: the consumer
     may still be mapping the shared memory of the last tensors it sent."""
@@ -136,7 +163,7 @@ def _work(window: Callable[[int], Iterable[T]], ks: list[int], q: object, stop: 
     try:
         for k in ks:
             for item in window(k):
-                if not put((_ITEM, item)):
+                if not put((_ITEM, pack(item))):
                     return
             if not put((_END, None)):
                 return

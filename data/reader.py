@@ -58,12 +58,13 @@ import torch
 
 from data.bad_data import ON_ERROR, BadDataLog, BadRecord
 from data.batch import Batch
-from data.decode_workers import in_workers
+from data.decode_workers import Transport, in_workers
 from data.errors import DataError, UserError
 from data.files import open_parquet
 from data.hashing import splitmix64
 from data.jagged import JaggedFeatures
 from data.schema import Schema, SparseFeature, allowed_kinds, column_kind, screen_files, type_name
+from data.shm_batch import SharedBatch
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -157,7 +158,7 @@ class ParquetReader:
         if self.workers > 0:
             windows = _Windows(self, epoch, start_step)
             batches = in_workers(windows, windows.numbers(), windows.empties(), self.workers,
-                                 max(self.prefetch, 2))
+                                 max(self.prefetch, 2), _SHARED)
         else:
             batches = self._batches(epoch, start_step)
             if self.prefetch > 0:
@@ -272,6 +273,21 @@ class _Windows:
         first, end = self._span()
         for _ in range(max(end, first), self.reader._steps):
             yield _Rows.empty(self.reader.schema).batch(0, 0, self.reader.schema), []
+
+
+def _pack(item: tuple[Batch, list[BadRecord]]) -> tuple[SharedBatch, list[BadRecord]]:
+    return SharedBatch.pack(item[0]), item[1]
+
+
+def _unpack(item: tuple[SharedBatch, list[BadRecord]]) -> tuple[Batch, list[BadRecord]]:
+    return item[0].take(pin=torch.cuda.is_available()), item[1]  # pinned: async H2D
+
+
+def _discard(item: tuple[SharedBatch, list[BadRecord]]) -> None:
+    item[0].release()
+
+
+_SHARED = Transport(_pack, _unpack, _discard)  # decode workers' batches: shared memory
 
 
 # --------------------------------------------------------------------------- layout
