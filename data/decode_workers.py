@@ -54,14 +54,14 @@ def available_cores() -> int:
 
 @dataclass(frozen=True)
 class Transport:
-    """How an item crosses from a worker to the consumer: ``pack`` in the worker (to
-    something small to pickle, e.g. a shared-memory handle), ``unpack`` in the consumer,
-    ``discard`` for a packed item never unpacked (an abandoned epoch). Module-level
-    functions: they are pickled to the workers."""
+    """How an item crosses from a worker to the consumer: ``packer(depth)`` makes, in
+    the worker, its ``(pack, close)``: pack turns an item into something small to pickle
+    (a shared-memory handle) that stays valid while at most ``depth`` more items are
+    queued; close runs when the worker exits. ``unpack`` runs in the consumer.
+    Module-level functions: they are pickled to the workers."""
 
-    pack: Callable[[Any], Any]
+    packer: Callable[[int], tuple[Callable[[Any], Any], Callable[[], None]]]
     unpack: Callable[[Any], Any]
-    discard: Callable[[Any], None]
 
 
 def in_workers(window: Callable[[int], Iterable[T]], windows: list[int], tail: Iterable[T],
@@ -75,7 +75,7 @@ def in_workers(window: Callable[[int], Iterable[T]], windows: list[int], tail: I
     ctx.set_forkserver_preload(["data.reader", "pyarrow.parquet", "pyarrow.compute"])  # each worker forks with torch imported
     stop = ctx.Event()
     queues = [ctx.Queue(maxsize=depth) for _ in range(n)]
-    procs = [ctx.Process(target=_work, args=(window, windows[i::n], queues[i], stop, transport.pack),
+    procs = [ctx.Process(target=_work, args=(window, windows[i::n], queues[i], stop, transport.packer, depth),
                          name=f"ParquetDecode-{i}", daemon=True) for i in range(n)]
     if not windows:
         procs = []
@@ -93,7 +93,6 @@ def in_workers(window: Callable[[int], Iterable[T]], windows: list[int], tail: I
         yield from tail
     finally:
         stop.set()
-        _drain(queues, transport.discard)
         for p in procs:
             if p.pid is None:  # never started
                 continue
@@ -130,26 +129,16 @@ def _died(proc: object, i: int) -> DecodeWorkerError:
                              "sending its batches (killed? out of memory? try data.workers=0)")
 
 
-def _drain(queues: list, discard: Callable[[Any], None]) -> None:
-    """Discard what the workers sent and nobody took (their shared memory)."""
-    for q in queues:
-        while True:
-            try:
-                kind, item = q.get(timeout=_POLL_S)
-            except (queue.Empty, EOFError, OSError):
-                break
-            if kind == _ITEM:
-                discard(item)
-
-
 def _work(window: Callable[[int], Iterable[T]], ks: list[int], q: object, stop: object,
-          pack: Callable[[Any], Any]) -> None:
+          packer: Callable[[int], tuple[Callable[[Any], Any], Callable[[], None]]],
+          depth: int) -> None:
     """A worker's life: each of its windows' items, then an end mark, in order; an
     exception goes to the consumer. It waits for ``stop`` before exiting: the consumer
     may still be mapping the shared memory of the last tensors it sent."""
     import torch
 
     torch.set_num_threads(1)
+    pack, close = packer(depth)
 
     def put(message: tuple[int, object]) -> bool:
         while not stop.is_set():  # type: ignore[attr-defined]
@@ -170,6 +159,7 @@ def _work(window: Callable[[int], Iterable[T]], ks: list[int], q: object, stop: 
     except Exception as e:  # noqa: BLE001 - raised in the consumer, at this window
         put((_ERROR, e if _picklable(e) else RuntimeError(f"{type(e).__name__}: {e}")))
     stop.wait()  # type: ignore[attr-defined]
+    close()
 
 
 def _picklable(e: BaseException) -> bool:

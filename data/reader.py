@@ -64,7 +64,7 @@ from data.files import open_parquet
 from data.hashing import splitmix64
 from data.jagged import JaggedFeatures
 from data.schema import Schema, SparseFeature, allowed_kinds, column_kind, screen_files, type_name
-from data.shm_batch import SharedBatch
+from data.shm_batch import BlockRing, SharedBatch
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -275,19 +275,17 @@ class _Windows:
             yield _Rows.empty(self.reader.schema).batch(0, 0, self.reader.schema), []
 
 
-def _pack(item: tuple[Batch, list[BadRecord]]) -> tuple[SharedBatch, list[BadRecord]]:
-    return SharedBatch.pack(item[0]), item[1]
+def _packer(depth: int) -> tuple[Callable, Callable[[], None]]:
+    """In a decode worker: (batch, records) → (shared-memory handle, records)."""
+    ring = BlockRing(depth + 2)
+    return (lambda item: (ring.pack(item[0]), item[1])), ring.close
 
 
 def _unpack(item: tuple[SharedBatch, list[BadRecord]]) -> tuple[Batch, list[BadRecord]]:
     return item[0].take(pin=torch.cuda.is_available()), item[1]  # pinned: async H2D
 
 
-def _discard(item: tuple[SharedBatch, list[BadRecord]]) -> None:
-    item[0].release()
-
-
-_SHARED = Transport(_pack, _unpack, _discard)  # decode workers' batches: shared memory
+_SHARED = Transport(_packer, _unpack)  # decode workers' batches: shared memory
 
 
 # --------------------------------------------------------------------------- layout

@@ -3,11 +3,12 @@
     worker    Batch ──pack──► /dev/shm block [dense | labels | values | lengths] + a small handle
     queue     the handle (block name, shapes; a few hundred bytes pickled)
     trainer   handle ──take──► Batch: one copy out of the block (into pinned memory where
-              CUDA is present, so the H2D copy can be async), then the block is unlinked
+              CUDA is present, so the H2D copy can be async); the worker reuses the block
 
-One block per batch, one copy on each side: far cheaper than torch's tensor sharing,
-which passes a file descriptor over a socket per tensor. A handle never taken (an
-abandoned epoch) is released with :meth:`SharedBatch.release`.
+A worker writes into a ring of blocks it reuses (:class:`BlockRing`; fresh blocks
+would cost a page fault per 4 KiB on both sides); the trainer maps each block once.
+One copy on each side: far cheaper than torch's tensor sharing, which passes a file
+descriptor over a socket per tensor.
 """
 
 from __future__ import annotations
@@ -33,56 +34,84 @@ class SharedBatch:
     shapes: list[tuple[int, ...]]
     dtypes: list[str]
 
-    @staticmethod
-    def pack(batch: Batch) -> SharedBatch:
-        from multiprocessing import resource_tracker, shared_memory
-
-        arrays = [batch.dense.numpy(), batch.labels.numpy(), batch.sparse.values().numpy(),
-                  batch.sparse.lengths().numpy()]
-        shm = shared_memory.SharedMemory(create=True, size=max(1, sum(a.nbytes for a in arrays)))
-        at = 0
-        for a in arrays:
-            np.frombuffer(shm.buf, a.dtype, a.size, at)[:] = a.reshape(-1)
-            at += a.nbytes
-        # the trainer unlinks it; the worker's exit must not
-        resource_tracker.unregister(shm._name, "shared_memory")
-        shm.close()
-        return SharedBatch(shm.name, list(batch.sparse.keys()), batch.sparse.stride(),
-                           [a.shape for a in arrays], [a.dtype.str for a in arrays])
-
     def take(self, pin: bool = False) -> Batch:
-        """The batch, copied out of the block (into pinned memory if ``pin``); the block
-        is gone afterwards."""
-        from multiprocessing import shared_memory
-
-        shm = shared_memory.SharedMemory(name=self.name)
-        try:
-            out, at = [], 0
-            for shape, dtype in zip(self.shapes, self.dtypes):
-                dt = np.dtype(dtype)
-                n = int(np.prod(shape))
-                t = torch.empty(shape, dtype=torch.from_numpy(np.empty(0, dt)).dtype,
-                                pin_memory=pin)
-                view = np.frombuffer(shm.buf, dt, n, at)
-                t.numpy().reshape(-1)[:] = view
-                del view  # no view may outlive the block
-                out.append(t)
-                at += n * dt.itemsize
-        finally:
-            shm.close()
-            shm.unlink()
+        """The batch, copied out of the block (into pinned memory if ``pin``)."""
+        buf = _ATTACHED.get(self.name)
+        out, at = [], 0
+        for shape, dtype in zip(self.shapes, self.dtypes):
+            dt = np.dtype(dtype)
+            n = int(np.prod(shape))
+            t = torch.empty(shape, dtype=torch.from_numpy(np.empty(0, dt)).dtype, pin_memory=pin)
+            t.numpy().reshape(-1)[:] = np.frombuffer(buf, dt, n, at)
+            out.append(t)
+            at += n * dt.itemsize
         dense, labels, values, lengths = out
         return Batch(dense=dense, labels=labels,
                      sparse=JaggedFeatures(keys=self.keys, values=values, lengths=lengths,
                                            stride=self.stride))
 
-    def release(self) -> None:
-        """Unlink the block without reading it."""
+
+class BlockRing:
+    """A worker's ``slots`` blocks, used in turn and grown when a batch needs more.
+
+    Reuse is safe without a message back: the queue holds at most ``depth`` items and
+    the consumer copies an item out before it takes the next, so when item n + depth + 2
+    is written, item n was copied out long ago (``slots = depth + 2``). The worker
+    unlinks its blocks when it exits (:meth:`close`); the consumer only maps them.
+    """
+
+    def __init__(self, slots: int) -> None:
+        self.blocks: list = [None] * slots
+        self.next = 0
+
+    def pack(self, batch: Batch) -> SharedBatch:
         from multiprocessing import shared_memory
 
-        try:
-            shm = shared_memory.SharedMemory(name=self.name)
-        except FileNotFoundError:
-            return
-        shm.close()
-        shm.unlink()
+        arrays = [batch.dense.numpy(), batch.labels.numpy(), batch.sparse.values().numpy(),
+                  batch.sparse.lengths().numpy()]
+        need = max(1, sum(a.nbytes for a in arrays))
+        i, self.next = self.next, (self.next + 1) % len(self.blocks)
+        shm = self.blocks[i]
+        if shm is None or shm.size < need:
+            if shm is not None:
+                shm.close()
+                shm.unlink()
+            # registered with the job's resource tracker: unlinked at the end even if
+            # this worker is killed before close()
+            shm = shared_memory.SharedMemory(create=True, size=need + need // 4)
+            self.blocks[i] = shm
+        at = 0
+        for a in arrays:
+            np.frombuffer(shm.buf, a.dtype, a.size, at)[:] = a.reshape(-1)
+            at += a.nbytes
+        return SharedBatch(shm.name, list(batch.sparse.keys()), batch.sparse.stride(),
+                           [a.shape for a in arrays], [a.dtype.str for a in arrays])
+
+    def close(self) -> None:
+        for shm in self.blocks:
+            if shm is not None:
+                shm.close()
+                shm.unlink()
+        self.blocks = [None] * len(self.blocks)
+
+
+class _Attached:
+    """The consumer's mappings of workers' blocks, by name (at most ``keep``; the oldest
+    are unmapped first: their workers replaced or unlinked them)."""
+
+    def __init__(self, keep: int = 256) -> None:
+        self.keep, self.maps = keep, {}
+
+    def get(self, name: str) -> memoryview:
+        shm = self.maps.get(name)
+        if shm is None:
+            from multiprocessing import shared_memory
+
+            shm = shared_memory.SharedMemory(name=name)
+            self.maps[name] = shm
+            while len(self.maps) > self.keep:
+                self.maps.pop(next(iter(self.maps))).close()
+        return shm.buf
+
+
+_ATTACHED = _Attached()

@@ -81,7 +81,7 @@ def cmd_bench(argv: list[str]) -> int:
             from dlrm.bench.reader_sweep import format_sweep, reader_sweep
 
             reader["workers"] = reader_sweep(reader.pop("files"), reader.pop("schema"),
-                                             cfg.data.batch_size, a.workers, out / "data")
+                                             cfg.data.batch_size, a.workers, out)
             print(format_sweep(reader["workers"]))
         reader.pop("files", None), reader.pop("schema", None)
         path = out / "bench.json"  # kept beside the training rows of an earlier bench
