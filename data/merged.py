@@ -16,6 +16,7 @@ import torch
 from data.bad_data import BadDataLog
 from data.batch import Batch
 from data.jagged import JaggedFeatures
+from data.schema import Schema
 
 
 def concat_batches(batches: list[Batch]) -> Batch:
@@ -47,6 +48,23 @@ class MergedReader:
     def bad_data(self) -> BadDataLog:
         """What the W readers dropped (``on_error="skip"``), together."""
         return BadDataLog(rec for r in self.readers for rec in r.bad_data.records)
+
+    @property
+    def schema(self) -> Schema:
+        return self.readers[0].schema
+
+    @property
+    def id_policy(self) -> str:
+        return self.readers[0].id_policy
+
+    @property
+    def unseen_ids(self) -> dict[str, int]:
+        """Ids the W readers dropped (``id_policy="drop"``), by column, together."""
+        out: dict[str, int] = {}
+        for r in self.readers:
+            for name, n in r.unseen_ids.items():
+                out[name] = out.get(name, 0) + n
+        return out
 
     def epoch(self, epoch: int, start_step: int = 0) -> Iterator[Batch]:
         streams = [r.epoch(epoch, start_step) for r in self.readers]

@@ -32,7 +32,9 @@ Decoding checks each row group and raises :class:`DataError` naming file, column
 group and the row within the file: a null or out-of-[0, 1] label; a null, NaN or
 infinite dense value (``dense_nan="zero"`` puts 0 there instead); a null or negative
 id; an id >= its table's rows (``id_policy``: "error"; "modulo": id % rows; "hash":
-splitmix64(id) % rows; only out-of-range ids are mapped, ids in range stay as they
+splitmix64(id) % rows; "drop": the id leaves its bag, which may become empty, and
+``unseen_ids`` counts it per column for the last epoch read (held-out eval: ids the
+trained table never saw); only out-of-range ids are mapped, ids in range stay as they
 are); a column whose type does not fit the schema; a row group that cannot be read
 (corrupt, its file gone).
 
@@ -72,7 +74,7 @@ if TYPE_CHECKING:
 
     from data.preprocess import Preprocessing
 
-ID_POLICIES = ("error", "modulo", "hash")
+ID_POLICIES = ("error", "modulo", "hash", "drop")
 DENSE_NAN_POLICIES = ("error", "zero")
 
 
@@ -119,6 +121,7 @@ class ParquetReader:
         if workers < 0:
             raise ValueError(f"workers {workers} is negative")
         self.workers = workers  # decode processes (0: the background thread, or none)
+        self.unseen_ids: dict[str, int] = {}  # id_policy="drop": ids dropped, by column
         screened = screen_files(list(files), schema, on_error)
         self.files = screened.files
         self.bad_data = BadDataLog(screened.left_out)
@@ -155,10 +158,11 @@ class ParquetReader:
             raise ValueError(f"start_step {start_step} outside [0, {self._steps}]")
         if epoch < 0:
             raise ValueError(f"epoch {epoch} is negative")
+        self.unseen_ids = {}
         if self.workers > 0:
-            windows = _Windows(self, epoch, start_step)
-            batches = in_workers(windows, windows.numbers(), windows.empties(), self.workers,
-                                 max(self.prefetch, 2), _SHARED)
+            windows = _Windows(self, epoch, start_step, unseen=True)
+            batches = self._counted(in_workers(windows, windows.numbers(), windows.empties(),
+                                               self.workers, max(self.prefetch, 2), _SHARED))
         else:
             batches = self._batches(epoch, start_step)
             if self.prefetch > 0:
@@ -172,6 +176,18 @@ class ParquetReader:
         return state
 
     # ------------------------------------------------------------------ internals
+
+    def _counted(self, items: Iterator[tuple[Batch, list[BadRecord], dict[str, int]]]
+                 ) -> Generator[tuple[Batch, list[BadRecord]], None, None]:
+        """Decode workers' items: the ids each window dropped (id_policy="drop") added to
+        ``unseen_ids`` here, where the one-thread reader counts them itself."""
+        try:
+            for batch, found, unseen in items:
+                for name, n in unseen.items():
+                    self.unseen_ids[name] = self.unseen_ids.get(name, 0) + n
+                yield batch, found
+        finally:
+            items.close()
 
     def _logged(self, items: Iterator[tuple[Batch, list[BadRecord]]]) -> Iterator[Batch]:
         """The batches of ``items``; the records beside them go to ``bad_data`` as each
@@ -210,7 +226,8 @@ class ParquetReader:
             try:
                 table = source.read(f, g, int(self._units.rows[unit])).slice(s0, s1 - s0)
                 chunks.append(_decode(table, self.schema, where, self.id_policy, self.dense_nan,
-                                      found if self.skip else None, self.preprocess))
+                                      found if self.skip else None, self.preprocess,
+                                      self.unseen_ids))
             except DataError as e:
                 if not self.skip:
                     raise
@@ -230,8 +247,10 @@ class _Windows:
     Windows are independent, so decode workers (data/decode_workers.py) each take
     some; this object is pickled to them and reads its row groups where it runs."""
 
-    def __init__(self, reader: ParquetReader, epoch: int, start_step: int) -> None:
+    def __init__(self, reader: ParquetReader, epoch: int, start_step: int,
+                 unseen: bool = False) -> None:
         self.reader, self.epoch, self.start_step = reader, epoch, start_step
+        self.unseen = unseen  # items carry the window's dropped-id counts (in a worker)
         order = np.arange(len(reader._units.rows))
         if reader.shuffle:
             order = np.random.default_rng([reader.seed, epoch]).permutation(order)
@@ -255,11 +274,23 @@ class _Windows:
         b, s = self.reader.local_batch_size, self.reader._window
         return list(range(first * b // s, (end - 1) * b // s + 1))
 
-    def __call__(self, k: int) -> Generator[tuple[Batch, list[BadRecord]], None, None]:
+    def __call__(self, k: int) -> Generator[tuple, None, None]:
         r = self.reader
         if self._source is None:
             self._source = _RowGroups(r.files, r.schema.columns)
+        if not self.unseen:  # the reader's own thread: it counts into unseen_ids itself
+            window, found = r._read_window(self._source, self.order, self.starts, self.epoch, k)
+            yield from self._batches_of(window, found, k)
+            return
+        r.unseen_ids = {}  # a worker's copy of the reader: this window's counts, sent along
         window, found = r._read_window(self._source, self.order, self.starts, self.epoch, k)
+        for item in self._batches_of(window, found, k):
+            yield (*item, r.unseen_ids)
+            r.unseen_ids = {}
+
+    def _batches_of(self, window: _Rows, found: list[BadRecord], k: int
+                    ) -> Generator[tuple[Batch, list[BadRecord]], None, None]:
+        r = self.reader
         b, size = r.local_batch_size, r._hi - r._lo
         first, end = self._span()
         per = r._window // b
@@ -272,17 +303,19 @@ class _Windows:
         """The empty batches after this rank's rows ran out."""
         first, end = self._span()
         for _ in range(max(end, first), self.reader._steps):
-            yield _Rows.empty(self.reader.schema).batch(0, 0, self.reader.schema), []
+            item = (_Rows.empty(self.reader.schema).batch(0, 0, self.reader.schema), [])
+            yield (*item, {}) if self.unseen else item
 
 
 def _packer(depth: int) -> tuple[Callable, Callable[[], None]]:
     """In a decode worker: (batch, records) → (shared-memory handle, records)."""
     ring = BlockRing(depth + 2)
-    return (lambda item: (ring.pack(item[0]), item[1])), ring.close
+    return (lambda item: (ring.pack(item[0]), *item[1:])), ring.close
 
 
-def _unpack(item: tuple[SharedBatch, list[BadRecord]]) -> tuple[Batch, list[BadRecord]]:
-    return item[0].take(pin=torch.cuda.is_available()), item[1]  # pinned: async H2D
+def _unpack(item: tuple[SharedBatch, list[BadRecord], dict[str, int]]
+            ) -> tuple[Batch, list[BadRecord], dict[str, int]]:
+    return item[0].take(pin=torch.cuda.is_available()), *item[1:]  # pinned: async H2D
 
 
 _SHARED = Transport(_packer, _unpack)  # decode workers' batches: shared memory
@@ -415,10 +448,12 @@ class _Rows:
             keep = np.concatenate([np.ones(c.size, bool) if c.keep is None else c.keep
                                    for c in chunks])
         ids = []
-        for i, (_, offsets) in enumerate(chunks[0].ids):
+        for i in range(len(chunks[0].ids)):
             values = np.concatenate([c.ids[i][0] for c in chunks])
-            if offsets is not None:
-                lengths = np.concatenate([np.diff(c.ids[i][1]) for c in chunks])
+            offsets = None
+            if any(c.ids[i][1] is not None for c in chunks):  # id_policy=drop: some single-hot
+                lengths = np.concatenate([np.ones(c.size, np.int64) if c.ids[i][1] is None
+                                          else np.diff(c.ids[i][1]) for c in chunks])
                 offsets = _offsets(lengths)
             ids.append((values, offsets))
         return _Rows(
@@ -555,7 +590,7 @@ class _Problems:
 
 def _decode(table: pa.Table, schema: Schema, where: _Where, id_policy: str,
             dense_nan: str, found: list[BadRecord] | None = None,
-            prep: Preprocessing | None = None) -> _Rows:
+            prep: Preprocessing | None = None, unseen: dict[str, int] | None = None) -> _Rows:
     """Check and convert one slice of a row group to numpy (no per-row Python, except
     once per bad value when ``found`` collects them). A column missing or of a type
     that does not fit is a DataError for the whole slice. ``prep`` maps vocabulary
@@ -573,7 +608,7 @@ def _decode(table: pa.Table, schema: Schema, where: _Where, id_policy: str,
     for j, name in enumerate(schema.dense):
         x = _dense(table.column(name), name, problems, dense_nan)
         dense[:, j] = prep.dense(name, x) if prep is not None else x
-    ids = [_ids(table.column(f.name), f, problems, id_policy) if f.encoding == "identity"
+    ids = [_ids(table.column(f.name), f, problems, id_policy, unseen) if f.encoding == "identity"
            else _prep(prep, f).ids(f, table.column(f.name)) for f in schema.sparse]
     return _Rows(labels, dense, ids, None if problems.keep.all() else problems.keep)
 
@@ -622,7 +657,7 @@ def _dense(col: pa.ChunkedArray, name: str, problems: _Problems, policy: str) ->
 
 
 def _ids(col: pa.ChunkedArray, feature: SparseFeature, problems: _Problems,
-         policy: str) -> tuple[np.ndarray, np.ndarray | None]:
+         policy: str, unseen: dict[str, int] | None = None) -> tuple[np.ndarray, np.ndarray | None]:
     """Ids of one feature as (values, offsets or None), validated and policy-mapped."""
     import pyarrow.compute as pc
 
@@ -632,7 +667,7 @@ def _ids(col: pa.ChunkedArray, feature: SparseFeature, problems: _Problems,
             problems.flag(_nulls(col), name, lambda i: "null id")
             col = pc.fill_null(col, 0)
         values = col.to_numpy().astype(np.int64, copy=False)
-        return _map_ids(values, feature, problems, policy, None), None
+        return _map_ids(values, feature, problems, policy, None, unseen)
     arr = col.combine_chunks()
     lengths = pc.fill_null(pc.list_value_length(arr), 0).to_numpy().astype(np.int64)
     offsets = _offsets(lengths)
@@ -641,7 +676,7 @@ def _ids(col: pa.ChunkedArray, feature: SparseFeature, problems: _Problems,
         problems.flag(_bag_rows(offsets, _nulls(flat)), name, lambda i: "null id inside a bag")
         flat = pc.fill_null(flat, 0)
     values = flat.to_numpy().astype(np.int64, copy=False)
-    return _map_ids(values, feature, problems, policy, offsets), offsets
+    return _map_ids(values, feature, problems, policy, offsets, unseen)
 
 
 def _bag_rows(offsets: np.ndarray, bad_values: np.ndarray) -> np.ndarray:
@@ -652,10 +687,12 @@ def _bag_rows(offsets: np.ndarray, bad_values: np.ndarray) -> np.ndarray:
 
 
 def _map_ids(values: np.ndarray, feature: SparseFeature, problems: _Problems, policy: str,
-             offsets: np.ndarray | None) -> np.ndarray:
-    """Reject negative ids; map or reject ids >= the table's rows as ``policy`` says."""
+             offsets: np.ndarray | None, unseen: dict[str, int] | None = None,
+             ) -> tuple[np.ndarray, np.ndarray | None]:
+    """Reject negative ids; map, drop or reject ids >= the table's rows as ``policy``
+    says. Returns (values, offsets): dropping gives a single-hot column offsets too."""
     if values.size == 0:
-        return values
+        return values, offsets
     rows = feature.rows
 
     def flag(bad: np.ndarray, what: Callable[[int], str]) -> None:
@@ -669,17 +706,32 @@ def _map_ids(values: np.ndarray, feature: SparseFeature, problems: _Problems, po
     if values.min() < 0:
         flag(values < 0, lambda v: f"negative id {v}")
     if values.max() < rows:
-        return values
+        return values, offsets
     big = values >= rows
     if policy == "error":
         flag(big, lambda v: f"id {v} >= table rows {rows} (set data.rows, or "
                             "data.id_policy=hash/modulo)")
-        return values
+        return values, offsets
+    if policy == "drop":
+        return _drop(values, offsets, big, feature.name, unseen)
     if policy == "modulo":
-        return np.where(big, values % rows, values)
+        return np.where(big, values % rows, values), offsets
     out = values.copy()
     out[big] = (splitmix64(values[big]) % np.uint64(rows)).astype(np.int64)
-    return out
+    return out, offsets
+
+
+def _drop(values: np.ndarray, offsets: np.ndarray | None, big: np.ndarray, name: str,
+          unseen: dict[str, int] | None) -> tuple[np.ndarray, np.ndarray]:
+    """Take the ``big`` values out of their bags (counted in ``unseen[name]``)."""
+    if unseen is not None:
+        unseen[name] = unseen.get(name, 0) + int(big.sum())
+    if offsets is None:
+        offsets = np.arange(values.size + 1, dtype=np.int64)
+    lengths = np.diff(offsets)
+    bag = np.repeat(np.arange(lengths.size), lengths)
+    lengths = lengths - np.bincount(bag[big], minlength=lengths.size)
+    return values[~big], _offsets(lengths)
 
 
 # --------------------------------------------------------------------------- prefetch

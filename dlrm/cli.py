@@ -5,8 +5,8 @@ in-process; heavy imports happen inside the verbs so ``dlrm --help`` is instant.
     dlrm convert-criteo INPUT... --out DIR [--ids vocabulary|raw|hash] [--min-frequency N]
                         [--max-ind-range R] [--eval-days K | --eval-fraction F]
     dlrm fit --config FILE --data PATH --out DIR [key.sub=value ...]
-    dlrm train --config FILE [--out RUN_DIR] [key.sub=value ...]
-    dlrm eval --checkpoint RUN_DIR --data PATH [--plots DIR] [--device auto|cpu|cuda]
+    dlrm train --config FILE [--out RUN_DIR] [--print-config] [key.sub=value ...]
+    dlrm eval --checkpoint RUN_DIR --data PATH [--plots DIR] [--device auto|cpu|cuda] [--strict-ids] [--tables stored|int8]
     dlrm plot RUN_DIR [--out FILE.png]
     dlrm plan --config FILE --world-size N [--memory-per-rank SIZE]
     dlrm bench --config FILE [--ranks 1,2] [--steps N] [--out DIR] [--reader-only] [key.sub=value ...]
@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from collections.abc import Callable
 
@@ -82,13 +83,15 @@ def cmd_train(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="dlrm train", description="Train a DLRM.")
     p.add_argument("--config", default=None, help="YAML config (see configs/)")
     p.add_argument("--out", default="runs/latest", help="run directory (resumed if it has a checkpoint)")
+    p.add_argument("--print-config", action="store_true",
+                   help="print the resolved config and the full plan (train.print_config=true)")
     p.add_argument("overrides", nargs="*", help="key.sub=value config overrides")
     a = p.parse_args(argv)
     output_dir(a.out, "--out")
     from dlrm.config import load_config
     from dlrm.train.trainer import train
 
-    cfg = load_config(a.config, a.overrides)
+    cfg = load_config(a.config, a.overrides + ["train.print_config=true"] * a.print_config)
     summary = train(cfg, a.out)
     if summary.get("preempted"):
         ignore_agent_signals()  # checkpoint saved: this process only leaves now
@@ -122,6 +125,11 @@ def cmd_eval(argv: list[str]) -> int:
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default=None,
                    help="where to score (default: the run's train.device); a run trained "
                         "on a GPU is evaluated on a CPU-only machine with --device cpu")
+    p.add_argument("--tables", choices=("stored", "int8"), default="stored",
+                   help="int8: also score with the tables quantised int8 row-wise (AUC beside the stored one)")
+    p.add_argument("--strict-ids", action="store_true",
+                   help="refuse an id past its trained table (default: look it up as nothing "
+                        "and count it per column in unseen_ids)")
     a = p.parse_args(argv)
     if a.plots is not None:
         output_dir(a.plots, "--plots")
@@ -130,7 +138,7 @@ def cmd_eval(argv: list[str]) -> int:
     from dlrm.eval.evaluate import evaluate_checkpoint
 
     result = evaluate_checkpoint(a.checkpoint, a.data, plots_dir=a.plots, batch_size=a.batch_size,
-                                 device=a.device)
+                                 device=a.device, strict_ids=a.strict_ids, tables=a.tables)
     if result is not None:  # rank 0 of a torchrun job, or the only process
         print(json.dumps(result))
     return 0
@@ -207,6 +215,20 @@ VERBS: dict[str, Callable[[list[str]], int]] = {
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run a verb; a reader that goes away (``dlrm plan ... | head``) ends it quietly."""
+    try:
+        code = _main(argv)
+        sys.stdout.flush()  # inside the try: a pipe closed early fails here, not at exit
+        return code
+    except BrokenPipeError:
+        # Python's recipe (docs: signal, "Note on SIGPIPE"): point stdout at devnull so
+        # the interpreter's last flush has nowhere to fail, and exit as SIGPIPE would.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 128 + 13
+
+
+def _main(argv: list[str] | None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in VERBS:
         print(__doc__.strip(), file=sys.stderr if argv and argv[0] not in ("-h", "--help") else sys.stdout)

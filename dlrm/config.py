@@ -53,6 +53,10 @@ class DataConfig:
     # use every core).
     workers: str = "auto"
     id_policy: Literal["error", "hash", "modulo"] = "error"  # ids >= table rows
+    # Eval (in training and dlrm eval) with data.id_policy=error: an id past its
+    # trained table is looked up as nothing (left out of its bag) and counted per
+    # column beside the AUC; true: refuse it as training does (dlrm eval --strict-ids)
+    eval_strict_ids: bool = False
     dense_nan: Literal["error", "zero"] = "error"  # NaN/inf dense values
     # Bad rows or row groups (nulls, NaN, bad ids, unreadable or vanished files):
     # fail = stop with file / row group / column / row; skip = drop them, count them,
@@ -121,9 +125,15 @@ class TablePlacement:
 @dataclass
 class EmbeddingsConfig:
     # native: our collection; torchrec: TorchRec's DLRM under DistributedModelParallel
-    # (FBGEMM fused optimizer; on CPU no Adam), to compare with or to fall back on.
-    backend: Literal["native", "torchrec"] = "native"
+    # (FBGEMM fused optimizer; on CPU no Adam), to compare with or to fall back on;
+    # torch_baseline: one nn.EmbeddingBag(sparse=True) per table and a stock torch
+    # optimizer, one process (dlrm/models/torch_baseline.py), the bench's plain-PyTorch row.
+    backend: Literal["native", "torchrec", "torch_baseline"] = "native"
     pooling: Literal["sum", "mean"] = "sum"
+    # Storage type of every table's weights (TorchRec's data_type, fbgemm's
+    # weights_precision): fp16/bf16 halve table memory; lookups and updates are
+    # computed in fp32, written back with stochastic rounding (embeddings/rounding.py).
+    dtype: Literal["fp32", "fp16", "bf16"] = "fp32"
     # Fused: the sparse optimizer runs inside backward (no KV gradient kept).
     # Off: backward produces KV gradients (unique ids, rows) that the optimizer
     # then applies; a user who wants to see embedding gradients sets this off.
@@ -151,6 +161,9 @@ class HotlineConfig:
     profile_seconds: float = 60.0  # profiling time bound
     refresh_every: int = 0  # steps; re-choose the hot rows from the batches since (0 = never)
     pipeline: bool = True  # gather cold rows on a host thread during the popular micro-batch
+    # host threads gathering cold rows (each a slice of the ids into the pinned
+    # buffer); 0 = min(4, CPU cores). host_embedding uses the same gather
+    gather_threads: int = 0
 
 
 @dataclass
@@ -191,6 +204,9 @@ class TrainConfig:
     profile_start: int = 10
     profile_steps: int = 0
     progress: bool = True
+    # Print the resolved config and the full sharding plan at start (dlrm train
+    # --print-config); off: a short header, the config is in RUN/config.yaml
+    print_config: bool = False
     # Also write the metrics as TensorBoard scalars in RUN/tensorboard/ (rank 0;
     # needs `pip install tensorboard`): loss, samples/s, eval, Hotline stats
     tensorboard: bool = False

@@ -11,6 +11,9 @@ is one line naming the key at load instead of a traceback deep in a run:
 check of the value. A new numeric key needs a line here
 (tests/test_config_rules.py fails without one). ``RELATIONS`` are the checks that
 read more than one key (an MLP's last width against the embedding dim).
+
+The checks take the config as a plain value (a ``dlrm.config.Config``, read by
+attribute); this file imports nothing of dlrm.config, which imports it.
 """
 
 from __future__ import annotations
@@ -19,13 +22,10 @@ import dataclasses
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from embeddings.plan.sizes import parse_size
 from embeddings.plan.types import PlanError
-
-if TYPE_CHECKING:
-    from dlrm.config import Config
 
 
 @dataclass(frozen=True)
@@ -117,6 +117,7 @@ RULES: dict[str, Rule] = {
     "hotline.profile_fraction": number(high=1.0),
     "hotline.profile_seconds": number(),
     "hotline.refresh_every": OFF_OR_MORE,
+    "hotline.gather_threads": OFF_OR_MORE,
     "train.epochs": POSITIVE,
     "train.max_steps": OFF_OR_MORE,
     "train.eval_every": OFF_OR_MORE,
@@ -139,7 +140,7 @@ RULES: dict[str, Rule] = {
 Broken = tuple[str, Any, str] | None
 
 
-def mlp_ends(cfg: Config) -> Broken:
+def mlp_ends(cfg: Any) -> Broken:
     """The bottom MLP's output is one more vector beside the pooled embeddings (both
     interactions stack them), so it ends at embedding_dim; the top MLP ends at one logit."""
     m = cfg.model
@@ -151,7 +152,7 @@ def mlp_ends(cfg: Config) -> Broken:
     return None
 
 
-def generated_tables(cfg: Config) -> Broken:
+def generated_tables(cfg: Any) -> Broken:
     """generate.table_rows is one value for every table or one per table."""
     g = cfg.generate
     if len(g.table_rows) not in (1, g.sparse):
@@ -162,7 +163,7 @@ def generated_tables(cfg: Config) -> Broken:
     return None
 
 
-RELATIONS: list[Callable[[Config], Broken]] = [mlp_ends, generated_tables]
+RELATIONS: list[Callable[[Any], Broken]] = [mlp_ends, generated_tables]
 
 
 # --------------------------------------------------------------------------- check
@@ -183,7 +184,7 @@ def values(node: Any, prefix: str = "", rule_prefix: str = "") -> Iterable[tuple
             yield rule_key, key, value
 
 
-def check_config(cfg: Config) -> str | None:
+def check_config(cfg: Any) -> str | None:
     """The first broken rule as one line naming the key, its value and what is allowed."""
     for rule_key, key, value in values(cfg):
         rule = RULES.get(rule_key)

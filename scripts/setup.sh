@@ -5,7 +5,8 @@
 # fbgemm build that matches it (CPU or CUDA, never both: they provide the same
 # module), then torchrec with --no-deps (its metadata asks for the CUDA
 # fbgemm-gpu, a 490 MB wheel that fails to load with CPU torch) plus the
-# packages torchrec really needs.
+# packages torchrec really needs. numpy goes in with torch, before anything imports
+# torch: torch imported without numpy warns "Failed to initialize NumPy".
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -16,7 +17,7 @@ if [ -f "$STAMP" ] && [ "$STAMP" -nt pyproject.toml ] && [ "$STAMP" -nt scripts/
 fi
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 PIP="$VENV/bin/python -m pip install -q --disable-pip-version-check"
-$PIP "torch==2.13.0"
+$PIP "torch==2.13.0" numpy
 if "$VENV/bin/python" -c 'import sys, torch; sys.exit(0 if torch.version.cuda else 1)'; then
   FBGEMM=fbgemm-gpu; OTHER=fbgemm-gpu-cpu
 else

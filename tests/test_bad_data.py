@@ -304,25 +304,32 @@ def test_cli_skip_trains_and_reports_every_bad_input(tmp_path: Path, capsys) -> 
     assert {(Path(x["file"]).name, x["column"], x["row_group"], x["row"]) for x in train} == want
     assert len(train) == len(want)
     evals = [x for x in lines if x["split"] == "eval"]
-    assert {(x["column"], x["row"]) for x in evals} == {(c, r) for c, r, _, _ in VALUES.values()}
+    # at eval an id past its table is an unseen id (left out of its bag, counted), not a
+    # bad row: the eval's bad rows are the others
+    eval_bad = {(c, r) for key, (c, r, _, _) in VALUES.items() if key not in ("big_id", "bag_big")}
+    assert {(x["column"], x["row"]) for x in evals} == eval_bad
+    n_eval_bad = len({r for _, r in eval_bad})
+    eval_groups = len({r // GROUP for _, r in eval_bad})
 
     summary = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()][-1]
     bad = summary["bad_data"]
     n_bad = len({row for _, row, _, _ in VALUES.values()})
     assert bad["rows"] == n_bad + B_ROWS and bad["row_groups"] == 3 and bad["files"] == 2
-    assert bad["eval_rows"] == n_bad and summary["eval_rows"] == A_ROWS - n_bad
+    assert bad["eval_rows"] == n_eval_bad and summary["eval_rows"] == A_ROWS - n_eval_bad
+    assert summary["eval_unseen_ids"] == {"C1": 1, "C2": 1}
     # every row of the readable files is either trained or listed as bad
     assert bad["rows_trained"] == A_ROWS - n_bad + 16
     assert bad["rows_trained"] + bad["rows"] == A_ROWS + B_ROWS + 16
     assert (f"skipped {n_bad + B_ROWS} bad rows in 3 row groups and 2 whole files "
-            f"(eval: {n_bad} rows, 3 row groups, 0 files); see {run / 'bad_data.jsonl'}") in out
+            f"(eval: {n_eval_bad} rows, {eval_groups} row groups, 0 files); "
+            f"see {run / 'bad_data.jsonl'}") in out
 
     # dlrm eval under the run's policy lists what it skipped
     assert main(["eval", "--checkpoint", str(run), "--data", files["a"]]) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert result["rows"] == A_ROWS - n_bad and result["bad_data"]["rows"] == n_bad
-    assert {(x["column"], x["row"]) for x in result["bad_data"]["records"]} == \
-        {(c, r) for c, r, _, _ in VALUES.values()}
+    assert result["rows"] == A_ROWS - n_eval_bad and result["bad_data"]["rows"] == n_eval_bad
+    assert {(x["column"], x["row"]) for x in result["bad_data"]["records"]} == eval_bad
+    assert result["unseen_ids"] == {"C1": 1, "C2": 1}
 
 
 def test_cli_skip_without_bad_data_writes_an_empty_report(tmp_path: Path, capsys) -> None:

@@ -34,7 +34,7 @@ def test_bench_rows_ratios_and_limit(bench: Path) -> None:
     report = json.loads((bench / "bench.json").read_text())
     rows = {(r["engine"], r["ranks"]): r for r in report["rows"]}
     assert set(rows) == {("native", 1), ("native_bf16", 1), ("torchrec", 1), ("torchrec_bf16", 1),
-                         ("hotline", 1), ("host_embedding", 1)}
+                         ("torch_baseline", 1), ("hotline", 1), ("host_embedding", 1)}
     assert rows["host_embedding", 1]["hotline"]["hot_hit_rate"] == 0.0  # nothing on the device
     assert rows["hotline", 1]["hotline"]["hot_hit_rate"] > 0.5
     for r in rows.values():

@@ -4,7 +4,9 @@ and the layers point one way: data ◄── embeddings ◄── dlrm.
 
 The graph is read from the source with ast, so a cycle hidden in a function body
 (imported late, at call time, so Python never complains) is found too. Imports under
-``if TYPE_CHECKING:`` never run and make no cycle; they still count for the layering.
+``if TYPE_CHECKING:`` never run, so they make no runtime cycle, but a type-only cycle
+still ties two modules together: it is refused too (test_no_type_only_cycles), and
+such imports count for the layering.
 """
 
 from __future__ import annotations
@@ -181,6 +183,14 @@ def test_no_import_cycles() -> None:
     runtime, _ = import_graph(REPO)
     found = cycles(runtime)
     assert not found, "import cycles:\n" + "\n".join("  " + " -> ".join(c) for c in found)
+
+
+def test_no_type_only_cycles() -> None:
+    """A cycle closed only by an ``if TYPE_CHECKING:`` import (dlrm.config ↔
+    dlrm.config_rules was one) still makes two modules one: none is left."""
+    _, every = import_graph(REPO)
+    found = cycles(every)
+    assert not found, "type-only import cycles:\n" + "\n".join("  " + " -> ".join(c) for c in found)
 
 
 def test_layering() -> None:

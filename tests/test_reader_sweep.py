@@ -13,7 +13,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from dlrm.bench.reader_sweep import AVAZU_COLUMNS, avazu_files, epoch_rate, format_sweep
+from dlrm.bench.reader_sweep import AVAZU_COLUMNS, avazu_files, epoch_rate, format_workers
 from tests.data_helpers import tiny_dataset
 
 
@@ -40,6 +40,6 @@ def test_epoch_rate_counts_every_row(tmp_path: Path, workers: int) -> None:
     assert rate["rows"] == 170 and rate["rows_per_s"] > 0 and rate["startup_s"] >= 0
 
 
-def test_format_sweep_ratios() -> None:
+def test_format_workers_ratios() -> None:
     sweep = {"bench": {"0": {"rows_per_s": 100.0}, "2": {"rows_per_s": 150.0}}}
-    assert format_sweep(sweep) == "reader bench: 0 workers 100 (1.00x), 2 workers 150 (1.50x) rows/s"
+    assert format_workers(sweep) == "reader bench: 0 workers 100 (1.00x), 2 workers 150 (1.50x) rows/s"

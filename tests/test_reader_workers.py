@@ -9,6 +9,7 @@ start is the slow part of this file.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import threading
@@ -157,3 +158,17 @@ def test_data_workers_key(monkeypatch: pytest.MonkeyPatch) -> None:
     for bad in ("-1", "lots"):
         with pytest.raises(ConfigError, match="data.workers"):
             load_config(None, [f"data.workers={bad}"])
+
+
+def test_dropped_unseen_ids_are_counted_the_same(tiny) -> None:
+    files, schema = tiny
+    small = dataclasses.replace(schema, sparse=tuple(dataclasses.replace(f, rows=30)
+                                                      for f in schema.sparse))
+    seen = []
+    for workers in (0, 2):
+        reader = ParquetReader(files, small, 12, workers=workers, id_policy="drop", shuffle=True,
+                               seed=5, shuffle_buffer=24)
+        got = within(120, lambda r=reader: list(r.epoch(0)))
+        seen.append((got, dict(reader.unseen_ids)))
+    assert_same(seen[0][0], seen[1][0])
+    assert seen[0][1] == seen[1][1] and sum(seen[0][1].values()) > 0

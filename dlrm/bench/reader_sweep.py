@@ -105,7 +105,7 @@ def _string_schema(files: list[str]) -> Any:
                                      for j in range(AVAZU_COLUMNS)))
 
 
-def format_sweep(sweep: dict[str, Any]) -> str:
+def format_workers(sweep: dict[str, Any]) -> str:
     """One line per schema: rows/s at each worker count, and the ratio to 0 workers."""
     lines = []
     for name, by_count in sweep.items():

@@ -28,14 +28,21 @@ def evaluate_checkpoint(
     plots_dir: str | None = None,
     batch_size: int | None = None,
     device: str | None = None,
+    strict_ids: bool = False,
+    tables: str = "stored",
 ) -> dict[str, Any] | None:
     """Metrics (auc, logloss, ne, calibration, ctr, rows) of a checkpoint on ``data``,
     scored on ``device`` (auto/cpu/cuda; None: the run's ``train.device``): state.pt is
     read onto the CPU and the tables into the model's device, so a run trained on a
     GPU is evaluated on a CPU-only machine with ``device="cpu"``, and back.
+    An id past its trained table is looked up as nothing and counted per column in
+    ``unseen_ids``; ``strict_ids`` refuses it instead.
 
     Under torchrun every rank scores its share; the metrics are computed over all
     rows gathered, so they equal one process's. Returns None on ranks other than 0.
+
+    ``tables="int8"``: also scored with every table quantised int8 row-wise
+    (embeddings/int8.py), under ``result["int8"]`` beside the stored tables' metrics.
     """
     ckpt = find_checkpoint(Path(run))
     if ckpt is None:
@@ -47,6 +54,7 @@ def evaluate_checkpoint(
         cfg.data.eval_batch_size = batch_size
     if device is not None:
         cfg.train.device = device  # type: ignore[assignment]  # one of the CLI's choices
+    cfg.data.eval_strict_ids = strict_ids  # default: ids training never saw look up as nothing
     schema = schema_from_json(meta["schema"])
     # the run's vocabularies and dense transforms (its sha256 is checked on load)
     prep = load_preprocessing(ckpt.parent.parent) if meta.get("preprocessing") else None
@@ -64,6 +72,8 @@ def evaluate_checkpoint(
         if cfg.data.on_error == "skip":  # the run's policy: say what was dropped
             records = records_by_split(gather_lines({"eval": reader}, info)).get("eval", [])
             result["bad_data"] = {**count(records), "records": [r.to_json() for r in records]}
+        if tables == "int8":
+            result["int8"] = _int8_metrics(model, cfg, files, schema, info, prep)
     if not info.is_main:
         return None
     if plots_dir:
@@ -71,3 +81,24 @@ def evaluate_checkpoint(
 
         result["plots"] = write_plots(scores.numpy(), labels.numpy(), plots_dir)
     return result
+
+
+def _int8_metrics(model: Any, cfg: Config, files: list[str], schema: Any, info: Any, prep: Any) -> dict[str, Any]:
+    """The metrics with this rank's tables replaced by their int8 row-wise values
+    (a column shard is quantised per slice), and the int8 tables' bytes."""
+    import torch
+
+    from embeddings.int8 import dequantize_rows, int8_bytes, quantize_rows
+
+    tensors = model.embeddings.export_tables()
+    quantised, nbytes = {}, 0
+    for key, value in tensors.items():
+        if key.endswith(".weight"):
+            quantised[key] = dequantize_rows(*quantize_rows(value))
+            nbytes += int8_bytes(value.shape[0], value.shape[1])
+    with torch.no_grad():
+        model.embeddings.import_tables({**tensors, **quantised})
+    model.embeddings.tables_loaded()
+    reader = make_reader(cfg, files, schema, False, info.rank, info.world_size, prep)
+    metrics, _, _ = evaluate(model, reader, info)
+    return {"auc": metrics["auc"], "logloss": metrics["logloss"], "table_bytes": nbytes}

@@ -9,7 +9,7 @@ import torch
 
 from dlrm.eval.metrics import evaluate_predictions
 from dlrm.models.interface import RecModel
-from dlrm.parallel.distributed import DistInfo, all_gather_rows
+from dlrm.parallel.distributed import DistInfo, all_gather_rows, all_reduce_sum
 
 
 @torch.no_grad()
@@ -38,4 +38,14 @@ def evaluate(
     info = info or DistInfo()
     scores, labels = predict(model, reader.epoch(0), info.device)
     scores, labels = all_gather_rows(scores, info), all_gather_rows(labels, info)
-    return evaluate_predictions(scores.numpy(), labels.numpy()), scores, labels
+    result = evaluate_predictions(scores.numpy(), labels.numpy())
+    if getattr(reader, "id_policy", None) == "drop":
+        result["unseen_ids"] = unseen_counts(reader, info)
+    return result, scores, labels
+
+
+def unseen_counts(reader: Any, info: DistInfo) -> dict[str, int]:
+    """Ids past their trained table, looked up as nothing, by column (every rank's)."""
+    names = reader.schema.sparse_names
+    counts = all_reduce_sum([float(reader.unseen_ids.get(n, 0)) for n in names], info)
+    return {n: int(c) for n, c in zip(names, counts, strict=True) if c}

@@ -91,6 +91,15 @@ def check_named_columns(cfg: Config, schema: Schema) -> None:
                                 f"{', ...' if len(known) > 8 else ''})")
 
 
+def eval_id_policy(cfg: Config) -> str:
+    """Eval's policy for an id past its trained table: the training data's hash or
+    modulo (the same rows training used); else "drop" (looked up as nothing, counted
+    per column beside the AUC), or "error" with data.eval_strict_ids=true."""
+    if cfg.data.id_policy != "error":
+        return cfg.data.id_policy
+    return "error" if cfg.data.eval_strict_ids else "drop"
+
+
 def make_reader(
     cfg: Config, files: list[str], schema: Schema, train: bool, rank: int = 0, world_size: int = 1,
     preprocess: prep_io.Preprocessing | None = None,
@@ -109,7 +118,7 @@ def make_reader(
             seed=cfg.seed,
             shuffle_buffer=cfg.data.shuffle_buffer,
             prefetch=prefetch,
-            id_policy=cfg.data.id_policy,
+            id_policy=cfg.data.id_policy if train else eval_id_policy(cfg),
             dense_nan=cfg.data.dense_nan,
             on_error=cfg.data.on_error,
             preprocess=preprocess,

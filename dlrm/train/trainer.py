@@ -58,6 +58,7 @@ from dlrm.parallel.parallelize import build_model
 from dlrm.parallel.planning import describe, run_tables
 from dlrm.train.bad_data_report import BadDataReport
 from dlrm.train.device_prefetch import DevicePrefetcher
+from dlrm.train.header import header
 from dlrm.train.host_memory import reuse_freed_memory
 from dlrm.train.hotline import HotlineSteps, make_profile
 from dlrm.train.inputs import RunData, make_reader, resolve_data
@@ -69,6 +70,7 @@ from dlrm.train.profiling import StepProfiler
 from dlrm.train.trace import RowTrace
 from embeddings.hotline.lookups import HOT_ONLY
 from embeddings.interface import Prefetched
+from embeddings.narrow import bf16_small_lr
 from embeddings.plan.sizes import parse_size
 from embeddings.timing import EMBEDDING_SECTIONS, TIMER
 
@@ -88,10 +90,12 @@ def train(cfg: Config, run_dir: str | Path, echo: Callable[[str], None] = print)
     # bf16 only where it is fast; the config printed and saved says what ran
     precision = decide_precision(cfg.train, info.device, info, say)
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, precision=precision))
-    say("config:\n" + to_yaml(cfg).rstrip())
+    if cfg.train.print_config:
+        say("config:\n" + to_yaml(cfg).rstrip())
     data = resolve_data(cfg, run_dir)  # before creating anything: bad data leaves no run dir
     for note in data.preprocess.notes if data.preprocess else ():
         say(note)
+    narrow_type_warning(cfg, data.schema, say)
     if info.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
         if data.preprocess is not None and not (run_dir / PREP_FILE).is_file():
@@ -106,11 +110,25 @@ def train(cfg: Config, run_dir: str | Path, echo: Callable[[str], None] = print)
     # A resume loads every table: they are not randomly initialised first.
     model = build_model(cfg, data.schema, info.device, info, hot_profile, resume=will_resume(run_dir, info))
     if model.plan is not None and info.is_main:
-        say(describe(cfg, data.schema, model.plan, parse_size(cfg.embeddings.memory_per_rank)))
+        if cfg.train.print_config:
+            say(describe(cfg, data.schema, model.plan, parse_size(cfg.embeddings.memory_per_rank)))
         write_atomic(run_dir / "plan.json", model.plan.to_json())
+    if info.is_main:
+        for line in header(cfg, data.schema, data.train_files, data.eval_files, model.plan,
+                           str(info.device), run_dir):
+            say(line)
     barrier(info)
     with contextlib.closing(model):  # the torchrec backend owns a process group
         return Trainer(cfg, run_dir, model, data, info, say).fit()
+
+
+def narrow_type_warning(cfg: Config, schema: Any, say: Callable[[str], None]) -> None:
+    """One line where bf16 tables get steps below their spacing (embeddings/narrow.py)."""
+    if cfg.embeddings.dtype == "bf16":
+        rows = {t.name: t.rows for t in run_tables(cfg, schema)}
+        note = bf16_small_lr(cfg.optim.sparse_lr, rows, cfg.optim.sparse)
+        if note:
+            say(f"warning: {note}")
 
 
 def micro_batch_name(sparse: Any) -> str:
@@ -141,7 +159,7 @@ class Trainer:
         self.cfg, self.run_dir, self.model, self.info, self.say = cfg, run_dir, model, info, say
         self.schema, self.preprocess = data.schema, data.preprocess
         self.dense_opt = build_dense_optimizer(cfg, model.dense_parameters())
-        resumed = self._resume()
+        resumed = self.resumed = self._resume()
         self.reader = make_reader(cfg, data.train_files, self.schema, True, info.rank,
                                   info.world_size, data.preprocess)
         steps_per_epoch = -(-self.reader.steps_per_epoch() // cfg.train.accumulate)  # optimizer steps
@@ -199,6 +217,8 @@ class Trainer:
                    file=sys.stderr, dynamic_ncols=True,
                    disable=not (self.cfg.train.progress and self.info.is_main))
         self.model.train()
+        if self._eval_missed():
+            self.last_eval = self.run_eval()
         with Preemption() as preemption:
             stop = self._train_steps(bar, preemption)
             bar.close()
@@ -308,7 +328,8 @@ class Trainer:
     def _on_schedule(self, bar: tqdm, signum: int) -> int:
         """Log, evaluate and checkpoint after a step when they are due; the signal
         that stops the run after this step (``signum`` of any rank), else 0. A
-        stopping run skips the eval (fit saves): the agent's grace period is short."""
+        stopping run skips the eval (fit saves): the agent's grace period is short; the
+        resumed run runs it first (``_eval_missed``)."""
         step, every = self.progress.global_step, self.cfg.train
         if every.log_every and step % every.log_every == 0:
             window = self.meter.take_window()
@@ -324,6 +345,24 @@ class Trainer:
         if verdict.save:
             self.save()
         return 0
+
+    def _eval_missed(self) -> bool:
+        """A resumed run whose step had an eval due that never ran: a run stopped by a
+        signal saves and leaves without it (its grace period is short), so the resumed
+        run evaluates first, at that step, as the run never stopped would have. Rank 0
+        reads RUN/metrics.jsonl; every rank learns its answer (eval is collective)."""
+        step, every = self.progress.global_step, self.cfg.train.eval_every
+        if not (self.resumed and self.eval_reader is not None and every
+                and step % every == 0 and 0 < step < self.total_steps):
+            return False
+        missing = 0.0
+        if self.info.is_main:
+            path = self.run_dir / "metrics.jsonl"
+            lines = path.read_text().splitlines() if path.is_file() else []
+            done = any('"eval"' in line and json.loads(line).get("event") == "eval"
+                       and json.loads(line).get("step") == step for line in lines)
+            missing = 0.0 if done else 1.0
+        return all_reduce_sum([missing], self.info)[0] > 0
 
     def save(self) -> None:
         if self.schedule.saved_step == self.progress.global_step:
@@ -345,8 +384,8 @@ class Trainer:
         """The tables this run built (after the data's encodings): count, rows, bytes."""
         tables = run_tables(self.cfg, self.schema)
         rows = sum(t.rows for t in tables)
-        return {"count": len(tables), "rows": rows, "bytes": sum(t.rows * t.dim * 4 for t in tables),
-                "dtype": "fp32"}
+        return {"count": len(tables), "rows": rows, "bytes": sum(t.bytes for t in tables),
+                "dtype": self.cfg.embeddings.dtype}
 
     def _summary(self, preempted: int = 0) -> dict[str, Any]:
         summary: dict[str, Any] = {"event": "summary", "steps": self.progress.global_step,

@@ -1,0 +1,116 @@
+"""The few lines ``dlrm train`` prints before its progress bar, in place of the
+resolved config (kept in RUN/config.yaml; ``train.print_config=true`` or
+``--print-config`` prints it too):
+
+    data       train: 3 files, 1,000,000 rows; eval: 1 file, 100,000 rows
+    schema     13 dense, 26 sparse (data.dense, data.sparse: inferred from the footer ...)
+    tables     26, 33,762,577 rows x 16 = 2.0 GiB (fp32)
+    plan       table_wise: 20 tables on 2 ranks
+    plan       row_wise: 6 tables on 2 ranks
+    device     cpu, fp32
+    run        runs/latest (full config: runs/latest/config.yaml)
+
+and, when integer columns became embedding tables without ``data.sparse`` naming
+them, one warning line that names them and gives the override.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+from data.errors import DataError
+from data.files import open_parquet
+from data.schema import Schema, column_kind
+from dlrm.config import Config
+from embeddings.plan.sizes import format_bytes
+from embeddings.plan.types import ShardingPlan
+
+
+def _rows(files: list[str]) -> tuple[int, int]:
+    """(rows in the readable footers, files whose footer does not open): under
+    data.on_error=skip an unreadable file is left out of the run, not an error here."""
+    rows = unreadable = 0
+    for f in files:
+        try:
+            rows += open_parquet(f).metadata.num_rows
+        except DataError:
+            unreadable += 1
+    return rows, unreadable
+
+
+def _files(what: str, files: list[str]) -> str:
+    rows, unreadable = _rows(files)
+    skipped = f" ({unreadable} unreadable, left out)" if unreadable else ""
+    return f"{what}: {len(files)} file{'s' * (len(files) != 1)}, {rows:,} rows{skipped}"
+
+
+def integer_sparse_columns(cfg: Config, schema: Schema, first_file: str) -> list[str]:
+    """Single integer columns that became sparse features though ``data.sparse`` named
+    none: counts and ages look the same as ids in a footer. Empty when it was given."""
+    if cfg.data.sparse:
+        return []
+    arrow = open_parquet(first_file).schema_arrow
+    return [f.name for f in schema.sparse
+            if arrow.get_field_index(f.name) >= 0 and column_kind(arrow.field(f.name).type) == "int"]
+
+
+def integer_warning(cfg: Config, schema: Schema, first_file: str) -> str | None:
+    """One line naming the integer columns taken as sparse, with the override."""
+    ints = integer_sparse_columns(cfg, schema, first_file)
+    if not ints:
+        return None
+    if len(ints) <= 6:  # a user's file: the exact override
+        named, dense = ", ".join(ints), ",".join([*schema.dense, *ints])
+        which = "they are"
+    else:  # Criteo-like ids: the line stays a line
+        named = f"{len(ints)} columns, {', '.join(ints[:3])}, ..., {ints[-1]}"
+        dense = ",".join([*_ends(list(schema.dense)), "THOSE"])
+        which = "some are"
+    return (f"warning: integer columns taken as sparse features (one embedding table each, sized "
+            f"by the largest value): {named}; if {which} counts or measures, train them as dense "
+            f"with data.dense=[{dense}] (naming data.sparse=[...] silences this)")
+
+
+def _ends(names: list[str]) -> list[str]:
+    return names if len(names) <= 3 else [names[0], "...", names[-1]]
+
+
+def _schema_line(cfg: Config, schema: Schema) -> str:
+    given = [k for k, v in (("data.dense", cfg.data.dense), ("data.sparse", cfg.data.sparse)) if v]
+    how = ("as given by " + " and ".join(given) if given else
+           "inferred from the footer: float -> dense; integer, string, list -> sparse")
+    multi = sum(f.multi_hot for f in schema.sparse)
+    multi_text = f" ({multi} multi-hot)" if multi else ""
+    return f"{len(schema.dense)} dense, {len(schema.sparse)} sparse{multi_text}; {how}"
+
+
+def _table_line(cfg: Config, schema: Schema) -> str:
+    rows: dict[str, int] = {}
+    for f in schema.sparse:
+        rows[f.table_name] = max(rows.get(f.table_name, 0), f.rows)
+    total, dim = sum(rows.values()), cfg.model.embedding_dim
+    return f"{len(rows)}, {total:,} rows x {dim} = {format_bytes(total * dim * 4)} (fp32 weights)"
+
+
+def _plan_lines(cfg: Config, plan: ShardingPlan | None) -> list[str]:
+    placement = cfg.embeddings.placement
+    if plan is None:
+        return [f"{placement}, {cfg.embeddings.backend} backend, every table whole on every rank"]
+    counts = Counter(tp.sharding.value for tp in plan.tables.values())
+    ranks = f"{plan.world_size} rank{'s' * (plan.world_size != 1)}"
+    return [f"{placement} ({cfg.embeddings.backend} backend), {ranks}"] + [
+        f"{kind}: {n} table{'s' * (n != 1)}" for kind, n in counts.items()]
+
+
+def header(cfg: Config, schema: Schema, train_files: list[str], eval_files: list[str],
+           plan: ShardingPlan | None, device: str, run_dir: Path) -> list[str]:
+    """The header's lines (see the module docstring), the warning first if there is one."""
+    data = _files("train", train_files) + ("; " + _files("eval", eval_files) if eval_files else "")
+    lines = [("data", data), ("schema", _schema_line(cfg, schema)),
+             ("tables", _table_line(cfg, schema))]
+    lines += [("plan", line) for line in _plan_lines(cfg, plan)]
+    lines += [("device", f"{device}, {cfg.train.precision}"),
+              ("run", f"{run_dir} (full config: {run_dir / 'config.yaml'})")]
+    warning = integer_warning(cfg, schema, train_files[0])
+    return ([warning] if warning else []) + [f"{k:<9}{v}" for k, v in lines]
