@@ -194,6 +194,10 @@ class TrainConfig:
     # CUDA: fp32 matmuls on TF32 tensor cores (10-bit mantissa products, fp32
     # accumulation), as torch.backends.cuda.matmul.allow_tf32; false: full fp32
     tf32: bool = True
+    # CUDA graphs: capture the whole step once and replay it (dlrm/train/graphs.py):
+    # auto = where the step is capturable, else eager (the summary says which ran);
+    # on = a run that cannot is a one-line error; off = eager
+    cuda_graphs: Literal["auto", "on", "off"] = "auto"
     precision: Literal["fp32", "bf16"] = "fp32"
     # bf16 measured slower than fp32 at start (no native bf16: dlrm/train/precision.py):
     # fp32 = train in fp32 with a warning; error = stop; none = keep bf16 (benchmarks)
@@ -289,6 +293,8 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
         return from_dict(tp, value if value is not None else {}, key + ".")
     if origin is Literal:
         allowed = typing.get_args(tp)
+        if isinstance(value, bool) and {"on", "off"} <= set(allowed):
+            value = "on" if value else "off"  # YAML 1.1 reads a bare on / off as a boolean
         if value not in allowed:
             raise ConfigError(f"config key {key}: {value!r} is not one of {list(allowed)}")
         return value

@@ -55,12 +55,15 @@ case "${1:-tests}" in
       mkdir -p "$BENCH/fp32" && ln -sfn "$BENCH/data" "$BENCH/fp32/data"  # the same data, not regenerated
       timeout "$(left)" "$PY" -m dlrm bench --config configs/bench_gpu.yaml --engines native \
         --out "$BENCH/fp32" "$@" train.tf32=false | tail -8
-      for budget in 64MB 128MB 512MB 2GB; do
-        echo "== hotline.budget=$budget"
-        mkdir -p "$BENCH/budget_$budget" && ln -sfn "$BENCH/data" "$BENCH/budget_$budget/data"
-        timeout "$(left)" "$PY" -m dlrm bench --config configs/bench_gpu.yaml --engines hotline \
-          --out "$BENCH/budget_$budget" "$@" "hotline.budget=$budget" | tail -8
-      done
+      echo "== native, train.cuda_graphs=off (the main rows replay a captured step where they can)"
+      mkdir -p "$BENCH/eager" && ln -sfn "$BENCH/data" "$BENCH/eager/data"
+      timeout "$(left)" "$PY" -m dlrm bench --config configs/bench_gpu.yaml --engines native \
+        --out "$BENCH/eager" "$@" train.cuda_graphs=off | tail -8
+      echo "== hotline.budget sweep"
+      mkdir -p "$BENCH/budgets" && ln -sfn "$BENCH/data" "$BENCH/budgets/data"
+      timeout "$(left)" "$PY" -m dlrm bench --config configs/bench_gpu.yaml --engines hotline \
+        --hotline-budgets 64MB,128MB,512MB,2GB --out "$BENCH/budgets" "$@" | tail -14
+      cp "$BENCH"/budgets/bench_budgets.png "$OUT"/ 2>/dev/null
     } >"$OUT/bench_extra.log" 2>&1
     tar czf "$OUT/runs.tgz" -C "$BENCH" --exclude='checkpoints' runs 2>/dev/null
     tail -40 "$OUT/bench.log"

@@ -119,6 +119,9 @@ def cmd_bench(argv: list[str]) -> int:
     limit = machine_limit(cfg)
     add_bounds(rows, cfg, limit)
     print(format_table(rows))
+    for row in rows:  # replayed CUDA graphs or eager steps, and why (train.cuda_graphs)
+        if row.get("step_mode"):
+            print(f"{row['engine']}@{row['ranks']} steps: {row['step_mode']}")
     for row in rows:
         if row.get("hotline"):
             h = row["hotline"]
@@ -350,6 +353,7 @@ def collect(metrics: Path) -> dict[str, Any]:
         "peak_memory_mb": summary.get("peak_memory_mb"),
         "hotline": summary.get("hotline"),  # hit rate, popular share, gather hidden
         "tables": summary.get("tables"),  # what the run built: count, rows, bytes
+        "step_mode": summary.get("step_mode"),  # graphs replayed, or eager and why
     }
 
 

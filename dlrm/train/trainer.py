@@ -49,7 +49,7 @@ from dlrm.checkpoint.manager import (
 )
 from dlrm.checkpoint.manifest import schema_to_json
 from dlrm.checkpoint.schedule import CheckpointSchedule
-from dlrm.config import Config, to_dict, to_yaml
+from dlrm.config import Config, ConfigError, to_dict, to_yaml
 from dlrm.eval.predict import evaluate
 from dlrm.models.interface import RecModel
 from dlrm.parallel.ddp import loss_scale
@@ -58,6 +58,9 @@ from dlrm.parallel.parallelize import build_model
 from dlrm.parallel.planning import describe, run_tables
 from dlrm.train.bad_data_report import BadDataReport
 from dlrm.train.device_prefetch import DevicePrefetcher
+from dlrm.train.graphs import WARMUP as GRAPH_WARMUP
+from dlrm.train.graphs import GraphedStep
+from dlrm.train.graphs import why_not as graphs_why_not
 from dlrm.train.header import header
 from dlrm.train.host_memory import reuse_freed_memory
 from dlrm.train.hotline import HotlineSteps, make_profile
@@ -191,6 +194,19 @@ class Trainer:
                                      info.rank, info.device)
         self.last_eval: dict[str, Any] | None = None
         self._batches: Iterator[Batch] | None = None
+        self.graphs, self.step_mode = self._graphs()
+
+    def _graphs(self) -> tuple[GraphedStep | None, str]:
+        """The captured step where train.cuda_graphs allows it (dlrm/train/graphs.py)."""
+        mode = self.cfg.train.cuda_graphs
+        if mode == "off":
+            return None, "eager (train.cuda_graphs=off)"
+        why = graphs_why_not(self.cfg, self.info.device, self.info.world_size)
+        if why is not None:
+            if mode == "on":
+                raise ConfigError(f"train.cuda_graphs=on: the step cannot be captured here: {why}")
+            return None, f"eager ({why})"
+        return GraphedStep(self._captured_body, self.dense_opt, self.say, required=mode == "on"), ""
 
     def _resume(self) -> bool:
         """Load the newest checkpoint of the run directory that verifies, if any."""
@@ -270,8 +286,15 @@ class Trainer:
         step = self.progress.global_step
         rows = self._global_rows(batches)
         factor = lr_factor(self.cfg, step)
-        for group in self.dense_opt.param_groups:
-            group["lr"] = self.cfg.optim.dense_lr * factor
+        if self.graphs is not None:
+            self.graphs.set_dense_lr(self.cfg.optim.dense_lr * factor)  # tensors a replay reads
+            if step >= GRAPH_WARMUP and len(batches) == 1:
+                done = self._graph_step(batches[0], rows, factor, t0)
+                if done is not None:
+                    return done
+        else:
+            for group in self.dense_opt.param_groups:
+                group["lr"] = self.cfg.optim.dense_lr * factor
         self.profiler.before(step)
         self.model.begin_step(self.cfg.optim.sparse_lr * factor)
         self.dense_opt.zero_grad(set_to_none=True)
@@ -293,6 +316,36 @@ class Trainer:
         # forward + backward outside the embedding sections timed inside them
         inside = (t_dense - t0) - (sum(TIMER.totals[s] for s in EMBEDDING_SECTIONS) - embedding_before)
         return StepDone(rows, inside, dense_update)
+
+    def _graph_step(self, batch: Batch, rows: int, factor: float, t0: float) -> StepDone | None:
+        """The step as one graph replay (the capture at its first eligible step); None
+        where this batch must run eager (another shape, or the capture failed)."""
+        graphs = self.graphs
+        assert graphs is not None
+        self.model.begin_step(self.cfg.optim.sparse_lr * factor)  # fills the device lr
+        part = batch.to(self.info.device, non_blocking=True)
+        if graphs.graph is None and graphs.failed is None:
+            loss = graphs.try_capture(part, self.progress.global_step)
+        elif graphs.graph is not None and graphs.fits(part):
+            loss = graphs.replay(part)
+        else:
+            loss = None
+        if loss is None:
+            graphs.eager_after_capture += graphs.graph is not None
+            return None
+        self.meter.add_loss(loss, part.size)
+        self.progress.global_step += 1
+        return StepDone(rows, time.perf_counter() - t0, 0.0)
+
+    def _captured_body(self, part: Batch) -> torch.Tensor:
+        """What the graph holds: forward, loss, backward (the fused sparse update runs
+        in it), dense update; the summed BCE for the meter."""
+        with self.autocast:
+            logits = self.model(part.dense, part.sparse)
+        bce = self.loss_fn(logits.float(), part.labels)
+        (bce * loss_scale(self.info, part.size, self.cfg)).backward()
+        self.dense_opt.step()
+        return bce.detach()
 
     def _micro_batches(self, batch: Batch) -> Iterator[tuple[Batch, Any, bool]]:
         """(part on the device, its sparse input, last micro-batch of the batch?)."""
@@ -388,7 +441,9 @@ class Trainer:
                 "dtype": self.cfg.embeddings.dtype}
 
     def _summary(self, preempted: int = 0) -> dict[str, Any]:
+        self.step_mode = self.graphs.summary() if self.graphs is not None else self.step_mode
         summary: dict[str, Any] = {"event": "summary", "steps": self.progress.global_step,
+                                   "step_mode": self.step_mode,
                                    **self.meter.summary(), "tables": self._tables_trained()}
         if preempted:
             summary["preempted"] = signal_name(preempted)
