@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import os
 import queue
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from data.background import in_background
 from data.errors import UserError
 
 T = TypeVar("T")
@@ -149,17 +150,27 @@ def _work(window: Callable[[int], Iterable[T]], ks: list[int], q: object, stop: 
                 pass
         return False
 
+    # decoding runs a thread ahead (the GIL is released in pyarrow); packing here, in order
+    items = in_background(_stream(window, ks), 2)
     try:
-        for k in ks:
-            for item in window(k):
-                if not put((_ITEM, pack(item))):
-                    return
-            if not put((_END, None)):
-                return
+        for kind, item in items:
+            if not put((kind, pack(item) if kind == _ITEM else None)):
+                break  # the consumer is gone
     except Exception as e:  # noqa: BLE001 - raised in the consumer, at this window
         put((_ERROR, e if _picklable(e) else RuntimeError(f"{type(e).__name__}: {e}")))
+    finally:
+        items.close()  # type: ignore[attr-defined]
     stop.wait()  # type: ignore[attr-defined]
     close()
+
+
+def _stream(window: Callable[[int], Iterable[T]], ks: list[int]
+            ) -> Generator[tuple[int, T | None], None, None]:
+    """Each window's items, then its end mark."""
+    for k in ks:
+        for item in window(k):
+            yield _ITEM, item
+        yield _END, None
 
 
 def _picklable(e: BaseException) -> bool:

@@ -49,15 +49,14 @@ the window it was found in is handed out.
 
 from __future__ import annotations
 
-import queue
-import threading
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
+from data.background import in_background
 from data.bad_data import ON_ERROR, BadDataLog, BadRecord
 from data.batch import Batch
 from data.decode_workers import Transport, in_workers
@@ -166,7 +165,7 @@ class ParquetReader:
         else:
             batches = self._batches(epoch, start_step)
             if self.prefetch > 0:
-                batches = _in_background(batches, self.prefetch)
+                batches = in_background(batches, self.prefetch)
         return self._logged(batches)
 
     def __getstate__(self) -> dict:
@@ -732,54 +731,3 @@ def _drop(values: np.ndarray, offsets: np.ndarray | None, big: np.ndarray, name:
     bag = np.repeat(np.arange(lengths.size), lengths)
     lengths = lengths - np.bincount(bag[big], minlength=lengths.size)
     return values[~big], _offsets(lengths)
-
-
-# --------------------------------------------------------------------------- prefetch
-
-T = TypeVar("T")
-_ITEM, _DONE, _ERROR = range(3)
-
-
-def _in_background(source: Generator[T, None, None], depth: int) -> Iterator[T]:
-    """Run ``source`` in a daemon thread, at most ``depth`` items ahead of the consumer."""
-    q: queue.Queue = queue.Queue(maxsize=depth)
-    stop = threading.Event()
-
-    def put(item: tuple[int, object]) -> bool:
-        while not stop.is_set():
-            try:
-                q.put(item, timeout=0.05)
-                return True
-            except queue.Full:
-                pass
-        return False
-
-    def work() -> None:
-        try:
-            for item in source:
-                if not put((_ITEM, item)):
-                    return
-            put((_DONE, None))
-        except BaseException as e:  # noqa: BLE001 - handed to the consumer
-            put((_ERROR, e))
-        finally:
-            source.close()
-
-    thread = threading.Thread(target=work, name="ParquetReader", daemon=True)
-    thread.start()
-    try:
-        while True:
-            try:
-                kind, item = q.get(timeout=0.1)
-            except queue.Empty:
-                if not thread.is_alive() and q.empty():
-                    raise RuntimeError("reader thread ended without a result") from None
-                continue
-            if kind == _DONE:
-                return
-            if kind == _ERROR:
-                raise item
-            yield item
-    finally:
-        stop.set()
-        thread.join(timeout=10)
