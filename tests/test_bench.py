@@ -77,7 +77,7 @@ def test_reader_only_reuses_dataset(bench: Path, capsys: pytest.CaptureFixture[s
     assert "reusing dataset" in capsys.readouterr().out
     assert (bench / "data" / "generate.json").stat().st_mtime_ns == stamp
     report = json.loads((bench / "bench.json").read_text())
-    assert len(report["rows"]) == 6  # the training rows are kept
+    assert len(report["rows"]) == 7  # the training rows (torch_baseline among them) are kept
     reader = report["reader"]
     assert reader["rows"] == 20000
     assert reader["rows_per_s"] > 0
