@@ -47,6 +47,11 @@ class DataConfig:
     shuffle: bool = True
     shuffle_buffer: int = 65536  # rows held in memory for shuffling
     prefetch: int = 4  # batches decoded ahead by the background worker
+    # Processes decoding row groups in parallel (data/decode_workers.py), the batches the
+    # same as with 0 (one background thread). auto: with CUDA, the cores the training
+    # processes leave free (cores / local ranks - 1); on CPU 0 (the trainer's threads
+    # use every core).
+    workers: str = "auto"
     id_policy: Literal["error", "hash", "modulo"] = "error"  # ids >= table rows
     # Eval (in training and dlrm eval) with data.id_policy=error: an id past its
     # trained table is looked up as nothing (left out of its bag) and counted per

@@ -83,6 +83,7 @@ RULES: dict[str, Rule] = {
     "data.eval_batch_size": POSITIVE,
     "data.shuffle_buffer": POSITIVE,
     "data.prefetch": OFF_OR_MORE,
+    "data.workers": Rule('"auto" or an integer >= 0', lambda v: v == "auto" or v.isdigit()),
     "data.order_world_size": OFF_OR_MORE,
     "data.min_frequency": POSITIVE,
     "data.max_rows": OFF_OR_MORE,

@@ -4,6 +4,7 @@
 #
 #   bash scripts/gpu_session.sh tests           # the gpu-marked tests (tests/test_gpu.py)
 #   bash scripts/gpu_session.sh bench [ARGS]    # dlrm bench's GPU rows, configs/bench_gpu.yaml
+#   bash scripts/gpu_session.sh reader [ARGS]   # reader rows/s at data.workers 0,1,4,8,16 (issue 23)
 #
 # bench, in order, each step given what is left of the call's 580 s: the rows native
 # (fp32, TF32 on by train.tf32), native_bf16, torch_baseline, hotline, host_embedding;
@@ -69,8 +70,20 @@ case "${1:-tests}" in
     tail -40 "$OUT/bench_extra.log"
     exit $code
     ;;
+  reader)
+    # 2M bench_gpu rows = 32 shuffle windows, so 16 workers each get two; bench and
+    # Avazu-shaped string schemas; figures in $OUT/reader.json (reader.workers)
+    shift
+    BENCH=${BENCH:-/tmp/bench_reader}
+    timeout 580 "$PY" -m dlrm bench --config configs/bench_gpu.yaml --reader-only \
+      --workers 0,1,4,8,16 --out "$BENCH" generate.rows=2097152 "$@" >"$OUT/reader.log" 2>&1
+    code=$?
+    cp "$BENCH"/bench.json "$OUT"/reader.json 2>/dev/null
+    tail -8 "$OUT/reader.log"
+    exit $code
+    ;;
   *)
-    echo "usage: $0 tests | bench [dlrm bench args]" >&2
+    echo "usage: $0 tests | bench | reader [dlrm bench args]" >&2
     exit 2
     ;;
 esac

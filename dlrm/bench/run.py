@@ -89,6 +89,13 @@ def cmd_bench(argv: list[str]) -> int:
               f"{reader['batch_size']} on one core ({reader['rows']} rows); shuffled "
               f"{reader['modes']['shuffled']:,.0f}, shuffled through vocabularies "
               f"{reader['modes']['vocabulary_shuffled']:,.0f}")
+        if a.workers is not None:
+            from dlrm.bench.reader_sweep import format_workers, reader_sweep
+
+            reader["workers"] = reader_sweep(reader.pop("files"), reader.pop("schema"),
+                                             cfg.data.batch_size, a.workers, out)
+            print(format_workers(reader["workers"]))
+        reader.pop("files", None), reader.pop("schema", None)
         path = out / "bench.json"  # kept beside the training rows of an earlier bench
         report = json.loads(path.read_text()) if path.is_file() else {"config": a.config}
         write_json(path, {**report, "reader": reader})
@@ -185,6 +192,9 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--hotline-budgets", default=None,
                    help="comma-separated hotline.budget sizes, one hotline row each (e.g. 64MB,2GB)")
     p.add_argument("--reader-only", action="store_true", help="only Parquet decode rate on one core")
+    p.add_argument("--workers", default=None,
+                   help="with --reader-only: comma-separated data.workers counts to sweep, "
+                        "e.g. 0,1,2 (bench and Avazu-shaped string schemas)")
     p.add_argument("--checkpoint", action="store_true",
                    help="only checkpoint save/resume GB/s and peak RSS of the config's model")
     p.add_argument("--fit-only", action="store_true",
@@ -206,6 +216,13 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     a.engines += budget_engines(a.hotline_budgets)
     if a.repeat < 1:
         raise BenchError(f"--repeat {a.repeat}: must be >= 1")
+    if a.workers is not None:
+        try:
+            a.workers = [int(w) for w in a.workers.split(",") if w.strip()]
+        except ValueError:
+            raise BenchError(f"--workers {a.workers!r}: expected comma-separated integers") from None
+        if not a.workers or min(a.workers) < 0:
+            raise BenchError(f"--workers {a.workers}: worker counts must be >= 0")
     if a.steps is not None and a.steps < 1:
         raise BenchError(f"--steps {a.steps}: must be >= 1")
     return a
@@ -414,6 +431,7 @@ def reader_rate(cfg: Config, data_dir: Path) -> dict[str, Any]:
         "vocabulary_shuffled": _read_rate(files, prep.apply(schema), cfg.data.batch_size,
                                           shuffle=True, prep=prep)["rows_per_s"],
     }
+    out["files"], out["schema"] = files, schema  # for a workers sweep; not written
     return out
 
 

@@ -57,6 +57,7 @@ from dlrm.parallel.distributed import DistInfo, all_reduce_sum, barrier, init_di
 from dlrm.parallel.parallelize import build_model
 from dlrm.parallel.planning import describe, run_tables
 from dlrm.train.bad_data_report import BadDataReport
+from dlrm.train.device_prefetch import DevicePrefetcher
 from dlrm.train.graphs import WARMUP as GRAPH_WARMUP
 from dlrm.train.graphs import GraphedStep
 from dlrm.train.graphs import why_not as graphs_why_not
@@ -270,6 +271,8 @@ class Trainer:
         if self._batches is None:
             self._batches = iter(self.reader.epoch(self.progress.epoch,
                                                    start_step=self.progress.step_in_epoch))
+            if self.info.device.type == "cuda" and self.hotline is None:  # Hotline splits on the host
+                self._batches = DevicePrefetcher(self._batches, self.info.device)
         batches = list(itertools.islice(self._batches, self.cfg.train.accumulate))
         if not batches:
             self.progress.epoch += 1
