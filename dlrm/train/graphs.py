@@ -86,7 +86,8 @@ class GraphedStep:
         try:
             self.dense_opt.zero_grad(set_to_none=True)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
+            # thread_local: the reader's threads may pin host memory meanwhile
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
                 self.loss = self.body(self.static)
         except Exception as e:  # a capture error is a RuntimeError of any kind
             if self.required:
