@@ -33,6 +33,10 @@ class DataError(UserError):
         self.reason = message  # the message without its place
         super().__init__(f"{', '.join(where)}: {message}" if where else message)
 
+    def __reduce__(self) -> tuple:
+        """Pickled whole (a decode worker's error reaches the consumer as it was raised)."""
+        return type(self), (self.reason, self.file, self.column, self.row_group, self.row)
+
 
 def one_line(error: BaseException, named: bool = False) -> str:
     """The first line of an exception's message (its type's name if it has none;

@@ -1,54 +1,152 @@
-"""The vocabulary pass split over worker processes: each counts a disjoint share of
-the row groups, the parent merges the exact counts.
+"""The vocabulary pass split over ranks and worker processes: each counts a disjoint
+share of the row groups, the exact counts merge.
 
-    row groups (file, g) ──round robin──► worker k: ValueCounter per table ──► (value, count)
-    parent: ValueCounter.add_counts / add_table of every worker's tables ──► the same
+    row groups (file, g) ──rank r takes groups[r::W]──► its share
+    share ──round robin over N workers (or this process)──► (value, count) per table
+    gather (every rank's tables, rank order) ──► ValueCounter.add_table ──► the same
             table of (value, count) as one process, so the same vocabulary bit for bit
 
-Counts are integers, so the merge does not depend on which worker saw which row: the
-vocabulary's order depends only on the counts and the values. Workers are started with
-``spawn`` (the parent may hold torch's and arrow's threads, which ``fork`` would copy
-mid-state). A row group a worker cannot read stops the pass with the file and row
-group named, or, under ``skip``, is left out as in the one-process pass.
+Counts are integers, so the merge does not depend on which rank or worker saw which
+row: the vocabulary's order depends only on the counts and the values. ``gather`` is
+given by the caller (dlrm/train/inputs.py: ``all_gather_object`` over the run's
+process group), since data/ does not import dlrm/. A share that cannot be read gives
+its error line to every rank through the gather, so every rank stops with it.
+
+With ``min_frequency > 1`` a first pass builds a count-min sketch (:mod:`data.fit_sketch`),
+merged over ranks and workers like the counts; the exact pass then drops each value
+whose sketch estimate is below ``min_frequency``. The sketch never underestimates,
+so every value that reaches ``min_frequency`` survives with its exact count, and the
+vocabulary is the same: only the memory of the long tail is saved.
+
+Workers are started with ``spawn`` (the parent may hold torch's and arrow's threads,
+which ``fork`` would copy mid-state).
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
 
 import pyarrow as pa
 
 from data.errors import DataError
+from data.fit_sketch import Sketch
 from data.schema import Schema
 from data.vocabulary import ValueCounter, flat_values
 
+Gather = Callable[[object], list[object]]
+Group = tuple[str, int]
+
+
+@dataclass
+class Split:
+    """Who counts what: this rank of ``world`` (``gather`` joins the ranks), ``workers``
+    processes on this rank, the sketch pre-filter for ``sketch_tables``."""
+
+    rank: int = 0
+    world: int = 1
+    gather: Gather | None = None
+    workers: int = 0
+    min_frequency: int = 1
+    sketch_tables: set[str] = field(default_factory=set)
+    progress: bool = False
+
 
 def count_split(files: list[str], schema: Schema, tables: set[str], skip: bool,
-                workers: int) -> dict[str, ValueCounter]:
-    """Counters of ``tables`` over all row groups of ``files``, counted by ``workers``
-    processes over disjoint shares."""
+                split: Split) -> dict[str, ValueCounter]:
+    """Counters of ``tables`` over all row groups of ``files``, this rank counting
+    ``groups[rank::world]``, the counts of all ranks merged."""
     from data.files import open_parquet
 
-    groups = [(f, g) for f in files for g in range(open_parquet(f).metadata.num_row_groups)]
+    groups, rows = [], []
+    for f in files:
+        meta = open_parquet(f).metadata
+        for g in range(meta.num_row_groups):
+            groups.append((f, g))
+            rows.append(meta.row_group(g).num_rows)
+    mine = groups[split.rank::split.world]
+    mine_rows = rows[split.rank::split.world]
     columns = {f.name: f.table_name for f in schema.sparse if f.table_name in tables}
-    shares = [groups[k::workers] for k in range(workers)]
-    counters = {t: ValueCounter() for t in tables}
-    with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
-        for result in pool.map(_count_share, [(s, columns, skip) for s in shares if s]):
-            if isinstance(result, str):
-                raise DataError(result)
-            for table, counted in result.items():
-                counters[table].add_table(counted)
+    sketch = None
+    sketched = {n: t for n, t in columns.items() if t in split.sketch_tables}
+    if split.min_frequency > 1 and sketched:
+        width = Sketch.width_for(sum(rows) * len(sketched))
+        parts = _run(mine, mine_rows, ("sketch", sketched, skip, width, None, 0), split)
+        sketch = Sketch.merged(_gathered(parts, split), width, set(sketched.values()))
+    job = ("count", columns, skip, 0, sketch, split.min_frequency)
+    parts: dict[str, list[pa.Table]] = {t: [] for t in tables}
+    for result in _gathered(_run(mine, mine_rows, job, split), split):
+        for table, counted in result.items():
+            parts[table] += counted
+    counters = {}
+    for table, counted in parts.items():  # one part: it is the table, no copy
+        counters[table] = ValueCounter.of(counted[0]) if len(counted) == 1 else ValueCounter()
+        for c in counted if len(counted) > 1 else []:
+            counters[table].add_table(c)
+        counted.clear()
     return counters
 
 
-def _count_share(job: tuple[list[tuple[str, int]], dict[str, str], bool]
-                 ) -> dict[str, pa.Table] | str:
-    """One worker: its row groups' counts per table, or the error line."""
-    share, columns, skip = job
+def _gathered(result: object, split: Split) -> list:
+    """Every rank's result (rank order); an error line on any rank stops every rank."""
+    results = [result] if split.gather is None or split.world == 1 else split.gather(result)
+    for r in results:
+        if isinstance(r, str):
+            raise DataError(r)
+    return results
+
+
+def _run(share: list[Group], rows: list[int], job: tuple, split: Split) -> object:
+    """``job`` over ``share``: in this process, or over ``split.workers`` processes
+    (4 tasks each, for the progress bar), results merged. An error: its line."""
+    bar = _bar(sum(rows), job[0], split.progress)
+    if split.workers <= 0:
+        return _do((share, *job), bar)
+    tasks = max(1, min(len(share), 4 * split.workers))
+    jobs = [(share[k::tasks], *job) for k in range(tasks) if share[k::tasks]]
+    merged: object = None
+    with ProcessPoolExecutor(split.workers, mp_context=mp.get_context("spawn")) as pool:
+        for k, result in enumerate(pool.map(_do, jobs)):
+            if isinstance(result, str):
+                return result
+            merged = _merge(merged, result)
+            if bar is not None:
+                bar.update(sum(rows[k::tasks]))
+    if bar is not None:
+        bar.close()
+    return merged if merged is not None else {}
+
+
+def _merge(a: object, b: object) -> object:
+    if a is None:
+        return b
+    if isinstance(b, Sketch):
+        return a.add(b)
+    out = dict(a)
+    for t, counted in b.items():
+        out[t] = out.get(t, []) + counted
+    return out
+
+
+def _bar(total: int, what: str, on: bool):
+    if not on:
+        return None
+    from tqdm import tqdm
+
+    label = "fit: sketch" if what == "sketch" else "fit: counting"
+    return tqdm(total=total, desc=label, unit=" rows", unit_scale=True, smoothing=0.1,
+                disable=None)
+
+
+def _do(job: tuple, bar=None) -> object:
+    """One share: its sketch, or its (value, count) table per table (a list, so that
+    tasks' results concatenate); or the error line."""
+    share, what, columns, skip, width, sketch, min_frequency = job
     from data.files import open_parquet
 
+    out = Sketch(width) if what == "sketch" else None
     counters: dict[str, ValueCounter] = {}
     for path, g in share:
         try:
@@ -60,5 +158,18 @@ def _count_share(job: tuple[list[tuple[str, int]], dict[str, str], bool]
         except DataError as e:
             return str(e)
         for name, t in columns.items():
-            counters.setdefault(t, ValueCounter()).add(flat_values(table.column(name))[0])
-    return {t: c.table() for t, c in counters.items() if c.table() is not None}
+            values = flat_values(table.column(name))[0]
+            if out is not None:
+                out.add(t, values)
+            elif sketch is not None and t in sketch.tables:
+                counters.setdefault(t, ValueCounter()).add(
+                    sketch.survivors(t, values, min_frequency))
+            else:
+                counters.setdefault(t, ValueCounter()).add(values)
+        if bar is not None:
+            bar.update(table.num_rows)
+    if bar is not None:
+        bar.close()
+    if out is not None:
+        return out
+    return {t: [c.table()] for t, c in counters.items() if c.table() is not None}

@@ -31,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,6 +41,7 @@ import pyarrow.compute as pc
 
 from data.dense_transform import DenseStats, apply_transform
 from data.errors import DataError, UserError
+from data.fit_split import Split, count_split
 from data.hashing import splitmix64
 from data.schema import (
     Schema,
@@ -71,6 +73,11 @@ class Options:
     dense_transforms: dict[str, str] = field(default_factory=dict)
     on_error: str = "fail"  # skip: a row group that cannot be read is left out of the pass
     workers: int = 0  # data.fit_workers: processes counting disjoint row groups
+    sketch: bool = True  # data.fit_sketch: min_frequency > 1 pre-filter (data/fit_sketch.py)
+    rank: int = 0  # this rank of world: counts row groups[rank::world]
+    world: int = 1
+    gather: Callable[[object], list[object]] | None = None  # every rank's object, rank order
+    progress: bool = False  # a progress bar (tqdm, on a terminal) over the pass
 
 
 @dataclass
@@ -141,8 +148,11 @@ def fit(files: list[str], schema: Schema, opts: Options) -> Preprocessing:
     counted = {t for t, enc in choice.items() if enc in ("vocabulary", "auto-count")}
     transforms = {n: opts.dense_transforms.get(n, opts.dense_transform) for n in schema.dense}
     full = bool(counted) or "standardize" in transforms.values()
+    split = Split(opts.rank, opts.world, opts.gather, opts.workers, opts.min_frequency,
+                  {t for t in counted if choice[t] == "vocabulary"} if opts.sketch else set(),
+                  opts.progress)
     counters, stats, seen = _count(files, schema, counted, None if full else SAMPLE_ROWS,
-                                   opts.on_error == "skip", opts.workers)
+                                   opts.on_error == "skip", split)
     prep = Preprocessing({}, {}, {}, transforms, stats, seen, data=footer_digests(files))
     for table, enc in choice.items():
         members = [f for f in schema.sparse if f.table_name == table]
@@ -277,23 +287,26 @@ def _value_type(t: pa.DataType) -> pa.DataType:
 
 
 def _count(files: list[str], schema: Schema, tables: set[str], limit: int | None, skip: bool,
-           workers: int = 0) -> tuple[dict[str, ValueCounter], dict[str, DenseStats], int]:
+           split: Split | None = None
+           ) -> tuple[dict[str, ValueCounter], dict[str, DenseStats], int]:
     """The pass: value counts of the counted tables' columns, dense statistics; rows read.
     ``skip``: row groups that cannot be read are left out (the reader reports them).
-    ``workers`` > 0: the counting is split (:func:`data.fit_split.count_split`) and this
-    process reads only the dense columns, in file order (their float sums unchanged)."""
+    A split over ranks or workers, or the sketch pre-filter: the counting is
+    :func:`data.fit_split.count_split` and this process then reads only the dense
+    columns, in file order (their float sums unchanged)."""
     from data.files import open_parquet
 
-    if workers > 0 and tables and limit is None:
-        from data.fit_split import count_split
-
-        counters = count_split(files, schema, tables, skip, workers)
+    split = split or Split()
+    sketching = split.min_frequency > 1 and bool(split.sketch_tables & tables)
+    if (split.workers > 0 or split.world > 1 or sketching) and tables and limit is None:
+        counters = count_split(files, schema, tables, skip, split)
         _, stats, seen = _count(files, schema, set(), limit, skip)
         return counters, stats, seen
     counters = {t: ValueCounter() for t in tables}
     stats = {n: DenseStats() for n in schema.dense}
     columns = [f.name for f in schema.sparse if f.table_name in tables] + list(schema.dense)
     seen = 0
+    bar = _bar(files, split.progress and bool(tables) and limit is None)
     for path in files:
         pf = open_parquet(path)
         for g in range(pf.metadata.num_row_groups):
@@ -315,7 +328,23 @@ def _count(files: list[str], schema: Schema, tables: set[str], limit: int | None
             for n in schema.dense:
                 col = pc.drop_null(table.column(n))
                 stats[n].add(col.to_numpy().astype(np.float32, copy=False))
+            if bar is not None:
+                bar.update(table.num_rows)
+    if bar is not None:
+        bar.close()
     return counters, stats, seen
+
+
+def _bar(files: list[str], on: bool):
+    """A tqdm bar over the footers' rows (rows/s, ETA), shown on a terminal only."""
+    if not on:
+        return None
+    from tqdm import tqdm
+
+    from data.files import open_parquet
+
+    total = sum(open_parquet(f).metadata.num_rows for f in files)
+    return tqdm(total=total, desc="fit: counting", unit=" rows", unit_scale=True, disable=None)
 
 
 def _notes(prep: Preprocessing, seen: int, seconds: float | None) -> list[str]:

@@ -49,22 +49,23 @@ the window it was found in is handed out.
 
 from __future__ import annotations
 
-import queue
-import threading
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
+from data.background import in_background
 from data.bad_data import ON_ERROR, BadDataLog, BadRecord
 from data.batch import Batch
+from data.decode_workers import Transport, in_workers
 from data.errors import DataError, UserError
 from data.files import open_parquet
 from data.hashing import splitmix64
 from data.jagged import JaggedFeatures
 from data.schema import Schema, SparseFeature, allowed_kinds, column_kind, screen_files, type_name
+from data.shm_batch import BlockRing, SharedBatch
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -101,6 +102,7 @@ class ParquetReader:
         dense_nan: str = "error",
         on_error: str = "fail",
         preprocess: Preprocessing | None = None,
+        workers: int = 0,
     ) -> None:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} outside world size {world_size}")
@@ -115,6 +117,9 @@ class ParquetReader:
         self.shuffle, self.seed, self.prefetch = shuffle, seed & (2**64 - 1), prefetch
         self.id_policy, self.dense_nan, self.skip = id_policy, dense_nan, on_error == "skip"
         self.preprocess = preprocess  # vocabulary / hash features, dense transforms
+        if workers < 0:
+            raise ValueError(f"workers {workers} is negative")
+        self.workers = workers  # decode processes (0: the background thread, or none)
         self.unseen_ids: dict[str, int] = {}  # id_policy="drop": ids dropped, by column
         screened = screen_files(list(files), schema, on_error)
         self.files = screened.files
@@ -153,12 +158,35 @@ class ParquetReader:
         if epoch < 0:
             raise ValueError(f"epoch {epoch} is negative")
         self.unseen_ids = {}
-        batches = self._batches(epoch, start_step)
-        if self.prefetch > 0:
-            batches = _in_background(batches, self.prefetch)
+        if self.workers > 0:
+            windows = _Windows(self, epoch, start_step, unseen=True)
+            batches = self._counted(in_workers(windows, windows.numbers(), windows.empties(),
+                                               self.workers, max(self.prefetch, 2), _SHARED))
+        else:
+            batches = self._batches(epoch, start_step)
+            if self.prefetch > 0:
+                batches = in_background(batches, self.prefetch)
         return self._logged(batches)
 
+    def __getstate__(self) -> dict:
+        """Pickled into decode workers: the log of dropped rows stays with the parent."""
+        state = dict(self.__dict__)
+        state["bad_data"] = None
+        return state
+
     # ------------------------------------------------------------------ internals
+
+    def _counted(self, items: Iterator[tuple[Batch, list[BadRecord], dict[str, int]]]
+                 ) -> Generator[tuple[Batch, list[BadRecord]], None, None]:
+        """Decode workers' items: the ids each window dropped (id_policy="drop") added to
+        ``unseen_ids`` here, where the one-thread reader counts them itself."""
+        try:
+            for batch, found, unseen in items:
+                for name, n in unseen.items():
+                    self.unseen_ids[name] = self.unseen_ids.get(name, 0) + n
+                yield batch, found
+        finally:
+            items.close()
 
     def _logged(self, items: Iterator[tuple[Batch, list[BadRecord]]]) -> Iterator[Batch]:
         """The batches of ``items``; the records beside them go to ``bad_data`` as each
@@ -174,24 +202,10 @@ class ParquetReader:
     def _batches(self, epoch: int, start_step: int
                  ) -> Generator[tuple[Batch, list[BadRecord]], None, None]:
         """(batch, records found in its window if it is the window's first batch)."""
-        order = np.arange(len(self._units.rows))
-        if self.shuffle:
-            order = np.random.default_rng([self.seed, epoch]).permutation(order)
-        starts = np.concatenate([[0], np.cumsum(self._units.rows[order])])
-        source = _RowGroups(self.files, self.schema.columns)
-        b, size = self.local_batch_size, self._hi - self._lo
-        window, loaded, found = None, -1, []
-        for t in range(start_step, self._steps):
-            if t * b >= size:
-                yield _Rows.empty(self.schema).batch(0, 0, self.schema), []
-                continue
-            k = t * b // self._window
-            if k != loaded:
-                window, found = self._read_window(source, order, starts, epoch, k)
-                loaded = k
-            first = t * b - k * self._window
-            yield window.batch(first, first + min(b, size - t * b), self.schema), found
-            found = []
+        windows = _Windows(self, epoch, start_step)
+        for k in windows.numbers():
+            yield from windows(k)
+        yield from windows.empties()
 
     def _read_window(
         self, source: _RowGroups, order: np.ndarray, starts: np.ndarray, epoch: int, k: int
@@ -224,6 +238,86 @@ class ParquetReader:
             rng = np.random.default_rng([self.seed, epoch, self.rank, k])
             rows = rows.ordered(rng.permutation(rows.size))
         return rows, found
+
+
+class _Windows:
+    """The batches of one epoch of ``reader`` from ``start_step`` on, window by window:
+    ``self(k)`` yields window k's (batch, records) in order, records on its first batch.
+    Windows are independent, so decode workers (data/decode_workers.py) each take
+    some; this object is pickled to them and reads its row groups where it runs."""
+
+    def __init__(self, reader: ParquetReader, epoch: int, start_step: int,
+                 unseen: bool = False) -> None:
+        self.reader, self.epoch, self.start_step = reader, epoch, start_step
+        self.unseen = unseen  # items carry the window's dropped-id counts (in a worker)
+        order = np.arange(len(reader._units.rows))
+        if reader.shuffle:
+            order = np.random.default_rng([reader.seed, epoch]).permutation(order)
+        self.order = order
+        self.starts = np.concatenate([[0], np.cumsum(reader._units.rows[order])])
+        self._source: _RowGroups | None = None
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_source": None}
+
+    def _span(self) -> tuple[int, int]:
+        """[first, end) steps holding rows: batches t >= end are empty."""
+        r = self.reader
+        return self.start_step, max(self.start_step, -(-(r._hi - r._lo) // r.local_batch_size))
+
+    def numbers(self) -> list[int]:
+        """The windows holding batches start_step.., in order."""
+        first, end = self._span()
+        if first >= end:
+            return []
+        b, s = self.reader.local_batch_size, self.reader._window
+        return list(range(first * b // s, (end - 1) * b // s + 1))
+
+    def __call__(self, k: int) -> Generator[tuple, None, None]:
+        r = self.reader
+        if self._source is None:
+            self._source = _RowGroups(r.files, r.schema.columns)
+        if not self.unseen:  # the reader's own thread: it counts into unseen_ids itself
+            window, found = r._read_window(self._source, self.order, self.starts, self.epoch, k)
+            yield from self._batches_of(window, found, k)
+            return
+        r.unseen_ids = {}  # a worker's copy of the reader: this window's counts, sent along
+        window, found = r._read_window(self._source, self.order, self.starts, self.epoch, k)
+        for item in self._batches_of(window, found, k):
+            yield (*item, r.unseen_ids)
+            r.unseen_ids = {}
+
+    def _batches_of(self, window: _Rows, found: list[BadRecord], k: int
+                    ) -> Generator[tuple[Batch, list[BadRecord]], None, None]:
+        r = self.reader
+        b, size = r.local_batch_size, r._hi - r._lo
+        first, end = self._span()
+        per = r._window // b
+        for t in range(max(first, k * per), min(end, (k + 1) * per)):
+            a = t * b - k * r._window
+            yield window.batch(a, a + min(b, size - t * b), r.schema), found
+            found = []
+
+    def empties(self) -> Iterator[tuple[Batch, list[BadRecord]]]:
+        """The empty batches after this rank's rows ran out."""
+        first, end = self._span()
+        for _ in range(max(end, first), self.reader._steps):
+            item = (_Rows.empty(self.reader.schema).batch(0, 0, self.reader.schema), [])
+            yield (*item, {}) if self.unseen else item
+
+
+def _packer(depth: int) -> tuple[Callable, Callable[[], None]]:
+    """In a decode worker: (batch, records) → (shared-memory handle, records)."""
+    ring = BlockRing(depth + 2)
+    return (lambda item: (ring.pack(item[0]), *item[1:])), ring.close
+
+
+def _unpack(item: tuple[SharedBatch, list[BadRecord], dict[str, int]]
+            ) -> tuple[Batch, list[BadRecord], dict[str, int]]:
+    return item[0].take(pin=torch.cuda.is_available()), *item[1:]  # pinned: async H2D
+
+
+_SHARED = Transport(_packer, _unpack)  # decode workers' batches: shared memory
 
 
 # --------------------------------------------------------------------------- layout
@@ -637,54 +731,3 @@ def _drop(values: np.ndarray, offsets: np.ndarray | None, big: np.ndarray, name:
     bag = np.repeat(np.arange(lengths.size), lengths)
     lengths = lengths - np.bincount(bag[big], minlength=lengths.size)
     return values[~big], _offsets(lengths)
-
-
-# --------------------------------------------------------------------------- prefetch
-
-T = TypeVar("T")
-_ITEM, _DONE, _ERROR = range(3)
-
-
-def _in_background(source: Generator[T, None, None], depth: int) -> Iterator[T]:
-    """Run ``source`` in a daemon thread, at most ``depth`` items ahead of the consumer."""
-    q: queue.Queue = queue.Queue(maxsize=depth)
-    stop = threading.Event()
-
-    def put(item: tuple[int, object]) -> bool:
-        while not stop.is_set():
-            try:
-                q.put(item, timeout=0.05)
-                return True
-            except queue.Full:
-                pass
-        return False
-
-    def work() -> None:
-        try:
-            for item in source:
-                if not put((_ITEM, item)):
-                    return
-            put((_DONE, None))
-        except BaseException as e:  # noqa: BLE001 - handed to the consumer
-            put((_ERROR, e))
-        finally:
-            source.close()
-
-    thread = threading.Thread(target=work, name="ParquetReader", daemon=True)
-    thread.start()
-    try:
-        while True:
-            try:
-                kind, item = q.get(timeout=0.1)
-            except queue.Empty:
-                if not thread.is_alive() and q.empty():
-                    raise RuntimeError("reader thread ended without a result") from None
-                continue
-            if kind == _DONE:
-                return
-            if kind == _ERROR:
-                raise item
-            yield item
-    finally:
-        stop.set()
-        thread.join(timeout=10)

@@ -99,7 +99,7 @@ class ValueCounter:
     keep ``value_counts`` and ``group_by``. Either way the table holds each distinct
     value once with its exact count, so the vocabulary does not depend on the path."""
 
-    merge_rows = 1 << 22  # pending int run rows that trigger a merge (tests lower it)
+    merge_rows = 1 << 18  # pending int run rows that trigger a merge (tests lower it)
 
     def __init__(self) -> None:
         self._merged: pa.Table | None = None
@@ -121,6 +121,13 @@ class ValueCounter:
         self._pending_rows += len(counted)
         if self._pending_rows > max(1 << 20, len(self._merged or ())):
             self._merge()
+
+    @classmethod
+    def of(cls, counted: pa.Table) -> ValueCounter:
+        """A counter holding another counter's ``table()`` as it is (no copy)."""
+        c = cls()
+        c._merged = counted.select(["value", "count"])
+        return c
 
     def add_ints(self, values: np.ndarray) -> None:
         """Count int64 ``values`` (no nulls)."""

@@ -6,7 +6,7 @@ in-process; heavy imports happen inside the verbs so ``dlrm --help`` is instant.
                         [--max-ind-range R] [--eval-days K | --eval-fraction F]
     dlrm fit --config FILE --data PATH --out DIR [key.sub=value ...]
     dlrm train --config FILE [--out RUN_DIR] [--print-config] [key.sub=value ...]
-    dlrm eval --checkpoint RUN_DIR --data PATH [--plots DIR] [--device auto|cpu|cuda] [--strict-ids]
+    dlrm eval --checkpoint RUN_DIR --data PATH [--plots DIR] [--device auto|cpu|cuda] [--strict-ids] [--tables stored|int8]
     dlrm plot RUN_DIR [--out FILE.png]
     dlrm plan --config FILE --world-size N [--memory-per-rank SIZE]
     dlrm bench --config FILE [--ranks 1,2] [--steps N] [--out DIR] [--reader-only] [key.sub=value ...]
@@ -125,6 +125,8 @@ def cmd_eval(argv: list[str]) -> int:
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default=None,
                    help="where to score (default: the run's train.device); a run trained "
                         "on a GPU is evaluated on a CPU-only machine with --device cpu")
+    p.add_argument("--tables", choices=("stored", "int8"), default="stored",
+                   help="int8: also score with the tables quantised int8 row-wise (AUC beside the stored one)")
     p.add_argument("--strict-ids", action="store_true",
                    help="refuse an id past its trained table (default: look it up as nothing "
                         "and count it per column in unseen_ids)")
@@ -136,7 +138,7 @@ def cmd_eval(argv: list[str]) -> int:
     from dlrm.eval.evaluate import evaluate_checkpoint
 
     result = evaluate_checkpoint(a.checkpoint, a.data, plots_dir=a.plots, batch_size=a.batch_size,
-                                 device=a.device, strict_ids=a.strict_ids)
+                                 device=a.device, strict_ids=a.strict_ids, tables=a.tables)
     if result is not None:  # rank 0 of a torchrun job, or the only process
         print(json.dumps(result))
     return 0

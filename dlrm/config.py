@@ -47,6 +47,11 @@ class DataConfig:
     shuffle: bool = True
     shuffle_buffer: int = 65536  # rows held in memory for shuffling
     prefetch: int = 4  # batches decoded ahead by the background worker
+    # Processes decoding row groups in parallel (data/decode_workers.py), the batches the
+    # same as with 0 (one background thread). auto: with CUDA, the cores the training
+    # processes leave free (cores / local ranks - 1); on CPU 0 (the trainer's threads
+    # use every core).
+    workers: str = "auto"
     id_policy: Literal["error", "hash", "modulo"] = "error"  # ids >= table rows
     # Eval (in training and dlrm eval) with data.id_policy=error: an id past its
     # trained table is looked up as nothing (left out of its bag) and counted per
@@ -85,6 +90,9 @@ class DataConfig:
     # disjoint share of the row groups (0 = in this process); the counts are exact and
     # merged, so the vocabularies are the same bit for bit.
     fit_workers: int = 0
+    # min_frequency > 1: a count-min sketch pass first drops values that cannot reach it,
+    # so exact counting holds only the survivors (the vocabulary is the same).
+    fit_sketch: bool = True
 
 
 @dataclass
@@ -120,9 +128,15 @@ class TablePlacement:
 @dataclass
 class EmbeddingsConfig:
     # native: our collection; torchrec: TorchRec's DLRM under DistributedModelParallel
-    # (FBGEMM fused optimizer; on CPU no Adam), to compare with or to fall back on.
-    backend: Literal["native", "torchrec"] = "native"
+    # (FBGEMM fused optimizer; on CPU no Adam), to compare with or to fall back on;
+    # torch_baseline: one nn.EmbeddingBag(sparse=True) per table and a stock torch
+    # optimizer, one process (dlrm/models/torch_baseline.py), the bench's plain-PyTorch row.
+    backend: Literal["native", "torchrec", "torch_baseline"] = "native"
     pooling: Literal["sum", "mean"] = "sum"
+    # Storage type of every table's weights (TorchRec's data_type, fbgemm's
+    # weights_precision): fp16/bf16 halve table memory; lookups and updates are
+    # computed in fp32, written back with stochastic rounding (embeddings/rounding.py).
+    dtype: Literal["fp32", "fp16", "bf16"] = "fp32"
     # Fused: the sparse optimizer runs inside backward (no KV gradient kept).
     # Off: backward produces KV gradients (unique ids, rows) that the optimizer
     # then applies; a user who wants to see embedding gradients sets this off.
@@ -150,6 +164,9 @@ class HotlineConfig:
     profile_seconds: float = 60.0  # profiling time bound
     refresh_every: int = 0  # steps; re-choose the hot rows from the batches since (0 = never)
     pipeline: bool = True  # gather cold rows on a host thread during the popular micro-batch
+    # host threads gathering cold rows (each a slice of the ids into the pinned
+    # buffer); 0 = min(4, CPU cores). host_embedding uses the same gather
+    gather_threads: int = 0
 
 
 @dataclass
@@ -180,6 +197,10 @@ class TrainConfig:
     # CUDA: fp32 matmuls on TF32 tensor cores (10-bit mantissa products, fp32
     # accumulation), as torch.backends.cuda.matmul.allow_tf32; false: full fp32
     tf32: bool = True
+    # CUDA graphs: capture the whole step once and replay it (dlrm/train/graphs.py):
+    # auto = where the step is capturable, else eager (the summary says which ran);
+    # on = a run that cannot is a one-line error; off = eager
+    cuda_graphs: Literal["auto", "on", "off"] = "auto"
     precision: Literal["fp32", "bf16"] = "fp32"
     # bf16 measured slower than fp32 at start (no native bf16: dlrm/train/precision.py):
     # fp32 = train in fp32 with a warning; error = stop; none = keep bf16 (benchmarks)
@@ -275,6 +296,8 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
         return from_dict(tp, value if value is not None else {}, key + ".")
     if origin is Literal:
         allowed = typing.get_args(tp)
+        if isinstance(value, bool) and {"on", "off"} <= set(allowed):
+            value = "on" if value else "off"  # YAML 1.1 reads a bare on / off as a boolean
         if value not in allowed:
             raise ConfigError(f"config key {key}: {value!r} is not one of {list(allowed)}")
         return value

@@ -29,9 +29,11 @@ from embeddings.jagged import bag_offsets, in_feature_order, permute_bags, stack
 from embeddings.kernels import KernelChoice, use_triton
 from embeddings.kv import KVGradient
 from embeddings.lookup import pooled_lookup
+from embeddings.narrow import fp16_overflow, warn_once
 from embeddings.optim import SparseOptimizer
 from embeddings.plan.sizes import format_bytes
 from embeddings.plan.types import Shard, ShardingPlan, ShardingType
+from embeddings.rounding import stochastic_round, table_key, weight_dtype
 from embeddings.table import Pooling, TableSpec
 from embeddings.timing import section
 
@@ -105,6 +107,7 @@ class LocalEmbeddingCollection(EmbeddingCollection):
         device: torch.device | str = "cpu",
         table_origin: dict[str, tuple[str, int, int, int]] | None = None,
         init_dim: dict[str, int] | None = None,
+        rounding_seed: int | None = None,
         kernels: str | KernelChoice = KernelChoice.AUTO,
     ) -> None:
         """``table_origin`` (for shards): table name → (full table name, its rows,
@@ -112,19 +115,21 @@ class LocalEmbeddingCollection(EmbeddingCollection):
         starts with its slice of the full table's initial values. ``seed=None``: no
         initial values (``torch.empty``, not even touched), for a collection that a
         checkpoint is about to fill: a resume skips the random init of every row.
-        ``kernels``: the lookup's path (embeddings/kernels: ``auto`` is Triton on CUDA)."""
+        ``kernels``: the lookup's path (embeddings/kernels: ``auto`` is Triton on CUDA).
+
+        Tables of fp16/bf16 (``TableSpec.dtype``; one type per collection: the stack is
+        one tensor) are stored in that type; lookups accumulate in fp32 and pooled
+        vectors are fp32; updates are computed in fp32 and written back with stochastic
+        rounding keyed by (``rounding_seed``, default ``seed``; the table's update count;
+        full table name, row, column) (embeddings/rounding.py)."""
         super().__init__()
         table_origin = table_origin or {}
         init_dim = init_dim or {}
-        dims = {t.dim for t in tables}
-        if len(dims) != 1:
-            raise ValueError(f"one collection needs one embedding dim, got {sorted(dims)}")
-        poolings = {t.pooling for t in tables}
-        if len(poolings) != 1:
-            raise ValueError("one collection needs one pooling mode")
         self.tables = list(tables)
-        self.dim = dims.pop()
-        self.pooling = Pooling(poolings.pop())
+        self.dim, self.pooling, self.weight_dtype = _one_layout(self.tables)
+        self.rounding_seed = (seed or 0) if rounding_seed is None else rounding_seed
+        if self.weight_dtype != torch.float32:
+            optimizer.rounding = True
         self.features = [f for t in self.tables for f in t.features]
         if len(set(self.features)) != len(self.features):
             raise ValueError("a feature is served by two tables")
@@ -154,8 +159,9 @@ class LocalEmbeddingCollection(EmbeddingCollection):
         stacked = (f"table {largest.name} ({total:,} rows x {self.dim})" if len(self.tables) == 1 else
                    f"{len(self.tables)} stacked tables ({total:,} rows x {self.dim}; the largest: "
                    f"{largest.name}, {largest.rows:,} rows)")
-        with naming_oom(f"the embedding weight of {stacked}", total * self.dim * 4, device):
-            weight = torch.empty(total, self.dim, device=device)
+        itemsize = self.weight_dtype.itemsize
+        with naming_oom(f"the embedding weight of {stacked}", total * self.dim * itemsize, device):
+            weight = torch.empty(total, self.dim, device=device, dtype=self.weight_dtype)
             advise_huge_pages(weight)  # before the first write: rows are touched at random
         if seed is not None:
             self._initial_rows(weight, seed, table_origin, init_dim)
@@ -170,6 +176,7 @@ class LocalEmbeddingCollection(EmbeddingCollection):
         for name, tensor in initial_state.items():
             self.register_buffer(f"optim_{name}", tensor)
         self._kept: list[KVGradient] = []
+        self._rounding_keys(table_origin, device)
 
     def _initial_rows(self, weight: torch.Tensor, seed: int, table_origin: dict[str, tuple[str, int, int, int]],
                       init_dim: dict[str, int]) -> None:
@@ -182,6 +189,31 @@ class LocalEmbeddingCollection(EmbeddingCollection):
                     init_name, init_rows_total, init_dim.get(t.name, t.dim), seed,
                     r0, r0 + t.rows, c0, c0 + t.dim,
                 )
+
+    def _rounding_keys(self, table_origin: dict[str, tuple[str, int, int, int]], device: torch.device) -> None:
+        """Per table of the stack: first stacked row, key of the full table, its first
+        row and column there (a shard's offsets): stacked id → rounding coordinates."""
+        starts, keys, rows0, cols0 = [], [], [], []
+        for t in self.tables:
+            name, _, r0, c0 = table_origin.get(t.name, (t.name, t.rows, 0, 0))
+            starts.append(self.row_offsets[t.name])
+            keys.append(table_key(name))
+            rows0.append(r0)
+            cols0.append(c0)
+        for buf, values in (("_sr_starts", starts), ("_sr_keys", keys), ("_sr_rows0", rows0), ("_sr_cols0", cols0)):
+            self.register_buffer(buf, torch.tensor(values, dtype=torch.int64, device=device), persistent=False)
+
+    def _round_rows(self, ids: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """fp32 ``rows`` of stacked ``ids`` → the weight's type, stochastically rounded."""
+        t = torch.searchsorted(self._sr_starts, ids, right=True) - 1
+        step = int(self.state["rounding_step"])
+        out = stochastic_round(rows, self.weight_dtype, self.rounding_seed, step, self._sr_keys[t],
+                               ids - self._sr_starts[t] + self._sr_rows0[t], self._sr_cols0[t])
+        if self.weight_dtype == torch.float16:
+            bad = torch.isinf(out).any(dim=1) & torch.isfinite(rows).all(dim=1)
+            for i in t[bad].unique().tolist():
+                warn_once(fp16_overflow(self.tables[i].name, out[bad & (t == i)]) or "")
+        return out
 
     # ------------------------------------------------------------------ forward
     def forward(self, sparse: KeyedJagged) -> torch.Tensor:
@@ -209,14 +241,15 @@ class LocalEmbeddingCollection(EmbeddingCollection):
         offsets = bag_offsets(lengths)
         scale = None
         if self.pooling is Pooling.MEAN:
-            inv = 1.0 / lengths.clamp(min=1).to(self.weight.dtype)
+            inv = 1.0 / lengths.clamp(min=1).to(torch.float32)
             scale = torch.repeat_interleave(inv, lengths, output_size=ids.numel())
         return pooled_lookup(self.weight, ids, offsets, self._receive, scale)
 
     # ------------------------------------------------------------------ Triton path
     def on_triton(self) -> bool:
-        """Whether lookups take the Triton kernels (embeddings/kernels) on this device."""
-        return use_triton(self.kernels, self.weight.device)
+        """Whether lookups take the Triton kernels (embeddings/kernels) on this device.
+        The kernels store fp32 weights only: fp16/bf16 tables take the torch path."""
+        return self.weight_dtype == torch.float32 and use_triton(self.kernels, self.weight.device)
 
     def _triton_pool(self, values: torch.Tensor, lengths: torch.Tensor, batch: int,
                      feature_major: bool) -> torch.Tensor:
@@ -289,7 +322,7 @@ class LocalEmbeddingCollection(EmbeddingCollection):
         else:
             grad = KVGradient(
                 torch.zeros(0, dtype=torch.int64, device=self.weight.device),
-                self.weight.new_zeros(0, self.dim),
+                self.weight.new_zeros(0, self.dim, dtype=torch.float32),
             )
         self._kept = []
         return grad
@@ -298,7 +331,12 @@ class LocalEmbeddingCollection(EmbeddingCollection):
         """One optimizer step with ``grad`` (an empty one still counts as a step);
         ``row_sq_mean``: see ``SparseOptimizer.apply``."""
         with section("embedding_update"):
-            self.optimizer.apply(self.weight.data, self.state, grad, self.lr, row_sq_mean=row_sq_mean)
+            rounder = None
+            if self.weight_dtype != torch.float32:
+                self.state["rounding_step"] += 1
+                rounder = self._round_rows
+            self.optimizer.apply(self.weight.data, self.state, grad, self.lr, row_sq_mean=row_sq_mean,
+                                 rounder=rounder)
 
     def kv_gradients(self) -> dict[str, KVGradient]:
         if not self._kept:
@@ -333,6 +371,10 @@ class LocalEmbeddingCollection(EmbeddingCollection):
                 src = tensors[key]
                 if src.shape != dst.shape:
                     raise ValueError(f"{key}: shape {tuple(src.shape)} != {tuple(dst.shape)}")
+                if dst.dtype == torch.float16 and key.endswith(".weight") and src.dtype != torch.float16:
+                    said = fp16_overflow(key.removesuffix(".weight"), src)
+                    if said:
+                        warn_once(said)
                 dst.copy_(src)
 
     def table_state(self) -> TableState:
@@ -345,6 +387,20 @@ class LocalEmbeddingCollection(EmbeddingCollection):
             held.append((whole, {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}))
             sharding[spec.name] = (ShardingType.TABLE_WISE, [whole])
         return TableState(self.tables, held, sharding, self.optimizer)
+
+
+def _one_layout(tables: list[TableSpec]) -> tuple[int, Pooling, torch.dtype]:
+    """The dim, pooling and weight type that the tables of one stack share."""
+    dims = {t.dim for t in tables}
+    if len(dims) != 1:
+        raise ValueError(f"one collection needs one embedding dim, got {sorted(dims)}")
+    dtypes = {t.dtype for t in tables}
+    if len(dtypes) != 1:
+        raise ValueError(f"one collection needs one table dtype, got {sorted(dtypes)}")
+    poolings = {t.pooling for t in tables}
+    if len(poolings) != 1:
+        raise ValueError("one collection needs one pooling mode")
+    return dims.pop(), Pooling(poolings.pop()), weight_dtype(dtypes.pop())
 
 
 class AllocationError(UserError):

@@ -40,6 +40,8 @@ class _PooledLookup(torch.autograd.Function):
         ctx.save_for_backward(ids, offsets, scale)
         ctx.sink = sink
         with section("lookup"):
+            if weight.dtype != torch.float32:
+                return _half_bags(weight, ids, offsets, scale)
             return F.embedding_bag(
                 ids, weight, offsets, mode="sum", include_last_offset=True, per_sample_weights=scale
             )
@@ -55,6 +57,17 @@ class _PooledLookup(torch.autograd.Function):
             grad = KVGradient.from_lookups(ids, grad_pooled, index=bag_of_id, weights=scale)
         ctx.sink(grad)
         return None, None, None, None, None
+
+
+def _half_bags(weight: torch.Tensor, ids: torch.Tensor, offsets: torch.Tensor,
+               scale: torch.Tensor | None) -> torch.Tensor:
+    """Bags of a fp16/bf16 weight summed in fp32 (pooled output fp32): the rows are
+    gathered in their type (half the bytes), widened, then pooled in fp32."""
+    rows = weight.index_select(0, ids).float()
+    positions = torch.arange(ids.numel(), device=ids.device)
+    return F.embedding_bag(
+        positions, rows, offsets, mode="sum", include_last_offset=True, per_sample_weights=scale
+    )
 
 
 def pooled_lookup(

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 
@@ -72,12 +73,24 @@ class StateSpec:
 class SparseOptimizer(ABC):
     """Stateless rule; the state tensors live with the table (see ``init_state``)."""
 
+    # Set by a collection whose weights are fp16/bf16: the table then also keeps the
+    # count of its updates, the step of its stochastic rounding (embeddings/rounding.py),
+    # checkpointed and resharded like Adam's step.
+    rounding: bool = False
+
     def __init__(self, eps: float = 1e-8) -> None:
         self.eps = eps
 
     @abstractmethod
+    def rule_layout(self) -> dict[str, StateSpec]:
+        """The state tensors the update rule keeps per table, by name."""
+
     def state_layout(self) -> dict[str, StateSpec]:
         """The state tensors this optimizer keeps per table, by name."""
+        layout = self.rule_layout()
+        if self.rounding:
+            layout["rounding_step"] = StateSpec(StateKind.TABLE_SCALAR, torch.int64)
+        return layout
 
     def init_state(self, rows: int, dim: int, device: torch.device) -> dict[str, torch.Tensor]:
         """State for a table of ``rows`` x ``dim``: zeros, as ``state_layout`` says."""
@@ -91,11 +104,13 @@ class SparseOptimizer(ABC):
         grad: KVGradient,
         lr: float,
         row_sq_mean: torch.Tensor | None = None,
+        rounder: Rounder | None = None,
     ) -> None:
         """Update ``weight[grad.ids]`` and their state in place.
 
         ``row_sq_mean`` [U]: mean of g² over the FULL row, for a column shard whose
         ``grad.rows`` hold only some columns (row-wise Adagrad needs the whole row).
+        ``rounder``: writes fp32 rows back into a half-precision weight (add_rows).
         """
 
     def state_bytes_per_row(self, dim: int) -> int:
@@ -107,18 +122,27 @@ class SparseOptimizer(ABC):
         return [name for name, spec in self.state_layout().items() if spec.per_row]
 
 
-def add_rows(weight: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor, alpha: float) -> None:
+Rounder = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def add_rows(weight: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor, alpha: float,
+             rounder: Rounder | None = None) -> None:
     """``weight[ids] += alpha * rows`` for UNIQUE ``ids`` (a KVGradient's).
 
     Gather, add, scatter back: the same arithmetic as ``index_add_`` (one add per
     element, bit-equal); on the CPU ``index_add_`` adds row by row, which is slower
-    for the many rows one step touches.
+    for the many rows one step touches. A half-precision weight: the sum is taken in
+    fp32 and ``rounder(ids, fp32 rows)`` writes it back (stochastic rounding).
     """
-    weight.index_copy_(0, ids, weight.index_select(0, ids).add_(rows, alpha=alpha))
+    if weight.dtype == torch.float32:
+        weight.index_copy_(0, ids, weight.index_select(0, ids).add_(rows, alpha=alpha))
+        return
+    new = weight.index_select(0, ids).float().add_(rows, alpha=alpha)
+    weight.index_copy_(0, ids, rounder(ids, new) if rounder is not None else new.to(weight.dtype))
 
 
 class SparseSGD(SparseOptimizer):
-    def state_layout(self) -> dict[str, StateSpec]:
+    def rule_layout(self) -> dict[str, StateSpec]:
         return {}
 
     @torch.no_grad()
@@ -129,8 +153,9 @@ class SparseSGD(SparseOptimizer):
         grad: KVGradient,
         lr: float,
         row_sq_mean: torch.Tensor | None = None,
+        rounder: Rounder | None = None,
     ) -> None:
-        add_rows(weight, grad.ids, grad.rows, -lr)
+        add_rows(weight, grad.ids, grad.rows, -lr, rounder)
 
 
 class SparseAdagrad(SparseOptimizer):
@@ -140,7 +165,7 @@ class SparseAdagrad(SparseOptimizer):
     state costs as much memory as the weight (row-wise Adagrad: one float per row).
     """
 
-    def state_layout(self) -> dict[str, StateSpec]:
+    def rule_layout(self) -> dict[str, StateSpec]:
         return {"sum": StateSpec(StateKind.ROW_VECTOR)}
 
     @torch.no_grad()
@@ -151,15 +176,16 @@ class SparseAdagrad(SparseOptimizer):
         grad: KVGradient,
         lr: float,
         row_sq_mean: torch.Tensor | None = None,
+        rounder: Rounder | None = None,
     ) -> None:
         acc = state["sum"]
         new = acc.index_select(0, grad.ids).addcmul_(grad.rows, grad.rows)
         acc.index_copy_(0, grad.ids, new)
-        add_rows(weight, grad.ids, grad.rows / new.sqrt().add_(self.eps), -lr)
+        add_rows(weight, grad.ids, grad.rows / new.sqrt().add_(self.eps), -lr, rounder)
 
 
 class RowWiseAdagrad(SparseOptimizer):
-    def state_layout(self) -> dict[str, StateSpec]:
+    def rule_layout(self) -> dict[str, StateSpec]:
         return {"sum": StateSpec(StateKind.ROW_SCALAR)}
 
     @torch.no_grad()
@@ -170,6 +196,7 @@ class RowWiseAdagrad(SparseOptimizer):
         grad: KVGradient,
         lr: float,
         row_sq_mean: torch.Tensor | None = None,
+        rounder: Rounder | None = None,
     ) -> None:
         acc = state["sum"]
         if row_sq_mean is None:
@@ -177,7 +204,7 @@ class RowWiseAdagrad(SparseOptimizer):
         new = acc.index_select(0, grad.ids) + row_sq_mean
         acc.index_copy_(0, grad.ids, new)
         step = grad.rows * (lr / (new.sqrt() + self.eps)).unsqueeze(1)
-        add_rows(weight, grad.ids, step, -1.0)
+        add_rows(weight, grad.ids, step, -1.0, rounder)
 
 
 class SparseAdam(SparseOptimizer):
@@ -185,7 +212,7 @@ class SparseAdam(SparseOptimizer):
         super().__init__(eps)
         self.betas = betas
 
-    def state_layout(self) -> dict[str, StateSpec]:
+    def rule_layout(self) -> dict[str, StateSpec]:
         return {
             "exp_avg": StateSpec(StateKind.ROW_VECTOR),
             "exp_avg_sq": StateSpec(StateKind.ROW_VECTOR),
@@ -201,6 +228,7 @@ class SparseAdam(SparseOptimizer):
         grad: KVGradient,
         lr: float,
         row_sq_mean: torch.Tensor | None = None,
+        rounder: Rounder | None = None,
     ) -> None:
         b1, b2 = self.betas
         state["step"] += 1
@@ -211,7 +239,7 @@ class SparseAdam(SparseOptimizer):
         state["exp_avg"].index_copy_(0, ids, m)
         state["exp_avg_sq"].index_copy_(0, ids, v)
         step_size = lr * math.sqrt(1 - b2**step) / (1 - b1**step)
-        add_rows(weight, ids, m / (v.sqrt() + self.eps), -step_size)
+        add_rows(weight, ids, m / (v.sqrt() + self.eps), -step_size, rounder)
 
 
 def make_sparse_optimizer(kind: str | SparseOptimizerType, eps: float = 1e-8) -> SparseOptimizer:

@@ -91,9 +91,12 @@ class ShardedEmbeddingCollection(EmbeddingCollection):
         seed: int | None = 0,
         group: dist.ProcessGroup | None = None,
         device: torch.device | str = "cpu",
+        rounding_seed: int | None = None,
         kernels: str = "auto",
     ) -> None:
+        """``rounding_seed`` (default ``seed``): of fp16/bf16 tables' stochastic rounding."""
         super().__init__()
+        self.rounding_seed = (seed or 0) if rounding_seed is None else rounding_seed
         self.kernels = kernels  # every store's lookup path (embeddings/kernels)
         self.rank, self.world_size = world(group)
         if plan.world_size != self.world_size:
@@ -132,7 +135,7 @@ class ShardedEmbeddingCollection(EmbeddingCollection):
         self.replicated = (
             ReplicatedTables(
                 LocalEmbeddingCollection(dp_tables, make_optimizer(), fused=False, seed=seed, device=device,
-                                         kernels=kernels),
+                                         rounding_seed=self.rounding_seed, kernels=kernels),
                 group,
             )
             if dp_tables else None
@@ -165,11 +168,12 @@ class ShardedEmbeddingCollection(EmbeddingCollection):
         ``defer_column_shards`` (row-wise Adagrad) a store holding a column shard
         applies after the partial-sum exchange in step(), not inside backward."""
         mine = self.slots_on[self.rank]
+        dtype_of = {t.name: t.dtype for t in self.tables}
         for width in sorted({s.shard.cols for s in mine}):
             slots = [s for s in mine if s.shard.cols == width]
             shards = list(dict.fromkeys(s.shard for s in slots))
             specs = [
-                TableSpec(shard_name(sh), rows=sh.rows, dim=sh.cols, pooling=Pooling.SUM,
+                TableSpec(shard_name(sh), rows=sh.rows, dim=sh.cols, pooling=Pooling.SUM, dtype=dtype_of[sh.table],
                           features=tuple(f"{s.feature}@{shard_name(sh)}" for s in slots if s.shard == sh))
                 for sh in shards
             ]
@@ -180,6 +184,7 @@ class ShardedEmbeddingCollection(EmbeddingCollection):
                 table_origin={shard_name(sh): (sh.table, plan_rows(self.plan, sh), sh.row_start, sh.col_start)
                               for sh in shards},
                 init_dim={shard_name(sh): self.dim for sh in shards}, kernels=self.kernels,
+                rounding_seed=self.rounding_seed,
             )
             self.stores.append(store)
             self.store_slots.append(slots)

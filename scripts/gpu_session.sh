@@ -4,6 +4,15 @@
 #
 #   bash scripts/gpu_session.sh tests           # the gpu-marked tests (tests/test_gpu.py)
 #   bash scripts/gpu_session.sh bench [ARGS]    # dlrm bench's GPU rows, configs/bench_gpu.yaml
+#   bash scripts/gpu_session.sh reader [ARGS]   # reader rows/s at data.workers 0,1,4,8,16 (issue 23)
+#
+# bench, in order, each step given what is left of the call's 580 s: the rows native
+# (fp32, TF32 on by train.tf32), native_bf16, torch_baseline, hotline, host_embedding;
+# the embedding kernels alone (python -m dlrm.bench.kernels: bytes/s per path);
+# native with train.tf32=false; a hotline.budget sweep (64MB 128MB 512MB 2GB: hit rate,
+# popular share, samples/s), each sweep step a bench of its own under $BENCH/budget_*.
+# tests includes tests/test_sync_audit.py's gpu case (set_sync_debug_mode("error")
+# over steady-state steps, op count printed).
 #
 # Everything worth keeping lands in $OUT (default ./gpu_out): env.txt (GPU, driver,
 # torch, CUDA), test_gpu.log and .xml (every test's outcome and the worst relative
@@ -32,15 +41,49 @@ case "${1:-tests}" in
   bench)
     shift
     BENCH=${BENCH:-/tmp/bench_gpu}  # data and runs stay off $OUT (GBs of checkpoints)
-    timeout 580 "$PY" -m dlrm bench --config configs/bench_gpu.yaml \
-      --engines native,hotline,host_embedding --out "$BENCH" "$@" >"$OUT/bench.log" 2>&1
+    end=$((SECONDS + 580))
+    left() { echo $((end - SECONDS > 5 ? end - SECONDS : 5)); }
+    timeout "$(left)" "$PY" -m dlrm bench --config configs/bench_gpu.yaml \
+      --engines native,native_bf16,torch_baseline,hotline,host_embedding --out "$BENCH" "$@" \
+      >"$OUT/bench.log" 2>&1
     code=$?
-    cp "$BENCH"/bench.json "$BENCH"/bench.png "$BENCH"/runs/*.log "$OUT"/ 2>/dev/null
+    cp "$BENCH"/bench.json "$BENCH"/bench.png "$OUT"/ 2>/dev/null
+    {
+      echo "== embedding kernels alone"
+      timeout "$(left)" "$PY" -m dlrm.bench.kernels --config configs/bench_gpu.yaml
+      echo "== native, train.tf32=false"
+      mkdir -p "$BENCH/fp32" && ln -sfn "$BENCH/data" "$BENCH/fp32/data"  # the same data, not regenerated
+      timeout "$(left)" "$PY" -m dlrm bench --config configs/bench_gpu.yaml --engines native \
+        --out "$BENCH/fp32" "$@" train.tf32=false | tail -8
+      echo "== native, train.cuda_graphs=off (the main rows replay a captured step where they can)"
+      mkdir -p "$BENCH/eager" && ln -sfn "$BENCH/data" "$BENCH/eager/data"
+      timeout "$(left)" "$PY" -m dlrm bench --config configs/bench_gpu.yaml --engines native \
+        --out "$BENCH/eager" "$@" train.cuda_graphs=off | tail -8
+      echo "== hotline.budget sweep"
+      mkdir -p "$BENCH/budgets" && ln -sfn "$BENCH/data" "$BENCH/budgets/data"
+      timeout "$(left)" "$PY" -m dlrm bench --config configs/bench_gpu.yaml --engines hotline \
+        --hotline-budgets 64MB,128MB,512MB,2GB --out "$BENCH/budgets" "$@" | tail -14
+      cp "$BENCH"/budgets/bench_budgets.png "$OUT"/ 2>/dev/null
+    } >"$OUT/bench_extra.log" 2>&1
+    tar czf "$OUT/runs.tgz" -C "$BENCH" --exclude='checkpoints' runs 2>/dev/null
     tail -40 "$OUT/bench.log"
+    tail -40 "$OUT/bench_extra.log"
+    exit $code
+    ;;
+  reader)
+    # 2M bench_gpu rows = 32 shuffle windows, so 16 workers each get two; bench and
+    # Avazu-shaped string schemas; figures in $OUT/reader.json (reader.workers)
+    shift
+    BENCH=${BENCH:-/tmp/bench_reader}
+    timeout 580 "$PY" -m dlrm bench --config configs/bench_gpu.yaml --reader-only \
+      --workers 0,1,4,8,16 --out "$BENCH" generate.rows=2097152 "$@" >"$OUT/reader.log" 2>&1
+    code=$?
+    cp "$BENCH"/bench.json "$OUT"/reader.json 2>/dev/null
+    tail -8 "$OUT/reader.log"
     exit $code
     ;;
   *)
-    echo "usage: $0 tests | bench [dlrm bench args]" >&2
+    echo "usage: $0 tests | bench | reader [dlrm bench args]" >&2
     exit 2
     ;;
 esac

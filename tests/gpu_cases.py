@@ -217,16 +217,17 @@ def pins(strategy: str) -> str:
 
 
 def torchrun_one_rank(data: dict[str, Path], tmp: Path, device: str, backend: str,
-                      strategy: str) -> Path:
-    """``torchrun --nproc_per_node=1 -m dlrm train`` with ``train.backend``, the
-    first tables pinned to ``strategy``; the run directory."""
-    out = tmp / f"torchrun_{strategy}"
+                      strategy: str, ranks: int = 1, *extra: str) -> Path:
+    """``torchrun --nproc_per_node=ranks -m dlrm train`` with ``train.backend``, the
+    first tables pinned to ``strategy``; the run directory. Several ranks on one GPU
+    share it (gloo: NCCL refuses two ranks on one device)."""
+    out = tmp / f"torchrun_{strategy}_{ranks}"
     args = ["--config", str(TINY), "--out", str(out), *tiny_overrides(), f"data.train={data['train']}",
             "data.eval=", f"train.max_steps={STEPS}", "train.log_every=4", f"train.device={device}",
-            f"train.backend={backend}", pins(strategy)]
+            f"train.backend={backend}", "train.tf32=false", pins(strategy), *extra]
     env = {**os.environ, "OMP_NUM_THREADS": "2", "PYTHONUNBUFFERED": "1",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
            "-m", "dlrm", "train", *args]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
                           check=False)

@@ -34,7 +34,7 @@ def test_bench_rows_ratios_and_limit(bench: Path) -> None:
     report = json.loads((bench / "bench.json").read_text())
     rows = {(r["engine"], r["ranks"]): r for r in report["rows"]}
     assert set(rows) == {("native", 1), ("native_bf16", 1), ("torchrec", 1), ("torchrec_bf16", 1),
-                         ("hotline", 1), ("host_embedding", 1)}
+                         ("torch_baseline", 1), ("hotline", 1), ("host_embedding", 1)}
     assert rows["host_embedding", 1]["hotline"]["hot_hit_rate"] == 0.0  # nothing on the device
     assert rows["hotline", 1]["hotline"]["hot_hit_rate"] > 0.5
     for r in rows.values():
@@ -77,7 +77,7 @@ def test_reader_only_reuses_dataset(bench: Path, capsys: pytest.CaptureFixture[s
     assert "reusing dataset" in capsys.readouterr().out
     assert (bench / "data" / "generate.json").stat().st_mtime_ns == stamp
     report = json.loads((bench / "bench.json").read_text())
-    assert len(report["rows"]) == 6  # the training rows are kept
+    assert len(report["rows"]) == 7  # the training rows (torch_baseline among them) are kept
     reader = report["reader"]
     assert reader["rows"] == 20000
     assert reader["rows_per_s"] > 0

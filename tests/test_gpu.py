@@ -269,3 +269,38 @@ def test_dense_optimizer_fused_on_cuda(dense: str) -> None:
 def test_train_tf32_setting(tiny_data, tmp_path: Path, tf32: bool) -> None:
     cases.run(tiny_data, tmp_path, "cuda", f"train.tf32={str(tf32).lower()}", steps=2)
     assert torch.backends.cuda.matmul.allow_tf32 is tf32
+
+
+# ------------------------------------------------------------------ CUDA graphs
+
+
+def test_graph_replayed_training_equals_eager(single_hot_data, tmp_path: Path) -> None:
+    """Single-hot data (static shapes): 12 steps, captured at step 3 and replayed, equal
+    12 eager steps (the same kernels in the same order), and no step syncs the host
+    once captured (the replay is one launch)."""
+    for dense in ("sgd", "adam"):  # the dense optimizers a graph can hold (tiny's is adagrad)
+        graphed = cases.run(single_hot_data, tmp_path / f"g{dense}", "cuda", "train.cuda_graphs=on",
+                            f"optim.dense={dense}")
+        eager = cases.run(single_hot_data, tmp_path / f"e{dense}", "cuda", "train.cuda_graphs=off",
+                          f"optim.dense={dense}")
+        assert graphed["step_mode"].startswith("graphs: captured at step 3"), graphed["step_mode"]
+        assert "0 other-shape steps eager" in graphed["step_mode"], graphed["step_mode"]
+        assert eager["step_mode"] == "eager (train.cuda_graphs=off)"
+        cases.assert_runs_close(tmp_path / f"g{dense}", tmp_path / f"e{dense}", f"graphs vs eager, {dense}",
+                                rtol=1e-5)
+
+
+# ------------------------------------------------------------------ 2 ranks, one GPU
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("strategy", cases.STRATEGIES)
+def test_two_ranks_sharing_the_gpu_equal_one_process(tiny_data, tmp_path: Path, strategy: str) -> None:
+    """torchrun --nproc_per_node=2 on the one GPU with gloo (collectives through the
+    host), the first tables pinned to each strategy, reading the global batches one
+    process reads (data.order_world_size=2): the same parameters as that process."""
+    order = "data.order_world_size=2"
+    two = cases.torchrun_one_rank(tiny_data, tmp_path, "cuda", "gloo", strategy, 2, order)
+    one = cases.run(tiny_data, tmp_path / "one", "cuda", order)
+    cases.assert_runs_close(two, tmp_path / "one", f"2 ranks on one GPU, {strategy}")
+    assert one["world_size"] == 1

@@ -42,8 +42,12 @@ def test_hotline_equals_ordinary_training(tiny_data, tmp_path: Path, optim: str)
 @pytest.mark.slow
 def test_refresh_and_no_pipeline_stay_exact(tiny_data, tmp_path: Path, extra: tuple[str, ...]) -> None:
     run(tiny_data, tmp_path / "plain", "optim.sparse=rowwise_adagrad")
-    run(tiny_data, tmp_path / "hot", "optim.sparse=rowwise_adagrad", *HOTLINE, *extra)
+    summary = run(tiny_data, tmp_path / "hot", "optim.sparse=rowwise_adagrad", *HOTLINE, *extra)
     assert_states_close(run_state(tmp_path / "hot"), run_state(tmp_path / "plain"), str(extra))
+    stats = summary["hotline"]  # the whole run: 12 steps re-profile after steps 5 and 10
+    refreshes = 2 if "hotline.refresh_every=5" in extra else 0
+    assert stats["refreshes"] == refreshes
+    assert (stats["refresh_pause_ms"] > 0) == bool(refreshes)
 
 
 def test_hotline_resume_equals_uninterrupted(tiny_data, tmp_path: Path) -> None:

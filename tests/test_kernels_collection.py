@@ -74,7 +74,7 @@ def test_triton_step_has_no_host_sync_and_few_ops() -> None:
     """Forward, backward and fused update of a batch in the collection's own feature
     order (as the reader gives it): no data-dependent shape, no host read; the op
     count is printed beside the torch path's. The audit itself must see a planted sync."""
-    from tests.sync_audit import SyncAudit
+    from dlrm.train.sync_audit import SyncAudit
 
     sparse = batch(0, True, keys=("a", "b", "c"))
     counts = {}

@@ -276,6 +276,20 @@ def within(seconds: float, fn: Any) -> Any:
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(case=cases())
 def test_reader_yields_exactly_the_valid_rows_or_raises_data_error(case: Case) -> None:
+    check(case, workers=0)
+
+
+@settings(max_examples=6, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(case=cases(), workers=st.sampled_from([0, 2]))
+def test_the_same_holds_with_decode_workers(case: Case, workers: int) -> None:
+    """A few cases at data.workers 0 or 2 (each worker count spawns processes)."""
+    check(case, workers)
+
+
+def check(case: Case, workers: int) -> None:
+    """The reader at ``workers`` yields exactly the case's valid rows (each once, over
+    all ranks), records each dropped row, or raises a DataError naming a bad one."""
     p = case.params
     w = p["world_size"]
     schema = Schema(
@@ -305,7 +319,8 @@ def test_reader_yields_exactly_the_valid_rows_or_raises_data_error(case: Case) -
                                      shuffle=p["shuffle"], seed=3,
                                      shuffle_buffer=p["shuffle_buffer"], prefetch=p["prefetch"],
                                      id_policy=p["id_policy"], dense_nan=p["dense_nan"],
-                                     on_error=p["on_error"]) for r in range(w)]
+                                     on_error=p["on_error"], workers=workers)
+                       for r in range(w)]
             got, steps = [], []
             for reader in readers:
                 batches = list(reader.epoch(0))
@@ -314,7 +329,7 @@ def test_reader_yields_exactly_the_valid_rows_or_raises_data_error(case: Case) -
             return got, steps, [rec for r in readers for rec in r.bad_data.records]
 
         try:
-            got, steps, records = within(60, read)
+            got, steps, records = within(120 if workers else 60, read)
         except DataError as e:
             event(f"{p['on_error']}: DataError")
             if usable_rows == 0:  # nothing to read: refused in either policy

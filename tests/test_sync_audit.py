@@ -3,8 +3,11 @@
 The native engine with ``embeddings.kernels=triton`` (Triton's interpreter stands in
 for the GPU), configs/bench.yaml's model at batch 256, SGD: the trainer's whole step
 (forward, loss, backward, fused sparse update, dense update) runs inside
-``tests/sync_audit.SyncAudit``, which fails on any op whose output shape depends on
+``dlrm/train/sync_audit.SyncAudit``, which fails on any op whose output shape depends on
 data and on any read of a device value by the host, and counts the ops issued.
+The audit itself fails on a planted .item(), a boolean mask and repeat_interleave
+without output_size. On CUDA (marker gpu): torch.cuda.set_sync_debug_mode("error")
+over steady-state steps.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.kernel_cases import DEVICE
 
@@ -20,9 +24,12 @@ pytest.importorskip("triton")
 
 from data.generate import generate_dataset
 from dlrm.config import load_config
+from dlrm.parallel.distributed import init_distributed
+from dlrm.parallel.parallelize import build_model
 from dlrm.train import trainer as trainer_module
+from dlrm.train.inputs import resolve_data
+from dlrm.train.sync_audit import SyncAudit
 from tests.conftest import REPO
-from tests.sync_audit import SyncAudit
 
 pytestmark = pytest.mark.kernels
 SHAPE = ["generate.rows=2048", "generate.table_rows=[5000]", "generate.row_group_rows=1024",
@@ -67,3 +74,58 @@ def test_training_step_on_the_cuda_path_never_waits_for_the_device(
     assert triton.ops["triton._pooled_kernel"] == 1 and triton.ops["triton._runs_kernel"] == 1
     assert "aten.unique_consecutive" in torch_path.violations  # what the kernels removed
     assert triton.compute_ops < torch_path.compute_ops
+
+
+BENCH = REPO / "configs" / "bench.yaml"
+SHRUNK = ["generate.rows=1024", "generate.table_rows=[1000]", "generate.row_group_rows=512",
+          "generate.file_rows=1024", "data.batch_size=256", "embeddings.kernels=triton",
+          "optim.dense=sgd", "optim.sparse=sgd", "train.progress=false"]
+
+
+def bench_trainer(tmp_path: Path) -> trainer_module.Trainer:
+    generated = load_config(BENCH, SHRUNK)
+    generate_dataset(str(tmp_path / "data"), generated.generate, seed=0)
+    cfg = load_config(BENCH, [*SHRUNK, f"data.train={tmp_path / 'data'}", f"train.device={DEVICE.type}"])
+    info = init_distributed(cfg.train.backend, cfg.train.device)
+    data = resolve_data(cfg, tmp_path / "run")
+    model = build_model(cfg, data.schema, info.device, info)
+    return trainer_module.Trainer(cfg, tmp_path / "run", model, data, info, lambda s: None)
+
+
+def test_audit_flags_item_and_boolean_mask() -> None:
+    x = torch.arange(6.0)
+    with SyncAudit() as audit:
+        (x * 2).sum().item()
+    assert audit.violations == ["aten._local_scalar_dense"]
+    with SyncAudit() as audit:
+        x[x > 2].sum()
+    assert any("boolean mask" in v or "nonzero" in v for v in audit.violations), audit.violations
+    with SyncAudit() as audit:
+        torch.repeat_interleave(x, torch.tensor([1, 0, 2, 1, 1, 1]))
+    assert audit.violations
+    with SyncAudit() as audit:
+        (x * 2 + 1).sum()
+    assert audit.violations == [] and audit.compute_ops == 3
+
+
+@pytest.mark.gpu
+def test_cuda_steps_do_not_synchronise(tmp_path: Path) -> None:
+    """On CUDA (compiled Triton kernels, fused dense SGD): torch's sync debug mode
+    raises on any host synchronisation over three steady-state steps, and the audit
+    sees none; the op count is printed for the issue's target (40)."""
+    trainer = bench_trainer(tmp_path)
+    assert trainer.info.device.type == "cuda"
+    for _ in range(2):
+        trainer.step(trainer._next_batches())
+    steps = [[b.to(trainer.info.device) for b in trainer._next_batches()] for _ in range(3)]
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for batches in steps[:2]:
+            trainer.step(batches)
+        with SyncAudit() as audit:
+            trainer.step(steps[2])
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    print(f"cuda bench step: {audit.compute_ops} compute ops; {dict(audit.ops.most_common(8))}")
+    assert audit.violations == [], audit.violations

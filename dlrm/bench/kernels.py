@@ -41,16 +41,13 @@ from embeddings.table import TableSpec
 
 
 def _seconds(fn: Callable[[], object], device: torch.device, calls: int) -> float:
+    """Seconds per call: CUDA events on a GPU (dlrm/bench/limits.py), else wall time."""
+    if device.type == "cuda":
+        from dlrm.bench.limits import cuda_seconds
+
+        return cuda_seconds(fn)
     for _ in range(3):
         fn()
-    if device.type == "cuda":
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(calls):
-            fn()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) / 1000 / calls
     begin = time.perf_counter()
     for _ in range(calls):
         fn()

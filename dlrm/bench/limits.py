@@ -168,7 +168,7 @@ def machine_limit(cfg: Config) -> dict[str, Any]:
 # --------------------------------------------------------------------------- CUDA
 
 
-def _cuda_seconds(fn: Callable[[], object], rounds: int = 5, min_round_s: float = 0.02) -> float:
+def cuda_seconds(fn: Callable[[], object], rounds: int = 5, min_round_s: float = 0.02) -> float:
     """Seconds per call of ``fn`` on the current CUDA stream, timed by CUDA events:
     the best of ``rounds`` rounds of calls, each at least ``min_round_s`` long."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -192,7 +192,7 @@ def cuda_matmul_rate(m: int, k: int, n: int, dtype: torch.dtype = torch.float32)
     torch's matmul precision setting: IEEE fp32 unless TF32 was allowed)."""
     a = torch.randn(m, k, device="cuda").to(dtype)
     b = torch.randn(k, n, device="cuda").to(dtype)
-    return 2.0 * m * k * n / _cuda_seconds(lambda: torch.mm(a, b))
+    return 2.0 * m * k * n / cuda_seconds(lambda: torch.mm(a, b))
 
 
 def cuda_copy_rates(mbytes: int = 512) -> dict[str, float]:
@@ -204,9 +204,9 @@ def cuda_copy_rates(mbytes: int = 512) -> dict[str, float]:
         host = torch.ones(numel, pin_memory=True)
         nbytes = numel * BYTES_PER_FLOAT
         return {
-            "hbm": 2.0 * nbytes / _cuda_seconds(lambda: dst.copy_(src)),
-            "h2d": nbytes / _cuda_seconds(lambda: dst.copy_(host, non_blocking=True)),
-            "d2h": nbytes / _cuda_seconds(lambda: host.copy_(src, non_blocking=True)),
+            "hbm": 2.0 * nbytes / cuda_seconds(lambda: dst.copy_(src)),
+            "h2d": nbytes / cuda_seconds(lambda: dst.copy_(host, non_blocking=True)),
+            "d2h": nbytes / cuda_seconds(lambda: host.copy_(src, non_blocking=True)),
         }
 
     rates = measure(mbytes * (1 << 20) // BYTES_PER_FLOAT)

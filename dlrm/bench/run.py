@@ -29,6 +29,13 @@ from typing import Any
 from data.atomic import atomic_path, write_atomic
 from data.errors import UserError
 from data.outputs import output_dir
+from dlrm.bench.budgets import (
+    budget_engines,
+    format_sweep,
+    split_engine,
+    sweep_rows,
+    write_sweep_png,
+)
 from dlrm.config import Config, load_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -44,6 +51,9 @@ ENGINES = {
     # TorchRec under the same autocast: the bf16 rows' ratio is taken against it.
     "torchrec_bf16": ["embeddings.backend=torchrec", "train.precision=bf16",
                       "train.precision_fallback=none"],
+    # Stock PyTorch (nn.EmbeddingBag sparse=True, torch.optim), as facebookresearch/dlrm
+    # trains: the floor any engine of ours must beat. One rank only.
+    "torch_baseline": ["embeddings.backend=torch_baseline"],
     "hotline": ["embeddings.placement=hotline"],
     "host_embedding": ["embeddings.placement=hotline", "hotline.budget=1B", "hotline.pipeline=false"],
 }
@@ -66,6 +76,8 @@ def cmd_bench(argv: list[str]) -> int:
     cfg = load_config(a.config, a.overrides)
     if a.checkpoint:
         return checkpoint_only(a)
+    if a.fit_only:
+        return fit_only(a)
     out = output_dir(a.out, "--out").resolve()
     if not a.reader_only:
         a.engines = runnable_engines(a.engines)  # before generating data: fail fast
@@ -77,6 +89,13 @@ def cmd_bench(argv: list[str]) -> int:
               f"{reader['batch_size']} on one core ({reader['rows']} rows); shuffled "
               f"{reader['modes']['shuffled']:,.0f}, shuffled through vocabularies "
               f"{reader['modes']['vocabulary_shuffled']:,.0f}")
+        if a.workers is not None:
+            from dlrm.bench.reader_sweep import format_workers, reader_sweep
+
+            reader["workers"] = reader_sweep(reader.pop("files"), reader.pop("schema"),
+                                             cfg.data.batch_size, a.workers, out)
+            print(format_workers(reader["workers"]))
+        reader.pop("files", None), reader.pop("schema", None)
         path = out / "bench.json"  # kept beside the training rows of an earlier bench
         report = json.loads(path.read_text()) if path.is_file() else {"config": a.config}
         write_json(path, {**report, "reader": reader})
@@ -89,10 +108,12 @@ def cmd_bench(argv: list[str]) -> int:
     runs = [
         run_engine(a.config, a.overrides, engine, n, steps, data_dir, out / "runs", round_=r)
         for r in range(a.repeat) for n in a.ranks for engine in a.engines
+        if not (engine == "torch_baseline" and n > 1)  # one process by design
     ]
     rows = merge_rounds(runs)
     for row in rows:
-        settings = [o for o in [*ENGINES[row["engine"]], *a.overrides] if o.startswith("train.precision=")]
+        settings = [o for o in [*engine_overrides(row["engine"]), *a.overrides]
+                    if o.startswith("train.precision=")]
         row["precision"] = "bf16" if settings and settings[-1] == "train.precision=bf16" else "fp32"
     add_ratios(rows)
     from dlrm.bench.limits import machine_limit
@@ -100,18 +121,28 @@ def cmd_bench(argv: list[str]) -> int:
     limit = machine_limit(cfg)
     add_bounds(rows, cfg, limit)
     print(format_table(rows))
+    for row in rows:  # replayed CUDA graphs or eager steps, and why (train.cuda_graphs)
+        if row.get("step_mode"):
+            print(f"{row['engine']}@{row['ranks']} steps: {row['step_mode']}")
     for row in rows:
         if row.get("hotline"):
             h = row["hotline"]
             print(f"{row['engine']}: hot hit rate {h['hot_hit_rate']:.1%}, popular share "
                   f"{h['popular_share']:.1%}, host gather {h['gather_ms']:.1f} ms/step, "
                   f"transfer {h['transfer_ms']:.1f} ms/step, {h['gather_hidden']:.0%} of both "
-                  f"hidden ({row['ranks']} rank{'s' if row['ranks'] > 1 else ''}, rank 0's view)")
+                  f"hidden, {h.get('gather_threads', 1):.0f} gather thread(s)"
+                  + (f", {h['refreshes']:.0f} refreshes pausing {h['refresh_pause_ms']:.1f} ms each"
+                     if h.get("refreshes") else "") + " "
+                  f"({row['ranks']} rank{'s' if row['ranks'] > 1 else ''}, rank 0's view)")
+    sweep = sweep_rows(rows)
+    if sweep:
+        print(format_sweep(sweep))
+        write_sweep_png(out / "bench_budgets.png", sweep)
     print(format_limit(limit, rows))
     if "h2d_pinned_gb_s" in limit:
         print(format_gpu(limit, rows))
     report = {"config": a.config, "steps": steps, "rows": rows, "limit": limit,
-              }
+              **({"hotline_budgets": sweep} if sweep else {})}
     write_json(out / "bench.json", report)
     write_png(out / "bench.png", rows, limit)
     print(f"wrote {out / 'bench.json'} and {out / 'bench.png'}")
@@ -133,6 +164,21 @@ def checkpoint_only(a: argparse.Namespace) -> int:
     return 0
 
 
+def fit_only(a: argparse.Namespace) -> int:
+    """``--fit-only``: the vocabulary pass by ranks x workers and its peak memory per
+    distinct value (dlrm/bench/fit_bench.py); figures join OUT/bench.json under "fit"."""
+    from dlrm.bench.fit_bench import fit_bench, format_fit
+
+    out = Path(a.out).resolve()
+    workers = [int(x) for x in a.fit_workers.split(",")]
+    result = fit_bench(out / "fit-data", a.fit_rows, list(a.ranks), workers)
+    print(format_fit(result))
+    path = out / "bench.json"
+    report = json.loads(path.read_text()) if path.is_file() else {"config": a.config}
+    write_json(path, {**report, "fit": result})
+    return 0
+
+
 def _parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="dlrm bench", description="Benchmark engines on this machine.")
     p.add_argument("--config", default="configs/bench.yaml", help="YAML config with a generate: section")
@@ -143,9 +189,18 @@ def _parse(argv: list[str]) -> argparse.Namespace:
                    help="rounds of every run, interleaved; each row is the median round")
     p.add_argument("--engines", default=",".join(ENGINES),
                    help=f"comma-separated subset of {', '.join(ENGINES)} (default: all)")
+    p.add_argument("--hotline-budgets", default=None,
+                   help="comma-separated hotline.budget sizes, one hotline row each (e.g. 64MB,2GB)")
     p.add_argument("--reader-only", action="store_true", help="only Parquet decode rate on one core")
+    p.add_argument("--workers", default=None,
+                   help="with --reader-only: comma-separated data.workers counts to sweep, "
+                        "e.g. 0,1,2 (bench and Avazu-shaped string schemas)")
     p.add_argument("--checkpoint", action="store_true",
                    help="only checkpoint save/resume GB/s and peak RSS of the config's model")
+    p.add_argument("--fit-only", action="store_true",
+                   help="only the vocabulary pass: rows/s by --ranks x --fit-workers, B/distinct")
+    p.add_argument("--fit-rows", type=int, default=1 << 20, help="--fit-only: generated rows")
+    p.add_argument("--fit-workers", default="0", help="--fit-only: comma-separated worker counts")
     p.add_argument("overrides", nargs="*", help="key.sub=value config overrides")
     a = p.parse_args(argv)
     try:
@@ -158,8 +213,16 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     unknown = [e for e in a.engines if e not in ENGINES]
     if unknown or not a.engines:
         raise BenchError(f"--engines {unknown or a.engines}: choose from {', '.join(ENGINES)}")
+    a.engines += budget_engines(a.hotline_budgets)
     if a.repeat < 1:
         raise BenchError(f"--repeat {a.repeat}: must be >= 1")
+    if a.workers is not None:
+        try:
+            a.workers = [int(w) for w in a.workers.split(",") if w.strip()]
+        except ValueError:
+            raise BenchError(f"--workers {a.workers!r}: expected comma-separated integers") from None
+        if not a.workers or min(a.workers) < 0:
+            raise BenchError(f"--workers {a.workers}: worker counts must be >= 0")
     if a.steps is not None and a.steps < 1:
         raise BenchError(f"--steps {a.steps}: must be >= 1")
     return a
@@ -181,7 +244,7 @@ def torchrec_missing() -> str | None:
 def runnable_engines(engines: list[str]) -> list[str]:
     """``engines`` without the TorchRec ones where torchrec is missing (the GPU machine
     has plain torch), each skipped with a line; a BenchError if none is left."""
-    needs = [e for e in engines if "embeddings.backend=torchrec" in ENGINES[e]]
+    needs = [e for e in engines if "embeddings.backend=torchrec" in engine_overrides(e)]
     why = torchrec_missing() if needs else None
     if why is None:
         return engines
@@ -277,11 +340,17 @@ def run_engine(config: str, overrides: list[str], engine: str, ranks: int, steps
     return row
 
 
+def engine_overrides(engine: str) -> list[str]:
+    """The training overrides of a row: ``ENGINES``' own, a sweep row's budget after."""
+    base, extra = split_engine(engine)
+    return [*ENGINES[base], *extra]
+
+
 def launch_command(config: str, overrides: list[str], engine: str, ranks: int, steps: int,
                    data_dir: Path, run_dir: Path) -> list[str]:
     """``python -m torch.distributed.run ... -m dlrm train`` for one bench row."""
     log_every = max(1, min(10, steps // 5))  # at least a few windows after the warm-up one
-    train = [*ENGINES[engine], f"train.max_steps={steps}", "train.progress=false",
+    train = [*engine_overrides(engine), f"train.max_steps={steps}", "train.progress=false",
              "train.time_sections=true", f"train.log_every={log_every}", "train.checkpoint_every=0",
              "train.eval_every=0", f"data.train={data_dir}", "data.eval="]
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
@@ -305,6 +374,7 @@ def collect(metrics: Path) -> dict[str, Any]:
         "peak_memory_mb": summary.get("peak_memory_mb"),
         "hotline": summary.get("hotline"),  # hit rate, popular share, gather hidden
         "tables": summary.get("tables"),  # what the run built: count, rows, bytes
+        "step_mode": summary.get("step_mode"),  # graphs replayed, or eager and why
     }
 
 
@@ -361,6 +431,7 @@ def reader_rate(cfg: Config, data_dir: Path) -> dict[str, Any]:
         "vocabulary_shuffled": _read_rate(files, prep.apply(schema), cfg.data.batch_size,
                                           shuffle=True, prep=prep)["rows_per_s"],
     }
+    out["files"], out["schema"] = files, schema  # for a workers sweep; not written
     return out
 
 
@@ -467,8 +538,8 @@ def write_png(path: Path, rows: list[dict[str, Any]], limit: dict[str, float]) -
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
     labels = [f"{r['engine']}\n{r['ranks']} rank(s)" for r in rows]
-    palette = dict(zip(ENGINES, ("tab:blue", "tab:cyan", "tab:orange", "tab:olive", "tab:green",
-                                 "tab:gray")))
+    palette = dict(zip(ENGINES, ("tab:blue", "tab:cyan", "tab:orange", "tab:olive", "tab:red",
+                                 "tab:green", "tab:gray")))
     colors = [palette.get(r["engine"], "tab:purple") for r in rows]
     bars = ax.bar(labels, [r["samples_per_s"] for r in rows], color=colors)
     ax.bar_label(bars, labels=[f"{r['samples_per_s']:,.0f}" for r in rows])

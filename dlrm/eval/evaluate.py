@@ -29,6 +29,7 @@ def evaluate_checkpoint(
     batch_size: int | None = None,
     device: str | None = None,
     strict_ids: bool = False,
+    tables: str = "stored",
 ) -> dict[str, Any] | None:
     """Metrics (auc, logloss, ne, calibration, ctr, rows) of a checkpoint on ``data``,
     scored on ``device`` (auto/cpu/cuda; None: the run's ``train.device``): state.pt is
@@ -39,6 +40,9 @@ def evaluate_checkpoint(
 
     Under torchrun every rank scores its share; the metrics are computed over all
     rows gathered, so they equal one process's. Returns None on ranks other than 0.
+
+    ``tables="int8"``: also scored with every table quantised int8 row-wise
+    (embeddings/int8.py), under ``result["int8"]`` beside the stored tables' metrics.
     """
     ckpt = find_checkpoint(Path(run))
     if ckpt is None:
@@ -68,6 +72,8 @@ def evaluate_checkpoint(
         if cfg.data.on_error == "skip":  # the run's policy: say what was dropped
             records = records_by_split(gather_lines({"eval": reader}, info)).get("eval", [])
             result["bad_data"] = {**count(records), "records": [r.to_json() for r in records]}
+        if tables == "int8":
+            result["int8"] = _int8_metrics(model, cfg, files, schema, info, prep)
     if not info.is_main:
         return None
     if plots_dir:
@@ -75,3 +81,24 @@ def evaluate_checkpoint(
 
         result["plots"] = write_plots(scores.numpy(), labels.numpy(), plots_dir)
     return result
+
+
+def _int8_metrics(model: Any, cfg: Config, files: list[str], schema: Any, info: Any, prep: Any) -> dict[str, Any]:
+    """The metrics with this rank's tables replaced by their int8 row-wise values
+    (a column shard is quantised per slice), and the int8 tables' bytes."""
+    import torch
+
+    from embeddings.int8 import dequantize_rows, int8_bytes, quantize_rows
+
+    tensors = model.embeddings.export_tables()
+    quantised, nbytes = {}, 0
+    for key, value in tensors.items():
+        if key.endswith(".weight"):
+            quantised[key] = dequantize_rows(*quantize_rows(value))
+            nbytes += int8_bytes(value.shape[0], value.shape[1])
+    with torch.no_grad():
+        model.embeddings.import_tables({**tensors, **quantised})
+    model.embeddings.tables_loaded()
+    reader = make_reader(cfg, files, schema, False, info.rank, info.world_size, prep)
+    metrics, _, _ = evaluate(model, reader, info)
+    return {"auc": metrics["auc"], "logloss": metrics["logloss"], "table_bytes": nbytes}

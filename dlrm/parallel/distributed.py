@@ -38,7 +38,9 @@ def init_distributed(backend: str = "auto", device: str = "auto", timeout_s: int
     cuda = torch.cuda.is_available() and device in ("auto", "cuda")
     if device == "cuda" and not torch.cuda.is_available():
         raise UserError("train.device=cuda but this machine has no CUDA device")
-    dev = torch.device(f"cuda:{local_rank}" if cuda else "cpu")
+    # More local ranks than GPUs share them round-robin (a test runs 2 ranks on one GPU
+    # with gloo; NCCL refuses two ranks on one device).
+    dev = torch.device(f"cuda:{local_rank % torch.cuda.device_count()}" if cuda else "cpu")
     if cuda:
         torch.cuda.set_device(dev)
     if world_size == 1 and not dist.is_initialized():

@@ -62,6 +62,8 @@ def build_model(
             constraints=torchrec_dlrm.constraints_from_pins(pins, device),
         )
     world = info.world_size if info is not None else 1
+    if cfg.embeddings.backend == "torch_baseline":
+        return torch_baseline_model(cfg, schema, device, world)
     embeddings: PooledEmbeddings
     if cfg.embeddings.placement == "hotline":
         embeddings = hotline_embeddings(cfg, schema, device, info, hot_profile, seed)
@@ -75,6 +77,17 @@ def build_model(
     if info is not None and world > 1:
         apply_ddp(model, info, cfg)
     return model
+
+
+def torch_baseline_model(cfg: Config, schema: Schema, device: torch.device, world: int) -> RecModel:
+    """Stock PyTorch: nn.EmbeddingBag tables and torch.optim (one process, HBM or host)."""
+    from dlrm.models.torch_baseline import TorchBaselineDLRM
+
+    if world > 1 or cfg.embeddings.placement == "hotline":
+        raise ConfigError("embeddings.backend=torch_baseline runs on one rank with "
+                          "embeddings.placement=sharded (it is plain PyTorch, not a sharded engine)")
+    return TorchBaselineDLRM(len(schema.dense), run_tables(cfg, schema), cfg.model, cfg.optim,
+                             cfg.seed, device)
 
 
 def torchrec_backend() -> ModuleType:
@@ -115,7 +128,7 @@ def local_embeddings(cfg: Config, schema: Schema, device: torch.device, seed: in
     """Every table in this process, stacked in one weight (``seed=None``: left empty)."""
     return LocalEmbeddingCollection(
         run_tables(cfg, schema), sparse_optimizer(cfg), fused=fused(cfg), seed=seed, device=device,
-        kernels=cfg.embeddings.kernels,
+        rounding_seed=cfg.seed, kernels=cfg.embeddings.kernels,
     )
 
 
@@ -129,7 +142,7 @@ def sharded_embeddings(
     # and two threads on one gloo group can order collectives differently per rank.
     collection = ShardedEmbeddingCollection(
         run_tables(cfg, schema), plan, lambda: sparse_optimizer(cfg), fused=fused(cfg),
-        seed=seed, group=new_group(info), device=device, kernels=cfg.embeddings.kernels,
+        seed=seed, group=new_group(info), device=device, rounding_seed=cfg.seed, kernels=cfg.embeddings.kernels,
     )
     collection.grad_scale = pooled_grad_scale(cfg, info)
     return collection
@@ -158,7 +171,7 @@ def hotline_embeddings(
     # mini-batch add up to one optimizer step.
     collection = HotlineEmbeddingCollection(
         run_tables(cfg, schema), hot_profile, sparse_optimizer(cfg), fused=False, seed=seed,
-        device=device, plan=plan, group=group,
+        device=device, plan=plan, group=group, gather_threads=cfg.hotline.gather_threads,
     )
     if info is not None and info.world_size > 1:
         collection.grad_scale = pooled_grad_scale(cfg, info)

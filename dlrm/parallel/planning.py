@@ -21,7 +21,7 @@ from embeddings.plan.types import ShardingPlan, ShardingType
 from embeddings.table import Pooling, TableSpec
 
 
-def tables_from_schema(schema: Schema, dim: int, pooling: str = "sum") -> list[TableSpec]:
+def tables_from_schema(schema: Schema, dim: int, pooling: str = "sum", dtype: str = "fp32") -> list[TableSpec]:
     """One table per distinct table name; a shared table has the largest row count."""
     features: dict[str, list[str]] = {}
     rows: dict[str, int] = {}
@@ -29,14 +29,15 @@ def tables_from_schema(schema: Schema, dim: int, pooling: str = "sum") -> list[T
         features.setdefault(f.table_name, []).append(f.name)
         rows[f.table_name] = max(rows.get(f.table_name, 0), f.rows)
     return [
-        TableSpec(name, rows=rows[name], dim=dim, features=tuple(feats), pooling=Pooling(pooling))
+        TableSpec(name, rows=rows[name], dim=dim, features=tuple(feats), pooling=Pooling(pooling),
+                  dtype=dtype)
         for name, feats in features.items()
     ]
 
 
 def run_tables(cfg: Config, schema: Schema) -> list[TableSpec]:
     """The tables of a run of ``cfg`` on ``schema``."""
-    return tables_from_schema(schema, cfg.model.embedding_dim, cfg.embeddings.pooling)
+    return tables_from_schema(schema, cfg.model.embedding_dim, cfg.embeddings.pooling, cfg.embeddings.dtype)
 
 
 def run_schema(cfg: Config, data: str | None = None) -> tuple[Schema, dict[str, float]]:

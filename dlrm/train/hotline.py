@@ -101,7 +101,7 @@ class HotlineSteps:
     def reset_window(self) -> None:
         """Close the current window: add it to the run's totals, keep it as the last."""
         self._last = dict(self._window)
-        for key in ("steps", "hit", "popular", "gather", "transfer", "wait"):
+        for key in ("steps", "hit", "popular", "gather", "transfer", "wait", "refreshes", "refresh"):
             self._total[key] = self._total.get(key, 0.0) + self._window.get(key, 0.0)
             self._window[key] = 0.0
 
@@ -147,11 +147,16 @@ class HotlineSteps:
         """Re-choose the hot rows every ``refresh_every`` steps (after the update)."""
         every = self.cfg.hotline.refresh_every
         if every and step % every == 0 and self.counts is not None:
+            t0 = time.perf_counter()  # the pause: the step loop waits for all of it
             optimizer = make_sparse_optimizer(self.cfg.optim.sparse, self.cfg.optim.eps)
             budget = parse_size(self.cfg.hotline.budget) or 0
             counts = sum_counts(self.counts, self.tables, self.info)
             self.embeddings.refresh(HotProfile.build(counts, self.tables, optimizer, budget))
             self.counts = None
+            if self.embeddings.hot_weight.device.type == "cuda":
+                torch.cuda.current_stream().synchronize()  # measure the copies, not their launch
+            self._window["refreshes"] += 1
+            self._window["refresh"] += time.perf_counter() - t0
 
     def stats(self, whole_run: bool = False) -> dict[str, float]:
         """Hit rate, popular share, host gather, transfer to the device and wait ms
@@ -170,6 +175,10 @@ class HotlineSteps:
             "transfer_ms": 1000 * transfer / steps,
             "gather_wait_ms": 1000 * wait / steps,
             "gather_hidden": max(0.0, 1 - wait / busy) if busy > 0 else 1.0,
+            "gather_threads": float(getattr(self.embeddings.tier, "gather_threads", 1)),
+            # hotline.refresh_every: re-profiles and the mean pause each cost the step loop
+            "refreshes": w["refreshes"],
+            "refresh_pause_ms": 1000 * w["refresh"] / w["refreshes"] if w["refreshes"] else 0.0,
         }
         return out
 

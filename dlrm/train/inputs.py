@@ -8,10 +8,14 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from data import preprocess as prep_io
+from data.decode_workers import auto_workers, available_cores
 from data.errors import DataError
 from data.files import expand_paths
 from data.merged import MergedReader
@@ -29,10 +33,27 @@ class RunData:
 
 
 def prep_options(cfg: Config) -> prep_io.Options:
+    """The fit's options; under a process group, this rank's share of the pass and the
+    all-gather that merges the ranks' counts (the same vocabulary on every rank)."""
+    import torch.distributed as dist
+
     d = cfg.data
-    return prep_io.Options(d.encoding, dict(d.encodings), d.min_frequency, d.max_rows,
-                           d.hash_rows, dict(d.rows), d.dense_transform, dict(d.dense_transforms),
-                           d.on_error, d.fit_workers)
+    opts = prep_io.Options(d.encoding, dict(d.encodings), d.min_frequency, d.max_rows,
+                           d.hash_rows, dict(d.rows), d.dense_transform,
+                           dict(d.dense_transforms), d.on_error, d.fit_workers, d.fit_sketch)
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        opts.rank, opts.world, opts.gather = dist.get_rank(), dist.get_world_size(), _gather
+    opts.progress = opts.rank == 0
+    return opts
+
+
+def _gather(obj: object) -> list[object]:
+    """Every rank's ``obj`` in rank order (all_gather_object over the default group)."""
+    import torch.distributed as dist
+
+    out: list[object] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
 
 
 def resolve_data(cfg: Config, run_dir: str | Path | None = None) -> RunData:
@@ -103,7 +124,7 @@ def make_reader(
     """This rank's reader; with data.order_world_size=W on one process, the merged
     reader of a W-rank job's ranks (same global batches, same order)."""
 
-    def reader(r: int, w: int, prefetch: int) -> ParquetReader:
+    def reader(r: int, w: int, prefetch: int, workers: int = 0) -> ParquetReader:
         return ParquetReader(
             files,
             schema,
@@ -118,9 +139,23 @@ def make_reader(
             dense_nan=cfg.data.dense_nan,
             on_error=cfg.data.on_error,
             preprocess=preprocess,
+            workers=workers,
         )
 
     order = cfg.data.order_world_size
     if order > 1 and world_size == 1:
         return MergedReader([reader(r, order, cfg.data.prefetch) for r in range(order)])
-    return reader(rank, world_size, cfg.data.prefetch)
+    return reader(rank, world_size, cfg.data.prefetch, decode_workers(cfg))
+
+
+def decode_workers(cfg: Config) -> int:
+    """data.workers as a count: ``auto`` is, with CUDA, the cores the training processes
+    leave free (cores / LOCAL_WORLD_SIZE minus the trainer's one thread), and 0 on CPU,
+    where the trainer's intra-op threads already use every core."""
+    if cfg.data.workers != "auto":
+        return int(cfg.data.workers)
+    device = cfg.train.device
+    if device == "cpu" or (device == "auto" and not torch.cuda.is_available()):
+        return 0
+    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    return auto_workers(available_cores(), local_ranks, trainer_threads=1)

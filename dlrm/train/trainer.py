@@ -49,7 +49,7 @@ from dlrm.checkpoint.manager import (
 )
 from dlrm.checkpoint.manifest import schema_to_json
 from dlrm.checkpoint.schedule import CheckpointSchedule
-from dlrm.config import Config, to_dict, to_yaml
+from dlrm.config import Config, ConfigError, to_dict, to_yaml
 from dlrm.eval.predict import evaluate
 from dlrm.models.interface import RecModel
 from dlrm.parallel.ddp import loss_scale
@@ -57,6 +57,10 @@ from dlrm.parallel.distributed import DistInfo, all_reduce_sum, barrier, init_di
 from dlrm.parallel.parallelize import build_model
 from dlrm.parallel.planning import describe, run_tables
 from dlrm.train.bad_data_report import BadDataReport
+from dlrm.train.device_prefetch import DevicePrefetcher
+from dlrm.train.graphs import WARMUP as GRAPH_WARMUP
+from dlrm.train.graphs import GraphedStep
+from dlrm.train.graphs import why_not as graphs_why_not
 from dlrm.train.header import header
 from dlrm.train.host_memory import reuse_freed_memory
 from dlrm.train.hotline import HotlineSteps, make_profile
@@ -69,6 +73,7 @@ from dlrm.train.profiling import StepProfiler
 from dlrm.train.trace import RowTrace
 from embeddings.hotline.lookups import HOT_ONLY
 from embeddings.interface import Prefetched
+from embeddings.narrow import bf16_small_lr
 from embeddings.plan.sizes import parse_size
 from embeddings.timing import EMBEDDING_SECTIONS, TIMER
 
@@ -93,6 +98,7 @@ def train(cfg: Config, run_dir: str | Path, echo: Callable[[str], None] = print)
     data = resolve_data(cfg, run_dir)  # before creating anything: bad data leaves no run dir
     for note in data.preprocess.notes if data.preprocess else ():
         say(note)
+    narrow_type_warning(cfg, data.schema, say)
     if info.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
         if data.preprocess is not None and not (run_dir / PREP_FILE).is_file():
@@ -117,6 +123,15 @@ def train(cfg: Config, run_dir: str | Path, echo: Callable[[str], None] = print)
     barrier(info)
     with contextlib.closing(model):  # the torchrec backend owns a process group
         return Trainer(cfg, run_dir, model, data, info, say).fit()
+
+
+def narrow_type_warning(cfg: Config, schema: Any, say: Callable[[str], None]) -> None:
+    """One line where bf16 tables get steps below their spacing (embeddings/narrow.py)."""
+    if cfg.embeddings.dtype == "bf16":
+        rows = {t.name: t.rows for t in run_tables(cfg, schema)}
+        note = bf16_small_lr(cfg.optim.sparse_lr, rows, cfg.optim.sparse)
+        if note:
+            say(f"warning: {note}")
 
 
 def micro_batch_name(sparse: Any) -> str:
@@ -179,6 +194,19 @@ class Trainer:
                                      info.rank, info.device)
         self.last_eval: dict[str, Any] | None = None
         self._batches: Iterator[Batch] | None = None
+        self.graphs, self.step_mode = self._graphs()
+
+    def _graphs(self) -> tuple[GraphedStep | None, str]:
+        """The captured step where train.cuda_graphs allows it (dlrm/train/graphs.py)."""
+        mode = self.cfg.train.cuda_graphs
+        if mode == "off":
+            return None, "eager (train.cuda_graphs=off)"
+        why = graphs_why_not(self.cfg, self.info.device, self.info.world_size)
+        if why is not None:
+            if mode == "on":
+                raise ConfigError(f"train.cuda_graphs=on: the step cannot be captured here: {why}")
+            return None, f"eager ({why})"
+        return GraphedStep(self._captured_body, self.dense_opt, self.say, required=mode == "on"), ""
 
     def _resume(self) -> bool:
         """Load the newest checkpoint of the run directory that verifies, if any."""
@@ -244,6 +272,8 @@ class Trainer:
         if self._batches is None:
             self._batches = iter(self.reader.epoch(self.progress.epoch,
                                                    start_step=self.progress.step_in_epoch))
+            if self.info.device.type == "cuda" and self.hotline is None:  # Hotline splits on the host
+                self._batches = DevicePrefetcher(self._batches, self.info.device)
         batches = list(itertools.islice(self._batches, self.cfg.train.accumulate))
         if not batches:
             self.progress.epoch += 1
@@ -257,8 +287,15 @@ class Trainer:
         step = self.progress.global_step
         rows = self._global_rows(batches)
         factor = lr_factor(self.cfg, step)
-        for group in self.dense_opt.param_groups:
-            group["lr"] = self.cfg.optim.dense_lr * factor
+        if self.graphs is not None:
+            self.graphs.set_dense_lr(self.cfg.optim.dense_lr * factor)  # tensors a replay reads
+            if step >= GRAPH_WARMUP and len(batches) == 1:
+                done = self._graph_step(batches[0], rows, factor, t0)
+                if done is not None:
+                    return done
+        else:
+            for group in self.dense_opt.param_groups:
+                group["lr"] = self.cfg.optim.dense_lr * factor
         self.profiler.before(step)
         self.model.begin_step(self.cfg.optim.sparse_lr * factor)
         self.dense_opt.zero_grad(set_to_none=True)
@@ -280,6 +317,36 @@ class Trainer:
         # forward + backward outside the embedding sections timed inside them
         inside = (t_dense - t0) - (sum(TIMER.totals[s] for s in EMBEDDING_SECTIONS) - embedding_before)
         return StepDone(rows, inside, dense_update)
+
+    def _graph_step(self, batch: Batch, rows: int, factor: float, t0: float) -> StepDone | None:
+        """The step as one graph replay (the capture at its first eligible step); None
+        where this batch must run eager (another shape, or the capture failed)."""
+        graphs = self.graphs
+        assert graphs is not None
+        self.model.begin_step(self.cfg.optim.sparse_lr * factor)  # fills the device lr
+        part = batch.to(self.info.device, non_blocking=True)
+        if graphs.graph is None and graphs.failed is None:
+            loss = graphs.try_capture(part, self.progress.global_step)
+        elif graphs.graph is not None and graphs.fits(part):
+            loss = graphs.replay(part)
+        else:
+            loss = None
+        if loss is None:
+            graphs.eager_after_capture += graphs.graph is not None
+            return None
+        self.meter.add_loss(loss, part.size)
+        self.progress.global_step += 1
+        return StepDone(rows, time.perf_counter() - t0, 0.0)
+
+    def _captured_body(self, part: Batch) -> torch.Tensor:
+        """What the graph holds: forward, loss, backward (the fused sparse update runs
+        in it), dense update; the summed BCE for the meter."""
+        with self.autocast:
+            logits = self.model(part.dense, part.sparse)
+        bce = self.loss_fn(logits.float(), part.labels)
+        (bce * loss_scale(self.info, part.size, self.cfg)).backward()
+        self.dense_opt.step()
+        return bce.detach()
 
     def _micro_batches(self, batch: Batch) -> Iterator[tuple[Batch, Any, bool]]:
         """(part on the device, its sparse input, last micro-batch of the batch?)."""
@@ -371,11 +438,13 @@ class Trainer:
         """The tables this run built (after the data's encodings): count, rows, bytes."""
         tables = run_tables(self.cfg, self.schema)
         rows = sum(t.rows for t in tables)
-        return {"count": len(tables), "rows": rows, "bytes": sum(t.rows * t.dim * 4 for t in tables),
-                "dtype": "fp32"}
+        return {"count": len(tables), "rows": rows, "bytes": sum(t.bytes for t in tables),
+                "dtype": self.cfg.embeddings.dtype}
 
     def _summary(self, preempted: int = 0) -> dict[str, Any]:
+        self.step_mode = self.graphs.summary() if self.graphs is not None else self.step_mode
         summary: dict[str, Any] = {"event": "summary", "steps": self.progress.global_step,
+                                   "step_mode": self.step_mode,
                                    **self.meter.summary(), "tables": self._tables_trained()}
         if preempted:
             summary["preempted"] = signal_name(preempted)

@@ -6,11 +6,29 @@
                1 / FULL bag length, as the single-process collection does)
     backward:  cold KVGradient (stacked ids, moved home) ──► host optimizer
                (applied at once when fused, else kept until step())
+
+One step's ordering (CUDA; kept gradients, as the trainer runs it):
+
+    main thread   | popular fwd/bwd (hot only) | wait gather | non-popular fwd/bwd | step() ─┐ next popular ...
+    gather thread | wait host updates ─► gather rows (N threads) ─► pinned ─► H2D issue   │
+    copy stream   |                                   H2D rows+ids ─► event ready          │
+    compute stream|  ... waits `ready` before the cold lookup (no host wait) ... D2H grads ─► event
+    update thread |                                          waits the D2H events, applies ◄┘ (queued)
+                  the NEXT step's gather waits for this queue (``collection``): read after write.
+
+Host syncs left in the main thread: the non-popular micro-batch's boolean
+hot/cold selects and the unique cold ids (their sizes depend on the data; a
+fixed-size compaction is not written yet), the torch path's KV-gradient
+``unique_consecutive`` per lookup (the Triton sorted backward removes it), and
+the wait for the gather thread (a Python future, not a device sync).
 """
 
 from __future__ import annotations
 
+import os
 import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 
 import torch
@@ -39,20 +57,36 @@ class LocalHostTier:
         seed: int | None,
         device: torch.device | str,
         hot_device: torch.device,
+        gather_threads: int = 0,
     ) -> None:
-        """Tables on ``device`` (the host), cold rows copied to ``hot_device``."""
-        self.collection = LocalEmbeddingCollection(tables, optimizer, fused=True, seed=seed, device=device)
+        """Tables on ``device`` (the host), cold rows copied to ``hot_device``, gathered
+        by ``gather_threads`` host threads (0: min(4, CPU cores))."""
+        self._tables = LocalEmbeddingCollection(tables, optimizer, fused=True, seed=seed, device=device)
         if hot_device.type == "cuda":
-            self.collection.pin_memory()
+            self._tables.pin_memory()
+        # Host updates (cold gradients, lr) run in order on one thread, off the step.
+        self._updates = ThreadPoolExecutor(1, thread_name_prefix="hotline-host-update")
+        self._pending: Future[None] | None = None
         self._copy_stream = torch.cuda.Stream(hot_device) if hot_device.type == "cuda" else None
         self.optimizer = optimizer
         self.fused = fused
         self.mean = tables[0].pooling is Pooling.MEAN
-        self._kept: list[KVGradient] = []
+        self.gather_threads = gather_threads or min(4, os.cpu_count() or 1)
+        self._gather_pool = (ThreadPoolExecutor(self.gather_threads, thread_name_prefix="hotline-rows")
+                             if self.gather_threads > 1 else None)
+        self._kept: list[tuple[KVGradient, torch.cuda.Event | None]] = []
+        # Bytes of the cold path's copies between host and device (H2D: rows and
+        # ids; D2H: gradient rows and ids), counted where they are issued.
+        self.copied = {"h2d": 0, "d2h": 0, "copies": 0}
+
+    def _count(self, way: str, *tensors: torch.Tensor) -> None:
+        for t in tensors:
+            self.copied[way] += t.numel() * t.element_size()
+            self.copied["copies"] += 1
 
     @property
     def device(self) -> torch.device:
-        return self.collection.weight.device
+        return self._tables.weight.device
 
     # ------------------------------------------------------------------ hot rows
     @torch.no_grad()
@@ -94,17 +128,36 @@ class LocalHostTier:
         host_ids = unique.to(source.device)
         if device.type == "cuda" and source.device.type == "cpu":
             rows = torch.empty(unique.numel(), source.shape[1], dtype=source.dtype, pin_memory=True)
-            torch.index_select(source, 0, host_ids, out=rows)
+            self._gather_rows(source, host_ids, rows)
             t1 = time.perf_counter()
             with torch.cuda.stream(self._copy_stream):  # a side stream: compute goes on
                 rows = rows.to(device, non_blocking=True)
-            self._copy_stream.synchronize()  # this (gather) thread waits, not the trainer
+                ids = unique.pin_memory().to(device, non_blocking=True)
+                ready = torch.cuda.Event()
+                ready.record(self._copy_stream)  # pool() makes the compute stream wait on it
+            # No synchronize(): the copy is ordered by ``ready``, not by a host wait.
+            # The pinned source stays alive until the copy ends: the caching host
+            # allocator holds a pinned block until the stream's work on it is done.
         else:
-            rows = source.index_select(0, host_ids)
+            rows = source.new_empty(unique.numel(), source.shape[1])
+            self._gather_rows(source, host_ids, rows)
             t1 = time.perf_counter()
-            rows = rows.to(device)
+            rows, ids, ready = rows.to(device), unique.to(device), None
+        self._count("h2d", rows, ids)
         t2 = time.perf_counter()
-        return ColdRows(unique.to(device), rows.requires_grad_(True), t1 - t0, t2 - t1)
+        return ColdRows(ids, rows.requires_grad_(True), t1 - t0, t2 - t1, ready)
+
+    # Below this many rows one thread gathers: a hand-off costs more than it saves.
+    PARALLEL_ROWS = 4096
+
+    def _gather_rows(self, source: torch.Tensor, ids: torch.Tensor, out: torch.Tensor) -> None:
+        """``out[i] = source[ids[i]]``, slices of ``ids`` on the gather threads (torch
+        releases the GIL in index_select), each into its own slice of ``out``."""
+        if self._gather_pool is None or ids.numel() < self.PARALLEL_ROWS:
+            torch.index_select(source, 0, ids, out=out)
+            return
+        parts = zip(ids.tensor_split(self.gather_threads), out.tensor_split(self.gather_threads))
+        list(self._gather_pool.map(lambda p: torch.index_select(source, 0, p[0], out=p[1]), parts))
 
     def pool(
         self, lookups: Lookups, hot: HotTier, cold: ColdRows | ColdPooled | None
@@ -115,12 +168,21 @@ class LocalHostTier:
         if self.mean:
             inv = 1.0 / lengths.clamp(min=1).to(hot.weight.dtype)
             scale = torch.repeat_interleave(inv, lengths, output_size=lookups.ids.numel())
+        if cold is None and not self.fused:
+            # A popular micro-batch: no cold side at all (no gather, no empty
+            # embedding_bag, no backward for it; ``step`` still applies the host
+            # tier once). Every id is hot: no boolean select, no host sync.
+            return self._pooled(lookups, hot.lookup(lookups.slot, lookups.lengths, scale)), 0
         cold_ids = lookups.ids[~is_hot]
-        if cold is None:
+        if cold is None:  # fused: the host tier applies once per backward, an empty one too
             cold = self.gather_cold(lookups, hot.device)  # empty
         assert isinstance(cold, ColdRows)
         if cold.rows.device.type == "cuda":  # copied on the side stream, used on this one
-            cold.rows.record_stream(torch.cuda.current_stream(cold.rows.device))
+            current = torch.cuda.current_stream(cold.rows.device)
+            if cold.ready is not None:
+                current.wait_event(cold.ready)  # device-side order, the host does not wait
+            cold.rows.record_stream(current)
+            cold.ids.record_stream(current)
         local = torch.searchsorted(cold.ids, cold_ids)
         if cold_ids.numel() and not torch.equal(cold.ids[local.clamp(max=cold.ids.numel() - 1)], cold_ids):
             raise ValueError("ColdRows were gathered for another batch")
@@ -130,18 +192,31 @@ class LocalHostTier:
             cold.rows, local, bag_offsets(lookups.cold_lengths), partial(self._receive, cold.ids),
             None if scale is None else scale[~is_hot],
         )
-        batch, features, dim = lookups.batch, lookups.num_features, self.collection.dim
-        pooled = (hot_part + cold_part).view(features, batch, dim)
-        return pooled.transpose(0, 1).reshape(batch, features * dim), cold.ids.numel()
+        return self._pooled(lookups, hot_part + cold_part), cold.ids.numel()
+
+    def _pooled(self, lookups: Lookups, bags: torch.Tensor) -> torch.Tensor:
+        """Feature-major bags [F*B, D] as [B, F*D]."""
+        batch, features, dim = lookups.batch, lookups.num_features, self._tables.dim
+        return bags.view(features, batch, dim).transpose(0, 1).reshape(batch, features * dim)
 
     # ------------------------------------------------------------------ updates
     def _receive(self, cold_ids: torch.Tensor, grad: KVGradient) -> None:
-        home = self.device
-        grad = KVGradient(cold_ids[grad.ids].to(home), grad.rows.to(home))
+        ids = cold_ids[grad.ids]
+        ready = None
+        if grad.rows.device.type == "cuda":  # D2H into pinned memory, not waited for here
+            ids, rows = _pinned_copy(ids), _pinned_copy(grad.rows)
+            ready = torch.cuda.Event()
+            ready.record()
+            grad = KVGradient(ids, rows)
+        else:
+            grad = KVGradient(ids.to(self.device), grad.rows.to(self.device))
+        self._count("d2h", grad.ids, grad.rows)
         if self.fused:
+            if ready is not None:
+                ready.synchronize()
             self.collection.apply_gradient(grad)
         else:
-            self._kept.append(grad)
+            self._kept.append((grad, ready))
 
     def share_hot_gradient(self, grad: KVGradient) -> KVGradient:
         return grad
@@ -153,7 +228,8 @@ class LocalHostTier:
         if not (hot or self._kept):
             return {}
         home = self.device
-        grad = KVGradient.cat([KVGradient(g.ids.to(home), g.rows.to(home)) for g in hot] + self._kept)
+        grad = KVGradient.cat([KVGradient(g.ids.to(home), g.rows.to(home)) for g in hot]
+                              + _arrived(self._kept))
         out = {}
         for t in self.collection.tables:
             start = self.collection.row_offsets[t.name]
@@ -163,13 +239,52 @@ class LocalHostTier:
         return out
 
     def set_lr(self, lr: float) -> None:
-        self.collection.set_lr(lr)
+        self._later(self._tables.set_lr, lr)  # after the updates queued before it
 
     def step(self) -> None:
+        """Queue the kept cold gradients' update on the host-update thread: the
+        trainer goes on (the next popular micro-batch needs no host row); the next
+        gather, and every other reader of the host rows, waits for it (see
+        ``collection``)."""
         kept, self._kept = self._kept, []
+        self._later(self._apply, kept)
+
+    def _apply(self, kept: list[tuple[KVGradient, torch.cuda.Event | None]]) -> None:
+        """On the host-update thread: wait for the gradients' D2H copies, apply them once."""
+        tables = self._tables
         if kept:
-            grad = KVGradient.cat(kept)
+            grad = KVGradient.cat(_arrived(kept))
         else:
-            ids = torch.zeros(0, dtype=torch.int64, device=self.device)
-            grad = KVGradient(ids, self.collection.weight.new_zeros(0, self.collection.dim))
-        self.collection.apply_gradient(grad)
+            ids = torch.zeros(0, dtype=torch.int64, device=tables.weight.device)
+            grad = KVGradient(ids, tables.weight.new_zeros(0, tables.dim))
+        tables.apply_gradient(grad)
+
+    def _later(self, fn: Callable[..., None], *args: object) -> None:
+        """Run ``fn`` on the single host-update thread, after what was queued before."""
+        self._pending = self._updates.submit(fn, *args)
+
+    def wait_updates(self) -> None:
+        """Until the queued host updates are applied (their error, if any, raises here)."""
+        pending = self._pending
+        if pending is not None:
+            pending.result()
+
+    @property
+    def collection(self) -> LocalEmbeddingCollection:
+        """The host tables, once the queued updates are in: every read goes through here."""
+        self.wait_updates()
+        return self._tables
+
+
+def _pinned_copy(t: torch.Tensor) -> torch.Tensor:
+    out = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    out.copy_(t, non_blocking=True)
+    return out
+
+
+def _arrived(kept: list[tuple[KVGradient, torch.cuda.Event | None]]) -> list[KVGradient]:
+    """The kept gradients, after their D2H copies ended (CUDA events; the host waits)."""
+    for _, ready in kept:
+        if ready is not None:
+            ready.synchronize()
+    return [grad for grad, _ in kept]

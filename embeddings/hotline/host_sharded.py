@@ -101,7 +101,10 @@ class ShardedHostTier:
         """Σ hot part (local replica) + Σ cold part (sharded), [B, F*D]; cold lookups."""
         batch, features, dim = lookups.batch, lookups.num_features, self.collection.dim
         is_hot = lookups.is_hot
-        hot_part = hot.lookup(lookups.slot[is_hot], lookups.hot_lengths)
+        if cold is None:  # a popular micro-batch: every id is hot, no boolean select (no sync)
+            hot_part = hot.lookup(lookups.slot, lookups.lengths)
+        else:
+            hot_part = hot.lookup(lookups.slot[is_hot], lookups.hot_lengths)
         pooled = hot_part.view(features, batch, dim).transpose(0, 1)  # [B, F, D]
         if cold is not None:
             assert isinstance(cold, ColdPooled)

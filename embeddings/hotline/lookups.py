@@ -38,10 +38,14 @@ class Lookups:
 
     @cached_property
     def cold_lengths(self) -> torch.Tensor:
-        """Cold lookups per bag [F*B]."""
+        """Cold lookups per bag [F*B]: a segment sum of static size (no boolean
+        select, no ``bincount``, ``output_size`` given), so no host sync on CUDA."""
         lengths = self.lengths
-        bag = torch.repeat_interleave(torch.arange(lengths.numel(), device=lengths.device), lengths)
-        return torch.bincount(bag[~self.is_hot], minlength=lengths.numel())
+        bag = torch.repeat_interleave(
+            torch.arange(lengths.numel(), device=lengths.device), lengths, output_size=self.ids.numel()
+        )
+        cold = (~self.is_hot).to(lengths.dtype)
+        return torch.zeros_like(lengths).index_add_(0, bag, cold)
 
     @property
     def hot_lengths(self) -> torch.Tensor:
@@ -53,10 +57,10 @@ class Lookups:
         return self.cold_lengths.view(self.num_features, self.batch).sum(dim=0) == 0
 
     def check_hot_only(self) -> None:
-        """For a popular micro-batch: it must have no cold lookup."""
-        cold = int((~self.is_hot).sum())
-        if cold:
-            raise ValueError(f"a popular micro-batch has {cold} cold lookups")
+        """For a popular micro-batch: it must have no cold lookup (a pipeline bug,
+        not bad input). An asynchronous assert: on CUDA it fails in the device's own
+        time, with no ``int()`` that would make the step wait for it."""
+        torch._assert_async(self.is_hot.all(), "Hotline: a popular micro-batch has cold lookups")
 
 
 @dataclass
@@ -70,7 +74,8 @@ class ColdRows:
     ids: torch.Tensor
     rows: torch.Tensor
     gather_s: float = 0.0  # host time to gather the rows
-    transfer_s: float = 0.0  # time to copy them to the device (0 when it is the host)
+    transfer_s: float = 0.0  # time to issue the copy to the device (CUDA: asynchronous)
+    ready: torch.cuda.Event | None = None  # CUDA: recorded on the copy stream after the copy
 
 
 @dataclass

@@ -79,6 +79,7 @@ class HotlineEmbeddingCollection(EmbeddingCollection):
         host: torch.device | str = "cpu",
         plan: ShardingPlan | None = None,
         group: dist.ProcessGroup | None = None,
+        gather_threads: int = 0,
     ) -> None:
         super().__init__()
         device = torch.device(device)
@@ -88,7 +89,7 @@ class HotlineEmbeddingCollection(EmbeddingCollection):
                 raise ValueError("Hotline on several ranks keeps gradients: hot ones are all-gathered")
             tier = ShardedHostTier(tables, plan, optimizer, seed, group, host)
         else:
-            tier = LocalHostTier(tables, optimizer, fused, seed, host, device)
+            tier = LocalHostTier(tables, optimizer, fused, seed, host, device, gather_threads)
         self.tier = tier  # a plain object: the host tables stay out of the module tree
         self.tables = list(tables)
         self.dim = tables[0].dim
@@ -104,6 +105,7 @@ class HotlineEmbeddingCollection(EmbeddingCollection):
         table_of = {f: t.name for t in tables for f in t.features}
         offsets = torch.tensor([self.row_offsets[table_of[f]] for f in self.features], dtype=torch.int64)
         self.register_buffer("feature_offsets", offsets.to(device), persistent=False)
+        self._offsets_cache: dict[torch.device, torch.Tensor] = {}
         self.hot = HotTier(optimizer, fused)
         self._last: tuple[torch.Tensor, int, torch.Tensor, int, torch.Tensor | int] | None = None
         self.profile = profile
@@ -177,9 +179,19 @@ class HotlineEmbeddingCollection(EmbeddingCollection):
     def _lookups(self, sparse: KeyedJagged) -> Lookups:
         """``sparse``'s lookups in the collection's feature order, split hot/cold."""
         values, lengths, batch = in_feature_order(sparse, self.features)
-        ids = stacked_ids(values, lengths, self.feature_offsets, batch)
+        ids = stacked_ids(values, lengths, self._offsets_on(values.device), batch)
         is_hot, slot = self.hot.locate(ids)
         return Lookups(ids, values, lengths, batch, len(self.features), is_hot, slot)
+
+    def _offsets_on(self, device: torch.device) -> torch.Tensor:
+        """``feature_offsets`` on ``device``, copied once per device (ids classified on
+        the host used to copy them device → host on every call: a sync)."""
+        if self.feature_offsets.device == device:
+            return self.feature_offsets
+        cached = self._offsets_cache.get(device)
+        if cached is None:
+            cached = self._offsets_cache[device] = self.feature_offsets.to(device)
+        return cached
 
     def split(self, sparse: KeyedJagged) -> torch.Tensor:
         """Popular mask [B] (bool): samples whose every lookup hits a hot row."""

@@ -81,7 +81,7 @@ class Estimator:
         table = self.tables[shard.table]
         buffers = strategy(sharding).buffer_bytes(shard, table, self.ids[table.name], self.batch_size)
         state = shard.rows * self.state_bytes(shard.cols)
-        return RankMemory(shard.rows * shard.cols * 4, state, buffers)
+        return RankMemory(shard.rows * shard.cols * table.itemsize, state, buffers)
 
     def slice_buffers(self, model_parallel: list[str]) -> int:
         """Each rank's own side of the all-to-alls, for its slice of the global batch:

@@ -32,7 +32,9 @@ FREE = {"aten.view", "aten._unsafe_view", "aten.slice", "aten.select", "aten.exp
         "aten.transpose", "aten.unsqueeze", "aten.squeeze", "aten.detach", "aten.alias",
         "aten.empty", "aten.new_empty", "aten.as_strided", "aten.reshape", "aten.lift_fresh",
         "aten.permute", "aten.split", "aten.split_with_sizes", "aten.unbind", "aten.empty_strided",
-        "aten.new_empty_strided", "aten._reshape_alias"}
+        "aten.new_empty_strided", "aten._reshape_alias",
+        # torch.profiler.record_function's named spans (the trainer's micro-batch names)
+        "profiler._record_function_enter_new", "profiler._record_function_exit"}
 
 
 class SyncAudit(TorchDispatchMode):

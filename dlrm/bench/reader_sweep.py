@@ -1,0 +1,118 @@
+"""``dlrm bench --reader-only --workers 0,1,2``: reader rows/s per data.workers count.
+
+    schema          bench      the bench set (cfg.generate: dense, int64 ids), shuffled, identity ids
+                    avazu      Avazu-shaped: label and 22 string columns (generated from the
+                               bench set's ids, 8-12 characters), shuffled, through vocabularies
+    per count       rows_per_s the epoch's rows over its seconds, startup included
+                    startup_s  seconds to the first batch (worker processes starting, first window)
+                    steady     rows/s after the first batch
+
+Workers split an epoch by shuffle windows (data.shuffle_buffer rows each): a set of
+fewer windows than workers leaves some idle, so sweep on sets of many windows.
+
+Each count reads one whole epoch after a warm-up epoch (page cache, imports, the
+forkserver); vocabularies are fitted once, untimed. The counts run one after the other
+in this process, so their ratios come from one run of one machine.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+AVAZU_COLUMNS = 22  # Avazu's categorical columns (C1, banner_pos, site_id, ... C21)
+
+
+def reader_sweep(files: list[str], schema: Any, batch_size: int, workers: list[int],
+                 out: Path) -> dict[str, Any]:
+    """{"bench": {count: rates}, "avazu": {count: rates}} for each count in ``workers``."""
+    from data import preprocess
+
+    strings = avazu_files(files, out / "avazu")
+    avazu_schema = _string_schema(strings)
+    prep = preprocess.fit(strings, avazu_schema, preprocess.Options(encoding="vocabulary"))
+    cases = {"bench": (files, schema, None), "avazu": (strings, prep.apply(avazu_schema), prep)}
+    result: dict[str, Any] = {}
+    for name, (paths, sch, p) in cases.items():
+        epoch_rate(paths, sch, batch_size, 0, p)  # warm-up
+        result[name] = {str(w): epoch_rate(paths, sch, batch_size, w, p) for w in workers}
+    return result
+
+
+def epoch_rate(files: list[str], schema: Any, batch_size: int, workers: int,
+               prep: Any = None) -> dict[str, float]:
+    """One shuffled epoch at ``workers``: rows/s, startup seconds, steady rows/s."""
+    from data.reader import ParquetReader
+
+    reader = ParquetReader(files, schema, batch_size, shuffle=True, prefetch=4,
+                           preprocess=prep, workers=workers)
+    t0 = time.perf_counter()
+    it = reader.epoch(0)
+    first = next(it)
+    t1 = time.perf_counter()
+    rest = sum(batch.size for batch in it)
+    t2 = time.perf_counter()
+    rows = rest + first.size
+    return {"rows_per_s": rows / (t2 - t0), "startup_s": t1 - t0,
+            "steady": rest / (t2 - t1) if t2 > t1 else 0.0, "rows": rows}
+
+
+def avazu_files(files: list[str], out: Path) -> list[str]:
+    """The bench files as Avazu-shaped strings (once; kept under ``out``): label and
+    ``AVAZU_COLUMNS`` string columns, each a bench id column written as a decimal string
+    of its id times a large odd number (distinct ids stay distinct, 8-12 characters)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    out.mkdir(parents=True, exist_ok=True)
+    made = []
+    for i, path in enumerate(files):
+        target = out / f"part-{i:05d}.parquet"
+        made.append(str(target))
+        if target.is_file():
+            continue
+        source = pq.ParquetFile(path)
+        ids = [n for n in source.schema_arrow.names if n.startswith("C")]
+        with pq.ParquetWriter(str(target) + ".tmp", _avazu_arrow_schema()) as writer:
+            for g in range(source.num_row_groups):
+                t = source.read_row_group(g, columns=["label", *ids])
+                cols = {"label": pc.cast(t.column("label"), pa.float32())}
+                for j in range(AVAZU_COLUMNS):
+                    col = t.column(ids[j % len(ids)])
+                    if pa.types.is_list(col.type):
+                        col = pc.list_element(col.combine_chunks().fill_null([0]), 0)
+                    col = pc.fill_null(col, 0)
+                    salted = pc.add(pc.multiply(col, 2654435761), 10_000_000 + j)
+                    cols[f"S{j + 1}"] = pc.cast(salted, pa.string())
+                writer.write_table(pa.table(cols, schema=_avazu_arrow_schema()))
+        Path(str(target) + ".tmp").rename(target)
+    return made
+
+
+def _avazu_arrow_schema() -> Any:
+    import pyarrow as pa
+
+    return pa.schema([("label", pa.float32()),
+                      *((f"S{j + 1}", pa.string()) for j in range(AVAZU_COLUMNS))])
+
+
+def _string_schema(files: list[str]) -> Any:
+    from data.schema import Schema, SparseFeature
+
+    return Schema("label", (), tuple(SparseFeature(f"S{j + 1}", 1, encoding="vocabulary")
+                                     for j in range(AVAZU_COLUMNS)))
+
+
+def format_workers(sweep: dict[str, Any]) -> str:
+    """One line per schema: rows/s at each worker count, and the ratio to 0 workers."""
+    lines = []
+    for name, by_count in sweep.items():
+        base = by_count.get("0", {}).get("rows_per_s")
+        cells = []
+        for count, r in by_count.items():
+            ratio = f" ({r['rows_per_s'] / base:.2f}x)" if base else ""
+            cells.append(f"{count} workers {r['rows_per_s']:,.0f}{ratio}")
+        lines.append(f"reader {name}: " + ", ".join(cells) + " rows/s")
+    return "\n".join(lines)

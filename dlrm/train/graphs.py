@@ -1,0 +1,141 @@
+"""``train.cuda_graphs``: the whole training step captured once, replayed every step.
+
+    steps 0 .. WARMUP-1   eager (cuBLAS handles, the allocator, lr and Adam's step
+                          moved to the device, the dense optimizer's state made)
+    step WARMUP           the batch is copied into static buffers and the step is
+                          captured: forward, loss, backward (the Triton sparse update
+                          runs inside it), the fused dense optimizer; then replayed
+    later steps           copy the batch into the static buffers (device to device),
+                          set the lrs on the device, replay: one launch for the step
+
+What makes a step capturable (else it runs eager, and ``auto`` says why once):
+
+    CUDA, one process, placement=sharded with the native backend on the Triton
+    kernels, fused sparse updates (no accumulation), a dense optimizer that reads
+    its lr from a tensor (SGD, Adam), and the same shapes as the captured batch:
+    B samples and N ids (single-hot data always; multi-hot when N repeats) —
+    another shape (an epoch's short last batch) runs that step eager.
+
+The sparse lr is a device tensor the update kernel reads (``set_lr`` fills it) and
+the dense optimizer's lr is a device tensor too, filled before each replay: a
+schedule changes both without a recapture. The loss of the replay is a static
+tensor the meter reads afterwards, as it reads an eager step's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from data.batch import Batch
+from data.jagged import JaggedFeatures
+
+WARMUP = 3  # eager steps before the capture
+
+
+def why_not(cfg: Any, device: torch.device, world_size: int) -> str | None:
+    """Why this run's steps cannot be captured (None: they can, given static shapes)."""
+    reasons = [
+        (device.type != "cuda", "no CUDA device"),
+        (world_size > 1, "more than one process (the all-to-alls and DDP run eager)"),
+        (cfg.embeddings.placement != "sharded", "placement=hotline (host-side cold rows)"),
+        (cfg.embeddings.backend != "native", f"embeddings.backend={cfg.embeddings.backend}"),
+        (cfg.embeddings.kernels == "torch", "embeddings.kernels=torch (its backward syncs)"),
+        (getattr(cfg.embeddings, "dtype", "fp32") != "fp32", "half-precision tables (torch path)"),
+        (not cfg.embeddings.fused or cfg.train.accumulate != 1, "unfused sparse updates"),
+        (cfg.optim.dense not in ("sgd", "adam"), f"optim.dense={cfg.optim.dense}"),
+        (cfg.data.on_error == "skip", "data.on_error=skip (batches of varying rows)"),
+        (cfg.train.profile_steps > 0, "train.profile_steps (profiled steps run eager)"),
+    ]
+    return next((why for broken, why in reasons if broken), None)
+
+
+class GraphedStep:
+    """The captured step and its static buffers (see the module docstring)."""
+
+    def __init__(self, body: Callable[[Batch], torch.Tensor], dense_opt: torch.optim.Optimizer,
+                 say: Callable[[str], None], required: bool) -> None:
+        """``body(batch)``: forward, backward, dense update of one batch; returns the
+        (unscaled) summed loss. ``required`` (cuda_graphs=on): a capture failure raises."""
+        self.body, self.dense_opt, self.say, self.required = body, dense_opt, say, required
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.static: Batch | None = None
+        self.loss: torch.Tensor | None = None
+        self.failed: str | None = None
+        self.replays = self.eager_after_capture = 0
+        self.captured_at: int | None = None
+        _tensor_lrs(dense_opt)
+
+    def set_dense_lr(self, lr: float) -> None:
+        for group in self.dense_opt.param_groups:
+            group["lr"].fill_(lr)  # a device-side fill: the replay reads the tensor
+
+    def fits(self, batch: Batch) -> bool:
+        """Whether ``batch`` has the captured shapes (B samples, N ids, same keys)."""
+        s = self.static
+        return (s is not None and batch.size == s.size and batch.sparse.keys() == s.sparse.keys()
+                and batch.sparse.values().numel() == s.sparse.values().numel()
+                and tuple(batch.dense.shape) == tuple(s.dense.shape))
+
+    def try_capture(self, batch: Batch, step: int) -> torch.Tensor | None:
+        """Capture the step on ``batch`` (already on the device) and replay it once;
+        its loss, or None where capture failed (``auto``: the run goes on eager)."""
+        self.static = _static_copy(batch)
+        try:
+            self.dense_opt.zero_grad(set_to_none=True)
+            graph = torch.cuda.CUDAGraph()
+            # thread_local: the reader's threads may pin host memory meanwhile
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+                self.loss = self.body(self.static)
+        except Exception as e:  # a capture error is a RuntimeError of any kind
+            if self.required:
+                raise
+            self.failed = f"capture failed at step {step}: {str(e).splitlines()[0][:200]}"
+            self.say(f"warning: train.cuda_graphs=auto: {self.failed}; training eager")
+            self.static = self.graph = None
+            torch.cuda.synchronize()
+            return None
+        self.graph, self.captured_at = graph, step
+        graph.replay()
+        return self.loss
+
+    def replay(self, batch: Batch) -> torch.Tensor:
+        assert self.graph is not None and self.static is not None and self.loss is not None
+        _copy_into(self.static, batch)
+        self.graph.replay()
+        self.replays += 1
+        return self.loss
+
+    def summary(self) -> str:
+        if self.failed:
+            return f"eager ({self.failed})"
+        if self.graph is None:
+            return "eager (not captured)"
+        return (f"graphs: captured at step {self.captured_at}, replayed {self.replays + 1} steps, "
+                f"{self.eager_after_capture} other-shape steps eager")
+
+
+def _tensor_lrs(opt: torch.optim.Optimizer) -> None:
+    """Each param group's lr as a device tensor (fused SGD and Adam read a tensor lr
+    on the device), so a replay uses the lr of its step."""
+    for group in opt.param_groups:
+        if not isinstance(group["lr"], torch.Tensor):
+            device = group["params"][0].device
+            group["lr"] = torch.tensor(float(group["lr"]), device=device)
+
+
+def _static_copy(batch: Batch) -> Batch:
+    """Buffers of the batch's shapes, holding its values, that every replay reads."""
+    sparse = batch.sparse
+    static_sparse = JaggedFeatures(sparse.keys(), sparse.values().clone(), sparse.lengths().clone(),
+                                   stride=sparse.stride())
+    return Batch(batch.dense.clone(), static_sparse, batch.labels.clone())
+
+
+def _copy_into(static: Batch, batch: Batch) -> None:
+    static.dense.copy_(batch.dense, non_blocking=True)
+    static.labels.copy_(batch.labels, non_blocking=True)
+    static.sparse.values().copy_(batch.sparse.values(), non_blocking=True)
+    static.sparse.lengths().copy_(batch.sparse.lengths(), non_blocking=True)

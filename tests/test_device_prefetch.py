@@ -1,0 +1,99 @@
+"""DevicePrefetcher: the same batches as plain ``Batch.to`` copies, one batch ahead.
+
+The reference is the reader's own batches moved with ``.to(device)``. On CUDA (marker
+``gpu``) the copies must also run on the prefetcher's side stream, not the default one.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from data.batch import Batch
+from data.reader import ParquetReader
+from data.schema import Schema
+from dlrm.train.device_prefetch import DevicePrefetcher
+from tests.data_helpers import tiny_dataset
+from tests.test_reader_workers import assert_same
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[str], Schema]:
+    return tiny_dataset(tmp_path_factory.mktemp("tiny"))
+
+
+def reader_batches(tiny: tuple[list[str], Schema]) -> list[Batch]:
+    files, schema = tiny
+    return list(ParquetReader(files, schema, 16, shuffle=True, seed=1, prefetch=0).epoch(0))
+
+
+def static_like(batch: Batch, device: torch.device) -> Batch:
+    """Caller-owned tensors of ``batch``'s shapes, filled with junk."""
+    out = batch.to(device)
+    junk = Batch(out.dense.clone().fill_(-7), out.sparse.__class__(
+        out.sparse.keys(), out.sparse.values().clone().fill_(-7),
+        out.sparse.lengths().clone().fill_(9), out.sparse.stride()), out.labels.clone().fill_(-7))
+    junk.sparse.offsets()  # cached: the copy must refresh it
+    return junk
+
+
+def test_cpu_prefetch_returns_the_same_batches(tiny) -> None:
+    want = reader_batches(tiny)
+    got = list(DevicePrefetcher(iter(reader_batches(tiny)), "cpu"))
+    assert_same(got, want)
+
+
+def test_into_copies_into_the_callers_tensors(tiny) -> None:
+    want = reader_batches(tiny)
+    prefetcher = DevicePrefetcher(iter(want), "cpu")
+    static = static_like(want[0], torch.device("cpu"))
+    got = prefetcher.next(into=static)
+    assert got is static
+    assert_same([got], [want[0]])
+    assert torch.equal(static.sparse.offsets(), want[0].sparse.offsets())
+    with pytest.raises(ValueError, match="static batch tensor of shape"):
+        prefetcher.next(into=Batch(torch.zeros(1, 2), want[1].sparse, torch.zeros(1)))
+
+
+def test_close_stops_the_source(tiny) -> None:
+    taken = []
+
+    def source():
+        for b in reader_batches(tiny):
+            taken.append(b)
+            yield b
+
+    prefetcher = DevicePrefetcher(source(), "cpu")
+    next(prefetcher)
+    prefetcher.close()
+    assert len(taken) == 2  # the one handed out and the one prefetched, nothing more
+    with pytest.raises(StopIteration):
+        next(prefetcher)
+
+
+@pytest.mark.gpu
+def test_cuda_prefetch_equals_plain_copies_on_a_side_stream(tiny, monkeypatch) -> None:
+    device = torch.device("cuda")
+    want = [b.to(device) for b in reader_batches(tiny)]
+    streams = []
+    real_to = Batch.to
+
+    def spying_to(self: Batch, dev, non_blocking: bool = False) -> Batch:
+        streams.append((torch.cuda.current_stream(), non_blocking, self.dense.is_pinned()))
+        return real_to(self, dev, non_blocking)
+
+    monkeypatch.setattr(Batch, "to", spying_to)
+    prefetcher = DevicePrefetcher(iter(reader_batches(tiny)), device)
+    got = []
+    for batch in prefetcher:
+        got.append(batch)
+        torch.cuda.current_stream().synchronize()
+    assert_same([b.to("cpu") for b in got], [b.to("cpu") for b in want])
+    default = torch.cuda.default_stream()
+    assert streams and all(s != default and nb and pinned for s, nb, pinned in streams)
+    monkeypatch.undo()
+    static = static_like(want[0], device)
+    first = DevicePrefetcher(iter(reader_batches(tiny)), device).next(into=static)
+    torch.cuda.synchronize()
+    assert first is static and torch.equal(static.sparse.offsets(), want[0].sparse.offsets())
+    assert_same([static.to("cpu")], [want[0].to("cpu")])

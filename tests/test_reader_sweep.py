@@ -1,0 +1,45 @@
+"""dlrm bench --reader-only --workers: the Avazu-shaped string set and the per-count rates.
+
+The string set is checked against the bench ids it is made from (each string column a
+one-to-one renaming of an id column, so its vocabulary has exactly as many values as
+the ids have distinct values); the rates count exactly the epoch's rows at 0 and 2
+workers.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from dlrm.bench.reader_sweep import AVAZU_COLUMNS, avazu_files, epoch_rate, format_workers
+from tests.data_helpers import tiny_dataset
+
+
+def test_avazu_strings_rename_the_ids_one_to_one(tmp_path: Path) -> None:
+    (tmp_path / "ints").mkdir()
+    files, _ = tiny_dataset(tmp_path / "ints", file_rows=(40, 25), sparse=2, multi_hot=0)
+    strings = avazu_files(files, tmp_path / "avazu")
+    assert avazu_files(files, tmp_path / "avazu") == strings  # kept, not rewritten
+    for src, out in zip(files, strings):
+        a, s = pq.read_table(src), pq.read_table(out)
+        assert s.num_rows == a.num_rows and s.column_names[0] == "label"
+        assert len(s.column_names) == 1 + AVAZU_COLUMNS
+        for j in range(AVAZU_COLUMNS):
+            ids = a.column(f"C{j % 2 + 1}").to_pylist()
+            text = s.column(f"S{j + 1}").to_pylist()
+            assert all(isinstance(t, str) and len(t) >= 8 for t in text)
+            assert len(set(zip(ids, text))) == len(set(ids)) == len(set(text))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_epoch_rate_counts_every_row(tmp_path: Path, workers: int) -> None:
+    files, schema = tiny_dataset(tmp_path)
+    rate = epoch_rate(files, schema, 16, workers)
+    assert rate["rows"] == 170 and rate["rows_per_s"] > 0 and rate["startup_s"] >= 0
+
+
+def test_format_workers_ratios() -> None:
+    sweep = {"bench": {"0": {"rows_per_s": 100.0}, "2": {"rows_per_s": 150.0}}}
+    assert format_workers(sweep) == "reader bench: 0 workers 100 (1.00x), 2 workers 150 (1.50x) rows/s"

@@ -1,0 +1,193 @@
+"""data.workers: decode processes give exactly the batches of the one-thread reader.
+
+The reference is the same reader at ``workers=0`` (itself held to pandas and to the
+contract by tests/test_reader.py and tests/test_reader_fuzz.py): every tensor of every
+batch must be equal, in the same order, and so must the records of dropped rows and
+the errors. Workers are forked from a forkserver that has torch imported; its first
+start is the slow part of this file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from data.batch import Batch
+from data.decode_workers import DecodeWorkerError, auto_workers
+from data.errors import DataError
+from data.reader import ParquetReader
+from data.schema import Schema
+from tests.data_helpers import tiny_dataset
+from tests.test_bad_data import SCHEMA, columns, smash_row_group, write
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[str], Schema]:
+    return tiny_dataset(tmp_path_factory.mktemp("tiny"))
+
+
+def within(seconds: float, fn: Any) -> Any:
+    """fn() in a thread; a hang fails the test instead of the run."""
+    out: dict[str, Any] = {}
+
+    def go() -> None:
+        try:
+            out["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - re-raised below
+            out["error"] = e
+
+    t = threading.Thread(target=go, daemon=True)
+    t.start()
+    t.join(seconds)
+    assert not t.is_alive(), f"hung for {seconds} s"
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
+
+
+def assert_same(a: list[Batch], b: list[Batch]) -> None:
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        assert x.sparse.keys() == y.sparse.keys() and x.sparse.stride() == y.sparse.stride()
+        for s, t in [(x.dense, y.dense), (x.labels, y.labels),
+                     (x.sparse.values(), y.sparse.values()),
+                     (x.sparse.lengths(), y.sparse.lengths())]:
+            assert s.dtype == t.dtype and torch.equal(s, t)
+
+
+def batches(files: list[str], schema: Schema, workers: int, epoch: int = 1, start: int = 0,
+            **kw: Any) -> list[Batch]:
+    kw = {"shuffle": True, "seed": 7, "shuffle_buffer": 24, **kw}
+    reader = ParquetReader(files, schema, 12, workers=workers, **kw)
+    return within(120, lambda: list(reader.epoch(epoch, start_step=start)))
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3])
+def test_same_batches_as_one_thread(tiny, workers: int) -> None:
+    files, schema = tiny
+    for rank in range(2):  # rank 1 of 2 also yields empty batches at its end
+        kw = {"rank": rank, "world_size": 2}
+        assert_same(batches(files, schema, workers, **kw), batches(files, schema, 0, **kw))
+
+
+@pytest.mark.parametrize("start", [0, 3, 5])
+def test_resume_mid_epoch_with_workers(tiny, start: int) -> None:
+    files, schema = tiny
+    whole = batches(files, schema, 0)
+    assert 0 < start < len(whole) - 1 or start == 0
+    assert_same(batches(files, schema, 2, start=start), whole[start:])
+
+
+def test_a_killed_worker_is_one_line_and_no_hang(tiny) -> None:
+    files, schema = tiny
+    reader = ParquetReader(files, schema, 4, workers=2, prefetch=1, shuffle_buffer=8)
+    it = reader.epoch(0)
+    within(120, lambda: next(it))
+    for child in _children():
+        os.kill(child, signal.SIGKILL)
+    with pytest.raises(DecodeWorkerError) as e:
+        within(60, lambda: list(it))
+    message = str(e.value)
+    assert "\n" not in message and "died" in message and "data.workers=0" in message
+
+
+def _children() -> list[int]:
+    """This process's child processes' ids (the decode workers; not the forkserver,
+    which is not our child's child... it is a child too: keep only its children)."""
+    def kids(pid: int) -> list[int]:
+        path = f"/proc/{pid}/task/{pid}/children"
+        return [int(c) for c in Path(path).read_text().split()] if os.path.exists(path) else []
+
+    out = []
+    for child in kids(os.getpid()):
+        out += kids(child)  # forkserver → workers
+    return out
+
+
+def test_corrupt_row_group_fails_with_the_same_line(tmp_path: Path) -> None:
+    a = write(tmp_path / "a.parquet", columns(0, 24))
+    smash_row_group(a, 1)
+    errors = []
+    for workers in (0, 2):
+        with pytest.raises(DataError) as e:
+            batches([a], SCHEMA, workers, shuffle=False, shuffle_buffer=8)
+        errors.append(str(e.value))
+    assert errors[0] == errors[1] and "row group 1" in errors[0] and "\n" not in errors[0]
+
+
+def test_skip_drops_the_same_rows_and_records_them(tmp_path: Path) -> None:
+    a = write(tmp_path / "a.parquet", columns(0, 24))
+    b = write(tmp_path / "b.parquet", columns(24, 16, ) | {"I2": [1.0] * 5 + [float("nan")]
+                                                              + [1.0] * 10})
+    smash_row_group(a, 1)
+    seen = []
+    for workers in (0, 2):
+        reader = ParquetReader([a, b], SCHEMA, 6, workers=workers, on_error="skip",
+                               shuffle=True, seed=3, shuffle_buffer=12)
+        got = within(120, lambda r=reader: list(r.epoch(0)))
+        seen.append((got, [(r.file, r.row_group, r.row, r.rows, r.reason)
+                           for r in reader.bad_data.records]))
+    assert_same(seen[0][0], seen[1][0])
+    assert seen[0][1] == seen[1][1] and len(seen[0][1]) >= 2
+
+
+def test_auto_workers_leave_the_trainers_cores() -> None:
+    assert auto_workers(16, 1, 1) == 15
+    assert auto_workers(16, 8, 1) == 1
+    assert auto_workers(2, 1, 2) == 0
+    assert auto_workers(4, 8, 1) == 0
+
+
+def test_data_workers_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dlrm.config import ConfigError, load_config
+    from dlrm.train.inputs import decode_workers
+
+    assert decode_workers(load_config(None, ["data.workers=3"])) == 3
+    assert decode_workers(load_config(None, ["data.workers=auto", "train.device=cpu"])) == 0
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    monkeypatch.setattr("dlrm.train.inputs.available_cores", lambda: 16)
+    assert decode_workers(load_config(None, ["data.workers=auto"])) == 15
+    for bad in ("-1", "lots"):
+        with pytest.raises(ConfigError, match="data.workers"):
+            load_config(None, [f"data.workers={bad}"])
+
+
+def test_dropped_unseen_ids_are_counted_the_same(tiny) -> None:
+    files, schema = tiny
+    small = dataclasses.replace(schema, sparse=tuple(dataclasses.replace(f, rows=30)
+                                                      for f in schema.sparse))
+    seen = []
+    for workers in (0, 2):
+        reader = ParquetReader(files, small, 12, workers=workers, id_policy="drop", shuffle=True,
+                               seed=5, shuffle_buffer=24)
+        got = within(120, lambda r=reader: list(r.epoch(0)))
+        seen.append((got, dict(reader.unseen_ids)))
+    assert_same(seen[0][0], seen[1][0])
+    assert seen[0][1] == seen[1][1] and sum(seen[0][1].values()) > 0
+
+
+@pytest.mark.slow
+def test_training_with_workers_equals_training_without(tiny_data, tmp_path: Path) -> None:
+    """Same seed and data: data.workers=2 trains to bit-identical parameters (12 steps)."""
+    from dlrm.config import load_config
+    from dlrm.train.trainer import train
+    from tests.conftest import TINY, tiny_overrides
+    from tests.run_state import run_state
+
+    states = []
+    for workers in (0, 2):
+        cfg = load_config(TINY, tiny_overrides(**{
+            "data.train": tiny_data["train"], "data.eval": "", "data.workers": workers,
+            "data.shuffle_buffer": 4096, "train.max_steps": 12}))
+        train(cfg, tmp_path / f"w{workers}", echo=lambda s: None)
+        states.append(run_state(tmp_path / f"w{workers}"))
+    assert states[0].keys() == states[1].keys()
+    assert all(torch.equal(states[0][k], states[1][k]) for k in states[0])
