@@ -63,7 +63,7 @@ def evaluate_checkpoint(
     info = init_distributed(cfg.train.backend, cfg.train.device, cfg.train.timeout_s)
     model = eval_model(cfg, schema, info)
     with contextlib.closing(model):
-        load_checkpoint(ckpt, model, None, None, schema, info)  # verified first
+        load_checkpoint(ckpt, model, None, None, schema, info)  # verified as it is read
         reader = make_reader(cfg, files, schema, False, info.rank, info.world_size, prep)
         try:
             result, scores, labels = evaluate(model, reader, info)
