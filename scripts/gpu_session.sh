@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
-# Issue 16's GPU session in two commands, each within a 10-minute limit, with the
-# machine's own python3 and torch (no .venv, no torchrec needed):
+# The GPU session in two commands, each within a 10-minute limit, with the machine's
+# own python3 and torch (no .venv, no torchrec needed):
 #
-#   bash scripts/gpu_session.sh tests           # the gpu-marked tests (tests/test_gpu.py)
+#   bash scripts/gpu_session.sh tests           # gpu- and kernels-marked tests, then the
+#                                               # reader at data.workers 0,1,4,8,16 (issue 23)
 #   bash scripts/gpu_session.sh bench [ARGS]    # dlrm bench's GPU rows, configs/bench_gpu.yaml
-#   bash scripts/gpu_session.sh reader [ARGS]   # reader rows/s at data.workers 0,1,4,8,16 (issue 23)
 #
 # bench, in order, each step given what is left of the call's 580 s: the rows native
 # (fp32, TF32 on by train.tf32), native_bf16, torch_baseline, hotline, host_embedding;
 # the embedding kernels alone (python -m dlrm.bench.kernels: bytes/s per path);
-# native with train.tf32=false; a hotline.budget sweep (64MB 128MB 512MB 2GB: hit rate,
-# popular share, samples/s), each sweep step a bench of its own under $BENCH/budget_*.
+# native with train.tf32=false; native with train.cuda_graphs=off; a hotline.budget sweep
+# (64MB 128MB 512MB 2GB: hit rate, popular share, samples/s; --hotline-budgets).
 # tests includes tests/test_sync_audit.py's gpu case (set_sync_debug_mode("error")
 # over steady-state steps, op count printed).
 #
@@ -31,11 +31,18 @@ export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 case "${1:-tests}" in
   tests)
     # the gpu-marked tests, and the Triton kernels' own tests compiled on CUDA tensors
-    # (in CI they run in the interpreter)
-    timeout 570 "$PY" -m pytest tests -m "gpu or kernels" -rA -s --durations=30 --junitxml="$OUT/test_gpu.xml" \
+    # (in CI they run in the interpreter); then, in what is left of the call, the
+    # reader's rows/s at data.workers 0,1,4,8,16 (issue 23: $OUT/reader.json)
+    end=$((SECONDS + 575))
+    timeout 450 "$PY" -m pytest tests -m "gpu or kernels" -rA -s --durations=30 --junitxml="$OUT/test_gpu.xml" \
       >"$OUT/test_gpu.log" 2>&1
     code=$?
-    grep -E "worst relative|hotline timeline|PASSED|FAILED|ERROR|SKIPPED|passed|failed" "$OUT/test_gpu.log" | tail -80
+    grep -E "worst relative|hotline timeline|ops per step|PASSED|FAILED|ERROR|SKIPPED|passed|failed" "$OUT/test_gpu.log" | tail -80
+    BENCH=${BENCH:-/tmp/bench_reader}
+    timeout $((end - SECONDS > 10 ? end - SECONDS : 10)) "$PY" -m dlrm bench --config configs/bench_gpu.yaml \
+      --reader-only --workers 0,1,4,8,16 --out "$BENCH" generate.rows=2097152 >"$OUT/reader.log" 2>&1
+    cp "$BENCH"/bench.json "$OUT"/reader.json 2>/dev/null
+    tail -8 "$OUT/reader.log"
     exit $code
     ;;
   bench)
@@ -70,20 +77,8 @@ case "${1:-tests}" in
     tail -40 "$OUT/bench_extra.log"
     exit $code
     ;;
-  reader)
-    # 2M bench_gpu rows = 32 shuffle windows, so 16 workers each get two; bench and
-    # Avazu-shaped string schemas; figures in $OUT/reader.json (reader.workers)
-    shift
-    BENCH=${BENCH:-/tmp/bench_reader}
-    timeout 580 "$PY" -m dlrm bench --config configs/bench_gpu.yaml --reader-only \
-      --workers 0,1,4,8,16 --out "$BENCH" generate.rows=2097152 "$@" >"$OUT/reader.log" 2>&1
-    code=$?
-    cp "$BENCH"/bench.json "$OUT"/reader.json 2>/dev/null
-    tail -8 "$OUT/reader.log"
-    exit $code
-    ;;
   *)
-    echo "usage: $0 tests | bench | reader [dlrm bench args]" >&2
+    echo "usage: $0 tests | bench [dlrm bench args]" >&2
     exit 2
     ;;
 esac
