@@ -7,6 +7,7 @@ can tell which row each sample of a batch came from.
 from __future__ import annotations
 
 import os
+import threading
 from typing import Any
 
 import numpy as np
@@ -81,3 +82,22 @@ def tiny_dataset(
         ),
     )
     return files, schema
+
+
+def within(seconds: float, fn: Any) -> Any:
+    """fn() in a thread; a hang fails the test instead of blocking the run."""
+    result: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            result["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - re-raised below
+            result["error"] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(seconds)
+    assert not t.is_alive(), f"hung for {seconds} s"
+    if "error" in result:
+        raise result["error"]
+    return result["value"]

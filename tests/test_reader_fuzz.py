@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import math
 import tempfile
-import threading
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +29,7 @@ from hypothesis import strategies as st
 from data.errors import DataError
 from data.reader import ParquetReader
 from data.schema import Schema, SparseFeature
+from tests.data_helpers import within
 from tests.test_reader import _splitmix64
 
 pytestmark = pytest.mark.slow  # 800 hypothesis examples
@@ -251,25 +251,6 @@ def rows_of(batch: Any, case: Case) -> list[tuple]:
          *(bags[j * b + i] for j in range(n_sparse)))
         for i in range(b)
     ]
-
-
-def within(seconds: float, fn: Any) -> Any:
-    """fn() in a thread; a hang fails the test instead of blocking it."""
-    result: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            result["value"] = fn()
-        except BaseException as e:  # noqa: BLE001 - re-raised below
-            result["error"] = e
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    t.join(seconds)
-    assert not t.is_alive(), "the reader hung"
-    if "error" in result:
-        raise result["error"]
-    return result["value"]
 
 
 @settings(max_examples=800, deadline=None, derandomize=True, database=None,

@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -24,32 +23,13 @@ from data.decode_workers import DecodeWorkerError, auto_workers
 from data.errors import DataError
 from data.reader import ParquetReader
 from data.schema import Schema
-from tests.data_helpers import tiny_dataset
+from tests.data_helpers import tiny_dataset, within
 from tests.test_bad_data import SCHEMA, columns, smash_row_group, write
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[str], Schema]:
     return tiny_dataset(tmp_path_factory.mktemp("tiny"))
-
-
-def within(seconds: float, fn: Any) -> Any:
-    """fn() in a thread; a hang fails the test instead of the run."""
-    out: dict[str, Any] = {}
-
-    def go() -> None:
-        try:
-            out["value"] = fn()
-        except BaseException as e:  # noqa: BLE001 - re-raised below
-            out["error"] = e
-
-    t = threading.Thread(target=go, daemon=True)
-    t.start()
-    t.join(seconds)
-    assert not t.is_alive(), f"hung for {seconds} s"
-    if "error" in out:
-        raise out["error"]
-    return out["value"]
 
 
 def assert_same(a: list[Batch], b: list[Batch]) -> None:
