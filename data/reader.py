@@ -63,7 +63,7 @@ from data.decode_workers import Transport, in_workers
 from data.errors import DataError, UserError
 from data.files import open_parquet
 from data.hashing import splitmix64
-from data.jagged import JaggedFeatures
+from data.rows import Layout, Rows, WindowBuilder, offsets_of
 from data.schema import Schema, SparseFeature, allowed_kinds, column_kind, screen_files, type_name
 from data.shm_batch import BlockRing, SharedBatch
 
@@ -74,6 +74,7 @@ if TYPE_CHECKING:
     from data.preprocess import Preprocessing
 
 ID_POLICIES = ("error", "modulo", "hash", "drop")
+_BLOCK_ROWS = 8192  # rows of records written column by column at a time (~2 MB)
 DENSE_NAN_POLICIES = ("error", "zero")
 
 
@@ -121,6 +122,11 @@ class ParquetReader:
             raise ValueError(f"workers {workers} is negative")
         self.workers = workers  # decode processes (0: the background thread, or none)
         self.unseen_ids: dict[str, int] = {}  # id_policy="drop": ids dropped, by column
+        # single-hot ids packed in each row's record; a feature that may leave a row with
+        # no id (a bag, an identity id under id_policy="drop") keeps its own offsets
+        self.layout = Layout(schema, [not f.multi_hot and not (f.encoding == "identity"
+                                                               and id_policy == "drop")
+                                      for f in schema.sparse])
         screened = screen_files(list(files), schema, on_error)
         self.files = screened.files
         self.bad_data = BadDataLog(screened.left_out)
@@ -209,31 +215,33 @@ class ParquetReader:
 
     def _read_window(
         self, source: _RowGroups, order: np.ndarray, starts: np.ndarray, epoch: int, k: int
-    ) -> tuple[_Rows, list[BadRecord]]:
-        """Rows [k*S, (k+1)*S) of this rank's range, decoded and (if shuffle) permuted,
-        and the records of what was dropped from them (``on_error="skip"``)."""
+    ) -> tuple[Rows, list[BadRecord]]:
+        """Rows [k*S, (k+1)*S) of this rank's range, decoded into ``source``'s window
+        buffer and (if shuffle) permuted, and the records of what was dropped from them
+        (``on_error="skip"``)."""
         r0 = self._lo + k * self._window
         r1 = min(r0 + self._window, self._hi)
         u = int(np.searchsorted(starts, r0, side="right")) - 1
-        chunks: list[_Rows] = []
+        out = source.window
+        out.start(r1 - r0)
         found: list[BadRecord] = []
         while u < len(order) and starts[u] < r1:
             unit = int(order[u])
             s0, s1 = max(r0 - starts[u], 0), min(r1 - starts[u], self._units.rows[unit])
             f, g = int(self._units.file[unit]), int(self._units.row_group[unit])
             where = _Where(self.files[f], g, int(self._units.row0[unit] + s0))
+            at = int(starts[u] + s0 - r0)
             try:
                 table = source.read(f, g, int(self._units.rows[unit])).slice(s0, s1 - s0)
-                chunks.append(_decode(table, self.schema, where, self.id_policy, self.dense_nan,
-                                      found if self.skip else None, self.preprocess,
-                                      self.unseen_ids))
+                _decode(table, self.schema, where, self.id_policy, self.dense_nan, (out, at),
+                        found if self.skip else None, self.preprocess, self.unseen_ids)
             except DataError as e:
                 if not self.skip:
                     raise
-                chunks.append(_Rows.dropped(self.schema, s1 - s0))
+                out.dropped(at, s1 - s0)
                 found.append(where.record(e.reason, e.column, 0, rows=s1 - s0))
             u += 1
-        rows = _Rows.concat(chunks)
+        rows = out.finish()
         if self.shuffle:
             rng = np.random.default_rng([self.seed, epoch, self.rank, k])
             rows = rows.ordered(rng.permutation(rows.size))
@@ -276,7 +284,7 @@ class _Windows:
     def __call__(self, k: int) -> Generator[tuple, None, None]:
         r = self.reader
         if self._source is None:
-            self._source = _RowGroups(r.files, r.schema.columns)
+            self._source = _RowGroups(r.files, r.schema.columns, WindowBuilder(r.layout))
         if not self.unseen:  # the reader's own thread: it counts into unseen_ids itself
             window, found = r._read_window(self._source, self.order, self.starts, self.epoch, k)
             yield from self._batches_of(window, found, k)
@@ -287,7 +295,7 @@ class _Windows:
             yield (*item, r.unseen_ids)
             r.unseen_ids = {}
 
-    def _batches_of(self, window: _Rows, found: list[BadRecord], k: int
+    def _batches_of(self, window: Rows, found: list[BadRecord], k: int
                     ) -> Generator[tuple[Batch, list[BadRecord]], None, None]:
         r = self.reader
         b, size = r.local_batch_size, r._hi - r._lo
@@ -295,14 +303,14 @@ class _Windows:
         per = r._window // b
         for t in range(max(first, k * per), min(end, (k + 1) * per)):
             a = t * b - k * r._window
-            yield window.batch(a, a + min(b, size - t * b), r.schema), found
+            yield window.batch(a, a + min(b, size - t * b)), found
             found = []
 
     def empties(self) -> Iterator[tuple[Batch, list[BadRecord]]]:
         """The empty batches after this rank's rows ran out."""
         first, end = self._span()
         for _ in range(max(end, first), self.reader._steps):
-            item = (_Rows.empty(self.reader.schema).batch(0, 0, self.reader.schema), [])
+            item = (Rows.empty(self.reader.layout).batch(0, 0), [])
             yield (*item, {}) if self.unseen else item
 
 
@@ -365,8 +373,9 @@ def _units(row_groups: list[list[int]]) -> _Units:
 class _RowGroups:
     """Reads one row group at a time, keeping the last one (it may straddle windows)."""
 
-    def __init__(self, files: list[str], columns: list[str]) -> None:
+    def __init__(self, files: list[str], columns: list[str], window: WindowBuilder) -> None:
         self.files, self.columns = files, columns
+        self.window = window  # the buffer windows are decoded into
         self._open: tuple[int, pq.ParquetFile] | None = None
         self._last: tuple[int, int, pa.Table] | None = None
 
@@ -396,156 +405,6 @@ class _RowGroups:
 
 
 # --------------------------------------------------------------------------- rows
-
-
-@dataclass
-class _Rows:
-    """Decoded rows in numpy: labels [n], dense [n, n_dense], one id column per feature.
-
-    ``ids[i]`` is (values, offsets): offsets [n + 1] for a bag column, None for a
-    single-hot column (then values has exactly n entries). ``keep`` [n] marks the
-    rows a batch takes (None: all); dropped rows keep their place until then.
-    ``order`` [n] (None: stored order) is the window's shuffle, applied per batch.
-    """
-
-    labels: np.ndarray
-    dense: np.ndarray
-    ids: list[tuple[np.ndarray, np.ndarray | None]]
-    keep: np.ndarray | None = None
-    order: np.ndarray | None = None  # row i of the rows is stored row order[i] (lazy shuffle)
-
-    @property
-    def size(self) -> int:
-        return len(self.labels)
-
-    @staticmethod
-    def empty(schema: Schema) -> _Rows:
-        zero = np.zeros(1, dtype=np.int64)
-        return _Rows(
-            np.zeros(0, np.float32),
-            np.zeros((0, len(schema.dense)), np.float32),
-            [(np.zeros(0, np.int64), zero if f.multi_hot else None) for f in schema.sparse],
-        )
-
-    @staticmethod
-    def dropped(schema: Schema, n: int) -> _Rows:
-        """n placeholder rows, none kept (an unreadable row group's slice)."""
-        return _Rows(
-            np.zeros(n, np.float32),
-            np.zeros((n, len(schema.dense)), np.float32),
-            [(np.zeros(0 if f.multi_hot else n, np.int64),
-              np.zeros(n + 1, np.int64) if f.multi_hot else None) for f in schema.sparse],
-            np.zeros(n, dtype=bool),
-        )
-
-    @staticmethod
-    def concat(chunks: list[_Rows]) -> _Rows:
-        if len(chunks) == 1:
-            return chunks[0]
-        keep = None
-        if any(c.keep is not None for c in chunks):
-            keep = np.concatenate([np.ones(c.size, bool) if c.keep is None else c.keep
-                                   for c in chunks])
-        ids = []
-        for i in range(len(chunks[0].ids)):
-            values = np.concatenate([c.ids[i][0] for c in chunks])
-            offsets = None
-            if any(c.ids[i][1] is not None for c in chunks):  # id_policy=drop: some single-hot
-                lengths = np.concatenate([np.ones(c.size, np.int64) if c.ids[i][1] is None
-                                          else np.diff(c.ids[i][1]) for c in chunks])
-                offsets = _offsets(lengths)
-            ids.append((values, offsets))
-        return _Rows(
-            np.concatenate([c.labels for c in chunks]),
-            np.concatenate([c.dense for c in chunks]),
-            ids,
-            keep,
-        )
-
-    def ordered(self, perm: np.ndarray) -> _Rows:
-        """The rows in the order ``perm`` [n], applied lazily: ``batch`` gathers each
-        batch's rows straight into its output (one copy per value, not two)."""
-        order = perm if self.order is None else self.order[perm]
-        return _Rows(self.labels, self.dense, self.ids, self.keep, order)
-
-    def batch(self, a: int, b: int, schema: Schema) -> Batch:
-        """Rows [a, b) (of ``order`` if set) as a Batch with feature-major
-        JaggedFeatures, kept rows only."""
-        idx = None if self.order is None else self.order[a:b]
-        if self.keep is not None:
-            kept = self.keep[a:b] if idx is None else self.keep[idx]
-            if not kept.all():
-                idx = (np.arange(a, b) if idx is None else idx)[kept]
-        if idx is None:
-            return self._sliced(a, b, schema)
-        n = len(idx)
-        values, lengths = _gather_ids(self.ids, idx)
-        sparse = JaggedFeatures(keys=schema.sparse_names, values=torch.from_numpy(values),
-                                lengths=torch.from_numpy(lengths), stride=n)
-        dense = np.empty((n, self.dense.shape[1]), np.float32)
-        labels = np.empty(n, np.float32)
-        np.take(self.dense, idx, axis=0, out=dense, mode="clip")
-        np.take(self.labels, idx, out=labels, mode="clip")
-        return Batch(dense=torch.from_numpy(dense), sparse=sparse, labels=torch.from_numpy(labels))
-
-    def _sliced(self, a: int, b: int, schema: Schema) -> Batch:
-        """Rows [a, b) in stored order, every row kept: slices, one copy into the batch."""
-        n = b - a
-        values, lengths = [], []
-        for vals, offsets in self.ids:
-            if offsets is None:
-                values.append(vals[a:b])
-            else:
-                values.append(vals[offsets[a] : offsets[b]])
-        lengths = _lengths([None if o is None else np.diff(o[a : b + 1]) for _, o in self.ids], n)
-        empty = np.zeros(0, np.int64)
-        sparse = JaggedFeatures(
-            keys=schema.sparse_names,
-            values=torch.from_numpy(np.concatenate(values) if values else empty),
-            lengths=torch.from_numpy(lengths),
-            stride=n,
-        )
-        return Batch(
-            dense=torch.from_numpy(np.array(self.dense[a:b], dtype=np.float32)),
-            sparse=sparse,
-            labels=torch.from_numpy(np.array(self.labels[a:b], dtype=np.float32)),
-        )
-
-
-def _lengths(per_feature: list[np.ndarray | None], n: int) -> np.ndarray:
-    """Feature-major lengths [F*n]: ones for a single-hot feature (None), else its own."""
-    out = np.ones(len(per_feature) * n, dtype=np.int64)
-    for j, lengths in enumerate(per_feature):
-        if lengths is not None:
-            out[j * n : (j + 1) * n] = lengths
-    return out
-
-
-def _gather_ids(ids: list[tuple[np.ndarray, np.ndarray | None]], idx: np.ndarray
-                ) -> tuple[np.ndarray, np.ndarray]:
-    """Feature-major (values, lengths) of rows ``idx``: each single-hot column gathered
-    straight into its place in the output; bags by vectorised index arithmetic."""
-    n = len(idx)
-    bags = [None if o is None else np.diff(o)[idx] for _, o in ids]
-    sizes = [n if lengths is None else int(lengths.sum()) for lengths in bags]
-    values = np.empty(sum(sizes), np.int64)
-    at = 0
-    for (vals, offsets), lengths, size in zip(ids, bags, sizes):
-        out = values[at : at + size]
-        if offsets is None:
-            np.take(vals, idx, out=out, mode="clip")  # clip: unbuffered (indices are valid)
-        elif size:
-            new = _offsets(lengths)
-            shift = np.repeat(offsets[:-1][idx] - new[:-1], lengths)
-            np.take(vals, np.arange(size) + shift, out=out, mode="clip")
-        at += size
-    return values, _lengths(bags, n)
-
-
-def _offsets(lengths: np.ndarray) -> np.ndarray:
-    out = np.zeros(len(lengths) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=out[1:])
-    return out
 
 
 # --------------------------------------------------------------------------- decoding
@@ -588,12 +447,13 @@ class _Problems:
 
 
 def _decode(table: pa.Table, schema: Schema, where: _Where, id_policy: str,
-            dense_nan: str, found: list[BadRecord] | None = None,
-            prep: Preprocessing | None = None, unseen: dict[str, int] | None = None) -> _Rows:
-    """Check and convert one slice of a row group to numpy (no per-row Python, except
-    once per bad value when ``found`` collects them). A column missing or of a type
-    that does not fit is a DataError for the whole slice. ``prep`` maps vocabulary
-    and hash features and transforms dense columns (data/preprocess.py)."""
+            dense_nan: str, into: tuple[WindowBuilder, int], found: list[BadRecord] | None = None,
+            prep: Preprocessing | None = None, unseen: dict[str, int] | None = None) -> None:
+    """Check and convert one slice of a row group straight into its rows [at, at + n)
+    of the window ``into`` = (window, at) (no per-row Python, except once per bad value
+    when ``found`` collects them). A column missing or of a type that does not fit is a
+    DataError for the whole slice. ``prep`` maps vocabulary and hash features and
+    transforms dense columns (data/preprocess.py)."""
     for name in schema.columns:
         if table.schema.get_field_index(name) < 0:
             raise where.error("column is missing (file changed while reading?)", name)
@@ -601,15 +461,30 @@ def _decode(table: pa.Table, schema: Schema, where: _Where, id_policy: str,
         if column_kind(t) not in allowed_kinds(schema, name):
             raise where.error(f"type {type_name(t)} does not fit the schema "
                               f"({' or '.join(allowed_kinds(schema, name))})", name)
-    problems = _Problems(where, table.num_rows, found)
-    labels = _labels(table.column(schema.label), schema.label, problems)
-    dense = np.empty((table.num_rows, len(schema.dense)), dtype=np.float32)
+    out, at = into
+    n, layout = table.num_rows, out.layout
+    rec = out.rec[at : at + n]
+    problems = _Problems(where, n, found)
+    columns = [(layout.labels(rec), _labels(table.column(schema.label), schema.label, problems))]
+    dense = layout.dense(rec)
     for j, name in enumerate(schema.dense):
         x = _dense(table.column(name), name, problems, dense_nan)
-        dense[:, j] = prep.dense(name, x) if prep is not None else x
-    ids = [_ids(table.column(f.name), f, problems, id_policy, unseen) if f.encoding == "identity"
-           else _prep(prep, f).ids(f, table.column(f.name)) for f in schema.sparse]
-    return _Rows(labels, dense, ids, None if problems.keep.all() else problems.keep)
+        columns.append((dense[:, j], prep.dense(name, x) if prep is not None else x))
+    ids, bags = layout.ids(rec), []
+    for j, f in enumerate(schema.sparse):
+        values, offsets = (_ids(table.column(f.name), f, problems, id_policy, unseen)
+                           if f.encoding == "identity" else _prep(prep, f).ids(f, table.column(f.name)))
+        if layout.packed[j]:
+            columns.append((ids[:, layout.slot[j]], values))
+        else:  # added once the whole slice decoded: a DataError leaves no bag behind
+            bags.append((j, values, np.arange(n + 1) if offsets is None else offsets))
+    for a in range(0, n, _BLOCK_ROWS):  # block by block: each block's records stay in cache
+        for target, x in columns:
+            target[a : a + _BLOCK_ROWS] = x[a : a + _BLOCK_ROWS]
+    for j, values, offsets in bags:
+        out.bag(j, values, offsets)
+    if not problems.keep.all():
+        out.drop(at, problems.keep)
 
 
 def _prep(prep: Preprocessing | None, feature: SparseFeature) -> Preprocessing:
@@ -669,7 +544,7 @@ def _ids(col: pa.ChunkedArray, feature: SparseFeature, problems: _Problems,
         return _map_ids(values, feature, problems, policy, None, unseen)
     arr = col.combine_chunks()
     lengths = pc.fill_null(pc.list_value_length(arr), 0).to_numpy().astype(np.int64)
-    offsets = _offsets(lengths)
+    offsets = offsets_of(lengths)
     flat = arr.flatten()
     if flat.null_count:
         problems.flag(_bag_rows(offsets, _nulls(flat)), name, lambda i: "null id inside a bag")
@@ -730,4 +605,4 @@ def _drop(values: np.ndarray, offsets: np.ndarray | None, big: np.ndarray, name:
     lengths = np.diff(offsets)
     bag = np.repeat(np.arange(lengths.size), lengths)
     lengths = lengths - np.bincount(bag[big], minlength=lengths.size)
-    return values[~big], _offsets(lengths)
+    return values[~big], offsets_of(lengths)

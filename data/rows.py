@@ -1,0 +1,207 @@
+"""A decoded window of rows, packed one record per row, and batches cut out of it.
+
+    record of a row (Layout)   [ id f0 | id f1 | ... | id fP-1 | dense 0..D-1 | label | pad ]
+                                 int64 per single-hot feature    float32 each   float32  to 8 bytes
+    bags (multi-hot features)  values [sum of lengths] and offsets [n + 1] beside, per feature
+
+    window  rec [S, width] uint8  ──shuffle: one np.take of whole records per batch──►
+    batch   rec [b, width]  ──split──►  ids [P, b] (one transposed copy) | dense [b, D] | labels [b]
+
+The decoder writes each row group's columns straight into their places in the window's
+records (one strided copy per column, no concatenation of row groups), and a shuffled
+batch gathers its rows as whole records: one random read of a few cache lines per row,
+where one array per column would cost a random read per column per row. A feature that
+may leave a row with no id (a multi-hot bag, or an identity feature under
+``id_policy="drop"``) keeps (values, offsets) instead, gathered by index arithmetic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from data.batch import Batch
+from data.jagged import JaggedFeatures
+from data.schema import Schema
+
+
+class Layout:
+    """Where each field of a row lies in its record; ``packed[j]``: feature j is a
+    single-hot id in the record (else a bag). Packed features take slots in schema order."""
+
+    def __init__(self, schema: Schema, packed: list[bool]) -> None:
+        self.keys = list(schema.sparse_names)
+        self.packed = packed
+        self.slot = [int(sum(packed[:j])) if p else -1 for j, p in enumerate(packed)]
+        self.n_ids, self.n_dense = int(sum(packed)), len(schema.dense)
+        self.dense_at = 8 * self.n_ids  # byte offsets in a record
+        self.label_at = self.dense_at + 4 * self.n_dense
+        self.width = -(-(self.label_at + 4) // 8) * 8  # whole int64s: aligned ids in every row
+        self.runs = _runs(packed)
+
+    def ids(self, rec: np.ndarray) -> np.ndarray:
+        """[n, P] int64 view of the packed ids of records ``rec`` [n, width]."""
+        return rec[:, : self.dense_at].view(np.int64)
+
+    def dense(self, rec: np.ndarray) -> np.ndarray:
+        """[n, D] float32 view."""
+        return rec[:, self.dense_at : self.label_at].view(np.float32)
+
+    def labels(self, rec: np.ndarray) -> np.ndarray:
+        """[n] float32 view."""
+        return rec[:, self.label_at : self.label_at + 4].view(np.float32)[:, 0]
+
+
+def _runs(packed: list[bool]) -> list[tuple[bool, int, int]]:
+    """(packed?, first feature, end feature) of each run of alike features, in order."""
+    runs: list[tuple[bool, int, int]] = []
+    for j, p in enumerate(packed):
+        if runs and runs[-1][0] == p:
+            runs[-1] = (p, runs[-1][1], j + 1)
+        else:
+            runs.append((p, j, j + 1))
+    return runs
+
+
+@dataclass
+class Rows:
+    """n decoded rows: ``rec`` [n, width] records, ``bags`` {feature: (values, offsets
+    [n + 1])} for the features not packed. ``keep`` [n] marks the rows a batch takes
+    (None: all); dropped rows keep their place until then. ``order`` [n] (None: stored
+    order) is the window's shuffle, applied per batch."""
+
+    layout: Layout
+    rec: np.ndarray
+    bags: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    keep: np.ndarray | None = None
+    order: np.ndarray | None = None  # row i of the rows is stored row order[i] (lazy shuffle)
+
+    @property
+    def size(self) -> int:
+        return len(self.rec)
+
+    @staticmethod
+    def empty(layout: Layout) -> Rows:
+        zero = np.zeros(1, dtype=np.int64)
+        return Rows(layout, np.zeros((0, layout.width), np.uint8),
+                    {j: (np.zeros(0, np.int64), zero) for j, p in enumerate(layout.packed) if not p})
+
+    def ordered(self, perm: np.ndarray) -> Rows:
+        """The rows in the order ``perm`` [n], applied lazily: ``batch`` gathers each
+        batch's records straight out of the window (one copy per batch)."""
+        order = perm if self.order is None else self.order[perm]
+        return Rows(self.layout, self.rec, self.bags, self.keep, order)
+
+    def batch(self, a: int, b: int) -> Batch:
+        """Rows [a, b) (of ``order`` if set) as a Batch with feature-major
+        JaggedFeatures, kept rows only."""
+        idx = None if self.order is None else self.order[a:b]
+        if self.keep is not None:
+            kept = self.keep[a:b] if idx is None else self.keep[idx]
+            if not kept.all():
+                idx = (np.arange(a, b) if idx is None else idx)[kept]
+        if idx is None:
+            rec, bags = self.rec[a:b], {j: _slice_bag(v, o, a, b) for j, (v, o) in self.bags.items()}
+        else:
+            rec = np.empty((len(idx), self.layout.width), np.uint8)
+            records = np.dtype((np.void, self.layout.width))  # one whole record per index
+            np.take(self.rec.view(records)[:, 0], idx, out=rec.view(records)[:, 0], mode="clip")
+            bags = {j: _gather_bag(v, o, idx) for j, (v, o) in self.bags.items()}
+        return _split(self.layout, rec, bags)
+
+
+def _split(layout: Layout, rec: np.ndarray, bags: dict[int, tuple[np.ndarray, np.ndarray]]
+           ) -> Batch:
+    """A batch out of its records [n, width] and its bags {feature: (values, lengths [n])}."""
+    n, ids = len(rec), layout.ids(rec)
+    sizes = [n if p else len(bags[j][0]) for j, p in enumerate(layout.packed)]
+    values = np.empty(sum(sizes), np.int64)
+    lengths = np.ones(len(sizes) * n, np.int64)
+    at = 0
+    for packed, j0, j1 in layout.runs:
+        if packed:  # consecutive packed features: one transposed copy
+            s0 = layout.slot[j0]
+            values[at : at + (j1 - j0) * n].reshape(j1 - j0, n)[:] = ids[:, s0 : s0 + j1 - j0].T
+            at += (j1 - j0) * n
+            continue
+        for j in range(j0, j1):
+            values[at : at + sizes[j]] = bags[j][0]
+            lengths[j * n : (j + 1) * n] = bags[j][1]
+            at += sizes[j]
+    sparse = JaggedFeatures(keys=layout.keys, values=torch.from_numpy(values),
+                            lengths=torch.from_numpy(lengths), stride=n)
+    # copies (C order): the window's buffer is reused for the next window
+    return Batch(dense=torch.from_numpy(layout.dense(rec).copy()), sparse=sparse,
+                 labels=torch.from_numpy(layout.labels(rec).copy()))
+
+
+def _slice_bag(values: np.ndarray, offsets: np.ndarray, a: int, b: int
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """(values, lengths) of bags [a, b)."""
+    return values[offsets[a] : offsets[b]], np.diff(offsets[a : b + 1])
+
+
+def _gather_bag(values: np.ndarray, offsets: np.ndarray, idx: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """(values, lengths) of bags ``idx``, by vectorised index arithmetic."""
+    lengths = np.diff(offsets)[idx]
+    size = int(lengths.sum())
+    out = np.empty(size, np.int64)
+    if size:
+        shift = np.repeat(offsets[:-1][idx] - offsets_of(lengths)[:-1], lengths)
+        np.take(values, np.arange(size) + shift, out=out, mode="clip")  # clip: unbuffered
+    return out, lengths
+
+
+def offsets_of(lengths: np.ndarray) -> np.ndarray:
+    """Offsets [n + 1] of bags of ``lengths`` [n]."""
+    out = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=out[1:])
+    return out
+
+
+class WindowBuilder:
+    """Rows of one window, decoded chunk by chunk into one record buffer (reused from
+    window to window: a fresh one would page-fault all over again)."""
+
+    def __init__(self, layout: Layout) -> None:
+        self.layout = layout
+        self._buffer = np.zeros((0, layout.width), np.uint8)
+
+    def start(self, n: int) -> None:
+        """A window of ``n`` rows: chunks follow with ``at`` from 0 up to n."""
+        if len(self._buffer) < n:
+            self._buffer = np.empty((n, self.layout.width), np.uint8)
+        self.rec = self._buffer[:n]
+        self.keep: np.ndarray | None = None
+        self.bags: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {
+            j: [] for j, p in enumerate(self.layout.packed) if not p}
+
+    def drop(self, at: int, keep: np.ndarray) -> None:
+        """Of rows [at, at + len(keep)), those not in ``keep`` take no batch."""
+        if self.keep is None:
+            self.keep = np.ones(len(self.rec), bool)
+        self.keep[at : at + len(keep)] &= keep
+
+    def dropped(self, at: int, n: int) -> None:
+        """Rows [at, at + n) could not be read: none taken, empty bags in their place."""
+        self.drop(at, np.zeros(n, bool))
+        for j in self.bags:
+            self.bag(j, np.zeros(0, np.int64), np.zeros(n + 1, np.int64))
+
+    def bag(self, j: int, values: np.ndarray, offsets: np.ndarray) -> None:
+        """The next chunk of bag feature j (chunks come in row order)."""
+        self.bags[j].append((values, offsets))
+
+    def finish(self) -> Rows:
+        bags = {}
+        for j, chunks in self.bags.items():
+            if len(chunks) == 1:
+                bags[j] = chunks[0]
+            else:
+                lengths = np.concatenate([np.diff(o) for _, o in chunks]) if chunks else np.zeros(0, np.int64)
+                bags[j] = (np.concatenate([v for v, _ in chunks]) if chunks else np.zeros(0, np.int64),
+                           offsets_of(lengths))
+        return Rows(self.layout, self.rec, bags, self.keep)
