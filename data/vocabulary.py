@@ -16,7 +16,7 @@ string's stable 64-bit hash, :func:`data.hashing.hash_bytes`) are sorted once, a
 ``np.searchsorted`` finds the keys of a batch's distinct values (``dictionary_encode``).
 ``pc.index_in`` would build its hash set of the whole vocabulary again on every call,
 so it is not used per batch. An integer vocabulary whose values span at most 4x its
-size (+ 64k) is looked up by one gather from a table indexed by value (int32 rows,
+size (+ 64k), or at most 2^24 values (a 64 MiB table), is looked up by one gather from a table indexed by value (int32 rows,
 built once), no dictionary encode, no search. Two vocabulary strings of the same hash would be
 ambiguous: the later one (in row order) is left to the OOV row.
 """
@@ -32,6 +32,7 @@ import pyarrow.compute as pc
 from data.hashing import hash_bytes
 
 _CHUNK = 1 << 20  # values hashed at a time
+_DIRECT_SPAN = 1 << 24  # an integer vocabulary spanning up to this many values is a direct table (64 MiB)
 
 
 def flat_values(col: pa.ChunkedArray | pa.Array) -> tuple[pa.Array, np.ndarray | None]:
@@ -82,7 +83,11 @@ def value_keys(values: pa.Array) -> np.ndarray:
 def _direct_lookup(direct: tuple[int, np.ndarray], values: pa.Array) -> np.ndarray:
     """Rows [n] of non-null integer ``values`` by one gather from the direct table."""
     lo, table = direct
-    i = values.to_numpy(zero_copy_only=False).astype(np.int64, copy=False) - lo
+    i = values.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+    if lo:
+        i = i - lo
+    if i.min() >= 0 and i.max() < len(table):  # the common case: one gather
+        return table.take(i, mode="clip").astype(np.int64)
     inside = (i >= 0) & (i < len(table))
     rows = table[np.where(inside, i, 0)].astype(np.int64)
     rows[~inside] = 0
@@ -257,29 +262,42 @@ class Vocabulary:
         direct = self._direct_table() if pa.types.is_integer(values.type) else None
         if direct is not None and len(values) and values.null_count == 0:
             return _direct_lookup(direct, values)
-        if self._sorted_keys is None:
-            keys = value_keys(self.values)
-            order = np.argsort(keys, kind="stable")
-            self._sorted_keys, self._sorted_rows = keys[order], order.astype(np.int64) + 1
-        if len(values) == 0 or len(self._sorted_keys) == 0 or values.null_count == len(values):
+        if len(values) == 0 or len(self.values) == 0 or values.null_count == len(values):
             return np.zeros(len(values), dtype=np.int64)
         encoded = pc.dictionary_encode(values)  # nulls stay null indices
-        keys = value_keys(encoded.dictionary)
-        at = np.minimum(np.searchsorted(self._sorted_keys, keys), len(self._sorted_keys) - 1)
-        rows = np.where(self._sorted_keys[at] == keys, self._sorted_rows[at], 0)
+        rows = self.rows_of_keys(value_keys(encoded.dictionary))
         indices = pc.fill_null(encoded.indices, -1).to_numpy().astype(np.int64)
         return np.where(indices >= 0, rows[indices], 0)
 
+    def rows_of_keys(self, keys: np.ndarray) -> np.ndarray:
+        """Rows [k] of distinct value keys [k] (0: not in the vocabulary). The keys are
+        searched in sorted order: each search starts where the last ended, so the
+        vocabulary's keys are walked once, not k times from the top."""
+        if self._sorted_keys is None:
+            own = value_keys(self.values)
+            by_key = np.argsort(own, kind="stable")
+            self._sorted_keys, self._sorted_rows = own[by_key], by_key.astype(np.int64) + 1
+        if len(self._sorted_keys) == 0:
+            return np.zeros(len(keys), np.int64)
+        order = np.argsort(keys)
+        found = np.minimum(np.searchsorted(self._sorted_keys, keys[order]),
+                           len(self._sorted_keys) - 1)
+        hit = self._sorted_keys[found] == keys[order]
+        rows = np.empty(len(keys), np.int64)
+        rows[order] = np.where(hit, self._sorted_rows[found], 0)
+        return rows
+
     def _direct_table(self) -> tuple[int, np.ndarray] | None:
         """(lo, table): table[v - lo] is integer value v's row (0: not in the vocabulary),
-        built once when the values' span is at most 4 x the vocabulary (+ 64k), else None.
+        built once when the values' span is at most 4 x the vocabulary (+ 64k) or at most
+        ``_DIRECT_SPAN``, else None.
         int32 rows: 4 bytes per value of the span."""
         if self._direct is None:
             v = self.values.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
             self._direct = (0, np.zeros(0, np.int32))
             if len(v) and len(v) < 2**31 - 1:
                 lo, span = int(v.min()), int(v.max()) - int(v.min()) + 1
-                if span <= 4 * len(v) + (1 << 16):
+                if span <= max(4 * len(v) + (1 << 16), _DIRECT_SPAN):
                     table = np.zeros(span, np.int32)
                     table[v[::-1] - lo] = np.arange(len(v), 0, -1, dtype=np.int32)  # earliest wins
                     self._direct = (lo, table)
