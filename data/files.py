@@ -76,15 +76,19 @@ def _parquet_below(root: Path) -> list[str]:
     return sorted(out)
 
 
-def open_parquet(path: str) -> pq.ParquetFile:
-    """Open ``path``'s footer; a missing, truncated or non-Parquet file is a DataError."""
+def open_parquet(path: str, read_dictionary: list[str] | None = None) -> pq.ParquetFile:
+    """Open ``path``'s footer; a missing, truncated or non-Parquet file is a DataError.
+    ``read_dictionary``: string and binary columns to read dictionary-encoded, as the
+    file stores them (other types named there are read as they are)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     try:
-        return pq.ParquetFile(path)
+        return pq.ParquetFile(path, read_dictionary=read_dictionary or None)
     except FileNotFoundError:
         raise DataError("does not exist", file=path) from None
+    except KeyError as e:  # a column of read_dictionary is not there
+        raise DataError(f"has no column {one_line(e)}", file=path) from None
     except (pa.ArrowException, OSError) as e:
         raise DataError(f"not a readable Parquet file ({one_line(e)})", file=path) from None
 

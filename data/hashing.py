@@ -15,10 +15,21 @@ import numpy as np
 
 def splitmix64(x: np.ndarray) -> np.ndarray:
     """SplitMix64's finaliser, elementwise: uint64 [n] → uint64 [n] (inputs cast to uint64)."""
-    z = x.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return z ^ (z >> np.uint64(31))
+    return _mix(x.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15))
+
+
+def _mix(z: np.ndarray) -> np.ndarray:
+    """splitmix64's rounds on ``z`` (uint64, already offset), in place: no temporaries
+    beyond one shift buffer (hashing strings runs this over every byte)."""
+    t = np.right_shift(z, np.uint64(30))
+    np.bitwise_xor(z, t, out=z)
+    np.multiply(z, np.uint64(0xBF58476D1CE4E5B9), out=z)
+    np.right_shift(z, np.uint64(27), out=t)
+    np.bitwise_xor(z, t, out=z)
+    np.multiply(z, np.uint64(0x94D049BB133111EB), out=z)
+    np.right_shift(z, np.uint64(31), out=t)
+    np.bitwise_xor(z, t, out=z)
+    return z
 
 
 _SEED_BYTES = np.uint64(0x2545F4914F6CDD1D)
@@ -36,11 +47,15 @@ def hash_bytes(offsets: np.ndarray, data: np.ndarray) -> np.ndarray:
     """
     offsets = offsets.astype(np.int64, copy=False)
     lengths = np.diff(offsets)
-    body = data[offsets[0]:offsets[-1]].astype(np.uint64)
-    pos = np.arange(len(body), dtype=np.int64) - np.repeat(offsets[:-1] - offsets[0], lengths)
-    mixed = splitmix64((pos.astype(np.uint64) << np.uint64(8)) + body + _SEED_BYTES)
-    sums = np.zeros(len(body) + 1, dtype=np.uint64)
-    np.cumsum(mixed, out=sums[1:])
+    # (256 * position within its string + byte + seed + splitmix's offset), built in place
+    mixed = np.arange(offsets[-1] - offsets[0], dtype=np.int64)
+    mixed -= np.repeat(offsets[:-1] - offsets[0], lengths)
+    mixed = mixed.view(np.uint64)
+    np.left_shift(mixed, np.uint64(8), out=mixed)
+    mixed += data[offsets[0]:offsets[-1]]
+    mixed += _SEED_BYTES + np.uint64(0x9E3779B97F4A7C15)
+    sums = np.zeros(len(mixed) + 1, dtype=np.uint64)
+    np.cumsum(_mix(mixed), out=sums[1:])
     ends = offsets - offsets[0]
     per_string = sums[ends[1:]] - sums[ends[:-1]]  # wraps mod 2^64, as the sum does
     return splitmix64(lengths.astype(np.uint64) + splitmix64(per_string))

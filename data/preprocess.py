@@ -104,16 +104,35 @@ class Preprocessing:
 
     def ids(self, feature: SparseFeature, col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray | None]:
         """Rows of a vocabulary or hash feature's column: (values, offsets or None)."""
+        if not feature.multi_hot and pa.types.is_dictionary(col.type):
+            return self._dictionary_ids(feature, col), None
         values, offsets = flat_values(col)
+        return self._rows(feature, values), offsets
+
+    def _rows(self, feature: SparseFeature, values: pa.Array, distinct: bool = False) -> np.ndarray:
+        """Rows [n] of flat ``values`` (``distinct``: no value repeats)."""
         if feature.encoding == "vocabulary":
             vocab = self.vocabularies[feature.table_name]
             if pa.types.is_integer(vocab.values.type) != pa.types.is_integer(values.type):
                 raise DataError(f"type {values.type} here, {vocab.values.type} in the data its "
                                 "vocabulary was fitted on", column=feature.name)
-            return vocab.lookup(values), offsets
+            return vocab.lookup(values, distinct)
         if feature.encoding != "hash":
             raise ValueError(f"feature {feature.name}: encoding {feature.encoding} maps no values")
-        return hash_rows(values, feature.rows), offsets
+        return hash_rows(values, feature.rows)
+
+    def _dictionary_ids(self, feature: SparseFeature, col: pa.ChunkedArray) -> np.ndarray:
+        """Rows [n] of a dictionary-encoded single-hot column (strings read with
+        ``read_dictionary``): each chunk's dictionary, its distinct values, mapped once,
+        then one gather by the chunk's indices; a null is row 0. No Python per value."""
+        out = np.empty(len(col), np.int64)
+        at = 0
+        for chunk in col.chunks:
+            rows = np.append(self._rows(feature, flat_values(chunk.dictionary)[0], True), 0)
+            indices = pc.fill_null(chunk.indices, len(rows) - 1).to_numpy()  # null: the 0 after
+            np.take(rows, indices, out=out[at : at + len(chunk)], mode="clip")
+            at += len(chunk)
+        return out
 
     def dense(self, name: str, x: np.ndarray) -> np.ndarray:
         return apply_transform(x, self.transforms.get(name, "none"), self.stats.get(name))

@@ -284,7 +284,9 @@ class _Windows:
     def __call__(self, k: int) -> Generator[tuple, None, None]:
         r = self.reader
         if self._source is None:
-            self._source = _RowGroups(r.files, r.schema.columns, WindowBuilder(r.layout))
+            self._source = _RowGroups(r.files, r.schema.columns, WindowBuilder(r.layout),
+                                      [f.name for f in r.schema.sparse
+                                       if f.encoding != "identity" and not f.multi_hot])
         if not self.unseen:  # the reader's own thread: it counts into unseen_ids itself
             window, found = r._read_window(self._source, self.order, self.starts, self.epoch, k)
             yield from self._batches_of(window, found, k)
@@ -373,9 +375,13 @@ def _units(row_groups: list[list[int]]) -> _Units:
 class _RowGroups:
     """Reads one row group at a time, keeping the last one (it may straddle windows)."""
 
-    def __init__(self, files: list[str], columns: list[str], window: WindowBuilder) -> None:
+    def __init__(self, files: list[str], columns: list[str], window: WindowBuilder,
+                 dictionary: list[str]) -> None:
         self.files, self.columns = files, columns
         self.window = window  # the buffer windows are decoded into
+        # string columns of vocabulary/hash features, read dictionary-encoded: their
+        # distinct values are mapped once per row group (data/preprocess.py)
+        self.dictionary = dictionary
         self._open: tuple[int, pq.ParquetFile] | None = None
         self._last: tuple[int, int, pa.Table] | None = None
 
@@ -390,7 +396,7 @@ class _RowGroups:
         try:
             if self._open is None or self._open[0] != f:
                 self._open = None
-                self._open = (f, open_parquet(path))
+                self._open = (f, open_parquet(path, self.dictionary))
             table = self._open[1].read_row_group(g, columns=self.columns)
         except DataError as e:
             raise DataError(e.reason, file=path, row_group=g) from None

@@ -252,18 +252,21 @@ class Vocabulary:
         return Vocabulary(pa.array(values[order], pa.int64()), counts[order],
                           counted.num_rows)
 
-    def lookup(self, values: pa.Array) -> np.ndarray:
+    def lookup(self, values: pa.Array, distinct: bool = False) -> np.ndarray:
         """Rows [n] of ``values`` (flat, of :func:`flat_values`): unseen and null → 0.
 
         Each distinct value of the batch is looked up once (``dictionary_encode``:
         popular ids repeat, so a batch holds far fewer distinct values than rows).
         Integer values without nulls whose span fits the table of :meth:`_direct_table`
-        take one gather instead."""
+        take one gather instead. ``distinct``: no value of ``values`` repeats (a
+        dictionary's values), so each is searched as it is."""
         direct = self._direct_table() if pa.types.is_integer(values.type) else None
         if direct is not None and len(values) and values.null_count == 0:
             return _direct_lookup(direct, values)
         if len(values) == 0 or len(self.values) == 0 or values.null_count == len(values):
             return np.zeros(len(values), dtype=np.int64)
+        if distinct and values.null_count == 0:
+            return self.rows_of_keys(value_keys(values))
         encoded = pc.dictionary_encode(values)  # nulls stay null indices
         rows = self.rows_of_keys(value_keys(encoded.dictionary))
         indices = pc.fill_null(encoded.indices, -1).to_numpy().astype(np.int64)
