@@ -1,4 +1,4 @@
-"""Parallel decode: N spawned processes each decode whole windows of an epoch.
+"""Parallel decode: N spawned processes, started once, each decode whole windows of an epoch.
 
     windows of the epoch (from start_step)   k0    k0+1   k0+2   k0+3   k0+4 ...
     worker (N = 2)                           w0    w1     w0     w1     w0
@@ -11,12 +11,18 @@ worker count. Each worker's queue holds at most ``depth`` batches, so a worker r
 most that far ahead. Items travel as the reader's :class:`Transport` says: a batch in
 one shared-memory block (data/shm_batch.py), only its handle through the queue.
 
+The workers live as long as their :class:`DecodePool` (one per reader): started at the
+first epoch, they take each epoch as a task (its arguments and their windows), so an
+epoch costs no process start. Each task carries a generation number; an epoch left
+early (a break, an error, a resume) moves the generation on, the workers drop the rest
+of that task, and the consumer skips any message of an older generation.
+
 Errors: a worker's exception (a DataError under ``on_error="fail"``) is sent to the
 consumer and raised there when it reaches that window, exactly where the one-thread
 reader raises it. A worker that dies (killed, out of memory) is a
-:class:`DecodeWorkerError`, one line, as soon as the consumer waits on it. Workers stay
-alive until the consumer is done, because a tensor's shared memory is handed over by
-its sender; abandoning the iterator stops them.
+:class:`DecodeWorkerError`, one line, as soon as the consumer waits on it; the next
+epoch starts a fresh pool. Workers stay alive until the pool closes, because the
+consumer maps the shared memory they own.
 """
 
 from __future__ import annotations
@@ -65,45 +71,84 @@ class Transport:
     unpack: Callable[[Any], Any]
 
 
-def in_workers(window: Callable[[int], Iterable[T]], windows: list[int], tail: Iterable[T],
-               workers: int, depth: int, transport: Transport) -> Iterator[T]:
-    """The items of ``window(k)`` for each k of ``windows`` in order, then ``tail``,
-    decoded by ``workers`` processes (``window`` is pickled to them)."""
-    import multiprocessing as mp
+class DecodePool:
+    """``workers`` processes, each holding the ``factory`` of the epoch that started
+    them (pickled once, then): ``factory(*args)`` makes, in the worker, the window
+    function of one epoch. The pool keeps no reference to the factory (the reader)."""
 
-    n = max(1, min(workers, len(windows)))
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["data.reader", "pyarrow.parquet", "pyarrow.compute"])  # each worker forks with torch imported
-    stop = ctx.Event()
-    queues = [ctx.Queue(maxsize=depth) for _ in range(n)]
-    procs = [ctx.Process(target=_work, args=(window, windows[i::n], queues[i], stop, transport.packer, depth),
-                         name=f"ParquetDecode-{i}", daemon=True) for i in range(n)]
-    if not windows:
-        procs = []
-    try:
-        for p in procs:
+    def __init__(self, workers: int, depth: int, transport: Transport) -> None:
+        self.workers, self.depth, self.transport = workers, depth, transport
+        self.procs: list = []
+
+    def pids(self) -> list[int]:
+        """The live workers' process ids (none before the first epoch)."""
+        return [p.pid for p in self.procs if p.is_alive()]
+
+    def _start(self, factory: Callable[..., Callable[[int], Iterable[T]]]) -> None:
+        import multiprocessing as mp
+
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload(["data.reader", "pyarrow.parquet", "pyarrow.compute"])  # each worker forks with torch imported
+        self.stop = ctx.Event()
+        self.generation = ctx.RawValue("q", 0)
+        self.tasks = [ctx.Queue() for _ in range(self.workers)]
+        self.queues = [ctx.Queue(maxsize=self.depth) for _ in range(self.workers)]
+        self.procs = [ctx.Process(target=_serve, name=f"ParquetDecode-{i}", daemon=True,
+                                  args=(factory, self.tasks[i], self.queues[i], self.stop,
+                                        self.generation, self.transport.packer, self.depth))
+                      for i in range(self.workers)]
+        for p in self.procs:
             p.start()
-        for j in range(len(windows)):
-            while True:
-                kind, item = _get(queues[j % n], procs[j % n], j % n)
-                if kind == _END:
-                    break
-                if kind == _ERROR:
-                    raise item
-                yield transport.unpack(item)
-        yield from tail
-    finally:
-        stop.set()
-        for p in procs:
-            if p.pid is None:  # never started
-                continue
+
+    def epoch(self, factory: Callable[..., Callable[[int], Iterable[T]]], args: tuple,
+              windows: list[int], tail: Iterable[T]) -> Iterator[T]:
+        """The items of ``factory(*args)(k)`` for each k of ``windows`` in order, then
+        ``tail``; ``factory`` is the same at every epoch (the workers hold their copy)."""
+        if any(not p.is_alive() for p in self.procs):
+            self.close()  # one died (in an earlier epoch): a fresh pool
+        if windows and not self.procs:
+            self._start(factory)
+        n = len(self.procs)
+        if n:
+            self.generation.value += 1
+            gen = self.generation.value
+            for i in range(n):
+                self.tasks[i].put((gen, args, windows[i::n]))
+        try:
+            for j in range(len(windows)):
+                while True:
+                    kind, item = self._get(j % n, gen)
+                    if kind == _END:
+                        break
+                    if kind == _ERROR:
+                        raise item
+                    yield self.transport.unpack(item)
+            yield from tail
+        finally:
+            if n:
+                self.generation.value += 1  # left early or not: the workers drop the task
+
+    def _get(self, i: int, gen: int) -> tuple[int, object]:
+        """Worker i's next message of generation ``gen`` (older ones are skipped)."""
+        while True:
+            message = _get(self.queues[i], self.procs[i], i)
+            if message[0] == gen:
+                return message[1:]
+
+    def close(self) -> None:
+        """Stop the workers (they unlink their shared memory) and wait for them."""
+        if not self.procs:
+            return
+        self.stop.set()
+        for p in self.procs:
             p.join(timeout=5)
             if p.is_alive():
                 p.kill()
                 p.join(timeout=5)
-        for q in queues:
+        for q in [*self.queues, *self.tasks]:
             q.cancel_join_thread()
             q.close()
+        self.procs = []
 
 
 def _get(q: queue.Queue, proc: object, i: int) -> tuple[int, object]:
@@ -130,21 +175,36 @@ def _died(proc: object, i: int) -> DecodeWorkerError:
                              "sending its batches (killed? out of memory? try data.workers=0)")
 
 
-def _work(window: Callable[[int], Iterable[T]], ks: list[int], q: object, stop: object,
-          packer: Callable[[int], tuple[Callable[[Any], Any], Callable[[], None]]],
-          depth: int) -> None:
-    """A worker's life: each of its windows' items, then an end mark, in order; an
-    exception goes to the consumer. It waits for ``stop`` before exiting: the consumer
-    may still be mapping the shared memory of the last tensors it sent."""
+def _serve(factory: Callable[..., Callable[[int], Iterable[T]]], tasks: object, q: object,
+           stop: object, generation: object,
+           packer: Callable[[int], tuple[Callable[[Any], Any], Callable[[], None]]],
+           depth: int) -> None:
+    """A worker's life: task after task (an epoch's windows) until ``stop``; then it
+    unlinks its shared memory."""
     import torch
 
     torch.set_num_threads(1)
     pack, close = packer(depth)
-
-    def put(message: tuple[int, object]) -> bool:
+    try:
         while not stop.is_set():  # type: ignore[attr-defined]
             try:
-                q.put(message, timeout=_POLL_S)  # type: ignore[attr-defined]
+                gen, args, ks = tasks.get(timeout=_POLL_S)  # type: ignore[attr-defined]
+            except queue.Empty:
+                continue
+            _work(factory(*args), ks, gen, q, stop, generation, pack)
+    finally:
+        close()
+
+
+def _work(window: Callable[[int], Iterable[T]], ks: list[int], gen: int, q: object,
+          stop: object, generation: object, pack: Callable[[Any], Any]) -> None:
+    """One task: each of its windows' items, then an end mark, in order, each tagged
+    ``gen``; an exception goes to the consumer. Dropped when the generation moves on."""
+
+    def put(message: tuple) -> bool:
+        while not stop.is_set() and generation.value == gen:  # type: ignore[attr-defined]
+            try:
+                q.put((gen, *message), timeout=_POLL_S)  # type: ignore[attr-defined]
                 return True
             except queue.Full:
                 pass
@@ -155,13 +215,11 @@ def _work(window: Callable[[int], Iterable[T]], ks: list[int], q: object, stop: 
     try:
         for kind, item in items:
             if not put((kind, pack(item) if kind == _ITEM else None)):
-                break  # the consumer is gone
+                break  # the consumer left this epoch
     except Exception as e:  # noqa: BLE001 - raised in the consumer, at this window
         put((_ERROR, e if _picklable(e) else RuntimeError(f"{type(e).__name__}: {e}")))
     finally:
         items.close()  # type: ignore[attr-defined]
-    stop.wait()  # type: ignore[attr-defined]
-    close()
 
 
 def _stream(window: Callable[[int], Iterable[T]], ks: list[int]

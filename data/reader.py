@@ -49,6 +49,8 @@ the window it was found in is handed out.
 
 from __future__ import annotations
 
+import functools
+import weakref
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -59,7 +61,7 @@ import torch
 from data.background import in_background
 from data.bad_data import ON_ERROR, BadDataLog, BadRecord
 from data.batch import Batch
-from data.decode_workers import Transport, in_workers
+from data.decode_workers import DecodePool, Transport
 from data.errors import DataError, UserError
 from data.files import open_parquet
 from data.hashing import splitmix64
@@ -121,6 +123,7 @@ class ParquetReader:
         if workers < 0:
             raise ValueError(f"workers {workers} is negative")
         self.workers = workers  # decode processes (0: the background thread, or none)
+        self._pool: DecodePool | None = None  # the decode workers, from the first epoch on
         self.unseen_ids: dict[str, int] = {}  # id_policy="drop": ids dropped, by column
         # single-hot ids packed in each row's record; a feature that may leave a row with
         # no id (a bag, an identity id under id_policy="drop") keeps its own offsets
@@ -165,19 +168,33 @@ class ParquetReader:
             raise ValueError(f"epoch {epoch} is negative")
         self.unseen_ids = {}
         if self.workers > 0:
+            if self._pool is None:  # started once, kept across epochs
+                self._pool = DecodePool(self.workers, max(self.prefetch, 2), _SHARED)
+                weakref.finalize(self, self._pool.close)
             windows = _Windows(self, epoch, start_step, unseen=True)
-            batches = self._counted(in_workers(windows, windows.numbers(), windows.empties(),
-                                               self.workers, max(self.prefetch, 2), _SHARED))
+            batches = self._counted(self._pool.epoch(
+                functools.partial(_Windows, self), (epoch, start_step, True), windows.numbers(),
+                windows.empties()))
         else:
             batches = self._batches(epoch, start_step)
             if self.prefetch > 0:
                 batches = in_background(batches, self.prefetch)
         return self._logged(batches)
 
+    def worker_pids(self) -> list[int]:
+        """Process ids of the decode workers (``workers`` > 0, from the first epoch on)."""
+        return self._pool.pids() if self._pool is not None else []
+
+    def close(self) -> None:
+        """Stop the decode workers (also done when the reader is garbage-collected)."""
+        if self._pool is not None:
+            self._pool.close()
+
     def __getstate__(self) -> dict:
-        """Pickled into decode workers: the log of dropped rows stays with the parent."""
+        """Pickled into decode workers: the log of dropped rows and the workers
+        themselves stay with the parent."""
         state = dict(self.__dict__)
-        state["bad_data"] = None
+        state["bad_data"], state["_pool"] = None, None
         return state
 
     # ------------------------------------------------------------------ internals

@@ -78,6 +78,42 @@ def test_a_killed_worker_is_one_line_and_no_hang(tiny) -> None:
     assert "\n" not in message and "died" in message and "data.workers=0" in message
 
 
+def test_workers_live_across_epochs(tiny) -> None:
+    """The same processes serve every epoch, also after one left early, and each epoch's
+    batches are those of the one-thread reader."""
+    files, schema = tiny
+    kw = {"shuffle": True, "seed": 7, "shuffle_buffer": 24}
+    reader = ParquetReader(files, schema, 12, workers=2, prefetch=1, **kw)
+    one = ParquetReader(files, schema, 12, workers=0, **kw)
+    assert reader.worker_pids() == []
+    assert_same(within(120, lambda: list(reader.epoch(0))), list(one.epoch(0)))
+    pids = reader.worker_pids()
+    assert len(pids) == 2
+    it = reader.epoch(1)
+    within(60, lambda: next(it))
+    it.close()  # left early: the workers drop the rest of epoch 1
+    assert_same(within(120, lambda: list(reader.epoch(2))), list(one.epoch(2)))
+    assert_same(within(120, lambda: list(reader.epoch(1, start_step=2))), list(one.epoch(1))[2:])
+    assert reader.worker_pids() == pids
+    reader.close()
+    assert reader.worker_pids() == []
+
+
+def test_after_a_killed_worker_the_next_epoch_starts_fresh_workers(tiny) -> None:
+    files, schema = tiny
+    reader = ParquetReader(files, schema, 4, workers=2, prefetch=1, shuffle_buffer=8)
+    it = reader.epoch(0)
+    within(120, lambda: next(it))
+    old = reader.worker_pids()
+    os.kill(old[0], signal.SIGKILL)
+    with pytest.raises(DecodeWorkerError):
+        within(60, lambda: list(it))
+    one = ParquetReader(files, schema, 4, workers=0, shuffle_buffer=8)
+    assert_same(within(120, lambda: list(reader.epoch(1))), list(one.epoch(1)))
+    assert not set(reader.worker_pids()) & set(old)
+    reader.close()
+
+
 def _children() -> list[int]:
     """This process's child processes' ids (the decode workers; not the forkserver,
     which is not our child's child... it is a child too: keep only its children)."""
