@@ -52,6 +52,9 @@ class DataConfig:
     # processes leave free (cores / local ranks - 1); on CPU 0 (the trainer's threads
     # use every core).
     workers: str = "auto"
+    # Benchmark: train on the first epoch's batches read once and kept (on the device under
+    # CUDA), replayed every epoch: the step's rate without the input (dlrm/train/staged.py)
+    in_memory: bool = False
     id_policy: Literal["error", "hash", "modulo"] = "error"  # ids >= table rows
     # Eval (in training and dlrm eval) with data.id_policy=error: an id past its
     # trained table is looked up as nothing (left out of its bag) and counted per

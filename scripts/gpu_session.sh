@@ -7,7 +7,7 @@
 #   bash scripts/gpu_session.sh bench [ARGS]    # dlrm bench's GPU rows, configs/bench_gpu.yaml
 #
 # bench, in order, each step given what is left of the call's 580 s: the rows native
-# (fp32, TF32 on by train.tf32), native_bf16, torch_baseline, hotline, host_embedding;
+# (fp32, TF32 on by train.tf32), in_memory (native on batches kept on the GPU), native_bf16, torch_baseline, hotline, host_embedding;
 # the embedding kernels alone (python -m dlrm.bench.kernels: bytes/s per path);
 # native with train.tf32=false; native with train.cuda_graphs=off; a hotline.budget sweep
 # (64MB 128MB 512MB 2GB: hit rate, popular share, samples/s; --hotline-budgets).
@@ -51,7 +51,7 @@ case "${1:-tests}" in
     end=$((SECONDS + 580))
     left() { echo $((end - SECONDS > 5 ? end - SECONDS : 5)); }
     timeout "$(left)" "$PY" -m dlrm bench --config configs/bench_gpu.yaml \
-      --engines native,native_bf16,torch_baseline,hotline,host_embedding --out "$BENCH" "$@" \
+      --engines native,in_memory,native_bf16,torch_baseline,hotline,host_embedding --out "$BENCH" "$@" \
       >"$OUT/bench.log" 2>&1
     code=$?
     cp "$BENCH"/bench.json "$BENCH"/bench.png "$OUT"/ 2>/dev/null

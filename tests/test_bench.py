@@ -34,7 +34,10 @@ def test_bench_rows_ratios_and_limit(bench: Path) -> None:
     report = json.loads((bench / "bench.json").read_text())
     rows = {(r["engine"], r["ranks"]): r for r in report["rows"]}
     assert set(rows) == {("native", 1), ("native_bf16", 1), ("torchrec", 1), ("torchrec_bf16", 1),
-                         ("torch_baseline", 1), ("hotline", 1), ("host_embedding", 1)}
+                         ("torch_baseline", 1), ("in_memory", 1), ("hotline", 1),
+                         ("host_embedding", 1)}
+    assert rows["native", 1]["vs_in_memory"] == pytest.approx(
+        rows["native", 1]["samples_per_s"] / rows["in_memory", 1]["samples_per_s"])
     assert rows["host_embedding", 1]["hotline"]["hot_hit_rate"] == 0.0  # nothing on the device
     assert rows["hotline", 1]["hotline"]["hot_hit_rate"] > 0.5
     for r in rows.values():
@@ -77,7 +80,7 @@ def test_reader_only_reuses_dataset(bench: Path, capsys: pytest.CaptureFixture[s
     assert "reusing dataset" in capsys.readouterr().out
     assert (bench / "data" / "generate.json").stat().st_mtime_ns == stamp
     report = json.loads((bench / "bench.json").read_text())
-    assert len(report["rows"]) == 7  # the training rows (torch_baseline among them) are kept
+    assert len(report["rows"]) == 8  # the training rows (torch_baseline among them) are kept
     reader = report["reader"]
     assert reader["rows"] == 20000
     assert reader["rows_per_s"] > 0
@@ -150,3 +153,27 @@ def test_bench_configs_train_the_stated_table_sizes(tmp_path: Path, config: str)
     unstated, _ = run_schema(load_config(TINY.parent / config, [*small, "data.encoding=auto"]),
                              str(tmp_path / "d"))
     assert unstated.sparse[0].rows < 3_000_000  # what the bench trained before it said the sizes
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_in_memory_row_beside_native(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["bench", "--config", str(TINY), "--engines", "native,in_memory", "--steps", "10",
+                 "--out", str(tmp_path), *SMALL])
+    assert code == 0
+    rows = {r["engine"]: r for r in json.loads((tmp_path / "bench.json").read_text())["rows"]}
+    assert rows["in_memory"]["steps"] == rows["native"]["steps"] == 10
+    ratio = rows["native"]["samples_per_s"] / rows["in_memory"]["samples_per_s"]
+    assert rows["native"]["vs_in_memory"] == pytest.approx(ratio)
+    assert f"from Parquet / in memory = {ratio:.3f}" in capsys.readouterr().out
+
+
+def test_input_ratio_pairs_native_with_in_memory_of_its_rank_count() -> None:
+    from dlrm.bench.run import add_input_ratio
+
+    rows = [{"engine": "native", "ranks": 1, "samples_per_s": 90.0},
+            {"engine": "in_memory", "ranks": 1, "samples_per_s": 100.0},
+            {"engine": "native", "ranks": 2, "samples_per_s": 50.0},
+            {"engine": "hotline", "ranks": 1, "samples_per_s": 70.0}]
+    add_input_ratio(rows)
+    assert [r.get("vs_in_memory") for r in rows] == [0.9, None, None, None]

@@ -54,6 +54,10 @@ ENGINES = {
     # Stock PyTorch (nn.EmbeddingBag sparse=True, torch.optim), as facebookresearch/dlrm
     # trains: the floor any engine of ours must beat. One rank only.
     "torch_baseline": ["embeddings.backend=torch_baseline"],
+    # The native engine on the first batches read once and kept in (device) memory,
+    # replayed (data.in_memory, dlrm/train/staged.py): native / in_memory is the share of
+    # the step rate the Parquet input keeps.
+    "in_memory": ["embeddings.backend=native", "data.in_memory=true"],
     "hotline": ["embeddings.placement=hotline"],
     "host_embedding": ["embeddings.placement=hotline", "hotline.budget=1B", "hotline.pipeline=false"],
 }
@@ -121,6 +125,11 @@ def cmd_bench(argv: list[str]) -> int:
     limit = machine_limit(cfg)
     add_bounds(rows, cfg, limit)
     print(format_table(rows))
+    add_input_ratio(rows)
+    for row in rows:
+        if row.get("vs_in_memory") is not None:
+            print(f"native@{row['ranks']}: from Parquet / in memory = {row['vs_in_memory']:.3f} "
+                  "(the input's share of the step: target >= 0.95)")
     for row in rows:  # replayed CUDA graphs or eager steps, and why (train.cuda_graphs)
         if row.get("step_mode"):
             print(f"{row['engine']}@{row['ranks']} steps: {row['step_mode']}")
@@ -404,6 +413,16 @@ def add_ratios(rows: list[dict[str, Any]]) -> None:
         b = base.get((r["ranks"], precision))
         r["vs_torchrec"] = r["samples_per_s"] / b if b else None
         r["vs_torchrec_precision"] = precision if b else None
+
+
+def add_input_ratio(rows: list[dict[str, Any]]) -> None:
+    """``vs_in_memory`` on each native row: its samples/s over the in_memory row's at the
+    same rank count (None without one)."""
+    staged = {r["ranks"]: r["samples_per_s"] for r in rows if r["engine"] == "in_memory"}
+    for r in rows:
+        if r["engine"] == "native":
+            b = staged.get(r["ranks"])
+            r["vs_in_memory"] = r["samples_per_s"] / b if b else None
 
 
 # ------------------------------------------------------------------ reader

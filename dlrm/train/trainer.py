@@ -70,6 +70,7 @@ from dlrm.train.optim import build_dense_optimizer, lr_factor
 from dlrm.train.precision import decide_precision
 from dlrm.train.preemption import PREEMPTED, Preemption, signal_name
 from dlrm.train.profiling import StepProfiler
+from dlrm.train.staged import StagedBatches
 from dlrm.train.trace import RowTrace
 from embeddings.hotline.lookups import HOT_ONLY
 from embeddings.interface import Prefetched
@@ -194,6 +195,7 @@ class Trainer:
                                      info.rank, info.device)
         self.last_eval: dict[str, Any] | None = None
         self._batches: Iterator[Batch] | None = None
+        self._staged: StagedBatches | None = None  # data.in_memory: batches read once
         self.graphs, self.step_mode = self._graphs()
 
     def _graphs(self) -> tuple[GraphedStep | None, str]:
@@ -270,9 +272,15 @@ class Trainer:
     def _next_batches(self) -> list[Batch]:
         """This rank's next k = train.accumulate batches; [] at the end of an epoch."""
         if self._batches is None:
-            self._batches = iter(self.reader.epoch(self.progress.epoch,
-                                                   start_step=self.progress.step_in_epoch))
-            if self.info.device.type == "cuda" and self.hotline is None:  # Hotline splits on the host
+            if self.cfg.data.in_memory and self._staged is None:  # read once, then replayed
+                self._staged = StagedBatches(
+                    self.reader, self.info.device if self.hotline is None else torch.device("cpu"),
+                    self.cfg.train.max_steps * self.cfg.train.accumulate)
+            source = self._staged or self.reader
+            self._batches = iter(source.epoch(self.progress.epoch,
+                                              start_step=self.progress.step_in_epoch))
+            if (self.info.device.type == "cuda" and self.hotline is None  # Hotline splits on the host
+                    and self._staged is None):
                 self._batches = DevicePrefetcher(self._batches, self.info.device)
         batches = list(itertools.islice(self._batches, self.cfg.train.accumulate))
         if not batches:
