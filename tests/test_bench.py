@@ -85,6 +85,7 @@ def test_reader_only_reuses_dataset(bench: Path, capsys: pytest.CaptureFixture[s
     assert reader["rows"] == 20000
     assert reader["rows_per_s"] > 0
     assert set(reader["modes"]) == {"shuffled", "vocabulary_shuffled"}
+    assert reader["cold"]["reader_rows_per_s"] > 0 and reader["cold"]["disk_mb_s"] > 0
     assert all(rate > 0 for rate in reader["modes"].values())
 
 

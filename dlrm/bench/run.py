@@ -88,11 +88,14 @@ def cmd_bench(argv: list[str]) -> int:
     out.mkdir(parents=True, exist_ok=True)
     data_dir = ensure_dataset(cfg, out / "data")
     if a.reader_only:
+        from dlrm.bench.cold_read import format_cold
+
         reader = reader_rate(cfg, data_dir)
         print(f"reader: {reader['rows_per_s']:,.0f} rows/s decoded into batches of "
               f"{reader['batch_size']} on one core ({reader['rows']} rows); shuffled "
               f"{reader['modes']['shuffled']:,.0f}, shuffled through vocabularies "
               f"{reader['modes']['vocabulary_shuffled']:,.0f}")
+        print(format_cold(reader["cold"]))
         if a.workers is not None:
             from dlrm.bench.reader_sweep import format_workers, reader_sweep
 
@@ -429,9 +432,10 @@ def add_input_ratio(rows: list[dict[str, Any]]) -> None:
 
 
 def reader_rate(cfg: Config, data_dir: Path) -> dict[str, Any]:
-    """Rows/s of ParquetReader decoding the bench set into batches on one core: in
-    stored order with the generator's ids (the top-level figures; a second pass, the
-    first warms the page cache), and under
+    """Rows/s of ParquetReader decoding the bench set into batches on one core: under
+    ``cold`` the first read, of files dropped from the page cache, beside the disk's own
+    rate (dlrm/bench/cold_read.py); in stored order with the generator's ids (the
+    top-level figures; a second pass, the first warms the page cache), and under
     ``modes`` shuffled, and shuffled through vocabularies fitted on the set (the fit
     is not timed)."""
     import torch
@@ -439,10 +443,13 @@ def reader_rate(cfg: Config, data_dir: Path) -> dict[str, Any]:
     from data import preprocess
     from data.files import expand_paths
     from data.generate import generator_schema
+    from dlrm.bench.cold_read import cold_read
 
     torch.set_num_threads(1)
     files, schema = expand_paths(str(data_dir)), generator_schema(cfg.generate)
-    _read_rate(files, schema, cfg.data.batch_size, shuffle=False)  # warm: page cache, imports
+    _read_rate(files[:1], schema, cfg.data.batch_size, shuffle=False)  # imports
+    cold = cold_read(files, lambda: _read_rate(files, schema, cfg.data.batch_size, shuffle=False))
+    _read_rate(files, schema, cfg.data.batch_size, shuffle=False)  # warm: page cache
     out = _read_rate(files, schema, cfg.data.batch_size, shuffle=False)
     prep = preprocess.fit(files, schema, preprocess.Options(encoding="vocabulary"))
     out["modes"] = {
@@ -450,6 +457,7 @@ def reader_rate(cfg: Config, data_dir: Path) -> dict[str, Any]:
         "vocabulary_shuffled": _read_rate(files, prep.apply(schema), cfg.data.batch_size,
                                           shuffle=True, prep=prep)["rows_per_s"],
     }
+    out["cold"] = cold
     out["files"], out["schema"] = files, schema  # for a workers sweep; not written
     return out
 
