@@ -42,7 +42,7 @@ case "${1:-tests}" in
     timeout $((end - SECONDS > 10 ? end - SECONDS : 10)) "$PY" -m dlrm bench --config configs/bench_gpu.yaml \
       --reader-only --workers 0,1,4,8,16 --out "$BENCH" generate.rows=2097152 >"$OUT/reader.log" 2>&1
     cp "$BENCH"/bench.json "$OUT"/reader.json 2>/dev/null
-    tail -8 "$OUT/reader.log"
+    tail -10 "$OUT/reader.log"  # rates, cold read, per-worker rows/s and 0.8·N scaling
     exit $code
     ;;
   bench)

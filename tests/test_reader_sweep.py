@@ -43,3 +43,7 @@ def test_epoch_rate_counts_every_row(tmp_path: Path, workers: int) -> None:
 def test_format_workers_ratios() -> None:
     sweep = {"bench": {"0": {"rows_per_s": 100.0}, "2": {"rows_per_s": 150.0}}}
     assert format_workers(sweep) == "reader bench: 0 workers 100 (1.00x), 2 workers 150 (1.50x) rows/s"
+    sweep = {"bench": {"0": {"rows_per_s": 100.0, "steady": 110.0},
+                       "4": {"rows_per_s": 300.0, "steady": 330.0}}}
+    assert format_workers(sweep).splitlines()[1] == (
+        "reader bench steady scaling: 4 workers 3.00x = 94% of 0.8·N")  # 3 / 3.2

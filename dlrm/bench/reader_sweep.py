@@ -106,7 +106,9 @@ def _string_schema(files: list[str]) -> Any:
 
 
 def format_workers(sweep: dict[str, Any]) -> str:
-    """One line per schema: rows/s at each worker count, and the ratio to 0 workers."""
+    """One line per schema: rows/s at each worker count and the ratio to 0 workers; then,
+    for N >= 1 workers, the steady rate's ratio to 0 workers' steady rate against the
+    target 0.8·N (issue 23: N workers on N cores)."""
     lines = []
     for name, by_count in sweep.items():
         base = by_count.get("0", {}).get("rows_per_s")
@@ -115,4 +117,9 @@ def format_workers(sweep: dict[str, Any]) -> str:
             ratio = f" ({r['rows_per_s'] / base:.2f}x)" if base else ""
             cells.append(f"{count} workers {r['rows_per_s']:,.0f}{ratio}")
         lines.append(f"reader {name}: " + ", ".join(cells) + " rows/s")
+        steady0 = by_count.get("0", {}).get("steady")
+        scaling = [f"{n} workers {r['steady'] / steady0:.2f}x = {r['steady'] / steady0 / (0.8 * int(n)):.0%}"
+                   " of 0.8·N" for n, r in by_count.items() if int(n) > 0 and steady0 and "steady" in r]
+        if scaling:
+            lines.append(f"reader {name} steady scaling: " + ", ".join(scaling))
     return "\n".join(lines)
