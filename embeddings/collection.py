@@ -40,6 +40,7 @@ from embeddings.timing import section
 if TYPE_CHECKING:
     from data.jagged import KeyedJagged
     from embeddings.kernels.lookup import Bags
+    from embeddings.kernels.rounding import KernelRounding
 
 
 class EmbeddingCollection(nn.Module, ABC):
@@ -202,7 +203,16 @@ class LocalEmbeddingCollection(EmbeddingCollection):
             keys.append(table_key(name))
             rows0.append(r0)
             cols0.append(c0)
-        for buf, values in (("_sr_starts", starts), ("_sr_keys", keys), ("_sr_rows0", rows0), ("_sr_cols0", cols0)):
+        # per feature, for the Triton update (a run's feature names its table)
+        index = {t.name: i for i, t in enumerate(self.tables)}
+        of_feature = [index[t.name] for f in self.features for t in self.tables if f in t.features]
+        by_feature = {
+            "_sr_feature_keys": [keys[i] for i in of_feature],
+            "_sr_feature_row_shift": [rows0[i] - starts[i] for i in of_feature],
+            "_sr_feature_cols0": [cols0[i] for i in of_feature],
+        }
+        for buf, values in (("_sr_starts", starts), ("_sr_keys", keys), ("_sr_rows0", rows0),
+                            ("_sr_cols0", cols0), *by_feature.items()):
             self.register_buffer(buf, torch.tensor(values, dtype=torch.int64, device=device), persistent=False)
 
     def _round_rows(self, ids: torch.Tensor) -> RowRounding:
@@ -258,8 +268,9 @@ class LocalEmbeddingCollection(EmbeddingCollection):
     # ------------------------------------------------------------------ Triton path
     def on_triton(self) -> bool:
         """Whether lookups take the Triton kernels (embeddings/kernels) on this device.
-        The kernels store fp32 weights only: fp16/bf16 tables take the torch path."""
-        return self.weight_dtype == torch.float32 and use_triton(self.kernels, self.weight.device)
+        fp16/bf16 tables too: the kernels pool in fp32 and the fused update writes rows
+        with the same stochastic rounding as the torch path (kernels/rounding.py)."""
+        return use_triton(self.kernels, self.weight.device)
 
     def _triton_pool(self, values: torch.Tensor, lengths: torch.Tensor, batch: int,
                      feature_major: bool) -> torch.Tensor:
@@ -282,10 +293,22 @@ class LocalEmbeddingCollection(EmbeddingCollection):
         if self.fused:
             assert self._lr_on_device is not None
             with section("embedding_update"):
-                backward_update(*args, self.weight.data, self.optimizer, self.state, self._lr_on_device)
+                backward_update(*args, self.weight.data, self.optimizer, self.state, self._lr_on_device,
+                                self._kernel_rounding())
         else:
             with section("lookup"):
                 self._receive(backward_kv(*args))
+
+    def _kernel_rounding(self) -> KernelRounding | None:
+        """A half weight's rounding for the fused Triton update: the update count goes
+        up on the device (no host value in the launch; graphs replay it)."""
+        if self.weight_dtype == torch.float32:
+            return None
+        from embeddings.kernels.rounding import KernelRounding
+
+        self.state["rounding_step"].add_(1)
+        return KernelRounding(self.rounding_seed, self.state["rounding_step"], self._sr_feature_keys,
+                              self._sr_feature_row_shift, self._sr_feature_cols0)
 
     def _device_scalars(self) -> None:
         """lr and per-table scalar state (Adam's step) on the weight's device, where the

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from embeddings.rounding import stochastic_round
+from tests.rounding_cases import bits_equal, coordinates, values
 
 pytest.importorskip("numba")
 from embeddings import rounding_cpu
@@ -15,56 +16,32 @@ from embeddings import rounding_cpu
 HALF = [torch.bfloat16, torch.float16]
 
 
-def _values(rows: int, dim: int, seed: int) -> torch.Tensor:
-    """Normal values over 30 decades, plus the edges: infinities, zeros of both signs,
-    fp32 subnormals, fp16's subnormals and its overflow boundary."""
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(rows, dim, generator=g) * torch.logspace(-12, 6, rows).unsqueeze(1)
-    edges = torch.tensor([float("inf"), -float("inf"), 0.0, -0.0, 1e-40, -1e-45, 6e-8, -3e-5,
-                          65504.0, -65519.0, 65520.0, 2.0**-14, -(2.0**-15), 1.0, -1.0])
-    x.view(-1)[: edges.numel()] = edges
-    return x
-
-
-def _bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Equal bits, except that a NaN need only be a NaN (its sign bit is the FPU's choice)."""
-    nan = torch.isnan(a.float())
-    return torch.equal(nan, torch.isnan(b.float())) and torch.equal(
-        a.view(torch.int16)[~nan], b.view(torch.int16)[~nan])
-
-
-def _coordinates(rows: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    return (torch.randint(0, 2**32, (rows,), generator=g), torch.randint(0, 2**40, (rows,), generator=g),
-            torch.randint(0, 2**33, (rows,), generator=g))
-
-
 @pytest.mark.parametrize("dtype", HALF)
 @pytest.mark.parametrize("dim", [1, 13, 64])
 def test_compiled_rounding_equals_the_torch_recipe(dtype: torch.dtype, dim: int) -> None:
-    x = _values(3000, dim, seed=dim)
+    x = values(3000, dim, seed=dim)
     x.view(-1)[20] = float("nan")
-    tables, rows, col0 = _coordinates(3000, seed=1)
+    tables, rows, col0 = coordinates(3000, seed=1)
     for step in (1, 2, 1 << 33):
         got = rounding_cpu.stochastic_round_cpu(x, dtype, 5, step, tables, rows, col0)
         want = stochastic_round(x, dtype, 5, step, tables, rows, col0, compiled=False)
-        assert got.dtype == dtype and _bits_equal(got, want)
+        assert got.dtype == dtype and bits_equal(got, want)
 
 
 @pytest.mark.parametrize("dtype", HALF)
 def test_fused_update_equals_gather_add_round_scatter(dtype: torch.dtype) -> None:
     g = torch.Generator().manual_seed(3)
-    weight = _values(5000, 24, seed=4).to(dtype)
+    weight = values(5000, 24, seed=4).to(dtype)
     ids = torch.randperm(5000, generator=g)[:1200]
     grad = torch.randn(1200, 24, generator=g) * torch.logspace(-6, 5, 1200).unsqueeze(1)
-    tables, rows, col0 = _coordinates(1200, seed=5)
+    tables, rows, col0 = coordinates(1200, seed=5)
     want = weight.clone()
     new = want.index_select(0, ids).float().add_(grad, alpha=-0.3)  # torch's fp32 fused multiply-add
     rounded = stochastic_round(new, dtype, 9, 4, tables, rows, col0, compiled=False)
     want.index_copy_(0, ids, rounded)
     got = weight.clone()
     overflow = rounding_cpu.add_rows_rounded(got, ids, grad, -0.3, 9, 4, tables, rows, col0)
-    assert _bits_equal(got, want)
+    assert bits_equal(got, want)
     untouched = torch.ones(5000, dtype=torch.bool)
     untouched[ids] = False
     assert torch.equal(got[untouched].view(torch.int16), weight[untouched].view(torch.int16))
