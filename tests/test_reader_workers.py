@@ -70,7 +70,10 @@ def test_a_killed_worker_is_one_line_and_no_hang(tiny) -> None:
     reader = ParquetReader(files, schema, 4, workers=2, prefetch=1, shuffle_buffer=8)
     it = reader.epoch(0)
     within(120, lambda: next(it))
-    for child in _children():
+    # the reader's own list: /proc/PID/task/TID/children lists a thread's children only,
+    # and the forkserver started in within()'s thread is passed to whichever thread the
+    # kernel picks when that thread ends
+    for child in reader.worker_pids():
         os.kill(child, signal.SIGKILL)
     with pytest.raises(DecodeWorkerError) as e:
         within(60, lambda: list(it))
@@ -112,19 +115,6 @@ def test_after_a_killed_worker_the_next_epoch_starts_fresh_workers(tiny) -> None
     assert_same(within(120, lambda: list(reader.epoch(1))), list(one.epoch(1)))
     assert not set(reader.worker_pids()) & set(old)
     reader.close()
-
-
-def _children() -> list[int]:
-    """This process's child processes' ids (the decode workers; not the forkserver,
-    which is not our child's child... it is a child too: keep only its children)."""
-    def kids(pid: int) -> list[int]:
-        path = f"/proc/{pid}/task/{pid}/children"
-        return [int(c) for c in Path(path).read_text().split()] if os.path.exists(path) else []
-
-    out = []
-    for child in kids(os.getpid()):
-        out += kids(child)  # forkserver → workers
-    return out
 
 
 def test_corrupt_row_group_fails_with_the_same_line(tmp_path: Path) -> None:
