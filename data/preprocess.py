@@ -123,13 +123,17 @@ class Preprocessing:
 
     def _dictionary_ids(self, feature: SparseFeature, col: pa.ChunkedArray) -> np.ndarray:
         """Rows [n] of a dictionary-encoded single-hot column (strings read with
-        ``read_dictionary``): each chunk's dictionary, its distinct values, mapped once,
-        then one gather by the chunk's indices; a null is row 0. No Python per value."""
+        ``read_dictionary``): each chunk's dictionary (its values, as the file wrote
+        them) mapped once, then one gather by the chunk's indices; a null is row 0.
+        No Python per value."""
         out = np.empty(len(col), np.int64)
         at = 0
         for chunk in col.chunks:
             rows = np.append(self._rows(feature, flat_values(chunk.dictionary)[0], True), 0)
-            indices = pc.fill_null(chunk.indices, len(rows) - 1).to_numpy()  # null: the 0 after
+            indices = chunk.indices
+            if indices.type.bit_width < 32:  # room for the null's index (int8: 128 values)
+                indices = indices.cast(pa.int32())
+            indices = pc.fill_null(indices, len(rows) - 1).to_numpy()  # null: the 0 after
             np.take(rows, indices, out=out[at : at + len(chunk)], mode="clip")
             at += len(chunk)
         return out

@@ -111,3 +111,18 @@ def test_avazu_sample_matches_a_dict_and_the_per_value_path(tmp_path: Path) -> N
     for f in schema.sparse:
         assert np.array_equal(got[f.name], _dict_rows(prep, f, [str(path)])), f.name
         assert np.array_equal(got[f.name], _per_value([str(path)], f, prep)), f.name
+
+
+def test_a_full_int8_dictionary_with_nulls(tmp_path: Path) -> None:
+    """128 values under int8 indices, and a null: the null's extra index must still fit."""
+    words = [f"v{i}" for i in range(128)]
+    path = tmp_path / "w.parquet"
+    pq.write_table(pa.table({"label": np.zeros(256, np.float32), "S": words * 2}), path)
+    schema = Schema("label", (), (SparseFeature("S", 1, encoding="vocabulary"),))
+    prep = preprocess.fit([str(path)], schema, preprocess.Options(encoding="vocabulary"))
+    (feature,) = prep.apply(schema).sparse
+    indices = pa.array([*range(128), None, 127, 0], pa.int8())
+    col = pa.chunked_array([pa.DictionaryArray.from_arrays(indices, pa.array(words))])
+    rows = {v: i + 1 for i, v in enumerate(prep.vocabularies["S"].values.to_pylist())}
+    want = [rows[w] for w in words] + [0, rows["v127"], rows["v0"]]
+    assert prep.ids(feature, col)[0].tolist() == want
