@@ -62,3 +62,15 @@ def test_training_in_memory_equals_training_from_parquet(tiny_data, tmp_path: Pa
         states.append(run_state(tmp_path / f"s{staged}"))
     assert states[0].keys() == states[1].keys()
     assert all(torch.equal(states[0][k], states[1][k]) for k in states[0])
+
+
+@pytest.mark.gpu
+def test_staged_batches_live_on_the_gpu_and_equal_the_readers(tmp_path: Path) -> None:
+    files, schema = tiny_dataset(tmp_path)
+    reader = ParquetReader(files, schema, 12, shuffle=True, seed=3, shuffle_buffer=24)
+    whole = list(reader.epoch(0))
+    staged = StagedBatches(reader, torch.device("cuda"), limit=3)
+    got = list(staged.epoch(0))
+    assert all(b.dense.is_cuda and b.sparse.values().is_cuda and b.labels.is_cuda for b in got)
+    assert got[0] is got[3]  # kept once, replayed: no copy per epoch
+    assert_same([b.to("cpu") for b in got], [whole[t % 3] for t in range(len(whole))])
