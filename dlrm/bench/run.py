@@ -88,25 +88,7 @@ def cmd_bench(argv: list[str]) -> int:
     out.mkdir(parents=True, exist_ok=True)
     data_dir = ensure_dataset(cfg, out / "data")
     if a.reader_only:
-        from dlrm.bench.cold_read import format_cold
-
-        reader = reader_rate(cfg, data_dir)
-        print(f"reader: {reader['rows_per_s']:,.0f} rows/s decoded into batches of "
-              f"{reader['batch_size']} on one core ({reader['rows']} rows); shuffled "
-              f"{reader['modes']['shuffled']:,.0f}, shuffled through vocabularies "
-              f"{reader['modes']['vocabulary_shuffled']:,.0f}")
-        print(format_cold(reader["cold"]))
-        if a.workers is not None:
-            from dlrm.bench.reader_sweep import format_workers, reader_sweep
-
-            reader["workers"] = reader_sweep(reader.pop("files"), reader.pop("schema"),
-                                             cfg.data.batch_size, a.workers, out)
-            print(format_workers(reader["workers"]))
-        reader.pop("files", None), reader.pop("schema", None)
-        path = out / "bench.json"  # kept beside the training rows of an earlier bench
-        report = json.loads(path.read_text()) if path.is_file() else {"config": a.config}
-        write_json(path, {**report, "reader": reader})
-        return 0
+        return reader_only(a, cfg, out, data_dir)
     steps = a.steps or cfg.train.max_steps or 200
     # The generator's stated sizes, exactly: a table is not sized by the ids its rows drew.
     a.overrides = [stated_rows_override(cfg), *a.overrides]
@@ -158,6 +140,29 @@ def cmd_bench(argv: list[str]) -> int:
     write_json(out / "bench.json", report)
     write_png(out / "bench.png", rows, limit)
     print(f"wrote {out / 'bench.json'} and {out / 'bench.png'}")
+    return 0
+
+
+def reader_only(a: argparse.Namespace, cfg: Config, out: Path, data_dir: Path) -> int:
+    """``--reader-only``: the reader's rates (and ``--workers``' sweep) into OUT/bench.json."""
+    from dlrm.bench.cold_read import format_cold
+
+    reader = reader_rate(cfg, data_dir)
+    print(f"reader: {reader['rows_per_s']:,.0f} rows/s decoded into batches of "
+          f"{reader['batch_size']} on one core ({reader['rows']} rows); shuffled "
+          f"{reader['modes']['shuffled']:,.0f}, shuffled through vocabularies "
+          f"{reader['modes']['vocabulary_shuffled']:,.0f}")
+    print(format_cold(reader["cold"]))
+    if a.workers is not None:
+        from dlrm.bench.reader_sweep import format_workers, reader_sweep
+
+        reader["workers"] = reader_sweep(reader.pop("files"), reader.pop("schema"),
+                                         cfg.data.batch_size, a.workers, out)
+        print(format_workers(reader["workers"]))
+    reader.pop("files", None), reader.pop("schema", None)
+    path = out / "bench.json"  # kept beside the training rows of an earlier bench
+    report = json.loads(path.read_text()) if path.is_file() else {"config": a.config}
+    write_json(path, {**report, "reader": reader})
     return 0
 
 
