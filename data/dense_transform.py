@@ -23,6 +23,7 @@ import numpy as np
 
 TRANSFORMS = ("none", "log1p", "standardize")
 _BINS = 4 * 64 + 1  # quarter-octaves of log2(1 + |x|) up to 2^64; the last catches the rest
+_CHUNK = 1 << 14  # values taken in at a time (see DenseStats.add)
 
 
 @dataclass
@@ -38,15 +39,23 @@ class DenseStats:
     bins: np.ndarray = field(default_factory=lambda: np.zeros(_BINS, np.int64))
 
     def add(self, x: np.ndarray) -> None:
-        """Take in finite values ``x`` [n] (the reader's float32 values before a transform)."""
-        x = x[np.isfinite(x)].astype(np.float64)
+        """Take in finite values ``x`` [n] (the reader's float32 values before a transform),
+        :data:`_CHUNK` at a time: a row group's float64 temporaries at once would each
+        be fresh pages (3x slower)."""
+        for start in range(0, x.size, _CHUNK):
+            self._add(x[start:start + _CHUNK])
+
+    def _add(self, x: np.ndarray) -> None:
+        x = x.astype(np.float64)
+        if not np.isfinite(x.sum()):
+            x = x[np.isfinite(x)]
         if x.size == 0:
             return
         self.count += int(x.size)
         self.total += float(x.sum())
-        self.squares += float(np.square(x).sum())
+        self.squares += float(np.square(x).sum())  # not np.dot: BLAS threads vary the sum
         self.low, self.high = min(self.low, float(x.min())), max(self.high, float(x.max()))
-        self.negative += int((x < 0).sum())
+        self.negative += int(np.count_nonzero(x < 0))
         self.bins += np.bincount(_bin(x), minlength=_BINS)
 
     @property

@@ -43,6 +43,7 @@ from data.dense_transform import DenseStats, apply_transform
 from data.errors import DataError, UserError
 from data.fit_split import Split, count_split
 from data.hashing import splitmix64
+from data.int_counts import plain_numpy
 from data.schema import (
     Schema,
     SparseFeature,
@@ -326,8 +327,7 @@ def _count(files: list[str], schema: Schema, tables: set[str], limit: int | None
                 if f.table_name in tables:
                     counters[f.table_name].add(flat_values(table.column(f.name))[0])
             for n in schema.dense:
-                col = pc.drop_null(table.column(n))
-                stats[n].add(col.to_numpy().astype(np.float32, copy=False))
+                stats[n].add(plain_numpy(table.column(n)).astype(np.float32, copy=False))
             if bar is not None:
                 bar.update(table.num_rows)
     if bar is not None:
