@@ -76,7 +76,7 @@ def run_lengths(values: np.ndarray, counts: np.ndarray | None = None
 class IntCounts:
     """(value, count) of every int64 value added: ``values`` sorted, each once."""
 
-    merge_rows = 1 << 18  # pending run rows that always allow a merge (tests lower it)
+    merge_rows = 1 << 16  # pending run rows that always allow a merge (tests lower it)
 
     def __init__(self) -> None:
         self.values = np.zeros(0, np.int64)
