@@ -293,17 +293,15 @@ def _count(files: list[str], schema: Schema, tables: set[str], limit: int | None
            ) -> tuple[dict[str, ValueCounter], dict[str, DenseStats], int]:
     """The pass: value counts of the counted tables' columns, dense statistics; rows read.
     ``skip``: row groups that cannot be read are left out (the reader reports them).
-    A split over ranks or workers, or the sketch pre-filter: the counting is
-    :func:`data.fit_split.count_split` and this process then reads only the dense
-    columns, in file order (their float sums unchanged)."""
+    A split over ranks or workers, or the sketch pre-filter: the pass is
+    :func:`data.fit_split.count_split`, whose dense statistics add each row group's
+    float sums in file order, as here (the same bits)."""
     from data.files import open_parquet
 
     split = split or Split()
     sketching = split.min_frequency > 1 and bool(split.sketch_tables & tables)
     if (split.workers > 0 or split.world > 1 or sketching) and tables and limit is None:
-        counters = count_split(files, schema, tables, skip, split)
-        _, stats, seen = _count(files, schema, set(), limit, skip)
-        return counters, stats, seen
+        return count_split(files, schema, tables, skip, split)
     counters = {t: ValueCounter() for t in tables}
     stats = {n: DenseStats() for n in schema.dense}
     columns = [f.name for f in schema.sparse if f.table_name in tables] + list(schema.dense)
