@@ -185,14 +185,18 @@ def _sorted(values: np.ndarray) -> np.ndarray:
 
 def _shift_right(a: np.ndarray, m: int, at: np.ndarray) -> None:
     """Move ``a[:m]`` right to make a gap before each old index in sorted ``at``
-    (old entry i moves to i + the number of ``at`` <= i); last chunk first."""
+    (old entry i moves to i + the number of ``at`` <= i); last chunk first. Within a
+    chunk that shift is a running sum of the insertions per index (linear, no search
+    per entry)."""
     for start in range(((m - 1) // _CHUNK) * _CHUNK, -1, -_CHUNK):
         end = min(start + _CHUNK, m)
-        first, last = np.searchsorted(at, [start, end - 1], side="right")
-        if last == 0:
-            return  # nothing inserted at or before this chunk: it and all before stay
-        if first == last:  # one shift for the whole chunk (numpy copies overlaps safely)
-            a[start + first:end + first] = a[start:end]
+        lo, hi = (int(x) for x in np.searchsorted(at, [start, end]))  # at < start, < end
+        if hi == 0:
+            return  # nothing inserted before this chunk's end: it and all before stay
+        if lo == hi:  # one shift for the whole chunk (numpy copies overlaps safely)
+            a[start + lo:end + lo] = a[start:end]
             continue
-        idx = np.arange(start, end)
-        a[idx + np.searchsorted(at, idx, side="right")] = a[start:end].copy()
+        shift = np.cumsum(np.bincount(at[lo:hi] - start, minlength=end - start))
+        shift += lo + start
+        shift[:] += np.arange(end - start)
+        a[shift] = a[start:end].copy()

@@ -12,7 +12,8 @@ peak memory per distinct value.
     memory  26 int columns, column i drawing ids in [0, CARD[i]) skewed to small ids
             (id = CARD * u^4, u uniform), + 2^32 so every column is fitted as a
             vocabulary; ROWS rows over 4 files (row groups of 64k)
-            fit in a fresh process: (ru_maxrss after - before) / distinct values, with
+            fit in a fresh process: (peak RSS - RSS before, Linux VmHWM reset at the
+            start) / distinct values, with
             min_frequency 1, and 2 with the sketch off and on; and the marginal cost:
             the peaks of fits over 2 and over 4 of the files, their difference over
             the difference of their distinct values (the fixed cost of imports,
@@ -84,19 +85,45 @@ def _fit(rank: int, world: int, files: list[str], workers: int, min_frequency: i
             return got
 
     schema = infer_schema(files)
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    before = _peak_reset()
     start, cpu = time.perf_counter(), _cpu()
     prep = preprocess.fit(files, schema, preprocess.Options(
         encoding="vocabulary" if encodings is None else "identity",
         encodings=encodings or {}, min_frequency=min_frequency, workers=workers,
         sketch=sketch, rank=rank, world=world, gather=gather))
     seconds, cpu = time.perf_counter() - start, _cpu() - cpu
-    grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+    grown = _peak_kb() - before
     distinct = sum(v.distinct for v in prep.vocabularies.values())
     if rank == 0:
         Path(out).write_text(f"{seconds} {grown} {distinct} {cpu}")
     if world > 1:
         dist.destroy_process_group()
+
+
+def _status_kb(key: str) -> int | None:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def _peak_reset() -> int:
+    """This process's RSS in kB with its peak (VmHWM) reset to it (Linux: ``5`` to
+    /proc/self/clear_refs). ru_maxrss would not do: it survives exec, so a spawned
+    child starts with its parent's peak."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return _status_kb("VmRSS") or 0
+
+
+def _peak_kb() -> int:
+    """Peak RSS in kB since :func:`_peak_reset` (ru_maxrss where /proc has none)."""
+    return _status_kb("VmHWM") or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
 def _cpu() -> float:
