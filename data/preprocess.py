@@ -162,8 +162,8 @@ def fit(files: list[str], schema: Schema, opts: Options) -> Preprocessing:
             prep.encodings[table], prep.rows[table] = "hash", max(cap or opts.hash_rows, 2)
         elif enc in ("vocabulary", "auto-count"):
             value_type = _value_type(kinds[members[0].name])
-            vocab = Vocabulary.build(counters.pop(table).table(), value_type, opts.min_frequency,
-                                     cap)  # pop: each counter freed once its vocabulary is built
+            vocab = Vocabulary.of_counter(counters.pop(table), value_type, opts.min_frequency,
+                                          cap)  # pop: each counter freed as it is built
             lo = min(ranges.get(f.name, (0, 0))[0] for f in members)
             hi = max(ranges.get(f.name, (0, 0))[1] for f in members)
             if enc == "auto-count" and lo >= 0 and 2 * vocab.distinct >= hi + 1:

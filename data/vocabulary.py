@@ -165,6 +165,22 @@ class ValueCounter:
         return self._merged
 
 
+def _int_order(values: np.ndarray, counts: np.ndarray, max_rows: int, ascending: bool
+               ) -> np.ndarray:
+    """Indices of count descending, then value ascending (at most ``max_rows - 1``). A
+    counter's table comes sorted by value (``ascending``), so one stable sort by count
+    gives that order, on int32 keys where the counts allow; np.lexsort otherwise."""
+    if ascending:
+        big = len(counts) and int(counts.max()) >= 2**31
+        key = np.empty(len(counts), np.int64 if big else np.int32)
+        np.negative(counts, out=key, casting="unsafe")
+        order = np.argsort(key, kind="stable")
+        del key
+    else:
+        order = np.lexsort((values, -counts))
+    return order[:max(max_rows - 1, 0)] if max_rows > 0 else order
+
+
 @dataclass
 class Vocabulary:
     """values[i] owns row i + 1; row 0 is out-of-vocabulary. counts [len] as counted."""
@@ -205,24 +221,36 @@ class Vocabulary:
         return Vocabulary(values, counts, distinct)
 
     @staticmethod
+    def of_counter(counter: ValueCounter, value_type: pa.DataType, min_frequency: int = 1,
+                   max_rows: int = 0) -> Vocabulary:
+        """:meth:`build` of ``counter.table()``; an int counter's arrays are taken from it
+        and replaced by their reordered copies one at a time, so the pass's peak is
+        its store plus about 16 bytes per value of the largest table (keys, order)."""
+        if not len(counter.ints):
+            return Vocabulary.build(counter.table(), value_type, min_frequency, max_rows)
+        values, counts = counter.ints.take()
+        distinct = len(values)
+        if min_frequency > 1:
+            keep = counts >= min_frequency
+            values = values[keep]
+            counts = counts[keep]
+            del keep
+        order = _int_order(values, counts, max_rows, ascending=True)
+        values = values[order]  # the counter's array is freed here
+        counts = counts[order]
+        return Vocabulary(int64_array(values), counts, distinct)
+
+    @staticmethod
     def _build_ints(counted: pa.Table, min_frequency: int, max_rows: int) -> Vocabulary:
-        """build's order for int64 values, in numpy: count descending, then value
-        ascending, the same as pyarrow's sort_by and several times faster. A counter's
-        table comes sorted by value, so one stable sort by count gives that order
-        (np.lexsort otherwise); about 24 bytes per value beside the table."""
+        """build's order for int64 values, in numpy (:func:`_int_order`), the same as
+        pyarrow's sort_by and several times faster."""
         values, counts = int64_values(counted["value"]), int64_values(counted["count"])
         if min_frequency > 1:
             keep = counts >= min_frequency
             values, counts = values[keep], counts[keep]
-        if len(values) < 2 or bool(np.all(values[1:] > values[:-1])):
-            order = np.argsort(-counts, kind="stable")
-        else:
-            order = np.lexsort((values, -counts))
-        if max_rows > 0:
-            order = order[:max(max_rows - 1, 0)]
-        values = values[order]
-        counts = counts[order]
-        return Vocabulary(int64_array(values), counts, counted.num_rows)
+        ascending = len(values) < 2 or bool(np.all(values[1:] > values[:-1]))
+        order = _int_order(values, counts, max_rows, ascending)
+        return Vocabulary(int64_array(values[order]), counts[order], counted.num_rows)
 
     def lookup(self, values: pa.Array) -> np.ndarray:
         """Rows [n] of ``values`` (flat, of :func:`flat_values`): unseen and null → 0.
