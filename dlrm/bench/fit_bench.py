@@ -208,9 +208,10 @@ def fit_memory(root: Path, rows: int) -> tuple[list[dict], dict]:
 
 
 def fit_bench(root: Path, rows: int, ranks: list[int], workers: list[int],
-              cfg: GenerateConfig | None = None, seed: int = 0) -> dict:
+              cfg: GenerateConfig | None = None, seed: int = 0, memory: bool = True) -> dict:
     """The figures (see the module docstring) as a dict for bench.json; ``cfg`` None:
-    the rates too on the memory runs' data (26 vocabulary columns)."""
+    the rates too on the memory runs' data (26 vocabulary columns); ``memory`` False:
+    the rates alone."""
     if cfg is not None:
         from data.generate import generate_dataset
 
@@ -228,9 +229,9 @@ def fit_bench(root: Path, rows: int, ranks: list[int], workers: list[int],
         files = make_data(root / "memory", rows)
         encodings = {f"C{i + 1}": "vocabulary" for i in range(len(CARD))}
     rates = fit_rates(files, rows, encodings, ranks, workers)
-    memory, marginal = fit_memory(root / "memory", rows)
+    peaks, marginal = fit_memory(root / "memory", rows) if memory else ([], None)
     counted = sorted(n for n, e in encodings.items() if e == "vocabulary")
-    return {"rows": rows, "vocabulary_columns": counted, "rates": rates, "memory": memory,
+    return {"rows": rows, "vocabulary_columns": counted, "rates": rates, "memory": peaks,
             "marginal": marginal, "memory_columns": len(CARD)}
 
 
@@ -243,6 +244,8 @@ def format_fit(result: dict) -> str:
                  if r["of_one_core_x_cores"] and (r["ranks"] > 1 or r["workers"] > 0) else "")
         lines.append(f"  ranks {r['ranks']} workers {r['workers']}: {r['rows_per_s']:,.0f} rows/s"
                      f"{cpu}{scale}")
+    if not result["memory"]:
+        return "\n".join(lines)
     lines.append(f"memory: {result['rows']:,} rows x {result['memory_columns']} int columns "
                  "(Criteo Kaggle cardinalities), one process")
     for m in result["memory"]:
