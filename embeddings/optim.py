@@ -28,6 +28,7 @@ from enum import Enum
 import torch
 
 from embeddings.kv import KVGradient
+from embeddings.rounding import RowRounding, add_rows_rounded
 
 
 class SparseOptimizerType(str, Enum):
@@ -110,7 +111,7 @@ class SparseOptimizer(ABC):
 
         ``row_sq_mean`` [U]: mean of g² over the FULL row, for a column shard whose
         ``grad.rows`` hold only some columns (row-wise Adagrad needs the whole row).
-        ``rounder``: writes fp32 rows back into a half-precision weight (add_rows).
+        ``rounder``: a half-precision weight's rounding coordinates of ids (add_rows).
         """
 
     def state_bytes_per_row(self, dim: int) -> int:
@@ -122,7 +123,8 @@ class SparseOptimizer(ABC):
         return [name for name, spec in self.state_layout().items() if spec.per_row]
 
 
-Rounder = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+# ids → where they sit in their full tables, for a half weight's stochastic rounding
+Rounder = Callable[[torch.Tensor], RowRounding]
 
 
 def add_rows(weight: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor, alpha: float,
@@ -132,13 +134,16 @@ def add_rows(weight: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor, alpha:
     Gather, add, scatter back: the same arithmetic as ``index_add_`` (one add per
     element, bit-equal); on the CPU ``index_add_`` adds row by row, which is slower
     for the many rows one step touches. A half-precision weight: the sum is taken in
-    fp32 and ``rounder(ids, fp32 rows)`` writes it back (stochastic rounding).
+    fp32 and written back stochastically rounded at the coordinates ``rounder(ids)``
+    gives (round-to-nearest without a rounder).
     """
     if weight.dtype == torch.float32:
         weight.index_copy_(0, ids, weight.index_select(0, ids).add_(rows, alpha=alpha))
         return
-    new = weight.index_select(0, ids).float().add_(rows, alpha=alpha)
-    weight.index_copy_(0, ids, rounder(ids, new) if rounder is not None else new.to(weight.dtype))
+    if rounder is None:
+        weight.index_copy_(0, ids, weight.index_select(0, ids).float().add_(rows, alpha=alpha).to(weight.dtype))
+        return
+    add_rows_rounded(weight, ids, rows, alpha, rounder(ids))
 
 
 class SparseSGD(SparseOptimizer):
