@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
+from data import fit_cap
 from data.dense_transform import DenseStats
 from data.errors import DataError
 from data.fit_sketch import Sketch
@@ -62,6 +63,13 @@ class Split:
     min_frequency: int = 1
     sketch_tables: set[str] = field(default_factory=set)
     progress: bool = False
+    caps: dict[str, int] = field(default_factory=dict)  # table → max_rows (data/fit_cap.py)
+
+    def sketching(self, tables: set[str]) -> bool:
+        """Whether the pass over ``tables`` starts with the sketch: min_frequency > 1, or
+        a capped table, among the sketched ones."""
+        mine = self.sketch_tables & tables
+        return bool(mine) and (self.min_frequency > 1 or any(self.caps.get(t, 0) > 1 for t in mine))
 
 
 @dataclass
@@ -111,16 +119,33 @@ def count_split(files: list[str], schema: Schema, tables: set[str], skip: bool,
     mine = groups[split.rank::split.world]
     mine_rows = rows[split.rank::split.world]
     columns = {f.name: f.table_name for f in schema.sparse if f.table_name in tables}
-    sketch = None
+    sketch, floor = None, {t: split.min_frequency for t in tables}
     sketched = {n: t for n, t in columns.items() if t in split.sketch_tables}
-    if split.min_frequency > 1 and sketched:
+    if split.sketching(tables):
         width = Sketch.width_for(sum(rows) * len(sketched))
-        parts = _run(mine, mine_rows, ("sketch", sketched, [], skip, width, None, 0), split)
+        parts = _run(mine, mine_rows, ("sketch", sketched, [], skip, width, None, {}), split)
         sketch = Sketch.merged(_gathered(parts, split), width, set(sketched.values()))
-    job = ("count", columns, list(schema.dense), skip, 0, sketch, split.min_frequency)
+        floor = fit_cap.floors(sketch, groups, columns, split.caps, split.min_frequency, skip)
+    job = ("count", columns, list(schema.dense), skip, 0, sketch, floor)
     whole = Counted()
     for result in _gathered(_run(mine, mine_rows, job, split), split):
         whole.add(result)
+    counters = _merged(whole, tables)
+    cut = {t for t in tables if floor[t] > split.min_frequency
+           and not fit_cap.holds(counters[t], floor[t], split.caps[t])}
+    if cut:  # a floor above the top K's counts: count those tables again, uncut
+        floor.update({t: split.min_frequency for t in cut})
+        again = {n: t for n, t in columns.items() if t in cut}
+        job = ("count", again, [], skip, 0, sketch, floor)
+        redo = Counted()
+        for result in _gathered(_run(mine, mine_rows, job, split), split):
+            redo.add(result)
+        counters.update(_merged(redo, cut))
+    return counters, whole.stats(list(schema.dense)), whole.rows
+
+
+def _merged(whole: Counted, tables: set[str]) -> dict[str, ValueCounter]:
+    """Each table's counter over every rank's and worker's parts."""
     counters = {}
     for table in tables:  # one part: it is the table, no copy
         counted = whole.tables.pop(table, [])
@@ -128,7 +153,7 @@ def count_split(files: list[str], schema: Schema, tables: set[str], skip: bool,
         for c in counted if len(counted) > 1 else []:
             counters[table].add_table(c)
         counted.clear()
-    return counters, whole.stats(list(schema.dense)), whole.rows
+    return counters
 
 
 def _gathered(result: object, split: Split) -> list:
@@ -179,7 +204,7 @@ def _bar(total: int, what: str, on: bool):
 
 def _do(job: tuple, bar=None) -> object:
     """One share: its sketch, or its :class:`Counted`; or the error line."""
-    share, what, columns, dense, skip, width, sketch, min_frequency = job
+    share, what, columns, dense, skip, width, sketch, floor = job
     from data.files import open_parquet
 
     out = Sketch(width) if what == "sketch" else Counted()
@@ -197,9 +222,8 @@ def _do(job: tuple, bar=None) -> object:
             values = flat_values(table.column(name))[0]
             if isinstance(out, Sketch):
                 out.add(t, values)
-            elif sketch is not None and t in sketch.tables:
-                counters.setdefault(t, ValueCounter()).add(
-                    sketch.survivors(t, values, min_frequency))
+            elif sketch is not None and t in sketch.tables and floor[t] > 1:
+                counters.setdefault(t, ValueCounter()).add(sketch.survivors(t, values, floor[t]))
             else:
                 counters.setdefault(t, ValueCounter()).add(values)
         if isinstance(out, Counted):

@@ -149,15 +149,16 @@ def fit(files: list[str], schema: Schema, opts: Options) -> Preprocessing:
     counted = {t for t, enc in choice.items() if enc in ("vocabulary", "auto-count")}
     transforms = {n: opts.dense_transforms.get(n, opts.dense_transform) for n in schema.dense}
     full = bool(counted) or "standardize" in transforms.values()
+    caps = {t: _cap(schema, t, opts) for t in counted}
     split = Split(opts.rank, opts.world, opts.gather, opts.workers, opts.min_frequency,
                   {t for t in counted if choice[t] == "vocabulary"} if opts.sketch else set(),
-                  opts.progress)
+                  opts.progress, caps)
     counters, stats, seen = _count(files, schema, counted, None if full else SAMPLE_ROWS,
                                    opts.on_error == "skip", split)
     prep = Preprocessing({}, {}, {}, transforms, stats, seen, data=footer_digests(files))
     for table, enc in choice.items():
         members = [f for f in schema.sparse if f.table_name == table]
-        cap = max([opts.rows[f.name] for f in members if f.name in opts.rows] or [opts.max_rows])
+        cap = _cap(schema, table, opts)
         if enc == "hash":
             prep.encodings[table], prep.rows[table] = "hash", max(cap or opts.hash_rows, 2)
         elif enc in ("vocabulary", "auto-count"):
@@ -177,6 +178,12 @@ def fit(files: list[str], schema: Schema, opts: Options) -> Preprocessing:
     prep.notes[:0] = [f"preprocessing: encoding=auto: table {t} {prep.encodings[t]} ({why})"
                       for t, why in sorted(decided.items())]
     return prep
+
+
+def _cap(schema: Schema, table: str, opts: Options) -> int:
+    """The rows a table may have: data.rows of its features, else data.max_rows (0: any)."""
+    members = [f.name for f in schema.sparse if f.table_name == table]
+    return max([opts.rows[n] for n in members if n in opts.rows] or [opts.max_rows])
 
 
 def _decide_auto(files: list[str], schema: Schema, choice: dict[str, str],
@@ -299,7 +306,7 @@ def _count(files: list[str], schema: Schema, tables: set[str], limit: int | None
     from data.files import open_parquet
 
     split = split or Split()
-    sketching = split.min_frequency > 1 and bool(split.sketch_tables & tables)
+    sketching = split.sketching(tables)
     if (split.workers > 0 or split.world > 1 or sketching) and tables and limit is None:
         return count_split(files, schema, tables, skip, split)
     counters = {t: ValueCounter() for t in tables}
