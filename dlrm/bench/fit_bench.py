@@ -13,8 +13,8 @@ peak memory per distinct value.
             (id = CARD * u^4, u uniform), + 2^32 so every column is fitted as a
             vocabulary; ROWS rows over 4 files (row groups of 64k)
             fit in a fresh process: (peak RSS - RSS before, Linux VmHWM reset at the
-            start) / distinct values, with
-            min_frequency 1, and 2 with the sketch off and on; and the marginal cost:
+            start) / distinct values, with min_frequency 1, and 2 with the sketch off
+            and on, and max_rows 2^16 with the sketch; and the marginal cost:
             the peaks of fits over 2 and over 4 of the files, their difference over
             the difference of their distinct values (the fixed cost of imports,
             reading buffers and the allocator cancels)
@@ -37,6 +37,7 @@ import numpy as np
 
 from data.generate import GenerateConfig
 
+MAX_ROWS = 1 << 16  # the memory row with data.max_rows (data/fit_cap.py)
 # Criteo Kaggle (display advertising challenge) distinct values per categorical column
 CARD = [1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593, 3194,
         27, 14992, 5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105, 142572]
@@ -62,7 +63,8 @@ def make_data(root: Path, rows: int, seed: int = 0) -> list[str]:
 
 
 def _fit(rank: int, world: int, files: list[str], workers: int, min_frequency: int,
-         sketch: bool, encodings: dict[str, str] | None, port: int, out: str) -> None:
+         sketch: bool, encodings: dict[str, str] | None, max_rows: int, port: int,
+         out: str) -> None:
     """One rank (or the single process): fit, write 'seconds rss_delta_kb counted
     cpu_seconds' (counted: the values counted exactly, the sketch's survivors when it is
     on; cpu: this process's and its reaped workers')."""
@@ -89,7 +91,8 @@ def _fit(rank: int, world: int, files: list[str], workers: int, min_frequency: i
     start, cpu = time.perf_counter(), _cpu()
     prep = preprocess.fit(files, schema, preprocess.Options(
         encoding="vocabulary" if encodings is None else "identity",
-        encodings=encodings or {}, min_frequency=min_frequency, workers=workers,
+        encodings=encodings or {}, min_frequency=min_frequency, max_rows=max_rows,
+        workers=workers,
         sketch=sketch, rank=rank, world=world, gather=gather))
     seconds, cpu = time.perf_counter() - start, _cpu() - cpu
     grown = _peak_kb() - before
@@ -132,7 +135,7 @@ def _cpu() -> float:
 
 
 def _measure(files: list[str], world: int, workers: int, min_frequency: int = 1,
-             sketch: bool = True, encodings: dict[str, str] | None = None
+             sketch: bool = True, encodings: dict[str, str] | None = None, max_rows: int = 0
              ) -> tuple[float, int, int, float]:
     import multiprocessing
     import socket
@@ -143,7 +146,7 @@ def _measure(files: list[str], world: int, workers: int, min_frequency: int = 1,
         port = s.getsockname()[1]
     with tempfile.TemporaryDirectory() as tmp:
         out = str(Path(tmp) / "r")
-        args = (world, files, workers, min_frequency, sketch, encodings, port, out)
+        args = (world, files, workers, min_frequency, sketch, encodings, max_rows, port, out)
         if world == 1:  # a bare spawned process: no torch in its memory or its start
             p = multiprocessing.get_context("spawn").Process(target=_fit, args=(0, *args))
             p.start()
@@ -191,10 +194,11 @@ def fit_memory(root: Path, rows: int) -> tuple[list[dict], dict]:
     bytes per distinct value (fits over 2 and over 4 of the files)."""
     files = make_data(root, rows)
     memory, distinct = [], 0
-    for mf, sk in ((1, False), (2, False), (2, True)):
-        seconds, grown, counted, _ = _measure(files, 1, 0, mf, sk)
+    for mf, sk, cap in ((1, False, 0), (2, False, 0), (2, True, 0), (1, True, MAX_ROWS)):
+        seconds, grown, counted, _ = _measure(files, 1, 0, mf, sk, max_rows=cap)
         distinct = distinct or counted  # the first, unfiltered: every distinct value
-        memory.append({"min_frequency": mf, "sketch": sk, "peak_growth_mb": grown / 1024,
+        memory.append({"min_frequency": mf, "sketch": sk, "max_rows": cap,
+                       "peak_growth_mb": grown / 1024,
                        "distinct": distinct, "counted": counted,
                        "bytes_per_distinct": grown * 1024 / distinct,
                        "rows_per_s": rows / seconds})
@@ -249,7 +253,8 @@ def format_fit(result: dict) -> str:
     lines.append(f"memory: {result['rows']:,} rows x {result['memory_columns']} int columns "
                  "(Criteo Kaggle cardinalities), one process")
     for m in result["memory"]:
-        lines.append(f"  min_frequency {m['min_frequency']} sketch {'on' if m['sketch'] else 'off'}:"
+        cap = f" max_rows {m['max_rows']}" if m.get("max_rows") else ""
+        lines.append(f"  min_frequency {m['min_frequency']}{cap} sketch {'on' if m['sketch'] else 'off'}:"
                      f" peak +{m['peak_growth_mb']:.0f} MB over {m['distinct']:,} distinct = "
                      f"{m['bytes_per_distinct']:.0f} B/distinct ({m['counted']:,} counted "
                      f"exactly; {m['rows_per_s']:,.0f} rows/s)")
