@@ -14,7 +14,7 @@ peak memory per distinct value.
             vocabulary; ROWS rows over 4 files (row groups of 64k)
             fit in a fresh process: (peak RSS - RSS before, Linux VmHWM reset at the
             start) / distinct values, with min_frequency 1, and 2 with the sketch off
-            and on, and max_rows 2^16 with the sketch; and the marginal cost:
+            and on, and max_rows 2^12 with the sketch; and the marginal cost:
             the peaks of fits over 2 and over 4 of the files, their difference over
             the difference of their distinct values (the fixed cost of imports,
             reading buffers and the allocator cancels)
@@ -37,7 +37,7 @@ import numpy as np
 
 from data.generate import GenerateConfig
 
-MAX_ROWS = 1 << 16  # the memory row with data.max_rows (data/fit_cap.py)
+MAX_ROWS = 1 << 12  # the memory row with data.max_rows (data/fit_cap.py)
 # Criteo Kaggle (display advertising challenge) distinct values per categorical column
 CARD = [1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593, 3194,
         27, 14992, 5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105, 142572]
