@@ -29,8 +29,9 @@ _CHUNK = 1 << 20  # store entries moved at a time by a merge's shift
 
 
 def plain_numpy(arr) -> np.ndarray:
-    """A fixed-width pyarrow array (or chunked array) as numpy, nulls dropped; zero-copy
-    for one chunk without nulls (pyarrow's ``to_numpy`` imports pandas: 0.2-0.3 s)."""
+    """A numeric pyarrow array (or chunked array) as numpy, nulls dropped; zero-copy for
+    one chunk of ints or floats without nulls (pyarrow's ``to_numpy`` imports pandas:
+    0.2-0.3 s); other types through ``to_numpy``."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -38,6 +39,8 @@ def plain_numpy(arr) -> np.ndarray:
         arr = pc.drop_null(arr)
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks()
+    if not (pa.types.is_integer(arr.type) or pa.types.is_floating(arr.type)):
+        return arr.to_numpy(zero_copy_only=False)  # booleans are bits, not bytes
     dtype = np.dtype(arr.type.to_pandas_dtype())
     data = arr.buffers()[1]
     if data is None or len(arr) == 0:

@@ -52,3 +52,4 @@ def test_plain_numpy_drops_nulls_and_follows_offsets() -> None:
     assert plain_numpy(sliced).tolist() == [3.0, 4.0, 5.0, 6.0]
     assert int64_values(pa.array([None, 2**40], pa.int64())).tolist() == [2**40]
     assert plain_numpy(pa.array([], pa.int64())).tolist() == []
+    assert plain_numpy(pa.array([True, None, False, True])).tolist() == [True, False, True]
