@@ -23,7 +23,9 @@ With ``min_frequency > 1`` a first pass builds a count-min sketch (:mod:`data.fi
 merged over ranks and workers like the counts; the exact pass then drops each value
 whose sketch estimate is below ``min_frequency``. The sketch never underestimates,
 so every value that reaches ``min_frequency`` survives with its exact count, and the
-vocabulary is the same: only the memory of the long tail is saved.
+vocabulary is the same: only the memory of the long tail is saved. A table capped by
+data.max_rows is cut the same way, at a higher floor checked after the pass
+(:mod:`data.fit_cap`).
 
 Workers are started with ``spawn`` (the parent may hold torch's and arrow's threads,
 which ``fork`` would copy mid-state).

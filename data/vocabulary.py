@@ -6,10 +6,11 @@
     rows       0 = out-of-vocabulary (rare, unseen, null) | 1 "a" | 2 "b" | 3 "c"
 
 The order depends only on the counts and the values, so every rank, every run and
-``dlrm eval`` map a value to the same row. Counting is pyarrow's ``value_counts`` per
-row group, with the partial counts merged by a ``group_by(...).aggregate(sum)`` once
-they outgrow the merged table (each value's count is summed O(log) times, never
-one Python step per row).
+``dlrm eval`` map a value to the same row. Counting integers is
+:class:`data.int_counts.IntCounts` (sorted runs folded into one sorted store); strings
+and binaries are pyarrow's ``value_counts`` per row group, with the partial counts
+merged by a ``group_by(...).aggregate(sum)`` once they outgrow the merged table (each
+value's count is summed O(log) times, never one Python step per row).
 
 Looking up is a binary search: the vocabulary's keys (an int column's values, or a
 string's stable 64-bit hash, :func:`data.hashing.hash_bytes`) are sorted once, and
