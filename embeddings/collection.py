@@ -178,8 +178,6 @@ class LocalEmbeddingCollection(EmbeddingCollection):
             self.register_buffer(f"optim_{name}", tensor)
         self._kept: list[KVGradient] = []
         self._rounding_keys(table_origin, device)
-        self._rounding: RowRounding | None = None  # the last update's (fp16 overflow check)
-        self._rounded_ids = torch.zeros(0, dtype=torch.int64)
 
     def _initial_rows(self, weight: torch.Tensor, seed: int, table_origin: dict[str, tuple[str, int, int, int]],
                       init_dim: dict[str, int]) -> None:
@@ -196,6 +194,8 @@ class LocalEmbeddingCollection(EmbeddingCollection):
     def _rounding_keys(self, table_origin: dict[str, tuple[str, int, int, int]], device: torch.device) -> None:
         """Per table of the stack: first stacked row, key of the full table, its first
         row and column there (a shard's offsets): stacked id → rounding coordinates."""
+        self._rounding: RowRounding | None = None  # the last update's (fp16 overflow check)
+        self._rounded_ids = torch.zeros(0, dtype=torch.int64)
         starts, keys, rows0, cols0 = [], [], [], []
         for t in self.tables:
             name, _, r0, c0 = table_origin.get(t.name, (t.name, t.rows, 0, 0))

@@ -45,9 +45,9 @@ def available() -> bool:
 
 
 @cache
-def _kernels(to_bf16: bool):
-    """The kernels for one half type: ``to_bf16`` is a compile-time constant, so each
-    element's loop has no type branch (the bf16 one vectorises)."""
+def _elementwise(to_bf16: bool):
+    """Per-element helpers (inlined into the kernels) for one half type: ``to_bf16``
+    is a compile-time constant, so each element's loop has no type branch."""
     import numba
 
     @numba.njit(inline="always")
@@ -96,6 +96,16 @@ def _kernels(to_bf16: bool):
     @numba.njit(inline="always")
     def row_hash(seed_step, table, row):
         return fmix(fmix(seed_step ^ np.uint64(table & M32)) ^ np.uint64(row & M32))
+
+    return fmix, half_bits, widen_bits, row_hash
+
+
+@cache
+def _kernels(to_bf16: bool):
+    """The kernels for one half type (the bf16 ones vectorise: no branch per element)."""
+    import numba
+
+    fmix, half_bits, widen_bits, row_hash = _elementwise(to_bf16)
 
     @numba.njit(parallel=True, cache=True)
     def round_rows(x, xbits, out, seed_step, tables, rows, col0):
