@@ -4,12 +4,15 @@
 #
 #   bash scripts/gpu_session.sh tests           # gpu- and kernels-marked tests, then the
 #                                               # reader at data.workers 0,1,4,8,16 (issue 23)
+#                                               # and, if a minute is left, the vocabulary
+#                                               # fit at data.fit_workers 0,1,4,8,16 (issue 26)
 #   bash scripts/gpu_session.sh bench [ARGS]    # dlrm bench's GPU rows, configs/bench_gpu.yaml
 #
 # bench, in order, each step given what is left of the call's 580 s: the rows native
 # (fp32, TF32 on by train.tf32), in_memory (native on batches kept on the GPU), native_bf16, torch_baseline, hotline, host_embedding;
 # the embedding kernels alone (python -m dlrm.bench.kernels: bytes/s per path);
-# native with train.tf32=false; native with train.cuda_graphs=off; a hotline.budget sweep
+# native with train.tf32=false; native with train.cuda_graphs=off; native with bf16
+# tables (embeddings.dtype=bf16); a hotline.budget sweep
 # (64MB 128MB 512MB 2GB: hit rate, popular share, samples/s; --hotline-budgets).
 # tests includes tests/test_sync_audit.py's gpu case (set_sync_debug_mode("error")
 # over steady-state steps, op count printed).
@@ -43,6 +46,15 @@ case "${1:-tests}" in
       --reader-only --workers 0,1,4,8,16 --out "$BENCH" generate.rows=2097152 >"$OUT/reader.log" 2>&1
     cp "$BENCH"/bench.json "$OUT"/reader.json 2>/dev/null
     tail -10 "$OUT/reader.log"  # rates, cold read, per-worker rows/s and 0.8·N scaling
+    # the vocabulary pass's rows/s at data.fit_workers 0,1,4,8,16 (issue 26: $OUT/fit.json),
+    # rates only, if a minute is left (2M rows of bench_gpu's schema: a few seconds a run)
+    if [ $((end - SECONDS)) -gt 60 ]; then
+      timeout $((end - SECONDS)) "$PY" -m dlrm bench --config configs/bench_gpu.yaml --fit-only \
+        --fit-workers 0,1,4,8,16 --fit-rows 2097152 --no-fit-memory --out /tmp/bench_fit \
+        >"$OUT/fit.log" 2>&1
+      cp /tmp/bench_fit/bench.json "$OUT"/fit.json 2>/dev/null
+      tail -7 "$OUT/fit.log"
+    fi
     exit $code
     ;;
   bench)
@@ -66,6 +78,10 @@ case "${1:-tests}" in
       mkdir -p "$BENCH/eager" && ln -sfn "$BENCH/data" "$BENCH/eager/data"
       timeout "$(left)" "$PY" -m dlrm bench --config configs/bench_gpu.yaml --engines native \
         --out "$BENCH/eager" "$@" train.cuda_graphs=off | tail -8
+      echo "== native, embeddings.dtype=bf16 (half tables on the Triton kernels; issue 24: >= fp32's rate)"
+      mkdir -p "$BENCH/bf16" && ln -sfn "$BENCH/data" "$BENCH/bf16/data"
+      timeout "$(left)" "$PY" -m dlrm bench --config configs/bench_gpu.yaml --engines native \
+        --out "$BENCH/bf16" "$@" embeddings.dtype=bf16 | tail -8
       echo "== hotline.budget sweep"
       mkdir -p "$BENCH/budgets" && ln -sfn "$BENCH/data" "$BENCH/budgets/data"
       timeout "$(left)" "$PY" -m dlrm bench --config configs/bench_gpu.yaml --engines hotline \
