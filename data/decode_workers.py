@@ -181,9 +181,11 @@ def _serve(factory: Callable[..., Callable[[int], Iterable[T]]], tasks: object, 
            depth: int) -> None:
     """A worker's life: task after task (an epoch's windows) until ``stop``; then it
     unlinks its shared memory."""
+    import pyarrow as pa
     import torch
 
     torch.set_num_threads(1)
+    pa.set_cpu_count(1)  # N workers on N cores: no pool of decode threads in each of them
     pack, close = packer(depth)
     try:
         while not stop.is_set():  # type: ignore[attr-defined]

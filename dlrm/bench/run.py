@@ -448,14 +448,24 @@ def reader_rate(cfg: Config, data_dir: Path) -> dict[str, Any]:
     top-level figures; a second pass, the first warms the page cache), and under
     ``modes`` shuffled, and shuffled through vocabularies fitted on the set (the fit
     is not timed)."""
+    import pyarrow as pa
     import torch
 
+    torch.set_num_threads(1)
+    threads = pa.cpu_count()
+    pa.set_cpu_count(1)  # one core: pyarrow decodes a row group's columns in this thread
+    try:
+        return _reader_rates(cfg, data_dir)
+    finally:
+        pa.set_cpu_count(threads)
+
+
+def _reader_rates(cfg: Config, data_dir: Path) -> dict[str, Any]:
     from data import preprocess
     from data.files import expand_paths
     from data.generate import generator_schema
     from dlrm.bench.cold_read import cold_read
 
-    torch.set_num_threads(1)
     files, schema = expand_paths(str(data_dir)), generator_schema(cfg.generate)
     _read_rate(files[:1], schema, cfg.data.batch_size, shuffle=False)  # imports
     cold = cold_read(files, lambda: _read_rate(files, schema, cfg.data.batch_size, shuffle=False))
