@@ -132,9 +132,11 @@ class Preprocessing:
         for chunk in col.chunks:
             rows = np.append(self._rows(feature, flat_values(chunk.dictionary)[0], True), 0)
             indices = chunk.indices
-            if indices.type.bit_width < 32:  # room for the null's index (int8: 128 values)
-                indices = indices.cast(pa.int32())
-            indices = pc.fill_null(indices, len(rows) - 1).to_numpy()  # null: the 0 after
+            if indices.null_count:
+                if indices.type.bit_width < 32:  # room for the null's index (int8: 128 values)
+                    indices = indices.cast(pa.int32())
+                indices = pc.fill_null(indices, len(rows) - 1)  # null: the 0 after the rows
+            indices = indices.to_numpy()
             np.take(rows, indices, out=out[at : at + len(chunk)], mode="clip")
             at += len(chunk)
         return out
