@@ -21,8 +21,10 @@ from embeddings.plan.types import ShardingPlan, ShardingType
 from embeddings.table import Pooling, TableSpec
 
 
-def tables_from_schema(schema: Schema, dim: int, pooling: str = "sum", dtype: str = "fp32") -> list[TableSpec]:
-    """One table per distinct table name; a shared table has the largest row count."""
+def tables_from_schema(schema: Schema, dim: int, pooling: str = "sum", dtype: str = "fp32",
+                       dtypes: dict[str, str] | None = None) -> list[TableSpec]:
+    """One table per distinct table name; a shared table has the largest row count.
+    ``dtypes``: per table, over ``dtype``."""
     features: dict[str, list[str]] = {}
     rows: dict[str, int] = {}
     for f in schema.sparse:
@@ -30,14 +32,15 @@ def tables_from_schema(schema: Schema, dim: int, pooling: str = "sum", dtype: st
         rows[f.table_name] = max(rows.get(f.table_name, 0), f.rows)
     return [
         TableSpec(name, rows=rows[name], dim=dim, features=tuple(feats), pooling=Pooling(pooling),
-                  dtype=dtype)
+                  dtype=(dtypes or {}).get(name, dtype))
         for name, feats in features.items()
     ]
 
 
 def run_tables(cfg: Config, schema: Schema) -> list[TableSpec]:
     """The tables of a run of ``cfg`` on ``schema``."""
-    return tables_from_schema(schema, cfg.model.embedding_dim, cfg.embeddings.pooling, cfg.embeddings.dtype)
+    return tables_from_schema(schema, cfg.model.embedding_dim, cfg.embeddings.pooling, cfg.embeddings.dtype,
+                              cfg.embeddings.dtypes)
 
 
 def run_schema(cfg: Config, data: str | None = None) -> tuple[Schema, dict[str, float]]:
