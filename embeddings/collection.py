@@ -215,6 +215,15 @@ class LocalEmbeddingCollection(EmbeddingCollection):
                 warn_once(fp16_overflow(self.tables[i].name, out[bad & (t == i)]) or "")
         return out
 
+    def _round_state(self, name: str, ids: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """fp32 ``rows`` of optimizer state ``name`` (stacked ``ids``) → the state's type,
+        stochastically rounded: the weight's coordinates (full table, row, column) and
+        update count, in a stream of the state's own (the table key xor crc32(name))."""
+        t = torch.searchsorted(self._sr_starts, ids, right=True) - 1
+        return stochastic_round(rows, self.state[name].dtype, self.rounding_seed, int(self.state["rounding_step"]),
+                                self._sr_keys[t] ^ table_key(name), ids - self._sr_starts[t] + self._sr_rows0[t],
+                                self._sr_cols0[t])
+
     # ------------------------------------------------------------------ forward
     def forward(self, sparse: KeyedJagged) -> torch.Tensor:
         values, lengths, batch = in_feature_order(sparse, self.features)
@@ -249,7 +258,8 @@ class LocalEmbeddingCollection(EmbeddingCollection):
     def on_triton(self) -> bool:
         """Whether lookups take the Triton kernels (embeddings/kernels) on this device.
         The kernels store fp32 weights only: fp16/bf16 tables take the torch path."""
-        return self.weight_dtype == torch.float32 and use_triton(self.kernels, self.weight.device)
+        return (self.weight_dtype == torch.float32 and self.optimizer.state_dtype == torch.float32
+                and use_triton(self.kernels, self.weight.device))
 
     def _triton_pool(self, values: torch.Tensor, lengths: torch.Tensor, batch: int,
                      feature_major: bool) -> torch.Tensor:
@@ -332,11 +342,12 @@ class LocalEmbeddingCollection(EmbeddingCollection):
         ``row_sq_mean``: see ``SparseOptimizer.apply``."""
         with section("embedding_update"):
             rounder = None
-            if self.weight_dtype != torch.float32:
+            if self.optimizer.rounding:  # an fp32 stack beside half ones counts too
                 self.state["rounding_step"] += 1
+            if self.weight_dtype != torch.float32:
                 rounder = self._round_rows
             self.optimizer.apply(self.weight.data, self.state, grad, self.lr, row_sq_mean=row_sq_mean,
-                                 rounder=rounder)
+                                 rounder=rounder, state_rounder=self._round_state)
 
     def kv_gradients(self) -> dict[str, KVGradient]:
         if not self._kept:

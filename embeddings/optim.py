@@ -15,6 +15,16 @@ state, are left exactly as they were ("lazy" updates).
 Each optimizer declares its state (``state_layout``): a name per tensor, and
 whether it is a vector per row, a scalar per row or a scalar per table. Memory
 sizing, the Hotline tiers and the checkpoint read that declaration.
+
+State precision (``state_dtype``, ``embeddings.state_dtype``): the element-wise
+state (Adagrad's sum, Adam's moments) may be stored in fp16/bf16, half its bytes;
+the update reads it into fp32, computes in fp32 and writes it back with stochastic
+rounding (``state_rounder``, keyed like the weight's but a stream per state tensor).
+Round-to-nearest would freeze it: Adam's v moves by (1 - 0.999) of its distance to
+g² a step, under half a bf16 spacing (2^-9 relative), so v would stop following g²;
+Adagrad's sum, once large, would stop growing. fbgemm keeps its momentum in the
+weight's type with stochastic rounding for the same reason. Row-wise Adagrad's one
+float per row stays fp32 (4 bytes a row: nothing to save).
 """
 
 from __future__ import annotations
@@ -28,6 +38,7 @@ from enum import Enum
 import torch
 
 from embeddings.kv import KVGradient
+from embeddings.rounding import weight_dtype
 
 
 class SparseOptimizerType(str, Enum):
@@ -78,8 +89,11 @@ class SparseOptimizer(ABC):
     # checkpointed and resharded like Adam's step.
     rounding: bool = False
 
-    def __init__(self, eps: float = 1e-8) -> None:
+    def __init__(self, eps: float = 1e-8, state_dtype: torch.dtype = torch.float32) -> None:
         self.eps = eps
+        self.state_dtype = state_dtype  # of element-wise state (ROW_VECTOR)
+        if state_dtype != torch.float32:
+            self.rounding = True  # half state is rounded stochastically: it needs the step count
 
     @abstractmethod
     def rule_layout(self) -> dict[str, StateSpec]:
@@ -105,12 +119,14 @@ class SparseOptimizer(ABC):
         lr: float,
         row_sq_mean: torch.Tensor | None = None,
         rounder: Rounder | None = None,
+        state_rounder: StateRounder | None = None,
     ) -> None:
         """Update ``weight[grad.ids]`` and their state in place.
 
         ``row_sq_mean`` [U]: mean of g² over the FULL row, for a column shard whose
         ``grad.rows`` hold only some columns (row-wise Adagrad needs the whole row).
-        ``rounder``: writes fp32 rows back into a half-precision weight (add_rows).
+        ``rounder``: writes fp32 rows back into a half-precision weight (add_rows);
+        ``state_rounder(name, ids, rows)``: the same for half state (``put_state``).
         """
 
     def state_bytes_per_row(self, dim: int) -> int:
@@ -123,6 +139,22 @@ class SparseOptimizer(ABC):
 
 
 Rounder = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+StateRounder = Callable[[str, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def get_state(state: dict[str, torch.Tensor], name: str, ids: torch.Tensor) -> torch.Tensor:
+    """Rows ``ids`` of state ``name`` in fp32 (a copy: computed on, then put back)."""
+    return state[name].index_select(0, ids).float()
+
+
+def put_state(state: dict[str, torch.Tensor], name: str, ids: torch.Tensor, rows: torch.Tensor,
+              rounder: StateRounder | None) -> None:
+    """fp32 ``rows`` written into rows ``ids`` of state ``name``: as they are, or rounded
+    stochastically by ``rounder`` into a half state (round-to-nearest without one)."""
+    tensor = state[name]
+    if tensor.dtype != torch.float32:
+        rows = rounder(name, ids, rows) if rounder is not None else rows.to(tensor.dtype)
+    tensor.index_copy_(0, ids, rows)
 
 
 def add_rows(weight: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor, alpha: float,
@@ -154,6 +186,7 @@ class SparseSGD(SparseOptimizer):
         lr: float,
         row_sq_mean: torch.Tensor | None = None,
         rounder: Rounder | None = None,
+        state_rounder: StateRounder | None = None,
     ) -> None:
         add_rows(weight, grad.ids, grad.rows, -lr, rounder)
 
@@ -166,7 +199,7 @@ class SparseAdagrad(SparseOptimizer):
     """
 
     def rule_layout(self) -> dict[str, StateSpec]:
-        return {"sum": StateSpec(StateKind.ROW_VECTOR)}
+        return {"sum": StateSpec(StateKind.ROW_VECTOR, self.state_dtype)}
 
     @torch.no_grad()
     def apply(
@@ -177,10 +210,10 @@ class SparseAdagrad(SparseOptimizer):
         lr: float,
         row_sq_mean: torch.Tensor | None = None,
         rounder: Rounder | None = None,
+        state_rounder: StateRounder | None = None,
     ) -> None:
-        acc = state["sum"]
-        new = acc.index_select(0, grad.ids).addcmul_(grad.rows, grad.rows)
-        acc.index_copy_(0, grad.ids, new)
+        new = get_state(state, "sum", grad.ids).addcmul_(grad.rows, grad.rows)
+        put_state(state, "sum", grad.ids, new, state_rounder)
         add_rows(weight, grad.ids, grad.rows / new.sqrt().add_(self.eps), -lr, rounder)
 
 
@@ -197,6 +230,7 @@ class RowWiseAdagrad(SparseOptimizer):
         lr: float,
         row_sq_mean: torch.Tensor | None = None,
         rounder: Rounder | None = None,
+        state_rounder: StateRounder | None = None,
     ) -> None:
         acc = state["sum"]
         if row_sq_mean is None:
@@ -208,14 +242,15 @@ class RowWiseAdagrad(SparseOptimizer):
 
 
 class SparseAdam(SparseOptimizer):
-    def __init__(self, eps: float = 1e-8, betas: tuple[float, float] = (0.9, 0.999)) -> None:
-        super().__init__(eps)
+    def __init__(self, eps: float = 1e-8, betas: tuple[float, float] = (0.9, 0.999),
+                 state_dtype: torch.dtype = torch.float32) -> None:
+        super().__init__(eps, state_dtype)
         self.betas = betas
 
     def rule_layout(self) -> dict[str, StateSpec]:
         return {
-            "exp_avg": StateSpec(StateKind.ROW_VECTOR),
-            "exp_avg_sq": StateSpec(StateKind.ROW_VECTOR),
+            "exp_avg": StateSpec(StateKind.ROW_VECTOR, self.state_dtype),
+            "exp_avg_sq": StateSpec(StateKind.ROW_VECTOR, self.state_dtype),
             # Steps taken by this table, as torch.optim.SparseAdam counts them.
             "step": StateSpec(StateKind.TABLE_SCALAR, torch.int64),
         }
@@ -229,25 +264,31 @@ class SparseAdam(SparseOptimizer):
         lr: float,
         row_sq_mean: torch.Tensor | None = None,
         rounder: Rounder | None = None,
+        state_rounder: StateRounder | None = None,
     ) -> None:
         b1, b2 = self.betas
         state["step"] += 1
         step = int(state["step"])
         ids, g = grad.ids, grad.rows
-        m = state["exp_avg"].index_select(0, ids).lerp_(g, 1 - b1)
-        v = state["exp_avg_sq"].index_select(0, ids).lerp_(g.square(), 1 - b2)
-        state["exp_avg"].index_copy_(0, ids, m)
-        state["exp_avg_sq"].index_copy_(0, ids, v)
+        m = get_state(state, "exp_avg", ids).lerp_(g, 1 - b1)
+        v = get_state(state, "exp_avg_sq", ids).lerp_(g.square(), 1 - b2)
+        put_state(state, "exp_avg", ids, m, state_rounder)
+        put_state(state, "exp_avg_sq", ids, v, state_rounder)
         step_size = lr * math.sqrt(1 - b2**step) / (1 - b1**step)
         add_rows(weight, ids, m / (v.sqrt() + self.eps), -step_size, rounder)
 
 
-def make_sparse_optimizer(kind: str | SparseOptimizerType, eps: float = 1e-8) -> SparseOptimizer:
+def make_sparse_optimizer(kind: str | SparseOptimizerType, eps: float = 1e-8,
+                          state_dtype: str = "fp32") -> SparseOptimizer:
+    """``state_dtype`` (fp32 | fp16 | bf16): of the element-wise state (adagrad, adam);
+    sgd has none and row-wise Adagrad keeps its one float per row in fp32."""
     kind = SparseOptimizerType(kind)
+    dtype = weight_dtype(state_dtype) if kind in (SparseOptimizerType.ADAGRAD, SparseOptimizerType.ADAM) \
+        else torch.float32
     if kind is SparseOptimizerType.SGD:
         return SparseSGD(eps)
     if kind is SparseOptimizerType.ADAGRAD:
-        return SparseAdagrad(eps)
+        return SparseAdagrad(eps, dtype)
     if kind is SparseOptimizerType.ROWWISE_ADAGRAD:
         return RowWiseAdagrad(eps)
-    return SparseAdam(eps)
+    return SparseAdam(eps, state_dtype=dtype)

@@ -128,3 +128,20 @@ def test_altered_export_is_refused(trained: Path, tiny_data, tmp_path: Path, cap
     assert main(["eval", "--checkpoint", str(out), "--data", str(tiny_data["eval"])]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "tables.pt" in err[0]
+
+
+@pytest.mark.slow
+def test_stored_export_keeps_each_tables_dtype(tiny_data, tmp_path: Path) -> None:
+    from dlrm.eval.evaluate import evaluate_checkpoint
+
+    run = tmp_path / "run"
+    mixed = {"embeddings.dtypes.C1": "bf16", "embeddings.dtypes.C2": "fp16"}
+    cfg = load_config(TINY, tiny_overrides(**{"data.train": tiny_data["train"], "train.max_steps": 20, **mixed}))
+    train(cfg, run, echo=lambda s: None)
+    out = tmp_path / "serving"
+    assert main(["export", "--checkpoint", str(run), "--out", str(out), "--tables", "stored"]) == 0
+    tables = torch.load(out / "tables.pt", weights_only=True)
+    assert tables["C1"]["weight"].dtype == torch.bfloat16 and tables["C2"]["weight"].dtype == torch.float16
+    assert tables["C3"]["weight"].dtype == torch.float32
+    served, stored = (evaluate_checkpoint(p, str(tiny_data["eval"])) for p in (out, run))
+    assert served is not None and stored is not None and served["auc"] == stored["auc"]

@@ -42,6 +42,7 @@ from dlrm.config import Config, from_dict
 from dlrm.parallel.distributed import DistInfo
 from embeddings.int8 import dequantize_rows, int8_bytes, quantize_rows
 from embeddings.interface import TableState
+from embeddings.rounding import weight_dtype
 
 EXPORT_FILE = "export.json"
 FORMAT = "hybrid-dlrm-export"
@@ -73,25 +74,34 @@ def export_run(run: str | Path, out: str | Path, tables: str = "int8") -> dict[s
     cfg = _serving(cfg, placement="sharded")
     model = eval_model(cfg, schema, info)
     load_checkpoint(ckpt, model, None, None, schema, info)
-    state = model.export_state()  # type: ignore[attr-defined]  # native DLRM
-    body, table_tensors = _tables(state["tables"], model.embeddings.tables, tables)  # type: ignore[attr-defined]
+    dense, held = model.state_for_checkpoint()
+    assert held is not None  # native: tables apart from state.pt
+    body, table_tensors = _tables(whole_tables(held), held.tables, tables)
     body.update({"format": FORMAT, "version": VERSION, "tables": tables, "step": meta.get("step"),
                  "config": meta["config"], "schema": meta["schema"], "source": str(ckpt)})
-    _write(out, body, state["dense"], table_tensors, ckpt.parent.parent if meta.get("preprocessing") else None)
+    _write(out, body, dense["dense"], table_tensors, ckpt.parent.parent if meta.get("preprocessing") else None)
     return body
 
 
-def _tables(exported: dict[str, torch.Tensor], specs: list[Any], kind: str) -> tuple[dict, dict]:
+def whole_tables(state: TableState) -> dict[str, torch.Tensor]:
+    """Every table's weight whole, in its dtype, from one process's shards of it."""
+    out = {spec.name: torch.empty(spec.rows, spec.dim, dtype=weight_dtype(spec.dtype)) for spec in state.tables}
+    for shard, tensors in state.held:
+        out[shard.table][shard.row_start : shard.row_end, shard.col_start : shard.col_end] = tensors["weight"]
+    return out
+
+
+def _tables(weights: dict[str, torch.Tensor], specs: list[Any], kind: str) -> tuple[dict, dict]:
     """(export.json's table_meta and table_bytes, tables.pt's content)."""
     table_meta, tensors, nbytes = {}, {}, 0
     for spec in specs:
-        weight = exported[f"{spec.name}.weight"].contiguous()
+        weight = weights[spec.name]
         if kind == "int8":
             q, scale_bias = quantize_rows(weight)
             tensors[spec.name] = {"q": q, "scale_bias": scale_bias}
             dtype, size = "int8", int8_bytes(spec.rows, spec.dim)
         else:
-            tensors[spec.name] = {"weight": weight.clone()}
+            tensors[spec.name] = {"weight": weight}
             dtype, size = spec.dtype, weight.numel() * weight.element_size()
         table_meta[spec.name] = {"rows": spec.rows, "dim": spec.dim, "dtype": dtype}
         nbytes += size

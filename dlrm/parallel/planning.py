@@ -113,7 +113,7 @@ def plan_from_config(
     plan = auto_plan(
         run_tables(cfg, schema),
         world_size,
-        make_sparse_optimizer(cfg.optim.sparse, cfg.optim.eps),
+        make_sparse_optimizer(cfg.optim.sparse, cfg.optim.eps, cfg.embeddings.state_dtype),
         batch_size=cfg.data.batch_size,
         memory_per_rank=budget,
         replicate_max_bytes=cfg.embeddings.replicate_max_bytes,
@@ -132,6 +132,6 @@ def describe(
 ) -> str:
     """A plan's tables and each rank's memory, as printed at the start of a run."""
     tables = run_tables(cfg, schema)
-    optimizer = make_sparse_optimizer(cfg.optim.sparse, cfg.optim.eps)
+    optimizer = make_sparse_optimizer(cfg.optim.sparse, cfg.optim.eps, cfg.embeddings.state_dtype)
     memory = plan_memory(plan, tables, optimizer, cfg.data.batch_size, pooling_factors)
     return describe_plan(plan, tables, memory, budget)
