@@ -103,3 +103,19 @@ def test_two_rank_hotline_bf16_equals_one_process(optim: str) -> None:
         start, end = rank_rows(rank, 2)
         for a, b in zip(got["pooled"], want_pooled, strict=True):
             torch.testing.assert_close(a, b[start:end], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind,ratio", [("sgd", 2.0), ("rowwise_adagrad", (4 * 8 + 4) / (2 * 8 + 4))])
+def test_half_tables_fit_more_hot_rows_in_a_budget(kind: str, ratio: float) -> None:
+    """A hot row costs its weight in the table's type plus its optimizer state."""
+    from embeddings.hotline.profile import choose_hot_rows
+    from embeddings.table import TableSpec
+
+    counts = {"t": torch.arange(1000, 0, -1)}  # every row used, most popular first
+    chosen = {}
+    for dtype in ("fp32", "bf16"):
+        table = TableSpec("t", rows=1000, dim=8, features=("f",), dtype=dtype)
+        chosen[dtype] = choose_hot_rows(counts, [table], make_sparse_optimizer(kind), 36 * 100)["t"].numel()
+    state = 4 if kind == "rowwise_adagrad" else 0
+    assert chosen["fp32"] == 3600 // (4 * 8 + state) and chosen["bf16"] == 3600 // (2 * 8 + state)
+    assert chosen["bf16"] / chosen["fp32"] == pytest.approx(ratio, rel=0.01)
