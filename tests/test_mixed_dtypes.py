@@ -19,6 +19,7 @@ from embeddings.collection import LocalEmbeddingCollection
 from embeddings.optim import make_sparse_optimizer
 from embeddings.plan.estimate import plan_memory
 from embeddings.plan.planner import fixed_plan
+from embeddings.plan.types import ShardingType
 from embeddings.sharded import ShardedEmbeddingCollection, gather_tables
 from tests.multiprocess import run_ranks
 from tests.test_sharded_embeddings import (
@@ -128,11 +129,16 @@ def test_two_ranks_mixed_equals_each_group_alone() -> None:
 
 def test_plan_bytes_per_table_follow_its_dtype() -> None:
     tables = mixed_tables()
-    plan = fixed_plan(tables, 4, {t.name: ("table_wise", [i]) for i, t in enumerate(tables)})
+    plan = fixed_plan(tables, 4, {t.name: (ShardingType.TABLE_WISE, [i]) for i, t in enumerate(tables)})
     memory = plan_memory(plan, tables, make_sparse_optimizer("sgd"), batch_size=8)
     for i, t in enumerate(tables):
         itemsize = 4 if t.dtype == "fp32" else 2
         assert memory[i].tables == t.rows * t.dim * itemsize, t.name
+    from embeddings.plan.describe import describe_plan
+
+    lines = describe_plan(plan, tables, memory).splitlines()
+    for t in tables:
+        assert any(line.split()[:3] == [t.name, f"{t.rows:,}x{t.dim}", t.dtype] for line in lines), t.name
 
 
 def run_train(tiny_data, run: Path, **extra) -> dict:
