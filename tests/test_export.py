@@ -34,6 +34,7 @@ def test_int8_export_scores_within_half_a_thousandth(trained: Path, tiny_data, t
     out = tmp_path / "serving"
     assert main(["export", "--checkpoint", str(trained), "--out", str(out), "--tables", "int8"]) == 0
     said = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert said["step"] == 60 and said["tables"] == "int8"
     state = run_state(trained)
     weights = {k.split(".")[1]: v for k, v in state.items() if k.startswith("tables.") and k.endswith(".weight")}
     assert said["table_bytes"] == sum(w.shape[0] * (w.shape[1] + 8) for w in weights.values())

@@ -77,7 +77,7 @@ def export_run(run: str | Path, out: str | Path, tables: str = "int8") -> dict[s
     dense, held = model.state_for_checkpoint()
     assert held is not None  # native: tables apart from state.pt
     body, table_tensors = _tables(whole_tables(held), held.tables, tables)
-    body.update({"format": FORMAT, "version": VERSION, "tables": tables, "step": meta.get("step"),
+    body.update({"format": FORMAT, "version": VERSION, "tables": tables, "step": meta.get("progress", {}).get("global_step"),
                  "config": meta["config"], "schema": meta["schema"], "source": str(ckpt)})
     _write(out, body, dense["dense"], table_tensors, ckpt.parent.parent if meta.get("preprocessing") else None)
     return body
