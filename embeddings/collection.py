@@ -33,13 +33,14 @@ from embeddings.narrow import fp16_overflow, warn_once
 from embeddings.optim import SparseOptimizer
 from embeddings.plan.sizes import format_bytes
 from embeddings.plan.types import Shard, ShardingPlan, ShardingType
-from embeddings.rounding import stochastic_round, table_key, weight_dtype
+from embeddings.rounding import RowRounding, table_key, weight_dtype
 from embeddings.table import Pooling, TableSpec
 from embeddings.timing import section
 
 if TYPE_CHECKING:
     from data.jagged import KeyedJagged
     from embeddings.kernels.lookup import Bags
+    from embeddings.kernels.rounding import KernelRounding
 
 
 class EmbeddingCollection(nn.Module, ABC):
@@ -193,6 +194,8 @@ class LocalEmbeddingCollection(EmbeddingCollection):
     def _rounding_keys(self, table_origin: dict[str, tuple[str, int, int, int]], device: torch.device) -> None:
         """Per table of the stack: first stacked row, key of the full table, its first
         row and column there (a shard's offsets): stacked id → rounding coordinates."""
+        self._rounding: RowRounding | None = None  # the last update's (fp16 overflow check)
+        self._rounded_ids = torch.zeros(0, dtype=torch.int64)
         starts, keys, rows0, cols0 = [], [], [], []
         for t in self.tables:
             name, _, r0, c0 = table_origin.get(t.name, (t.name, t.rows, 0, 0))
@@ -200,29 +203,37 @@ class LocalEmbeddingCollection(EmbeddingCollection):
             keys.append(table_key(name))
             rows0.append(r0)
             cols0.append(c0)
-        for buf, values in (("_sr_starts", starts), ("_sr_keys", keys), ("_sr_rows0", rows0), ("_sr_cols0", cols0)):
+        # per feature, for the Triton update (a run's feature names its table)
+        index = {t.name: i for i, t in enumerate(self.tables)}
+        of_feature = [index[t.name] for f in self.features for t in self.tables if f in t.features]
+        by_feature = {
+            "_sr_feature_keys": [keys[i] for i in of_feature],
+            "_sr_feature_row_shift": [rows0[i] - starts[i] for i in of_feature],
+            "_sr_feature_cols0": [cols0[i] for i in of_feature],
+        }
+        for buf, values in (("_sr_starts", starts), ("_sr_keys", keys), ("_sr_rows0", rows0),
+                            ("_sr_cols0", cols0), *by_feature.items()):
             self.register_buffer(buf, torch.tensor(values, dtype=torch.int64, device=device), persistent=False)
 
-    def _round_rows(self, ids: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        """fp32 ``rows`` of stacked ``ids`` → the weight's type, stochastically rounded."""
+    def _round_rows(self, ids: torch.Tensor) -> RowRounding:
+        """Where stacked ``ids`` sit in their full tables: the stochastic rounding's
+        coordinates for this update (kept to read its fp16 overflow afterwards)."""
         t = torch.searchsorted(self._sr_starts, ids, right=True) - 1
-        step = int(self.state["rounding_step"])
-        out = stochastic_round(rows, self.weight_dtype, self.rounding_seed, step, self._sr_keys[t],
-                               ids - self._sr_starts[t] + self._sr_rows0[t], self._sr_cols0[t])
-        if self.weight_dtype == torch.float16:
-            bad = torch.isinf(out).any(dim=1) & torch.isfinite(rows).all(dim=1)
-            for i in t[bad].unique().tolist():
-                warn_once(fp16_overflow(self.tables[i].name, out[bad & (t == i)]) or "")
-        return out
+        self._rounded_ids = ids
+        self._rounding = RowRounding(self.weight_dtype, self.rounding_seed, int(self.state["rounding_step"]),
+                                     self._sr_keys[t], ids - self._sr_starts[t] + self._sr_rows0[t],
+                                     self._sr_cols0[t])
+        return self._rounding
 
-    def _round_state(self, name: str, ids: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        """fp32 ``rows`` of optimizer state ``name`` (stacked ``ids``) → the state's type,
-        stochastically rounded: the weight's coordinates (full table, row, column) and
-        update count, in a stream of the state's own (the table key xor crc32(name))."""
+    def _warn_overflow(self) -> None:
+        """One line per fp16 table whose update overflowed (finite values became inf)."""
+        rounding, ids, self._rounding = self._rounding, self._rounded_ids, None
+        if rounding is None or rounding.overflow is None or not bool(rounding.overflow.any()):
+            return
         t = torch.searchsorted(self._sr_starts, ids, right=True) - 1
-        return stochastic_round(rows, self.state[name].dtype, self.rounding_seed, int(self.state["rounding_step"]),
-                                self._sr_keys[t] ^ table_key(name), ids - self._sr_starts[t] + self._sr_rows0[t],
-                                self._sr_cols0[t])
+        for i in t[rounding.overflow].unique().tolist():
+            rows = ids[rounding.overflow & (t == i)]
+            warn_once(fp16_overflow(self.tables[i].name, self.weight.data.index_select(0, rows)) or "")
 
     # ------------------------------------------------------------------ forward
     def forward(self, sparse: KeyedJagged) -> torch.Tensor:
@@ -257,9 +268,10 @@ class LocalEmbeddingCollection(EmbeddingCollection):
     # ------------------------------------------------------------------ Triton path
     def on_triton(self) -> bool:
         """Whether lookups take the Triton kernels (embeddings/kernels) on this device.
-        The kernels store fp32 weights only: fp16/bf16 tables take the torch path."""
-        return (self.weight_dtype == torch.float32 and self.optimizer.state_dtype == torch.float32
-                and use_triton(self.kernels, self.weight.device))
+        fp16/bf16 tables too: the kernels pool in fp32 and the fused update writes rows
+        with the same stochastic rounding as the torch path (kernels/rounding.py). Half
+        optimizer state (``embeddings.state_dtype``) takes the torch path."""
+        return self.optimizer.state_dtype == torch.float32 and use_triton(self.kernels, self.weight.device)
 
     def _triton_pool(self, values: torch.Tensor, lengths: torch.Tensor, batch: int,
                      feature_major: bool) -> torch.Tensor:
@@ -282,10 +294,22 @@ class LocalEmbeddingCollection(EmbeddingCollection):
         if self.fused:
             assert self._lr_on_device is not None
             with section("embedding_update"):
-                backward_update(*args, self.weight.data, self.optimizer, self.state, self._lr_on_device)
+                backward_update(*args, self.weight.data, self.optimizer, self.state, self._lr_on_device,
+                                self._kernel_rounding())
         else:
             with section("lookup"):
                 self._receive(backward_kv(*args))
+
+    def _kernel_rounding(self) -> KernelRounding | None:
+        """A half weight's rounding for the fused Triton update: the update count goes
+        up on the device (no host value in the launch; graphs replay it)."""
+        if self.weight_dtype == torch.float32:
+            return None
+        from embeddings.kernels.rounding import KernelRounding
+
+        self.state["rounding_step"].add_(1)
+        return KernelRounding(self.rounding_seed, self.state["rounding_step"], self._sr_feature_keys,
+                              self._sr_feature_row_shift, self._sr_feature_cols0)
 
     def _device_scalars(self) -> None:
         """lr and per-table scalar state (Adam's step) on the weight's device, where the
@@ -342,12 +366,13 @@ class LocalEmbeddingCollection(EmbeddingCollection):
         ``row_sq_mean``: see ``SparseOptimizer.apply``."""
         with section("embedding_update"):
             rounder = None
-            if self.optimizer.rounding:  # an fp32 stack beside half ones counts too
+            if self.optimizer.rounding:  # half weight or state; an fp32 stack beside half ones counts too
                 self.state["rounding_step"] += 1
-            if self.weight_dtype != torch.float32:
-                rounder = self._round_rows
+                rounder = self._round_rows  # an fp32 weight ignores it; a half state rounds with it
             self.optimizer.apply(self.weight.data, self.state, grad, self.lr, row_sq_mean=row_sq_mean,
-                                 rounder=rounder, state_rounder=self._round_state)
+                                 rounder=rounder)
+            if self.weight_dtype == torch.float16:
+                self._warn_overflow()
 
     def kv_gradients(self) -> dict[str, KVGradient]:
         if not self._kept:

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from embeddings import rounding_cpu
 from embeddings.kv import KVGradient
 from embeddings.timing import section
 
@@ -62,7 +63,10 @@ class _PooledLookup(torch.autograd.Function):
 def _half_bags(weight: torch.Tensor, ids: torch.Tensor, offsets: torch.Tensor,
                scale: torch.Tensor | None) -> torch.Tensor:
     """Bags of a fp16/bf16 weight summed in fp32 (pooled output fp32): the rows are
-    gathered in their type (half the bytes), widened, then pooled in fp32."""
+    gathered in their type (half the bytes), widened, then pooled in fp32; on the CPU
+    in one compiled pass (embeddings/rounding_cpu.py)."""
+    if weight.device.type == "cpu" and rounding_cpu.available():
+        return rounding_cpu.pool_half_bags(weight, ids, offsets, scale)
     rows = weight.index_select(0, ids).float()
     positions = torch.arange(ids.numel(), device=ids.device)
     return F.embedding_bag(

@@ -19,7 +19,7 @@ sizing, the Hotline tiers and the checkpoint read that declaration.
 State precision (``state_dtype``, ``embeddings.state_dtype``): the element-wise
 state (Adagrad's sum, Adam's moments) may be stored in fp16/bf16, half its bytes;
 the update reads it into fp32, computes in fp32 and writes it back with stochastic
-rounding (``state_rounder``, keyed like the weight's but a stream per state tensor).
+rounding (at the weight's coordinates from ``rounder``, in a stream per state tensor).
 Round-to-nearest would freeze it: Adam's v moves by (1 - 0.999) of its distance to
 g² a step, under half a bf16 spacing (2^-9 relative), so v would stop following g²;
 Adagrad's sum, once large, would stop growing. fbgemm keeps its momentum in the
@@ -38,7 +38,13 @@ from enum import Enum
 import torch
 
 from embeddings.kv import KVGradient
-from embeddings.rounding import weight_dtype
+from embeddings.rounding import (
+    RowRounding,
+    add_rows_rounded,
+    stochastic_round,
+    table_key,
+    weight_dtype,
+)
 
 
 class SparseOptimizerType(str, Enum):
@@ -119,14 +125,14 @@ class SparseOptimizer(ABC):
         lr: float,
         row_sq_mean: torch.Tensor | None = None,
         rounder: Rounder | None = None,
-        state_rounder: StateRounder | None = None,
     ) -> None:
         """Update ``weight[grad.ids]`` and their state in place.
 
         ``row_sq_mean`` [U]: mean of g² over the FULL row, for a column shard whose
         ``grad.rows`` hold only some columns (row-wise Adagrad needs the whole row).
-        ``rounder``: writes fp32 rows back into a half-precision weight (add_rows);
-        ``state_rounder(name, ids, rows)``: the same for half state (``put_state``).
+        ``rounder``: a half-precision weight's rounding coordinates of ids (add_rows);
+        half state (``state_dtype``) is rounded at the same coordinates, in a stream of
+        its own (``put_state``).
         """
 
     def state_bytes_per_row(self, dim: int) -> int:
@@ -138,8 +144,8 @@ class SparseOptimizer(ABC):
         return [name for name, spec in self.state_layout().items() if spec.per_row]
 
 
-Rounder = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-StateRounder = Callable[[str, torch.Tensor, torch.Tensor], torch.Tensor]
+# ids → where they sit in their full tables, for a half weight's stochastic rounding
+Rounder = Callable[[torch.Tensor], RowRounding]
 
 
 def get_state(state: dict[str, torch.Tensor], name: str, ids: torch.Tensor) -> torch.Tensor:
@@ -148,12 +154,19 @@ def get_state(state: dict[str, torch.Tensor], name: str, ids: torch.Tensor) -> t
 
 
 def put_state(state: dict[str, torch.Tensor], name: str, ids: torch.Tensor, rows: torch.Tensor,
-              rounder: StateRounder | None) -> None:
-    """fp32 ``rows`` written into rows ``ids`` of state ``name``: as they are, or rounded
-    stochastically by ``rounder`` into a half state (round-to-nearest without one)."""
+              rounder: Rounder | None) -> None:
+    """fp32 ``rows`` written into rows ``ids`` of state ``name``: as they are, or into a
+    half state rounded stochastically at the weight's coordinates ``rounder(ids)`` with
+    the table key xor crc32(name), a stream per state tensor (round-to-nearest without
+    a rounder)."""
     tensor = state[name]
     if tensor.dtype != torch.float32:
-        rows = rounder(name, ids, rows) if rounder is not None else rows.to(tensor.dtype)
+        if rounder is None:
+            rows = rows.to(tensor.dtype)
+        else:
+            at = rounder(ids)
+            rows = stochastic_round(rows, tensor.dtype, at.seed, at.step, at.tables ^ table_key(name), at.rows,
+                                    at.col0)
     tensor.index_copy_(0, ids, rows)
 
 
@@ -164,13 +177,16 @@ def add_rows(weight: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor, alpha:
     Gather, add, scatter back: the same arithmetic as ``index_add_`` (one add per
     element, bit-equal); on the CPU ``index_add_`` adds row by row, which is slower
     for the many rows one step touches. A half-precision weight: the sum is taken in
-    fp32 and ``rounder(ids, fp32 rows)`` writes it back (stochastic rounding).
+    fp32 and written back stochastically rounded at the coordinates ``rounder(ids)``
+    gives (round-to-nearest without a rounder).
     """
     if weight.dtype == torch.float32:
         weight.index_copy_(0, ids, weight.index_select(0, ids).add_(rows, alpha=alpha))
         return
-    new = weight.index_select(0, ids).float().add_(rows, alpha=alpha)
-    weight.index_copy_(0, ids, rounder(ids, new) if rounder is not None else new.to(weight.dtype))
+    if rounder is None:
+        weight.index_copy_(0, ids, weight.index_select(0, ids).float().add_(rows, alpha=alpha).to(weight.dtype))
+        return
+    add_rows_rounded(weight, ids, rows, alpha, rounder(ids))
 
 
 class SparseSGD(SparseOptimizer):
@@ -186,7 +202,6 @@ class SparseSGD(SparseOptimizer):
         lr: float,
         row_sq_mean: torch.Tensor | None = None,
         rounder: Rounder | None = None,
-        state_rounder: StateRounder | None = None,
     ) -> None:
         add_rows(weight, grad.ids, grad.rows, -lr, rounder)
 
@@ -210,10 +225,9 @@ class SparseAdagrad(SparseOptimizer):
         lr: float,
         row_sq_mean: torch.Tensor | None = None,
         rounder: Rounder | None = None,
-        state_rounder: StateRounder | None = None,
     ) -> None:
         new = get_state(state, "sum", grad.ids).addcmul_(grad.rows, grad.rows)
-        put_state(state, "sum", grad.ids, new, state_rounder)
+        put_state(state, "sum", grad.ids, new, rounder)
         add_rows(weight, grad.ids, grad.rows / new.sqrt().add_(self.eps), -lr, rounder)
 
 
@@ -230,7 +244,6 @@ class RowWiseAdagrad(SparseOptimizer):
         lr: float,
         row_sq_mean: torch.Tensor | None = None,
         rounder: Rounder | None = None,
-        state_rounder: StateRounder | None = None,
     ) -> None:
         acc = state["sum"]
         if row_sq_mean is None:
@@ -264,7 +277,6 @@ class SparseAdam(SparseOptimizer):
         lr: float,
         row_sq_mean: torch.Tensor | None = None,
         rounder: Rounder | None = None,
-        state_rounder: StateRounder | None = None,
     ) -> None:
         b1, b2 = self.betas
         state["step"] += 1
@@ -272,8 +284,8 @@ class SparseAdam(SparseOptimizer):
         ids, g = grad.ids, grad.rows
         m = get_state(state, "exp_avg", ids).lerp_(g, 1 - b1)
         v = get_state(state, "exp_avg_sq", ids).lerp_(g.square(), 1 - b2)
-        put_state(state, "exp_avg", ids, m, state_rounder)
-        put_state(state, "exp_avg_sq", ids, v, state_rounder)
+        put_state(state, "exp_avg", ids, m, rounder)
+        put_state(state, "exp_avg_sq", ids, v, rounder)
         step_size = lr * math.sqrt(1 - b2**step) / (1 - b1**step)
         add_rows(weight, ids, m / (v.sqrt() + self.eps), -step_size, rounder)
 

@@ -36,8 +36,11 @@ q and 1/q are built from their exponent bits ((e + 127) << 23), never with pow.
 from __future__ import annotations
 
 import zlib
+from dataclasses import dataclass
 
 import torch
+
+from embeddings import rounding_cpu
 
 MASK32 = 0xFFFFFFFF
 HALF_TYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -129,11 +132,47 @@ def round_with(x: torch.Tensor, bits: torch.Tensor, dtype: torch.dtype) -> torch
 
 def stochastic_round(
     x: torch.Tensor, dtype: torch.dtype, seed: int, step: int,
-    tables: torch.Tensor, rows: torch.Tensor, col0: torch.Tensor,
+    tables: torch.Tensor, rows: torch.Tensor, col0: torch.Tensor, compiled: bool = True,
 ) -> torch.Tensor:
     """[U, D] fp32 rows → ``dtype``; row i is row ``rows[i]`` of table ``tables[i]`` (keys),
-    its columns start at ``col0[i]`` of the full table."""
+    its columns start at ``col0[i]`` of the full table. On the CPU the same bits come
+    from one compiled pass (embeddings/rounding_cpu.py) unless ``compiled=False``."""
     if dtype == torch.float32:
         return x
+    if compiled and x.device.type == "cpu" and rounding_cpu.available():
+        return rounding_cpu.stochastic_round_cpu(x, dtype, seed, step, tables, rows, col0)
     cols = col0.unsqueeze(1) + torch.arange(x.shape[1], device=x.device)
     return round_with(x, element_bits(seed, step, tables, rows, cols), dtype)
+
+
+@dataclass
+class RowRounding:
+    """Where the rows an update writes sit in their full tables: the hash's coordinates
+    (``tables`` keys, full-table ``rows``, first column ``col0``; each [U]) and the
+    update step. ``overflow`` is filled by a fp16 write: [U] bool, the rows where a
+    finite value became inf."""
+
+    dtype: torch.dtype
+    seed: int
+    step: int
+    tables: torch.Tensor
+    rows: torch.Tensor
+    col0: torch.Tensor
+    overflow: torch.Tensor | None = None
+
+
+def add_rows_rounded(weight: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor, alpha: float,
+                     at: RowRounding) -> None:
+    """``weight[ids] += alpha * rows`` for a fp16/bf16 ``weight`` and UNIQUE ``ids``: the
+    sum in fp32, written back stochastically rounded. On the CPU one compiled pass
+    (rounding_cpu.add_rows_rounded); elsewhere gather, add, round, scatter (same bits)."""
+    if weight.device.type == "cpu" and rounding_cpu.available():
+        at.overflow = rounding_cpu.add_rows_rounded(weight, ids, rows, alpha, at.seed, at.step,
+                                                    at.tables, at.rows, at.col0)
+        return
+    new = weight.index_select(0, ids).float().add_(rows, alpha=alpha)
+    out = stochastic_round(new, weight.dtype, at.seed, at.step, at.tables, at.rows, at.col0,
+                           compiled=False)
+    if weight.dtype == torch.float16:
+        at.overflow = (torch.isinf(out) & torch.isfinite(new)).any(dim=1)
+    weight.index_copy_(0, ids, out)

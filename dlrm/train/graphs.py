@@ -43,8 +43,9 @@ def why_not(cfg: Any, device: torch.device, world_size: int) -> str | None:
         (cfg.embeddings.placement != "sharded", "placement=hotline (host-side cold rows)"),
         (cfg.embeddings.backend != "native", f"embeddings.backend={cfg.embeddings.backend}"),
         (cfg.embeddings.kernels == "torch", "embeddings.kernels=torch (its backward syncs)"),
-        (cfg.embeddings.dtype != "fp32" or any(d != "fp32" for d in cfg.embeddings.dtypes.values())
-         or cfg.embeddings.state_dtype != "fp32", "half-precision tables or state (torch path)"),
+        (cfg.embeddings.state_dtype != "fp32", "half optimizer state (embeddings.state_dtype: torch path)"),
+        (len({cfg.embeddings.dtype, *cfg.embeddings.dtypes.values()}) > 1,
+         "tables of several dtypes (embeddings.dtypes: a stack per dtype, routed by the host)"),
         (not cfg.embeddings.fused or cfg.train.accumulate != 1, "unfused sparse updates"),
         (cfg.optim.dense not in ("sgd", "adam"), f"optim.dense={cfg.optim.dense}"),
         (cfg.data.on_error == "skip", "data.on_error=skip (batches of varying rows)"),

@@ -25,7 +25,7 @@ from embeddings.jagged import bag_offsets
 from embeddings.kv import KVGradient
 from embeddings.lookup import pooled_lookup
 from embeddings.optim import SparseOptimizer
-from embeddings.rounding import stochastic_round, table_key
+from embeddings.rounding import RowRounding, table_key
 from embeddings.table import TableSpec
 
 
@@ -97,29 +97,20 @@ class HotTier(nn.Module):
     def apply(self, grad: KVGradient) -> None:
         """One optimizer step (an empty ``grad`` counts too), as the host tier takes it."""
         rounder = None
-        if self.optimizer.rounding:
+        if self.optimizer.rounding:  # half weight or state: rounded at full-table coordinates
             self.state["rounding_step"] += 1
-            if self.weight.dtype != torch.float32:
-                rounder = self._round_rows
-        self.optimizer.apply(self.weight.data, self.state, grad, self.lr, rounder=rounder,
-                             state_rounder=self._round_state)
+            rounder = self._round_rows
+        self.optimizer.apply(self.weight.data, self.state, grad, self.lr, rounder=rounder)
 
-    def _coordinates(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(table key, full-table row) of hot ``slots``."""
+    def _round_rows(self, slots: torch.Tensor) -> RowRounding:
+        """Where hot ``slots`` sit in their full tables: slot → stacked id → (table
+        key, row); column 0 (a hot row is whole)."""
         stacked = self.ids[slots]
         starts, keys = self._sr_starts.to(stacked.device), self._sr_keys.to(stacked.device)
         t = torch.searchsorted(starts, stacked, right=True) - 1
-        return keys[t], stacked - starts[t]
-
-    def _round_rows(self, slots: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        keys, full_rows = self._coordinates(slots)
-        return stochastic_round(rows, self.weight.dtype, self.rounding_seed, int(self.state["rounding_step"]),
-                                keys, full_rows, torch.zeros_like(full_rows))
-
-    def _round_state(self, name: str, slots: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        keys, full_rows = self._coordinates(slots)
-        return stochastic_round(rows, self.state[name].dtype, self.rounding_seed, int(self.state["rounding_step"]),
-                                keys ^ table_key(name), full_rows, torch.zeros_like(full_rows))
+        rows = stacked - starts[t]
+        return RowRounding(self.weight.dtype, self.rounding_seed, int(self.state["rounding_step"]), keys[t], rows,
+                           torch.zeros_like(rows))
 
     def take(self) -> KVGradient:
         """The kept gradients merged (empty if none), then forgotten."""

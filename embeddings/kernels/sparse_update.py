@@ -39,6 +39,15 @@ import triton
 import triton.language as tl
 
 from embeddings.kernels.pooled import block_d, warps
+from embeddings.kernels.rounding import (
+    NONE,
+    KernelRounding,
+    fmix32,
+    half_code,
+    rounded_bits,
+    row_hash,
+    seed_hash,
+)
 from embeddings.kv import KVGradient
 from embeddings.optim import RowWiseAdagrad, SparseAdagrad, SparseAdam, SparseOptimizer, SparseSGD
 
@@ -79,11 +88,27 @@ def _run_gradient(sorted_ptr, order_ptr, bag_of_ptr, offsets_ptr, grad_ptr, i, r
 
 
 @triton.jit
+def _store_row(weight_ptr, wbits_ptr, at, w, in_row, bag, batch, row, cols,
+               seed_h, rstep_ptr, keys_ptr, row_shift_ptr, col0_ptr, HALF: tl.constexpr):
+    """Write the updated fp32 row ``w``: as the weight's type, or (HALF) stochastically
+    rounded at its full-table coordinates (kernels/rounding.py), through int16 bits."""
+    if HALF == 0:
+        tl.store(weight_ptr + at, w.to(weight_ptr.dtype.element_ty), mask=in_row)
+    else:
+        feature = bag // batch
+        h_row = row_hash(seed_h, tl.load(rstep_ptr), tl.load(keys_ptr + feature),
+                         row + tl.load(row_shift_ptr + feature))
+        h = fmix32(h_row ^ (tl.load(col0_ptr + feature) + cols).to(tl.uint32))
+        tl.store(wbits_ptr + at, rounded_bits(w, h, HALF), mask=in_row)
+
+
+@triton.jit
 def _runs_kernel(
     sorted_ptr, order_ptr, bag_of_ptr, offsets_ptr, grad_ptr,
     weight_ptr, state_ptr, state2_ptr, lr_ptr, step_ptr, out_ids_ptr, out_rows_ptr,
     n, batch, dim, stride_b, stride_f, eps, beta1, beta2, log_beta1, log_beta2,
-    OPT: tl.constexpr, MEAN: tl.constexpr, BLOCK_D: tl.constexpr,
+    wbits_ptr, seed_h, rstep_ptr, keys_ptr, row_shift_ptr, col0_ptr,
+    OPT: tl.constexpr, MEAN: tl.constexpr, BLOCK_D: tl.constexpr, HALF: tl.constexpr,
 ):
     i = tl.program_id(0)
     row = tl.load(sorted_ptr + i)
@@ -123,7 +148,8 @@ def _runs_kernel(
                 bias1 = 1.0 - tl.exp(t * log_beta1)
                 step_size = (lr.to(tl.float64) * tl.sqrt(bias2) / bias1).to(tl.float32)
                 w = w - step_size * (m / (tl.sqrt(v) + eps))
-            tl.store(weight_ptr + at, w.to(weight_ptr.dtype.element_ty), mask=in_row)
+            _store_row(weight_ptr, wbits_ptr, at, w, in_row, tl.load(bag_of_ptr + tl.load(order_ptr + i)),
+                       batch, row, cols, seed_h, rstep_ptr, keys_ptr, row_shift_ptr, col0_ptr, HALF)
 
 
 def optimizer_code(optimizer: SparseOptimizer) -> int:
@@ -149,7 +175,8 @@ def _sorted_runs(
 
 
 def _launch_runs(grad_pooled, values, offsets, row_base, batch, mean, feature_major,
-                 opt, weight, states, lr, step, out_ids, out_rows, eps=0.0, betas=(0.0, 0.0)):
+                 opt, weight, states, lr, step, out_ids, out_rows, eps=0.0, betas=(0.0, 0.0),
+                 rounding: KernelRounding | None = None):
     n = values.numel()
     num_features = row_base.numel()
     dim = grad_pooled.shape[-1] if feature_major else grad_pooled.shape[1] // num_features
@@ -157,6 +184,10 @@ def _launch_runs(grad_pooled, values, offsets, row_base, batch, mean, feature_ma
     sorted_ids, order, bag_of = _sorted_runs(values, offsets, row_base, batch)
     dummy = sorted_ids  # an unused pointer argument (its OPT never reads it)
     state, state2 = (list(states) + [dummy, dummy])[:2]
+    half = NONE if rounding is None else half_code(weight.dtype)
+    rounds = ((weight.view(torch.int16), seed_hash(rounding.seed), rounding.step, rounding.keys,
+               rounding.row_shift, rounding.col0) if rounding is not None
+              else (dummy, 0, dummy, dummy, dummy, dummy))
     _runs_kernel[(n,)](
         sorted_ids, order, bag_of, offsets, grad_pooled.contiguous(),
         dummy if weight is None else weight, state, state2,
@@ -164,7 +195,7 @@ def _launch_runs(grad_pooled, values, offsets, row_base, batch, mean, feature_ma
         dummy if out_ids is None else out_ids, dummy if out_rows is None else out_rows,
         n, batch, dim, stride_b, stride_f, eps, betas[0], betas[1],
         math.log(betas[0]) if betas[0] > 0 else 0.0, math.log(betas[1]) if betas[1] > 0 else 0.0,
-        OPT=opt, MEAN=mean, BLOCK_D=block_d(dim), num_warps=warps(dim),
+        *rounds, OPT=opt, MEAN=mean, BLOCK_D=block_d(dim), HALF=half, num_warps=warps(dim),
     )
 
 
@@ -180,10 +211,13 @@ def backward_update(
     optimizer: SparseOptimizer,
     state: dict[str, torch.Tensor],
     lr: torch.Tensor,
+    rounding: KernelRounding | None = None,
 ) -> None:
     """Apply ``optimizer`` to the rows the lookup touched, in place (fused backward).
 
-    ``lr`` [1] and Adam's ``state["step"]`` [1] live on ``weight``'s device."""
+    ``lr`` [1] and Adam's ``state["step"]`` [1] live on ``weight``'s device. A fp16/bf16
+    ``weight`` with ``rounding``: rows written stochastically rounded (its ``step``
+    already counts this update); without: round-to-nearest."""
     if values.numel() == 0:
         if isinstance(optimizer, SparseAdam):
             state["step"] += 1  # an empty step still counts, as in the torch path
@@ -199,7 +233,7 @@ def backward_update(
         states = [state["sum"]] if opt in (ROWWISE_ADAGRAD, ADAGRAD) else []
         betas = (0.0, 0.0)
     _launch_runs(grad_pooled, values, offsets, row_base, batch, mean, feature_major,
-                 opt, weight, states, lr, step, None, None, optimizer.eps, betas)
+                 opt, weight, states, lr, step, None, None, optimizer.eps, betas, rounding)
 
 
 def backward_kv(
