@@ -72,9 +72,13 @@ class Sketch:
             self.counts[row, u] = np.minimum(self.counts[row, u].astype(np.int64) + c, _SAT)
         return self
 
+    def estimates(self, table: str, values: pa.Array) -> np.ndarray:
+        """uint8 [non-null values]: each value's estimate (at least its true count, 255
+        read as "at least 255")."""
+        i0, i1 = self._index(table, values)
+        return np.minimum(self.counts[0, i0], self.counts[1, i1])
+
     def survivors(self, table: str, values: pa.Array, min_frequency: int) -> pa.Array:
         """The non-null ``values`` whose estimate can reach ``min_frequency``."""
         values = pc.drop_null(values)
-        i0, i1 = self._index(table, values)
-        est = np.minimum(self.counts[0, i0], self.counts[1, i1])
-        return values.filter(pa.array(est >= min(min_frequency, _SAT)))
+        return values.filter(pa.array(self.estimates(table, values) >= min(min_frequency, _SAT)))

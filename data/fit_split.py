@@ -1,10 +1,17 @@
 """The vocabulary pass split over ranks and worker processes: each counts a disjoint
 share of the row groups, the exact counts merge.
 
-    row groups (file, g) ──rank r takes groups[r::W]──► its share
-    share ──round robin over N workers (or this process)──► (value, count) per table
-    gather (every rank's tables, rank order) ──► ValueCounter.add_table ──► the same
-            table of (value, count) as one process, so the same vocabulary bit for bit
+    row groups (i, file, g) ──rank r takes groups[r::W]──► its share
+    share ──round robin over N workers (or this process)──► Counted: (value, count) per
+            table; dense statistics (integer parts summed) and row group i's float sums
+    gather (every rank's Counted, rank order) ──► ValueCounter.add_table ──► the same
+            table of (value, count) as one process, so the same vocabulary bit for bit;
+            float sums added in row-group order i, as one process adds them
+
+Each rank reads only its share, dense columns included: the dense statistics' counts,
+extremes and histograms are integers or min/max (any order), and their float sums are
+kept per row group and added in file order, so standardize's mean and std are the same
+bits as one process's (which adds each row group's sum in turn, DenseStats.add).
 
 Counts are integers, so the merge does not depend on which rank or worker saw which
 row: the vocabulary's order depends only on the counts and the values. ``gather`` is
@@ -16,7 +23,9 @@ With ``min_frequency > 1`` a first pass builds a count-min sketch (:mod:`data.fi
 merged over ranks and workers like the counts; the exact pass then drops each value
 whose sketch estimate is below ``min_frequency``. The sketch never underestimates,
 so every value that reaches ``min_frequency`` survives with its exact count, and the
-vocabulary is the same: only the memory of the long tail is saved.
+vocabulary is the same: only the memory of the long tail is saved. A table capped by
+data.max_rows is cut the same way, at a higher floor checked after the pass
+(:mod:`data.fit_cap`).
 
 Workers are started with ``spawn`` (the parent may hold torch's and arrow's threads,
 which ``fork`` would copy mid-state).
@@ -29,15 +38,19 @@ from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
+import numpy as np
 import pyarrow as pa
 
+from data import fit_cap
+from data.dense_transform import DenseStats
 from data.errors import DataError
 from data.fit_sketch import Sketch
+from data.int_counts import plain_numpy
 from data.schema import Schema
 from data.vocabulary import ValueCounter, flat_values
 
 Gather = Callable[[object], list[object]]
-Group = tuple[str, int]
+Group = tuple[int, str, int]  # (global index, file, row group)
 
 
 @dataclass
@@ -52,36 +65,92 @@ class Split:
     min_frequency: int = 1
     sketch_tables: set[str] = field(default_factory=set)
     progress: bool = False
+    caps: dict[str, int] = field(default_factory=dict)  # table → max_rows (data/fit_cap.py)
+
+    def sketching(self, tables: set[str]) -> bool:
+        """Whether the pass over ``tables`` starts with the sketch: min_frequency > 1, or
+        a capped table, among the sketched ones."""
+        mine = self.sketch_tables & tables
+        return bool(mine) and (self.min_frequency > 1 or any(self.caps.get(t, 0) > 1 for t in mine))
+
+
+@dataclass
+class Counted:
+    """One share's result: (value, count) tables per table (a list, so that shares
+    concatenate), the dense columns' statistics without their float sums, each row
+    group's float sums by its global index (added in that order, as one process
+    would), and the rows read."""
+
+    tables: dict[str, list[pa.Table]] = field(default_factory=dict)
+    dense: dict[str, DenseStats] = field(default_factory=dict)
+    sums: list[tuple[int, np.ndarray]] = field(default_factory=list)  # [totals, squares]
+    rows: int = 0
+
+    def add(self, other: Counted) -> Counted:
+        for t, counted in other.tables.items():
+            self.tables[t] = self.tables.get(t, []) + counted
+        for n, st in other.dense.items():
+            self.dense.setdefault(n, DenseStats()).absorb(st)
+        self.sums += other.sums
+        self.rows += other.rows
+        return self
+
+    def stats(self, names: list[str]) -> dict[str, DenseStats]:
+        """The dense statistics of ``names``, float sums added in row-group order."""
+        out = {n: self.dense.get(n, DenseStats()) for n in names}
+        for _, sums in sorted(self.sums, key=lambda s: s[0]):
+            for k, n in enumerate(names):
+                out[n].total += float(sums[0, k])
+                out[n].squares += float(sums[1, k])
+        return out
 
 
 def count_split(files: list[str], schema: Schema, tables: set[str], skip: bool,
-                split: Split) -> dict[str, ValueCounter]:
+                split: Split) -> tuple[dict[str, ValueCounter], dict[str, DenseStats], int]:
     """Counters of ``tables`` over all row groups of ``files``, this rank counting
-    ``groups[rank::world]``, the counts of all ranks merged."""
+    ``groups[rank::world]``, the counts of all ranks merged; the dense statistics of the
+    same pass, and the rows read."""
     from data.files import open_parquet
 
     groups, rows = [], []
     for f in files:
         meta = open_parquet(f).metadata
         for g in range(meta.num_row_groups):
-            groups.append((f, g))
+            groups.append((len(groups), f, g))
             rows.append(meta.row_group(g).num_rows)
     mine = groups[split.rank::split.world]
     mine_rows = rows[split.rank::split.world]
     columns = {f.name: f.table_name for f in schema.sparse if f.table_name in tables}
-    sketch = None
+    sketch, floor = None, {t: split.min_frequency for t in tables}
     sketched = {n: t for n, t in columns.items() if t in split.sketch_tables}
-    if split.min_frequency > 1 and sketched:
+    if split.sketching(tables):
         width = Sketch.width_for(sum(rows) * len(sketched))
-        parts = _run(mine, mine_rows, ("sketch", sketched, skip, width, None, 0), split)
+        parts = _run(mine, mine_rows, ("sketch", sketched, [], skip, width, None, {}), split)
         sketch = Sketch.merged(_gathered(parts, split), width, set(sketched.values()))
-    job = ("count", columns, skip, 0, sketch, split.min_frequency)
-    parts: dict[str, list[pa.Table]] = {t: [] for t in tables}
+        floor = fit_cap.floors(sketch, groups, columns, split.caps, split.min_frequency, skip)
+    job = ("count", columns, list(schema.dense), skip, 0, sketch, floor)
+    whole = Counted()
     for result in _gathered(_run(mine, mine_rows, job, split), split):
-        for table, counted in result.items():
-            parts[table] += counted
+        whole.add(result)
+    counters = _merged(whole, tables)
+    cut = {t for t in tables if floor[t] > split.min_frequency
+           and not fit_cap.holds(counters[t], floor[t], split.caps[t])}
+    if cut:  # a floor above the top K's counts: count those tables again, uncut
+        floor.update({t: split.min_frequency for t in cut})
+        again = {n: t for n, t in columns.items() if t in cut}
+        job = ("count", again, [], skip, 0, sketch, floor)
+        redo = Counted()
+        for result in _gathered(_run(mine, mine_rows, job, split), split):
+            redo.add(result)
+        counters.update(_merged(redo, cut))
+    return counters, whole.stats(list(schema.dense)), whole.rows
+
+
+def _merged(whole: Counted, tables: set[str]) -> dict[str, ValueCounter]:
+    """Each table's counter over every rank's and worker's parts."""
     counters = {}
-    for table, counted in parts.items():  # one part: it is the table, no copy
+    for table in tables:  # one part: it is the table, no copy
+        counted = whole.tables.pop(table, [])
         counters[table] = ValueCounter.of(counted[0]) if len(counted) == 1 else ValueCounter()
         for c in counted if len(counted) > 1 else []:
             counters[table].add_table(c)
@@ -116,18 +185,13 @@ def _run(share: list[Group], rows: list[int], job: tuple, split: Split) -> objec
                 bar.update(sum(rows[k::tasks]))
     if bar is not None:
         bar.close()
-    return merged if merged is not None else {}
+    return merged if merged is not None else (Counted() if job[0] == "count" else {})
 
 
 def _merge(a: object, b: object) -> object:
     if a is None:
         return b
-    if isinstance(b, Sketch):
-        return a.add(b)
-    out = dict(a)
-    for t, counted in b.items():
-        out[t] = out.get(t, []) + counted
-    return out
+    return a.add(b)
 
 
 def _bar(total: int, what: str, on: bool):
@@ -141,16 +205,15 @@ def _bar(total: int, what: str, on: bool):
 
 
 def _do(job: tuple, bar=None) -> object:
-    """One share: its sketch, or its (value, count) table per table (a list, so that
-    tasks' results concatenate); or the error line."""
-    share, what, columns, skip, width, sketch, min_frequency = job
+    """One share: its sketch, or its :class:`Counted`; or the error line."""
+    share, what, columns, dense, skip, width, sketch, floor = job
     from data.files import open_parquet
 
-    out = Sketch(width) if what == "sketch" else None
+    out = Sketch(width) if what == "sketch" else Counted()
     counters: dict[str, ValueCounter] = {}
-    for path, g in share:
+    for index, path, g in share:
         try:
-            table = open_parquet(path).read_row_group(g, columns=list(columns))
+            table = open_parquet(path).read_row_group(g, columns=list(columns) + dense)
         except (pa.ArrowException, OSError) as e:
             if skip:
                 continue
@@ -159,17 +222,29 @@ def _do(job: tuple, bar=None) -> object:
             return str(e)
         for name, t in columns.items():
             values = flat_values(table.column(name))[0]
-            if out is not None:
+            if isinstance(out, Sketch):
                 out.add(t, values)
-            elif sketch is not None and t in sketch.tables:
-                counters.setdefault(t, ValueCounter()).add(
-                    sketch.survivors(t, values, min_frequency))
+            elif sketch is not None and t in sketch.tables and floor[t] > 1:
+                counters.setdefault(t, ValueCounter()).add(sketch.survivors(t, values, floor[t]))
             else:
                 counters.setdefault(t, ValueCounter()).add(values)
+        if isinstance(out, Counted):
+            _dense(out, table, index, dense)
         if bar is not None:
             bar.update(table.num_rows)
     if bar is not None:
         bar.close()
-    if out is not None:
-        return out
-    return {t: [c.table()] for t, c in counters.items() if c.table() is not None}
+    if isinstance(out, Counted):
+        out.tables = {t: [c.table()] for t, c in counters.items() if c.table() is not None}
+    return out
+
+
+def _dense(out: Counted, table: pa.Table, index: int, dense: list[str]) -> None:
+    """Row group ``index``'s dense statistics into ``out`` (float sums kept apart)."""
+    sums = np.zeros((2, len(dense)))
+    for k, n in enumerate(dense):
+        st = DenseStats.of(plain_numpy(table.column(n)).astype(np.float32, copy=False))
+        sums[:, k] = st.total, st.squares
+        out.dense.setdefault(n, DenseStats()).absorb(st, sums=False)
+    out.sums.append((index, sums))
+    out.rows += table.num_rows

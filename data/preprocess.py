@@ -43,6 +43,7 @@ from data.dense_transform import DenseStats, apply_transform
 from data.errors import DataError, UserError
 from data.fit_split import Split, count_split
 from data.hashing import splitmix64
+from data.int_counts import plain_numpy
 from data.schema import (
     Schema,
     SparseFeature,
@@ -148,20 +149,22 @@ def fit(files: list[str], schema: Schema, opts: Options) -> Preprocessing:
     counted = {t for t, enc in choice.items() if enc in ("vocabulary", "auto-count")}
     transforms = {n: opts.dense_transforms.get(n, opts.dense_transform) for n in schema.dense}
     full = bool(counted) or "standardize" in transforms.values()
+    caps = {t: _cap(schema, t, opts) for t in counted}
     split = Split(opts.rank, opts.world, opts.gather, opts.workers, opts.min_frequency,
                   {t for t in counted if choice[t] == "vocabulary"} if opts.sketch else set(),
-                  opts.progress)
+                  opts.progress, caps)
     counters, stats, seen = _count(files, schema, counted, None if full else SAMPLE_ROWS,
                                    opts.on_error == "skip", split)
     prep = Preprocessing({}, {}, {}, transforms, stats, seen, data=footer_digests(files))
     for table, enc in choice.items():
         members = [f for f in schema.sparse if f.table_name == table]
-        cap = max([opts.rows[f.name] for f in members if f.name in opts.rows] or [opts.max_rows])
+        cap = _cap(schema, table, opts)
         if enc == "hash":
             prep.encodings[table], prep.rows[table] = "hash", max(cap or opts.hash_rows, 2)
         elif enc in ("vocabulary", "auto-count"):
             value_type = _value_type(kinds[members[0].name])
-            vocab = Vocabulary.build(counters[table].table(), value_type, opts.min_frequency, cap)
+            vocab = Vocabulary.of_counter(counters.pop(table), value_type, opts.min_frequency,
+                                          cap)  # pop: each counter freed as it is built
             lo = min(ranges.get(f.name, (0, 0))[0] for f in members)
             hi = max(ranges.get(f.name, (0, 0))[1] for f in members)
             if enc == "auto-count" and lo >= 0 and 2 * vocab.distinct >= hi + 1:
@@ -175,6 +178,12 @@ def fit(files: list[str], schema: Schema, opts: Options) -> Preprocessing:
     prep.notes[:0] = [f"preprocessing: encoding=auto: table {t} {prep.encodings[t]} ({why})"
                       for t, why in sorted(decided.items())]
     return prep
+
+
+def _cap(schema: Schema, table: str, opts: Options) -> int:
+    """The rows a table may have: data.rows of its features, else data.max_rows (0: any)."""
+    members = [f.name for f in schema.sparse if f.table_name == table]
+    return max([opts.rows[n] for n in members if n in opts.rows] or [opts.max_rows])
 
 
 def _decide_auto(files: list[str], schema: Schema, choice: dict[str, str],
@@ -291,17 +300,15 @@ def _count(files: list[str], schema: Schema, tables: set[str], limit: int | None
            ) -> tuple[dict[str, ValueCounter], dict[str, DenseStats], int]:
     """The pass: value counts of the counted tables' columns, dense statistics; rows read.
     ``skip``: row groups that cannot be read are left out (the reader reports them).
-    A split over ranks or workers, or the sketch pre-filter: the counting is
-    :func:`data.fit_split.count_split` and this process then reads only the dense
-    columns, in file order (their float sums unchanged)."""
+    A split over ranks or workers, or the sketch pre-filter: the pass is
+    :func:`data.fit_split.count_split`, whose dense statistics add each row group's
+    float sums in file order, as here (the same bits)."""
     from data.files import open_parquet
 
     split = split or Split()
-    sketching = split.min_frequency > 1 and bool(split.sketch_tables & tables)
+    sketching = split.sketching(tables)
     if (split.workers > 0 or split.world > 1 or sketching) and tables and limit is None:
-        counters = count_split(files, schema, tables, skip, split)
-        _, stats, seen = _count(files, schema, set(), limit, skip)
-        return counters, stats, seen
+        return count_split(files, schema, tables, skip, split)
     counters = {t: ValueCounter() for t in tables}
     stats = {n: DenseStats() for n in schema.dense}
     columns = [f.name for f in schema.sparse if f.table_name in tables] + list(schema.dense)
@@ -326,8 +333,7 @@ def _count(files: list[str], schema: Schema, tables: set[str], limit: int | None
                 if f.table_name in tables:
                     counters[f.table_name].add(flat_values(table.column(f.name))[0])
             for n in schema.dense:
-                col = pc.drop_null(table.column(n))
-                stats[n].add(col.to_numpy().astype(np.float32, copy=False))
+                stats[n].add(plain_numpy(table.column(n)).astype(np.float32, copy=False))
             if bar is not None:
                 bar.update(table.num_rows)
     if bar is not None:

@@ -6,10 +6,11 @@
     rows       0 = out-of-vocabulary (rare, unseen, null) | 1 "a" | 2 "b" | 3 "c"
 
 The order depends only on the counts and the values, so every rank, every run and
-``dlrm eval`` map a value to the same row. Counting is pyarrow's ``value_counts`` per
-row group, with the partial counts merged by a ``group_by(...).aggregate(sum)`` once
-they outgrow the merged table (each value's count is summed O(log) times, never
-one Python step per row).
+``dlrm eval`` map a value to the same row. Counting integers is
+:class:`data.int_counts.IntCounts` (sorted runs folded into one sorted store); strings
+and binaries are pyarrow's ``value_counts`` per row group, with the partial counts
+merged by a ``group_by(...).aggregate(sum)`` once they outgrow the merged table (each
+value's count is summed O(log) times, never one Python step per row).
 
 Looking up is a binary search: the vocabulary's keys (an int column's values, or a
 string's stable 64-bit hash, :func:`data.hashing.hash_bytes`) are sorted once, and
@@ -30,6 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from data.hashing import hash_bytes
+from data.int_counts import IntCounts, int64_array, int64_values
 
 _CHUNK = 1 << 20  # values hashed at a time
 
@@ -92,26 +94,23 @@ def _direct_lookup(direct: tuple[int, np.ndarray], values: pa.Array) -> np.ndarr
 class ValueCounter:
     """Counts of each value seen, merged as they come (see the module docstring).
 
-    Integers take a faster path than pyarrow's hash aggregation: each batch is sorted
-    (numpy's SIMD sort) and run-length encoded into sorted (value, count) runs; runs
-    are merged by a stable sort of their concatenation (timsort finds the runs, so a
-    merge is close to linear) once they outgrow the merged run. Strings and binaries
-    keep ``value_counts`` and ``group_by``. Either way the table holds each distinct
-    value once with its exact count, so the vocabulary does not depend on the path."""
-
-    merge_rows = 1 << 18  # pending int run rows that trigger a merge (tests lower it)
+    Integers take a faster path than pyarrow's hash aggregation:
+    :class:`data.int_counts.IntCounts` (each batch sorted by numpy and run-length
+    encoded, the runs folded rarely into one sorted store, about 16 bytes per distinct
+    value). Strings and binaries keep ``value_counts`` and ``group_by``. Either way
+    the table holds each distinct value once with its exact count, so the vocabulary
+    does not depend on the path."""
 
     def __init__(self) -> None:
         self._merged: pa.Table | None = None
         self._pending: list[pa.Table] = []
         self._pending_rows = 0
-        self._runs: list[tuple[np.ndarray, np.ndarray]] = []  # sorted int runs; [0] merged
-        self._run_rows = 0
+        self.ints = IntCounts()
 
     def add(self, values: pa.Array) -> None:
         """Count the non-null ``values`` (one flat array of :func:`flat_values`)."""
         if pa.types.is_integer(values.type):
-            self.add_ints(pc.drop_null(values).to_numpy(zero_copy_only=False))
+            self.ints.add(int64_values(values))
             return
         counted = pc.value_counts(pc.drop_null(values))
         if len(counted) == 0:
@@ -126,44 +125,29 @@ class ValueCounter:
     def of(cls, counted: pa.Table) -> ValueCounter:
         """A counter holding another counter's ``table()`` as it is (no copy)."""
         c = cls()
-        c._merged = counted.select(["value", "count"])
+        if pa.types.is_integer(counted["value"].type):
+            c.add_table(counted)
+        else:
+            c._merged = counted.select(["value", "count"])
         return c
 
     def add_ints(self, values: np.ndarray) -> None:
         """Count int64 ``values`` (no nulls)."""
-        if len(values) == 0:
-            return
-        self._runs.append(_run_lengths(np.sort(values.astype(np.int64, copy=False)),
-                                       np.ones(len(values), np.int64)))
-        self._run_rows += len(self._runs[-1][0])
-        if self._run_rows - len(self._runs[0][0]) > max(self.merge_rows, len(self._runs[0][0])):
-            self._merge_runs()
+        self.ints.add(values)
 
     def add_counts(self, values: np.ndarray, counts: np.ndarray) -> None:
         """Add int64 (value, count) pairs, each value once (another counter's table)."""
-        if len(values):
-            order = np.argsort(values, kind="stable")
-            self._runs.append((values[order], counts[order].astype(np.int64, copy=False)))
-            self._run_rows += len(values)
+        self.ints.add_counts(values, counts)
 
     def add_table(self, counted: pa.Table) -> None:
         """Add another counter's ``table()`` (each value once with its count)."""
         if pa.types.is_integer(counted["value"].type):
-            self.add_counts(counted["value"].to_numpy().astype(np.int64, copy=False),
-                            counted["count"].to_numpy().astype(np.int64, copy=False))
+            self.add_counts(int64_values(counted["value"]), int64_values(counted["count"]))
             return
         self._pending.append(counted.select(["value", "count"]))
         self._pending_rows += counted.num_rows
         if self._pending_rows > max(1 << 20, len(self._merged or ())):
             self._merge()
-
-    def _merge_runs(self) -> None:
-        if len(self._runs) > 1:
-            values = np.concatenate([v for v, _ in self._runs])
-            counts = np.concatenate([c for _, c in self._runs])
-            order = np.argsort(values, kind="stable")  # timsort: merges the sorted runs
-            self._runs = [_run_lengths(values[order], counts[order])]
-            self._run_rows = len(self._runs[0][0])
 
     def _merge(self) -> None:
         parts = ([self._merged] if self._merged is not None else []) + self._pending
@@ -173,25 +157,29 @@ class ValueCounter:
         self._pending, self._pending_rows = [], 0
 
     def table(self) -> pa.Table | None:
-        """(value, count) of every distinct value seen; None if none was."""
-        if self._runs:
-            self._merge_runs()
-            values, counts = self._runs[0]
-            self._pending.append(pa.table({"value": pa.array(values, pa.int64()),
-                                           "count": pa.array(counts, pa.int64())}))
-            self._runs, self._run_rows = [], 0
-            if self._merged is None and len(self._pending) == 1:
-                self._merged, self._pending = self._pending[0], []
+        """(value, count) of every distinct value seen; None if none was. Integers come
+        sorted by value (no copy of the counter's arrays)."""
+        if len(self.ints):
+            values, counts = self.ints.arrays()
+            return pa.table({"value": int64_array(values), "count": int64_array(counts)})
         self._merge()
         return self._merged
 
 
-def _run_lengths(values: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Sorted ``values`` with their ``counts`` → each value once, counts summed."""
-    if len(values) == 0:
-        return values, counts
-    starts = np.flatnonzero(np.concatenate(([True], values[1:] != values[:-1])))
-    return values[starts], np.add.reduceat(counts, starts)
+def _int_order(values: np.ndarray, counts: np.ndarray, max_rows: int, ascending: bool
+               ) -> np.ndarray:
+    """Indices of count descending, then value ascending (at most ``max_rows - 1``). A
+    counter's table comes sorted by value (``ascending``), so one stable sort by count
+    gives that order, on int32 keys where the counts allow; np.lexsort otherwise."""
+    if ascending:
+        big = len(counts) and int(counts.max()) >= 2**31
+        key = np.empty(len(counts), np.int64 if big else np.int32)
+        np.negative(counts, out=key, casting="unsafe")
+        order = np.argsort(key, kind="stable")
+        del key
+    else:
+        order = np.lexsort((values, -counts))
+    return order[:max(max_rows - 1, 0)] if max_rows > 0 else order
 
 
 @dataclass
@@ -234,18 +222,36 @@ class Vocabulary:
         return Vocabulary(values, counts, distinct)
 
     @staticmethod
+    def of_counter(counter: ValueCounter, value_type: pa.DataType, min_frequency: int = 1,
+                   max_rows: int = 0) -> Vocabulary:
+        """:meth:`build` of ``counter.table()``; an int counter's arrays are taken from it
+        and replaced by their reordered copies one at a time, so the pass's peak is
+        its store plus about 16 bytes per value of the largest table (keys, order)."""
+        if not len(counter.ints):
+            return Vocabulary.build(counter.table(), value_type, min_frequency, max_rows)
+        values, counts = counter.ints.take()
+        distinct = len(values)
+        if min_frequency > 1:
+            keep = counts >= min_frequency
+            values = values[keep]
+            counts = counts[keep]
+            del keep
+        order = _int_order(values, counts, max_rows, ascending=True)
+        values = values[order]  # the counter's array is freed here
+        counts = counts[order]
+        return Vocabulary(int64_array(values), counts, distinct)
+
+    @staticmethod
     def _build_ints(counted: pa.Table, min_frequency: int, max_rows: int) -> Vocabulary:
-        """build's order for int64 values, in numpy (a lexsort: count descending, then
-        value ascending), the same as pyarrow's sort_by and several times faster."""
-        values = counted["value"].to_numpy().astype(np.int64, copy=False)
-        counts = counted["count"].to_numpy().astype(np.int64, copy=False)
-        keep = counts >= max(min_frequency, 1)
-        values, counts = values[keep], counts[keep]
-        order = np.lexsort((values, -counts))
-        if max_rows > 0:
-            order = order[:max(max_rows - 1, 0)]
-        return Vocabulary(pa.array(values[order], pa.int64()), counts[order],
-                          counted.num_rows)
+        """build's order for int64 values, in numpy (:func:`_int_order`), the same as
+        pyarrow's sort_by and several times faster."""
+        values, counts = int64_values(counted["value"]), int64_values(counted["count"])
+        if min_frequency > 1:
+            keep = counts >= min_frequency
+            values, counts = values[keep], counts[keep]
+        ascending = len(values) < 2 or bool(np.all(values[1:] > values[:-1]))
+        order = _int_order(values, counts, max_rows, ascending)
+        return Vocabulary(int64_array(values[order]), counts[order], counted.num_rows)
 
     def lookup(self, values: pa.Array) -> np.ndarray:
         """Rows [n] of ``values`` (flat, of :func:`flat_values`): unseen and null → 0.

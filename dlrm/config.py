@@ -90,8 +90,9 @@ class DataConfig:
     # disjoint share of the row groups (0 = in this process); the counts are exact and
     # merged, so the vocabularies are the same bit for bit.
     fit_workers: int = 0
-    # min_frequency > 1: a count-min sketch pass first drops values that cannot reach it,
-    # so exact counting holds only the survivors (the vocabulary is the same).
+    # min_frequency > 1, or a vocabulary capped by max_rows / rows: a count-min sketch
+    # pass first drops values that cannot reach it or the cap's top (data/fit_cap.py), so
+    # exact counting holds only the survivors (the vocabulary is the same; a pass more).
     fit_sketch: bool = True
 
 

@@ -4,6 +4,8 @@
 #
 #   bash scripts/gpu_session.sh tests           # gpu- and kernels-marked tests, then the
 #                                               # reader at data.workers 0,1,4,8,16 (issue 23)
+#                                               # and, if a minute is left, the vocabulary
+#                                               # fit at data.fit_workers 0,1,4,8,16 (issue 26)
 #   bash scripts/gpu_session.sh bench [ARGS]    # dlrm bench's GPU rows, configs/bench_gpu.yaml
 #
 # bench, in order, each step given what is left of the call's 580 s: the rows native
@@ -44,6 +46,15 @@ case "${1:-tests}" in
       --reader-only --workers 0,1,4,8,16 --out "$BENCH" generate.rows=2097152 >"$OUT/reader.log" 2>&1
     cp "$BENCH"/bench.json "$OUT"/reader.json 2>/dev/null
     tail -8 "$OUT/reader.log"
+    # the vocabulary pass's rows/s at data.fit_workers 0,1,4,8,16 (issue 26: $OUT/fit.json),
+    # rates only, if a minute is left (2M rows of bench_gpu's schema: a few seconds a run)
+    if [ $((end - SECONDS)) -gt 60 ]; then
+      timeout $((end - SECONDS)) "$PY" -m dlrm bench --config configs/bench_gpu.yaml --fit-only \
+        --fit-workers 0,1,4,8,16 --fit-rows 2097152 --no-fit-memory --out /tmp/bench_fit \
+        >"$OUT/fit.log" 2>&1
+      cp /tmp/bench_fit/bench.json "$OUT"/fit.json 2>/dev/null
+      tail -7 "$OUT/fit.log"
+    fi
     exit $code
     ;;
   bench)

@@ -12,6 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from data.int_counts import IntCounts
 from data.vocabulary import ValueCounter, Vocabulary
 from tests.test_preprocess import py_vocabulary
 
@@ -31,7 +32,7 @@ def _batches(seed: int) -> list[pa.Array]:
 @pytest.mark.parametrize("seed", [0, 1])
 def test_int_counts_and_order_equal_the_counter_reference(monkeypatch, seed, min_frequency,
                                                           max_rows) -> None:
-    monkeypatch.setattr(ValueCounter, "merge_rows", 100)
+    monkeypatch.setattr(IntCounts, "merge_rows", 100)
     batches = _batches(seed)
     counter = ValueCounter()
     for b in batches:

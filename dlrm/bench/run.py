@@ -171,7 +171,9 @@ def fit_only(a: argparse.Namespace) -> int:
 
     out = Path(a.out).resolve()
     workers = [int(x) for x in a.fit_workers.split(",")]
-    result = fit_bench(out / "fit-data", a.fit_rows, list(a.ranks), workers)
+    cfg = load_config(a.config, a.overrides)
+    result = fit_bench(out / "fit-data", a.fit_rows or cfg.generate.rows, list(a.ranks), workers,
+                       cfg.generate, cfg.seed, a.fit_memory)
     print(format_fit(result))
     path = out / "bench.json"
     report = json.loads(path.read_text()) if path.is_file() else {"config": a.config}
@@ -199,8 +201,11 @@ def _parse(argv: list[str]) -> argparse.Namespace:
                    help="only checkpoint save/resume GB/s and peak RSS of the config's model")
     p.add_argument("--fit-only", action="store_true",
                    help="only the vocabulary pass: rows/s by --ranks x --fit-workers, B/distinct")
-    p.add_argument("--fit-rows", type=int, default=1 << 20, help="--fit-only: generated rows")
+    p.add_argument("--fit-rows", type=int, default=None,
+                   help="--fit-only: generated rows (default: the config's generate.rows)")
     p.add_argument("--fit-workers", default="0", help="--fit-only: comma-separated worker counts")
+    p.add_argument("--fit-memory", action=argparse.BooleanOptionalAction, default=True,
+                   help="--fit-only: also the peak-memory runs (--no-fit-memory: rates only)")
     p.add_argument("overrides", nargs="*", help="key.sub=value config overrides")
     a = p.parse_args(argv)
     try:
