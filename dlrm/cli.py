@@ -7,6 +7,7 @@ in-process; heavy imports happen inside the verbs so ``dlrm --help`` is instant.
     dlrm fit --config FILE --data PATH --out DIR [key.sub=value ...]
     dlrm train --config FILE [--out RUN_DIR] [--print-config] [key.sub=value ...]
     dlrm eval --checkpoint RUN_DIR --data PATH [--plots DIR] [--device auto|cpu|cuda] [--strict-ids] [--tables stored|int8]
+    dlrm export --checkpoint RUN_DIR --out DIR [--tables int8|stored]
     dlrm plot RUN_DIR [--out FILE.png]
     dlrm plan --config FILE --world-size N [--memory-per-rank SIZE]
     dlrm bench --config FILE [--ranks 1,2] [--steps N] [--out DIR] [--reader-only] [key.sub=value ...]
@@ -144,6 +145,24 @@ def cmd_eval(argv: list[str]) -> int:
     return 0
 
 
+def cmd_export(argv: list[str]) -> int:
+    """A serving copy of a run's model: dense part and whole tables, int8 row-wise or as
+    stored (dlrm/eval/export.py); ``dlrm eval --checkpoint DIR`` scores it."""
+    p = argparse.ArgumentParser(prog="dlrm export", description="Write a serving copy of a trained run.")
+    p.add_argument("--checkpoint", required=True, help="run directory or checkpoint directory")
+    p.add_argument("--out", required=True, help="new (or empty) directory for the copy")
+    p.add_argument("--tables", choices=("int8", "stored"), default="int8",
+                   help="int8: every table int8 row-wise (dim + 8 bytes a row); stored: the run's dtypes")
+    a = p.parse_args(argv)
+    output_dir(a.out, "--out")
+    from dlrm.eval.export import export_run
+
+    body = export_run(a.checkpoint, a.out, a.tables)
+    print(json.dumps({"out": a.out, "tables": body["tables"], "table_bytes": body["table_bytes"],
+                      "step": body["step"]}))
+    return 0
+
+
 def cmd_plan(argv: list[str]) -> int:
     """Print the sharding plan and per-rank memory of a run; nothing is launched.
 
@@ -208,6 +227,7 @@ VERBS: dict[str, Callable[[list[str]], int]] = {
     "fit": cmd_fit,
     "train": cmd_train,
     "eval": cmd_eval,
+    "export": cmd_export,
     "plan": cmd_plan,
     "plot": cmd_plot,
     "bench": cmd_bench,

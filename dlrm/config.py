@@ -141,6 +141,11 @@ class EmbeddingsConfig:
     # weights_precision): fp16/bf16 halve table memory; lookups and updates are
     # computed in fp32, written back with stochastic rounding (embeddings/rounding.py).
     dtype: Literal["fp32", "fp16", "bf16"] = "fp32"
+    # Per table, over `dtype` ({C1: bf16}); tables of each dtype are stacked apart.
+    dtypes: dict[str, Literal["fp32", "fp16", "bf16"]] = field(default_factory=dict)
+    # Element-wise optimizer state (adagrad's sum, adam's moments): computed in fp32,
+    # stored in this type with stochastic rounding; row-wise Adagrad's sum stays fp32.
+    state_dtype: Literal["fp32", "fp16", "bf16"] = "fp32"
     # Fused: the sparse optimizer runs inside backward (no KV gradient kept).
     # Off: backward produces KV gradients (unique ids, rows) that the optimizer
     # then applies; a user who wants to see embedding gradients sets this off.

@@ -269,8 +269,9 @@ class LocalEmbeddingCollection(EmbeddingCollection):
     def on_triton(self) -> bool:
         """Whether lookups take the Triton kernels (embeddings/kernels) on this device.
         fp16/bf16 tables too: the kernels pool in fp32 and the fused update writes rows
-        with the same stochastic rounding as the torch path (kernels/rounding.py)."""
-        return use_triton(self.kernels, self.weight.device)
+        with the same stochastic rounding as the torch path (kernels/rounding.py). Half
+        optimizer state (``embeddings.state_dtype``) takes the torch path."""
+        return self.optimizer.state_dtype == torch.float32 and use_triton(self.kernels, self.weight.device)
 
     def _triton_pool(self, values: torch.Tensor, lengths: torch.Tensor, batch: int,
                      feature_major: bool) -> torch.Tensor:
@@ -365,9 +366,9 @@ class LocalEmbeddingCollection(EmbeddingCollection):
         ``row_sq_mean``: see ``SparseOptimizer.apply``."""
         with section("embedding_update"):
             rounder = None
-            if self.weight_dtype != torch.float32:
+            if self.optimizer.rounding:  # half weight or state; an fp32 stack beside half ones counts too
                 self.state["rounding_step"] += 1
-                rounder = self._round_rows
+                rounder = self._round_rows  # an fp32 weight ignores it; a half state rounds with it
             self.optimizer.apply(self.weight.data, self.state, grad, self.lr, row_sq_mean=row_sq_mean,
                                  rounder=rounder)
             if self.weight_dtype == torch.float16:

@@ -15,6 +15,16 @@ state, are left exactly as they were ("lazy" updates).
 Each optimizer declares its state (``state_layout``): a name per tensor, and
 whether it is a vector per row, a scalar per row or a scalar per table. Memory
 sizing, the Hotline tiers and the checkpoint read that declaration.
+
+State precision (``state_dtype``, ``embeddings.state_dtype``): the element-wise
+state (Adagrad's sum, Adam's moments) may be stored in fp16/bf16, half its bytes;
+the update reads it into fp32, computes in fp32 and writes it back with stochastic
+rounding (at the weight's coordinates from ``rounder``, in a stream per state tensor).
+Round-to-nearest would freeze it: Adam's v moves by (1 - 0.999) of its distance to
+g² a step, under half a bf16 spacing (2^-9 relative), so v would stop following g²;
+Adagrad's sum, once large, would stop growing. fbgemm keeps its momentum in the
+weight's type with stochastic rounding for the same reason. Row-wise Adagrad's one
+float per row stays fp32 (4 bytes a row: nothing to save).
 """
 
 from __future__ import annotations
@@ -28,7 +38,13 @@ from enum import Enum
 import torch
 
 from embeddings.kv import KVGradient
-from embeddings.rounding import RowRounding, add_rows_rounded
+from embeddings.rounding import (
+    RowRounding,
+    add_rows_rounded,
+    stochastic_round,
+    table_key,
+    weight_dtype,
+)
 
 
 class SparseOptimizerType(str, Enum):
@@ -79,8 +95,11 @@ class SparseOptimizer(ABC):
     # checkpointed and resharded like Adam's step.
     rounding: bool = False
 
-    def __init__(self, eps: float = 1e-8) -> None:
+    def __init__(self, eps: float = 1e-8, state_dtype: torch.dtype = torch.float32) -> None:
         self.eps = eps
+        self.state_dtype = state_dtype  # of element-wise state (ROW_VECTOR)
+        if state_dtype != torch.float32:
+            self.rounding = True  # half state is rounded stochastically: it needs the step count
 
     @abstractmethod
     def rule_layout(self) -> dict[str, StateSpec]:
@@ -111,7 +130,9 @@ class SparseOptimizer(ABC):
 
         ``row_sq_mean`` [U]: mean of g² over the FULL row, for a column shard whose
         ``grad.rows`` hold only some columns (row-wise Adagrad needs the whole row).
-        ``rounder``: a half-precision weight's rounding coordinates of ids (add_rows).
+        ``rounder``: a half-precision weight's rounding coordinates of ids (add_rows);
+        half state (``state_dtype``) is rounded at the same coordinates, in a stream of
+        its own (``put_state``).
         """
 
     def state_bytes_per_row(self, dim: int) -> int:
@@ -125,6 +146,28 @@ class SparseOptimizer(ABC):
 
 # ids → where they sit in their full tables, for a half weight's stochastic rounding
 Rounder = Callable[[torch.Tensor], RowRounding]
+
+
+def get_state(state: dict[str, torch.Tensor], name: str, ids: torch.Tensor) -> torch.Tensor:
+    """Rows ``ids`` of state ``name`` in fp32 (a copy: computed on, then put back)."""
+    return state[name].index_select(0, ids).float()
+
+
+def put_state(state: dict[str, torch.Tensor], name: str, ids: torch.Tensor, rows: torch.Tensor,
+              rounder: Rounder | None) -> None:
+    """fp32 ``rows`` written into rows ``ids`` of state ``name``: as they are, or into a
+    half state rounded stochastically at the weight's coordinates ``rounder(ids)`` with
+    the table key xor crc32(name), a stream per state tensor (round-to-nearest without
+    a rounder)."""
+    tensor = state[name]
+    if tensor.dtype != torch.float32:
+        if rounder is None:
+            rows = rows.to(tensor.dtype)
+        else:
+            at = rounder(ids)
+            rows = stochastic_round(rows, tensor.dtype, at.seed, at.step, at.tables ^ table_key(name), at.rows,
+                                    at.col0)
+    tensor.index_copy_(0, ids, rows)
 
 
 def add_rows(weight: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor, alpha: float,
@@ -171,7 +214,7 @@ class SparseAdagrad(SparseOptimizer):
     """
 
     def rule_layout(self) -> dict[str, StateSpec]:
-        return {"sum": StateSpec(StateKind.ROW_VECTOR)}
+        return {"sum": StateSpec(StateKind.ROW_VECTOR, self.state_dtype)}
 
     @torch.no_grad()
     def apply(
@@ -183,9 +226,8 @@ class SparseAdagrad(SparseOptimizer):
         row_sq_mean: torch.Tensor | None = None,
         rounder: Rounder | None = None,
     ) -> None:
-        acc = state["sum"]
-        new = acc.index_select(0, grad.ids).addcmul_(grad.rows, grad.rows)
-        acc.index_copy_(0, grad.ids, new)
+        new = get_state(state, "sum", grad.ids).addcmul_(grad.rows, grad.rows)
+        put_state(state, "sum", grad.ids, new, rounder)
         add_rows(weight, grad.ids, grad.rows / new.sqrt().add_(self.eps), -lr, rounder)
 
 
@@ -213,14 +255,15 @@ class RowWiseAdagrad(SparseOptimizer):
 
 
 class SparseAdam(SparseOptimizer):
-    def __init__(self, eps: float = 1e-8, betas: tuple[float, float] = (0.9, 0.999)) -> None:
-        super().__init__(eps)
+    def __init__(self, eps: float = 1e-8, betas: tuple[float, float] = (0.9, 0.999),
+                 state_dtype: torch.dtype = torch.float32) -> None:
+        super().__init__(eps, state_dtype)
         self.betas = betas
 
     def rule_layout(self) -> dict[str, StateSpec]:
         return {
-            "exp_avg": StateSpec(StateKind.ROW_VECTOR),
-            "exp_avg_sq": StateSpec(StateKind.ROW_VECTOR),
+            "exp_avg": StateSpec(StateKind.ROW_VECTOR, self.state_dtype),
+            "exp_avg_sq": StateSpec(StateKind.ROW_VECTOR, self.state_dtype),
             # Steps taken by this table, as torch.optim.SparseAdam counts them.
             "step": StateSpec(StateKind.TABLE_SCALAR, torch.int64),
         }
@@ -239,20 +282,25 @@ class SparseAdam(SparseOptimizer):
         state["step"] += 1
         step = int(state["step"])
         ids, g = grad.ids, grad.rows
-        m = state["exp_avg"].index_select(0, ids).lerp_(g, 1 - b1)
-        v = state["exp_avg_sq"].index_select(0, ids).lerp_(g.square(), 1 - b2)
-        state["exp_avg"].index_copy_(0, ids, m)
-        state["exp_avg_sq"].index_copy_(0, ids, v)
+        m = get_state(state, "exp_avg", ids).lerp_(g, 1 - b1)
+        v = get_state(state, "exp_avg_sq", ids).lerp_(g.square(), 1 - b2)
+        put_state(state, "exp_avg", ids, m, rounder)
+        put_state(state, "exp_avg_sq", ids, v, rounder)
         step_size = lr * math.sqrt(1 - b2**step) / (1 - b1**step)
         add_rows(weight, ids, m / (v.sqrt() + self.eps), -step_size, rounder)
 
 
-def make_sparse_optimizer(kind: str | SparseOptimizerType, eps: float = 1e-8) -> SparseOptimizer:
+def make_sparse_optimizer(kind: str | SparseOptimizerType, eps: float = 1e-8,
+                          state_dtype: str = "fp32") -> SparseOptimizer:
+    """``state_dtype`` (fp32 | fp16 | bf16): of the element-wise state (adagrad, adam);
+    sgd has none and row-wise Adagrad keeps its one float per row in fp32."""
     kind = SparseOptimizerType(kind)
+    dtype = weight_dtype(state_dtype) if kind in (SparseOptimizerType.ADAGRAD, SparseOptimizerType.ADAM) \
+        else torch.float32
     if kind is SparseOptimizerType.SGD:
         return SparseSGD(eps)
     if kind is SparseOptimizerType.ADAGRAD:
-        return SparseAdagrad(eps)
+        return SparseAdagrad(eps, dtype)
     if kind is SparseOptimizerType.ROWWISE_ADAGRAD:
         return RowWiseAdagrad(eps)
-    return SparseAdam(eps)
+    return SparseAdam(eps, state_dtype=dtype)

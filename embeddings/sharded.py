@@ -112,6 +112,8 @@ class ShardedEmbeddingCollection(EmbeddingCollection):
         self.features = [f for t in tables for f in t.features]
         self.grad_scale = 1.0  # several ranks: 1/W (see dlrm/parallel/ddp.py)
         self.table_index = {t.name: i for i, t in enumerate(tables)}
+        self._dtype_of = {t.name: t.dtype for t in tables}
+        make_optimizer = _rounding_everywhere(make_optimizer, tables)
         self._table_of = {f: t.name for t in tables for f in t.features}
         self.strategies = {name: strategy(tp.sharding) for name, tp in plan.tables.items()}
         self.routers = {
@@ -129,21 +131,22 @@ class ShardedEmbeddingCollection(EmbeddingCollection):
         self._build_stores(make_optimizer, fused, seed, device, defer_column_shards=column_rowwise)
         self._shards_by_name = {shard_name(s.shard): s.shard for s in self.slots_on[self.rank]}
 
-        # ---- replicated tables: a full local copy, KV all-gather in step()
+        # ---- replicated tables: a full local copy (one stack per dtype), KV all-gather in step()
         dp_tables = [t for t in tables if not self.strategies[t.name].model_parallel]
         self.dp_features = [f for t in dp_tables for f in t.features]
-        self.replicated = (
+        self.replicas = torch.nn.ModuleList(
             ReplicatedTables(
-                LocalEmbeddingCollection(dp_tables, make_optimizer(), fused=False, seed=seed, device=device,
-                                         rounding_seed=self.rounding_seed, kernels=kernels),
+                LocalEmbeddingCollection([t for t in dp_tables if t.dtype == dtype], make_optimizer(), fused=False,
+                                         seed=seed, device=device, rounding_seed=self.rounding_seed,
+                                         kernels=kernels),
                 group,
             )
-            if dp_tables else None
+            for dtype in dict.fromkeys(t.dtype for t in dp_tables)
         )
 
     def _slots_on_ranks(self) -> list[list[Slot]]:
         """Every rank's model-parallel slots, the same lists on every rank: grouped
-        by width, then in table and feature order."""
+        by store (width, dtype), then in table and feature order."""
         feature_index = {f: i for i, f in enumerate(self.features)}
         slots_on: list[list[Slot]] = [[] for _ in range(self.world_size)]
         for t in self.tables:
@@ -153,7 +156,7 @@ class ShardedEmbeddingCollection(EmbeddingCollection):
                 for f in t.features:
                     slots_on[shard.rank].append(Slot(f, piece, shard))
         for slots in slots_on:
-            slots.sort(key=lambda s: (s.shard.cols, self.table_index[s.shard.table], feature_index[s.feature]))
+            slots.sort(key=lambda s: (*self._store_key(s), self.table_index[s.shard.table], feature_index[s.feature]))
         return slots_on
 
     def _build_stores(
@@ -164,16 +167,16 @@ class ShardedEmbeddingCollection(EmbeddingCollection):
         device: torch.device | str,
         defer_column_shards: bool,
     ) -> None:
-        """This rank's shards: one stacked store per width. With
+        """This rank's shards: one stacked store per (width, dtype): a stack holds one
+        type, so tables of several ``embeddings.dtypes`` are stacked apart. With
         ``defer_column_shards`` (row-wise Adagrad) a store holding a column shard
         applies after the partial-sum exchange in step(), not inside backward."""
         mine = self.slots_on[self.rank]
-        dtype_of = {t.name: t.dtype for t in self.tables}
-        for width in sorted({s.shard.cols for s in mine}):
-            slots = [s for s in mine if s.shard.cols == width]
+        for key in sorted({self._store_key(s) for s in mine}):
+            slots = [s for s in mine if self._store_key(s) == key]
             shards = list(dict.fromkeys(s.shard for s in slots))
             specs = [
-                TableSpec(shard_name(sh), rows=sh.rows, dim=sh.cols, pooling=Pooling.SUM, dtype=dtype_of[sh.table],
+                TableSpec(shard_name(sh), rows=sh.rows, dim=sh.cols, pooling=Pooling.SUM, dtype=key[1],
                           features=tuple(f"{s.feature}@{shard_name(sh)}" for s in slots if s.shard == sh))
                 for sh in shards
             ]
@@ -188,6 +191,10 @@ class ShardedEmbeddingCollection(EmbeddingCollection):
             )
             self.stores.append(store)
             self.store_slots.append(slots)
+
+    def _store_key(self, slot: Slot) -> tuple[int, str]:
+        """(width, dtype): the store a slot's shard is stacked in."""
+        return slot.shard.cols, self._dtype_of[slot.shard.table]
 
     # ------------------------------------------------------------------ forward
     def forward(self, sparse: KeyedJagged) -> torch.Tensor:
@@ -218,14 +225,15 @@ class ShardedEmbeddingCollection(EmbeddingCollection):
             placements += self._received_placements(batch, column_of)
             if self.mean:  # over the whole bag, after the pieces are combined
                 divisors = [(column_of[f], self.dim, lengths_of[f].clamp(min=1)) for f in self.mp_features]
-        if self.replicated is not None:
-            dp_lengths = (torch.cat([lengths_of[f] for f in self.dp_features]) if batch
+        for replica in self.replicas:
+            features = replica.store.features
+            dp_lengths = (torch.cat([lengths_of[f] for f in features]) if batch
                           else started.lengths[:0])
-            dp_values = torch.cat([started.ids_of[f] for f in self.dp_features])
-            dp_pooled = self.replicated.store.lookup(dp_values, dp_lengths, batch)  # [n, B, D]
+            dp_values = torch.cat([started.ids_of[f] for f in features])
+            dp_pooled = replica.store.lookup(dp_values, dp_lengths, batch)  # [n, B, D]
             sources.append(dp_pooled.contiguous())
             placements += [Placement(len(sources) - 1, i * batch * self.dim, column_of[f], self.dim, False)
-                           for i, f in enumerate(self.dp_features)]
+                           for i, f in enumerate(features)]
         out = unpack_pooled(sources, placements, batch, len(self.features) * self.dim, divisors)
         return scale_grad(out, self.grad_scale)
 
@@ -322,7 +330,7 @@ class ShardedEmbeddingCollection(EmbeddingCollection):
 
     def _anchor(self) -> torch.Tensor:
         """A zero that carries autograd: any store's weight, or the replicated one's."""
-        holders = list(self.stores) + ([self.replicated.store] if self.replicated else [])
+        holders = self._all_stores()
         if not holders:
             raise RuntimeError("a rank with no embedding shards at all")
         return holders[0].weight.sum() * 0.0
@@ -331,8 +339,8 @@ class ShardedEmbeddingCollection(EmbeddingCollection):
     def set_lr(self, lr: float) -> None:
         for store in self.stores:
             store.set_lr(lr)
-        if self.replicated is not None:
-            self.replicated.store.set_lr(lr)
+        for replica in self.replicas:
+            replica.store.set_lr(lr)
 
     def step(self) -> None:
         kept = [None if store.fused else store.take_gradient() for store in self.stores]
@@ -342,8 +350,8 @@ class ShardedEmbeddingCollection(EmbeddingCollection):
             if grad is None:
                 continue
             store.apply_gradient(grad, self._row_sq_mean(store, grad, synced))
-        if self.replicated is not None:
-            self.replicated.step()
+        for replica in self.replicas:
+            replica.step()
 
     def _column_row_sums(self, kept: list[KVGradient | None]) -> KVGradient:
         """All-gather per-row partial sums of g² of column shards, keyed (table, row)."""
@@ -382,6 +390,10 @@ class ShardedEmbeddingCollection(EmbeddingCollection):
             row_sq[lo:hi] = synced.rows[where, 0] / self.dim
         return row_sq
 
+    def _all_stores(self) -> list[LocalEmbeddingCollection]:
+        """Every stack on this rank: the model-parallel stores, then the replicas."""
+        return list(self.stores) + [replica.store for replica in self.replicas]
+
     def _shard_of(self, name: str) -> Shard:
         return self._shards_by_name[name]
 
@@ -389,8 +401,8 @@ class ShardedEmbeddingCollection(EmbeddingCollection):
         out: dict[str, KVGradient] = {}
         for store in self.stores:
             out.update(store.kv_gradients())
-        if self.replicated is not None:
-            out.update(self.replicated.store.kv_gradients())
+        for replica in self.replicas:
+            out.update(replica.store.kv_gradients())
         return out
 
     # ------------------------------------------------------------------ state
@@ -404,9 +416,9 @@ class ShardedEmbeddingCollection(EmbeddingCollection):
                 prefix = f"{spec.name}."
                 out.append((self._shard_of(spec.name),
                             {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}))
-        if self.replicated is not None:
-            tensors = self.replicated.store.export_tables()
-            for t in self.replicated.store.tables:
+        for replica in self.replicas:
+            tensors = replica.store.export_tables()
+            for t in replica.store.tables:
                 shard = next(s for s in self.plan.tables[t.name].shards if s.rank == self.rank)
                 prefix = f"{t.name}."
                 out.append((shard, {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}))
@@ -431,9 +443,24 @@ class ShardedEmbeddingCollection(EmbeddingCollection):
     def table_state(self) -> TableState:
         """This rank's shards (replicated tables: its full copy) as live tensors."""
         sharding = {name: (tp.sharding, tp.shards) for name, tp in self.plan.tables.items()}
-        stores = list(self.stores) + ([self.replicated.store] if self.replicated else [])
+        stores = self._all_stores()
         return TableState(self.tables, self.local_shards(), sharding, stores[0].optimizer,
                           plan=self.plan, group=self.group)
+
+
+def _rounding_everywhere(make: Callable[[], SparseOptimizer], tables: list[TableSpec]
+                        ) -> Callable[[], SparseOptimizer]:
+    """Where any table is fp16/bf16, every store keeps the rounding step (fp32 stores
+    too): a rank's stores then hold the same state, checkpointed as one counter."""
+    if all(t.dtype == "fp32" for t in tables):
+        return make
+
+    def with_rounding() -> SparseOptimizer:
+        optimizer = make()
+        optimizer.rounding = True
+        return optimizer
+
+    return with_rounding
 
 
 def plan_rows(plan: ShardingPlan, shard: Shard) -> int:

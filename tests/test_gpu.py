@@ -322,3 +322,21 @@ def test_two_ranks_sharing_the_gpu_equal_one_process(tiny_data, tmp_path: Path, 
     one = cases.run(tiny_data, tmp_path / "one", "cuda", order)
     cases.assert_runs_close(two, tmp_path / "one", f"2 ranks on one GPU, {strategy}")
     assert one["world_size"] == 1
+
+
+# ------------------------------------------------------------------ half tables on CUDA (issue 24)
+
+
+HALF = ("embeddings.dtypes.C1=fp32", "embeddings.dtypes.C2=fp16", "embeddings.dtype=bf16")
+
+
+@pytest.mark.parametrize("extra", [HALF, ("embeddings.state_dtype=bf16", "optim.sparse=adam")])
+def test_half_tables_and_state_on_cuda_equal_cpu(tiny_data, tmp_path: Path, extra) -> None:
+    """Per-table dtypes (several stacks, torch path) and bf16 Adam state on CUDA: close
+    to the CPU run (stochastic rounding flips where fp32 sums differ in the last bit)."""
+    cases.device_equals_cpu(tiny_data, tmp_path, "cuda", *extra)
+
+
+def test_hotline_bf16_on_cuda_equals_ordinary_training(tiny_data, tmp_path: Path) -> None:
+    """Hot rows in bf16 on the GPU, cold rows in bf16 in pinned host memory."""
+    cases.hotline_equals_plain(tiny_data, tmp_path, "cuda", "optim.sparse=rowwise_adagrad", "embeddings.dtype=bf16")

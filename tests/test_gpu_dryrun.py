@@ -109,3 +109,13 @@ def test_trainer_names_hotline_micro_batches_in_a_trace(tiny_data, tmp_path: Pat
     events = json.loads((tmp_path / "profile" / "rank-0.json").read_text())["traceEvents"]
     names = [e.get("name") for e in events if e.get("cat") == "user_annotation"]
     assert names.count("hotline.popular") == 2 and names.count("hotline.non_popular") == 2, names
+
+
+@pytest.mark.slow
+def test_half_tables_bodies(tiny_data, tmp_path: Path) -> None:
+    """The bodies of test_gpu.py's half-table cases, CPU against CPU."""
+    cases.device_equals_cpu(tiny_data, tmp_path / "mixed", "cpu", "embeddings.dtypes.C1=fp32",
+                            "embeddings.dtypes.C2=fp16", "embeddings.dtype=bf16")
+    cases.device_equals_cpu(tiny_data, tmp_path / "state", "cpu", "embeddings.state_dtype=bf16", "optim.sparse=adam")
+    cases.hotline_equals_plain(tiny_data, tmp_path / "hot", "cpu", "optim.sparse=rowwise_adagrad",
+                               "embeddings.dtype=bf16")

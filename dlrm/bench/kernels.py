@@ -74,7 +74,7 @@ def measure(cfg: Config, kernels: str, device: torch.device, calls: int) -> dict
     dim, batch = cfg.model.embedding_dim, cfg.data.batch_size
     tables = [TableSpec(f"t{i}", rows=r, dim=dim, features=(f"C{i + 1}",))
               for i, r in enumerate(table_rows(cfg))]
-    optimizer = make_sparse_optimizer(cfg.optim.sparse, cfg.optim.eps)
+    optimizer = make_sparse_optimizer(cfg.optim.sparse, cfg.optim.eps, cfg.embeddings.state_dtype)
     collection = LocalEmbeddingCollection(tables, optimizer, seed=None, device=device, kernels=kernels)
     torch.nn.init.uniform_(collection.weight.data, -0.01, 0.01)
     collection.set_lr(1e-6)

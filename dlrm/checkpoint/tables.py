@@ -75,6 +75,7 @@ from dlrm.checkpoint.pieces import Truncated, matrix, read_overlap, write_piece
 from embeddings.interface import TableState
 from embeddings.optim import SparseOptimizer
 from embeddings.plan.types import Shard, ShardingType
+from embeddings.rounding import weight_dtype
 from embeddings.sharding.registry import strategy
 
 INDEX = "index.json"
@@ -245,12 +246,11 @@ def _layout(tables: TableState, saving: bool) -> list[_Logical]:
     """Every key of a collection's tables, in the same order on every rank."""
     held, plan_of, specs = tables.held, tables.sharding, tables.tables
     kinds = _state_kinds(tables.optimizer)
-    weight_dtype = held[0][1]["weight"].dtype
     out = []
     for spec in specs:
         sharding, shards = plan_of[spec.name]
         mine = [(s, t) for s, t in held if s.table == spec.name]
-        per_key = [("weight", "element", weight_dtype)]
+        per_key = [("weight", "element", weight_dtype(spec.dtype))]  # each table its own
         per_key += [(n, k, d) for n, (k, d) in kinds.items() if k != "scalar"]
         for name, kind, dtype in per_key:
             size = (spec.rows, spec.dim) if kind == "element" else (spec.rows,)

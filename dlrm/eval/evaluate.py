@@ -4,6 +4,7 @@ placement trained it (dlrm/eval/model.py: which collection scores it)."""
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from data.schema import check_files
 from dlrm.checkpoint.manager import CHECKPOINTS, CheckpointError, find_checkpoint, load_checkpoint
 from dlrm.checkpoint.manifest import load_meta, schema_from_json
 from dlrm.config import Config, from_dict
+from dlrm.eval.export import is_export, load_export, read_export
 from dlrm.eval.model import eval_model
 from dlrm.eval.predict import evaluate
 from dlrm.parallel.distributed import init_distributed
@@ -44,26 +46,18 @@ def evaluate_checkpoint(
     ``tables="int8"``: also scored with every table quantised int8 row-wise
     (embeddings/int8.py), under ``result["int8"]`` beside the stored tables' metrics.
     """
-    ckpt = find_checkpoint(Path(run))
-    if ckpt is None:
-        raise CheckpointError(
-            f"no checkpoint in {run} (expected {run}/{CHECKPOINTS}/step-N/meta.json)")
-    meta = load_meta(ckpt)
-    cfg: Config = from_dict(Config, meta["config"], "")
+    cfg, schema, prep, fill = _scored(Path(run))
     if batch_size:
         cfg.data.eval_batch_size = batch_size
     if device is not None:
         cfg.train.device = device  # type: ignore[assignment]  # one of the CLI's choices
     cfg.data.eval_strict_ids = strict_ids  # default: ids training never saw look up as nothing
-    schema = schema_from_json(meta["schema"])
-    # the run's vocabularies and dense transforms (its sha256 is checked on load)
-    prep = load_preprocessing(ckpt.parent.parent) if meta.get("preprocessing") else None
     files = expand_paths(data)
     check_files(files, schema, cfg.data.on_error)
     info = init_distributed(cfg.train.backend, cfg.train.device, cfg.train.timeout_s)
     model = eval_model(cfg, schema, info)
     with contextlib.closing(model):
-        load_checkpoint(ckpt, model, None, None, schema, info)  # verified as it is read
+        fill(model, info)  # verified as it is read
         reader = make_reader(cfg, files, schema, False, info.rank, info.world_size, prep)
         try:
             result, scores, labels = evaluate(model, reader, info)
@@ -81,6 +75,25 @@ def evaluate_checkpoint(
 
         result["plots"] = write_plots(scores.numpy(), labels.numpy(), plots_dir)
     return result
+
+
+def _scored(run: Path) -> tuple[Config, Any, Any, Callable[[Any, Any], None]]:
+    """(config, schema, preprocessing, fill(model, info)) of a run's newest checkpoint
+    or of an export (dlrm/eval/export.py)."""
+    if is_export(run):
+        body, cfg = read_export(run)
+        prep = load_preprocessing(run) if (run / "preprocessing.json").is_file() else None
+        return cfg, schema_from_json(body["schema"]), prep, lambda model, info: load_export(run, body, model)
+    ckpt = find_checkpoint(run)
+    if ckpt is None:
+        raise CheckpointError(
+            f"no checkpoint in {run} (expected {run}/{CHECKPOINTS}/step-N/meta.json)")
+    meta = load_meta(ckpt)
+    cfg: Config = from_dict(Config, meta["config"], "")
+    schema = schema_from_json(meta["schema"])
+    # the run's vocabularies and dense transforms (its sha256 is checked on load)
+    prep = load_preprocessing(ckpt.parent.parent) if meta.get("preprocessing") else None
+    return cfg, schema, prep, lambda model, info: load_checkpoint(ckpt, model, None, None, schema, info)
 
 
 def _int8_metrics(model: Any, cfg: Config, files: list[str], schema: Any, info: Any, prep: Any) -> dict[str, Any]:

@@ -4,7 +4,9 @@ embedding collection of its placement, with its MLPs under DDP when there are ra
     build_model(cfg, schema, device, info)
       ├─ embeddings.backend=torchrec ─► TorchRecDLRM (DistributedModelParallel does it all)
       └─ native:
-         embeddings    one process ............ LocalEmbeddingCollection
+         embeddings    one process ............ LocalEmbeddingCollection (tables of several
+                                                dtypes: the sharded collection on one rank,
+                                                one stack per dtype)
                        several ranks .......... ShardedEmbeddingCollection, by the plan
                        placement=hotline ...... HotlineEmbeddingCollection: hot rows here,
                                                 cold rows on the host (sharded by the plan
@@ -34,6 +36,8 @@ from embeddings.collection import LocalEmbeddingCollection
 from embeddings.hotline.profile import HotProfile
 from embeddings.interface import PooledEmbeddings
 from embeddings.optim import SparseOptimizer, make_sparse_optimizer
+from embeddings.plan.planner import fixed_plan
+from embeddings.plan.types import ShardingType
 from embeddings.sharded import ShardedEmbeddingCollection
 
 
@@ -67,8 +71,10 @@ def build_model(
     embeddings: PooledEmbeddings
     if cfg.embeddings.placement == "hotline":
         embeddings = hotline_embeddings(cfg, schema, device, info, hot_profile, seed)
-    elif world == 1:
+    elif world == 1 and len({t.dtype for t in run_tables(cfg, schema)}) == 1:
         embeddings = local_embeddings(cfg, schema, device, seed)
+    elif world == 1:
+        embeddings = mixed_local_embeddings(cfg, schema, device, seed)
     else:
         assert info is not None
         embeddings = sharded_embeddings(cfg, schema, device, info, seed)
@@ -109,7 +115,7 @@ def torchrec_backend() -> ModuleType:
 
 
 def sparse_optimizer(cfg: Config) -> SparseOptimizer:
-    return make_sparse_optimizer(cfg.optim.sparse, cfg.optim.eps)
+    return make_sparse_optimizer(cfg.optim.sparse, cfg.optim.eps, cfg.embeddings.state_dtype)
 
 
 def fused(cfg: Config) -> bool:
@@ -128,6 +134,20 @@ def local_embeddings(cfg: Config, schema: Schema, device: torch.device, seed: in
     """Every table in this process, stacked in one weight (``seed=None``: left empty)."""
     return LocalEmbeddingCollection(
         run_tables(cfg, schema), sparse_optimizer(cfg), fused=fused(cfg), seed=seed, device=device,
+        rounding_seed=cfg.seed, kernels=cfg.embeddings.kernels,
+    )
+
+
+def mixed_local_embeddings(
+    cfg: Config, schema: Schema, device: torch.device, seed: int | None
+) -> ShardedEmbeddingCollection:
+    """One process, tables of several ``embeddings.dtypes``: one stack per dtype. The
+    sharded collection on one rank (every table whole, no process group) groups its
+    stacks by dtype and saves each table in its own type."""
+    tables = run_tables(cfg, schema)
+    plan = fixed_plan(tables, 1, {t.name: (ShardingType.TABLE_WISE, [0]) for t in tables})
+    return ShardedEmbeddingCollection(
+        tables, plan, lambda: sparse_optimizer(cfg), fused=fused(cfg), seed=seed, device=device,
         rounding_seed=cfg.seed, kernels=cfg.embeddings.kernels,
     )
 
@@ -171,7 +191,7 @@ def hotline_embeddings(
     # mini-batch add up to one optimizer step.
     collection = HotlineEmbeddingCollection(
         run_tables(cfg, schema), hot_profile, sparse_optimizer(cfg), fused=False, seed=seed,
-        device=device, plan=plan, group=group, gather_threads=cfg.hotline.gather_threads,
+        device=device, plan=plan, group=group, gather_threads=cfg.hotline.gather_threads, rounding_seed=cfg.seed,
     )
     if info is not None and info.world_size > 1:
         collection.grad_scale = pooled_grad_scale(cfg, info)

@@ -21,8 +21,10 @@ from embeddings.plan.types import ShardingPlan, ShardingType
 from embeddings.table import Pooling, TableSpec
 
 
-def tables_from_schema(schema: Schema, dim: int, pooling: str = "sum", dtype: str = "fp32") -> list[TableSpec]:
-    """One table per distinct table name; a shared table has the largest row count."""
+def tables_from_schema(schema: Schema, dim: int, pooling: str = "sum", dtype: str = "fp32",
+                       dtypes: dict[str, str] | None = None) -> list[TableSpec]:
+    """One table per distinct table name; a shared table has the largest row count.
+    ``dtypes``: per table, over ``dtype``."""
     features: dict[str, list[str]] = {}
     rows: dict[str, int] = {}
     for f in schema.sparse:
@@ -30,14 +32,15 @@ def tables_from_schema(schema: Schema, dim: int, pooling: str = "sum", dtype: st
         rows[f.table_name] = max(rows.get(f.table_name, 0), f.rows)
     return [
         TableSpec(name, rows=rows[name], dim=dim, features=tuple(feats), pooling=Pooling(pooling),
-                  dtype=dtype)
+                  dtype=(dtypes or {}).get(name, dtype))
         for name, feats in features.items()
     ]
 
 
 def run_tables(cfg: Config, schema: Schema) -> list[TableSpec]:
     """The tables of a run of ``cfg`` on ``schema``."""
-    return tables_from_schema(schema, cfg.model.embedding_dim, cfg.embeddings.pooling, cfg.embeddings.dtype)
+    return tables_from_schema(schema, cfg.model.embedding_dim, cfg.embeddings.pooling, cfg.embeddings.dtype,
+                              cfg.embeddings.dtypes)
 
 
 def run_schema(cfg: Config, data: str | None = None) -> tuple[Schema, dict[str, float]]:
@@ -110,7 +113,7 @@ def plan_from_config(
     plan = auto_plan(
         run_tables(cfg, schema),
         world_size,
-        make_sparse_optimizer(cfg.optim.sparse, cfg.optim.eps),
+        make_sparse_optimizer(cfg.optim.sparse, cfg.optim.eps, cfg.embeddings.state_dtype),
         batch_size=cfg.data.batch_size,
         memory_per_rank=budget,
         replicate_max_bytes=cfg.embeddings.replicate_max_bytes,
@@ -129,6 +132,6 @@ def describe(
 ) -> str:
     """A plan's tables and each rank's memory, as printed at the start of a run."""
     tables = run_tables(cfg, schema)
-    optimizer = make_sparse_optimizer(cfg.optim.sparse, cfg.optim.eps)
+    optimizer = make_sparse_optimizer(cfg.optim.sparse, cfg.optim.eps, cfg.embeddings.state_dtype)
     memory = plan_memory(plan, tables, optimizer, cfg.data.batch_size, pooling_factors)
     return describe_plan(plan, tables, memory, budget)

@@ -61,7 +61,7 @@ def make_profile(
         (b.sparse for b in reader.epoch(0)), tables, sample, cfg.hotline.profile_seconds
     )
     counts = sum_counts(counts, tables, info)
-    optimizer = make_sparse_optimizer(cfg.optim.sparse, cfg.optim.eps)
+    optimizer = make_sparse_optimizer(cfg.optim.sparse, cfg.optim.eps, cfg.embeddings.state_dtype)
     profile = HotProfile.build(counts, tables, optimizer, budget)
     if info.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -148,7 +148,8 @@ class HotlineSteps:
         every = self.cfg.hotline.refresh_every
         if every and step % every == 0 and self.counts is not None:
             t0 = time.perf_counter()  # the pause: the step loop waits for all of it
-            optimizer = make_sparse_optimizer(self.cfg.optim.sparse, self.cfg.optim.eps)
+            optimizer = make_sparse_optimizer(self.cfg.optim.sparse, self.cfg.optim.eps,
+                                              self.cfg.embeddings.state_dtype)
             budget = parse_size(self.cfg.hotline.budget) or 0
             counts = sum_counts(self.counts, self.tables, self.info)
             self.embeddings.refresh(HotProfile.build(counts, self.tables, optimizer, budget))

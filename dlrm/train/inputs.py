@@ -94,12 +94,13 @@ def resolve_data(cfg: Config, run_dir: str | Path | None = None) -> RunData:
 
 def check_named_columns(cfg: Config, schema: Schema) -> None:
     """Config keys that name columns or tables name ones the data has: a typo in
-    data.encodings, data.dense_transforms or embeddings.plan would otherwise be
+    data.encodings, data.dense_transforms, embeddings.plan or embeddings.dtypes would otherwise be
     ignored (the column trained as if it were not named) without a word."""
     tables = {f.table_name for f in schema.sparse}
     named = [("data.encodings", cfg.data.encodings, {f.name for f in schema.sparse}, "sparse feature"),
              ("data.dense_transforms", cfg.data.dense_transforms, set(schema.dense), "dense column"),
-             ("embeddings.plan", cfg.embeddings.plan, tables, "table")]
+             ("embeddings.plan", cfg.embeddings.plan, tables, "table"),
+             ("embeddings.dtypes", cfg.embeddings.dtypes, tables, "table")]
     for key, mapping, known, kind in named:
         for name in mapping:
             if name not in known:

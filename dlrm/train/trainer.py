@@ -128,8 +128,8 @@ def train(cfg: Config, run_dir: str | Path, echo: Callable[[str], None] = print)
 
 def narrow_type_warning(cfg: Config, schema: Any, say: Callable[[str], None]) -> None:
     """One line where bf16 tables get steps below their spacing (embeddings/narrow.py)."""
-    if cfg.embeddings.dtype == "bf16":
-        rows = {t.name: t.rows for t in run_tables(cfg, schema)}
+    rows = {t.name: t.rows for t in run_tables(cfg, schema) if t.dtype == "bf16"}
+    if rows:
         note = bf16_small_lr(cfg.optim.sparse_lr, rows, cfg.optim.sparse)
         if note:
             say(f"warning: {note}")
@@ -446,8 +446,10 @@ class Trainer:
         """The tables this run built (after the data's encodings): count, rows, bytes."""
         tables = run_tables(self.cfg, self.schema)
         rows = sum(t.rows for t in tables)
+        dtypes = sorted({t.dtype for t in tables})
         return {"count": len(tables), "rows": rows, "bytes": sum(t.bytes for t in tables),
-                "dtype": self.cfg.embeddings.dtype}
+                "dtype": dtypes[0] if len(dtypes) == 1 else "mixed",
+                **({"dtypes": {t.name: t.dtype for t in tables}} if len(dtypes) > 1 else {})}
 
     def _summary(self, preempted: int = 0) -> dict[str, Any]:
         self.step_mode = self.graphs.summary() if self.graphs is not None else self.step_mode

@@ -58,10 +58,13 @@ class LocalHostTier:
         device: torch.device | str,
         hot_device: torch.device,
         gather_threads: int = 0,
+        rounding_seed: int | None = None,
     ) -> None:
         """Tables on ``device`` (the host), cold rows copied to ``hot_device``, gathered
-        by ``gather_threads`` host threads (0: min(4, CPU cores))."""
-        self._tables = LocalEmbeddingCollection(tables, optimizer, fused=True, seed=seed, device=device)
+        by ``gather_threads`` host threads (0: min(4, CPU cores)); cold rows travel in
+        the tables' type (fp16/bf16: half the bytes) and pool in fp32."""
+        self._tables = LocalEmbeddingCollection(tables, optimizer, fused=True, seed=seed, device=device,
+                                                rounding_seed=rounding_seed)
         if hot_device.type == "cuda":
             self._tables.pin_memory()
         # Host updates (cold gradients, lr) run in order on one thread, off the step.
@@ -166,7 +169,7 @@ class LocalHostTier:
         lengths, is_hot = lookups.lengths, lookups.is_hot
         scale = None
         if self.mean:
-            inv = 1.0 / lengths.clamp(min=1).to(hot.weight.dtype)
+            inv = 1.0 / lengths.clamp(min=1).to(torch.float32)  # pooled in fp32 whatever the tables
             scale = torch.repeat_interleave(inv, lengths, output_size=lookups.ids.numel())
         if cold is None and not self.fused:
             # A popular micro-batch: no cold side at all (no gather, no empty

@@ -49,11 +49,12 @@ class ShardedHostTier:
         seed: int | None,
         group: dist.ProcessGroup | None,
         device: torch.device | str,
+        rounding_seed: int | None = None,
     ) -> None:
         summed = [dataclasses.replace(t, pooling=Pooling.SUM) for t in tables]
         self.collection = ShardedEmbeddingCollection(
             summed, plan, lambda: copy.deepcopy(optimizer), fused=False, seed=seed,
-            group=group, device=device,
+            group=group, device=device, rounding_seed=rounding_seed,
         )
         self.plan = plan
         self.group = group

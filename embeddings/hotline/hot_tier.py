@@ -8,6 +8,12 @@ id → slot: a searchsorted on the sorted hot ids, not a [sum(rows)] table of
 slots: device memory then grows with the hot set only (8 B per hot row) instead of
 8 B per row of every table, which is what Hotline exists to save; the cost is
 log2(H) comparisons per lookup.
+
+fp16/bf16 tables: the hot rows are stored in the table's type and updated as the
+host tier (and a plain collection) updates them: computed in fp32, written back with
+stochastic rounding keyed by (seed, update count, full table, row, column), the row
+that of the full table (slot → stacked id → table, row): Hotline rounds every element
+as a single-process collection does, bit for bit.
 """
 
 from __future__ import annotations
@@ -19,14 +25,27 @@ from embeddings.jagged import bag_offsets
 from embeddings.kv import KVGradient
 from embeddings.lookup import pooled_lookup
 from embeddings.optim import SparseOptimizer
+from embeddings.rounding import RowRounding, table_key
+from embeddings.table import TableSpec
 
 
 class HotTier(nn.Module):
     """Hot rows, their optimizer state and their kept gradients (slot ids)."""
 
-    def __init__(self, optimizer: SparseOptimizer, fused: bool) -> None:
+    def __init__(self, optimizer: SparseOptimizer, fused: bool, tables: list[TableSpec] | None = None,
+                 rounding_seed: int = 0) -> None:
+        """``tables`` (all of them, in stacking order) and ``rounding_seed``: where a
+        stacked id's rounding coordinates come from (half tables or state)."""
         super().__init__()
         self.optimizer = optimizer
+        self.rounding_seed = rounding_seed
+        starts, total = [], 0
+        for t in tables or []:
+            starts.append(total)
+            total += t.rows
+        self.register_buffer("_sr_starts", torch.tensor(starts, dtype=torch.int64), persistent=False)
+        self.register_buffer("_sr_keys", torch.tensor([table_key(t.name) for t in tables or []],
+                                                      dtype=torch.int64), persistent=False)
         self.fused = fused
         self.lr = 0.0
         self.kept: list[KVGradient] = []
@@ -76,7 +95,22 @@ class HotTier(nn.Module):
             self.kept.append(grad)
 
     def apply(self, grad: KVGradient) -> None:
-        self.optimizer.apply(self.weight.data, self.state, grad, self.lr)
+        """One optimizer step (an empty ``grad`` counts too), as the host tier takes it."""
+        rounder = None
+        if self.optimizer.rounding:  # half weight or state: rounded at full-table coordinates
+            self.state["rounding_step"] += 1
+            rounder = self._round_rows
+        self.optimizer.apply(self.weight.data, self.state, grad, self.lr, rounder=rounder)
+
+    def _round_rows(self, slots: torch.Tensor) -> RowRounding:
+        """Where hot ``slots`` sit in their full tables: slot → stacked id → (table
+        key, row); column 0 (a hot row is whole)."""
+        stacked = self.ids[slots]
+        starts, keys = self._sr_starts.to(stacked.device), self._sr_keys.to(stacked.device)
+        t = torch.searchsorted(starts, stacked, right=True) - 1
+        rows = stacked - starts[t]
+        return RowRounding(self.weight.dtype, self.rounding_seed, int(self.state["rounding_step"]), keys[t], rows,
+                           torch.zeros_like(rows))
 
     def take(self) -> KVGradient:
         """The kept gradients merged (empty if none), then forgotten."""

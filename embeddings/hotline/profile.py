@@ -63,8 +63,9 @@ def count_accesses(
 
 
 def row_bytes(table: TableSpec, optimizer: SparseOptimizer) -> int:
-    """Device bytes of one hot row: fp32 weight + per-row optimizer state."""
-    return table.dim * 4 + optimizer.state_bytes_per_row(table.dim)
+    """Device bytes of one hot row: the weight in the table's type (fp16/bf16: half of
+    fp32, twice the rows in a budget) + per-row optimizer state."""
+    return table.dim * table.itemsize + optimizer.state_bytes_per_row(table.dim)
 
 
 def choose_hot_rows(

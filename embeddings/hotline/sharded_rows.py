@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 
 from embeddings.plan.types import Shard
+from embeddings.rounding import weight_dtype
 from embeddings.sharding.registry import strategy
 
 if TYPE_CHECKING:
@@ -67,8 +68,11 @@ def read_rows(
     ``row_state`` (one value or vector per row) are filled with the owners' values,
     the others (Adam's step, the same in every shard) from a local shard."""
     ids = stacked_ids.cpu()
+    # Gathered in fp32 whatever the tables' type (half values are exact in fp32, a sum
+    # with zeros too; gloo's all-reduce knows fp32 best), cast back at the end (exact).
     weight = torch.zeros(ids.numel(), host.dim)
-    rows_state = {k: torch.zeros(v.shape, dtype=v.dtype) for k, v in state.items() if k in row_state}
+    rows_state = {k: torch.zeros(v.shape, dtype=torch.float32 if v.is_floating_point() else v.dtype)
+                  for k, v in state.items() if k in row_state}
     scalars: dict[str, torch.Tensor] = {}
     for shard, first, tensors, pos, rows in _owned(host, offsets, ids):
         cols = slice(shard.col_start, shard.col_end)
@@ -77,9 +81,9 @@ def read_rows(
                 scalars.setdefault(name, tensors[name])
         if not first:
             continue
-        weight[pos, cols] = tensors["weight"].index_select(0, rows).cpu()
+        weight[pos, cols] = tensors["weight"].index_select(0, rows).cpu().float()
         for name, buffer in rows_state.items():
-            src = tensors[name].index_select(0, rows).cpu()
+            src = tensors[name].index_select(0, rows).cpu().to(buffer.dtype)
             if buffer.dim() == 2:
                 buffer[pos, cols] = src
             elif shard.col_start == 0:  # per-row value: every column shard has it
@@ -89,7 +93,7 @@ def read_rows(
             dist.all_reduce(tensor, group=host.group)
     for name, tensor in state.items():
         tensor.copy_(rows_state[name] if name in rows_state else scalars[name])
-    return weight
+    return weight.to(weight_dtype(host.tables[0].dtype))  # Hotline: one dtype for all tables
 
 
 @torch.no_grad()

@@ -80,16 +80,22 @@ class HotlineEmbeddingCollection(EmbeddingCollection):
         plan: ShardingPlan | None = None,
         group: dist.ProcessGroup | None = None,
         gather_threads: int = 0,
+        rounding_seed: int | None = None,
     ) -> None:
+        """``rounding_seed`` (default ``seed``): of fp16/bf16 tables' stochastic rounding,
+        in both tiers (embeddings/rounding.py)."""
         super().__init__()
         device = torch.device(device)
+        rounding_seed = (seed or 0) if rounding_seed is None else rounding_seed
+        if any(t.dtype != "fp32" for t in tables):
+            optimizer.rounding = True  # both tiers count their updates: the rounding step
         tier: HostTier
         if plan is not None:
             if fused:
                 raise ValueError("Hotline on several ranks keeps gradients: hot ones are all-gathered")
-            tier = ShardedHostTier(tables, plan, optimizer, seed, group, host)
+            tier = ShardedHostTier(tables, plan, optimizer, seed, group, host, rounding_seed)
         else:
-            tier = LocalHostTier(tables, optimizer, fused, seed, host, device, gather_threads)
+            tier = LocalHostTier(tables, optimizer, fused, seed, host, device, gather_threads, rounding_seed)
         self.tier = tier  # a plain object: the host tables stay out of the module tree
         self.tables = list(tables)
         self.dim = tables[0].dim
@@ -106,7 +112,7 @@ class HotlineEmbeddingCollection(EmbeddingCollection):
         offsets = torch.tensor([self.row_offsets[table_of[f]] for f in self.features], dtype=torch.int64)
         self.register_buffer("feature_offsets", offsets.to(device), persistent=False)
         self._offsets_cache: dict[torch.device, torch.Tensor] = {}
-        self.hot = HotTier(optimizer, fused)
+        self.hot = HotTier(optimizer, fused, self.tables, rounding_seed)
         self._last: tuple[torch.Tensor, int, torch.Tensor, int, torch.Tensor | int] | None = None
         self.profile = profile
         self._load_hot(self._stacked_hot_ids(profile), device)
@@ -154,7 +160,8 @@ class HotlineEmbeddingCollection(EmbeddingCollection):
         (several ranks: a collective, every rank reads the same rows); out of memory
         is one line naming the hot tier."""
         rows = stacked.numel()
-        nbytes = rows * (self.dim * 4 + self.optimizer.state_bytes_per_row(self.dim))
+        itemsize = max(t.itemsize for t in self.tables)
+        nbytes = rows * (self.dim * itemsize + self.optimizer.state_bytes_per_row(self.dim))
         what = (f"the Hotline hot tier ({rows:,} rows x {self.dim} with "
                 f"{type(self.optimizer).__name__} state; see hotline.budget)")
         with naming_oom(what, nbytes, device):

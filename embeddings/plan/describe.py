@@ -20,6 +20,7 @@ def describe_plan(
 ) -> str:
     """A readable account of ``plan``: every table's strategy, ranks and shard shapes
     (rows x cols), then every rank's memory (from ``plan_memory``) against ``budget``.
+    Where any table is fp16/bf16, each table's size is followed by its dtype.
 
         sharding plan: 3 tables over 2 ranks (table_wise 1, row_wise 1, data_parallel 1)
         table  rows x dim         sharding       ranks  shards (rows x cols)
@@ -33,8 +34,9 @@ def describe_plan(
     kinds = ", ".join(f"{k.value} {counts[k]}" for k in ShardingType if counts[k])
     head = f"sharding plan: {len(plan.tables)} tables over {plan.world_size} ranks ({kinds})"
     table_rows = [["table", "rows x dim", "sharding", "ranks", "shards (rows x cols)"]]
+    typed = any(t.dtype != "fp32" for t in tables)  # fp16/bf16 tables: each one's type named
     for name, tp in plan.tables.items():
-        size = f"{specs[name].rows:,}x{specs[name].dim}"
+        size = f"{specs[name].rows:,}x{specs[name].dim}" + (f" {specs[name].dtype}" if typed else "")
         how = strategy(tp.sharding)
         ranks = how.describe_ranks(tp, plan.world_size)
         table_rows.append([name, size, tp.sharding.value, ranks, how.describe_shapes(tp)])
