@@ -63,10 +63,17 @@ class _PooledLookup(torch.autograd.Function):
 def _half_bags(weight: torch.Tensor, ids: torch.Tensor, offsets: torch.Tensor,
                scale: torch.Tensor | None) -> torch.Tensor:
     """Bags of a fp16/bf16 weight summed in fp32 (pooled output fp32): the rows are
-    gathered in their type (half the bytes), widened, then pooled in fp32; on the CPU
-    in one compiled pass (embeddings/rounding_cpu.py)."""
-    if weight.device.type == "cpu" and rounding_cpu.available():
-        return rounding_cpu.pool_half_bags(weight, ids, offsets, scale)
+    gathered in their type (half the bytes), widened, then pooled in fp32.
+
+    One id per bag (single-hot features): the pooled rows are the widened rows (a mean
+    divides by 1), so no pooling pass. bf16 on the CPU: one compiled pass
+    (embeddings/rounding_cpu.py). Otherwise gather, widen, ``embedding_bag``."""
+    compiled = weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and rounding_cpu.available()
+    if weight.device.type == "cpu" and ids.numel() == offsets.numel() - 1 and torch.equal(
+            offsets, torch.arange(ids.numel() + 1, device=offsets.device, dtype=offsets.dtype)):
+        return rounding_cpu.widen_bf16_rows(weight, ids) if compiled else weight.index_select(0, ids).float()
+    if compiled:
+        return rounding_cpu.pool_bf16_bags(weight, ids, offsets, scale)
     rows = weight.index_select(0, ids).float()
     positions = torch.arange(ids.numel(), device=ids.device)
     return F.embedding_bag(

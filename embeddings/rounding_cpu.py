@@ -30,9 +30,6 @@ import torch
 
 M32 = 0xFFFFFFFF
 GOLDEN = 0x9E3779B9
-# every fp16's fp32 bits (numpy's own conversion, exact: fp32 holds every fp16 value)
-_FP16_TO_FP32_BITS = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16) \
-    .astype(np.float32).view(np.uint32)
 
 
 @cache
@@ -88,16 +85,10 @@ def _elementwise(to_bf16: bool):
         return fp16_bits(x, xbits, h)
 
     @numba.njit(inline="always")
-    def widen_bits(bits, fp16_table):  # fp16/bf16 bits (int64) → the value's fp32 bits
-        if to_bf16:
-            return bits << 16
-        return fp16_table[bits]  # 65,536 entries (256 KB): one load, no branches
-
-    @numba.njit(inline="always")
     def row_hash(seed_step, table, row):
         return fmix(fmix(seed_step ^ np.uint64(table & M32)) ^ np.uint64(row & M32))
 
-    return fmix, half_bits, widen_bits, row_hash
+    return fmix, half_bits, row_hash
 
 
 @cache
@@ -105,7 +96,7 @@ def _kernels(to_bf16: bool):
     """The kernels for one half type (the bf16 ones vectorise: no branch per element)."""
     import numba
 
-    fmix, half_bits, widen_bits, row_hash = _elementwise(to_bf16)
+    fmix, half_bits, row_hash = _elementwise(to_bf16)
 
     @numba.njit(parallel=True, cache=True)
     def round_rows(x, xbits, out, seed_step, tables, rows, col0):
@@ -117,8 +108,8 @@ def _kernels(to_bf16: bool):
                                       fmix(h_row ^ np.uint64((col0[i] + c) & M32)))
 
     @numba.njit(parallel=True, cache=True)
-    def add_round_rows(weight, ids, grad, alpha, seed_step, tables, rows, col0, overflow, threads,
-                       fp16_table):
+    def add_round_rows(weight, ids, old_rows, grad, alpha, seed_step, tables, rows, col0, overflow,
+                       threads):
         count, dim = grad.shape
         chunks = min(threads, count)
         for chunk in numba.prange(chunks):
@@ -128,8 +119,12 @@ def _kernels(to_bf16: bool):
             old, new_bits = old_bits.view(np.float32), new.view(np.uint32)
             for i in range(chunk * count // chunks, (chunk + 1) * count // chunks):
                 row = weight[ids[i]]
-                for c in range(dim):
-                    old_bits[c] = widen_bits(np.int64(row[c]), fp16_table)
+                if to_bf16:  # a bf16 is the top half of its fp32
+                    for c in range(dim):
+                        old_bits[c] = np.uint32(row[c]) << 16
+                else:  # fp16 rows arrive widened (torch's vectorised conversion)
+                    for c in range(dim):
+                        old[c] = old_rows[i, c]
                 # torch's add_(alpha=) is one fused multiply-add in fp32: the exact
                 # product and sum in float64, then one rounding to fp32, give its bits
                 for c in range(dim):
@@ -144,7 +139,7 @@ def _kernels(to_bf16: bool):
                             overflow[i] = True
 
     @numba.njit(parallel=True, cache=True)
-    def pool_bags(weight, ids, offsets, scale, out, threads, fp16_table):
+    def pool_bags(weight, ids, offsets, scale, out, threads):  # bf16 weights
         bags, dim = out.shape
         chunks = min(threads, bags)
         for chunk in numba.prange(chunks):
@@ -156,12 +151,20 @@ def _kernels(to_bf16: bool):
                 for j in range(offsets[b], offsets[b + 1]):
                     row = weight[ids[j]]
                     for c in range(dim):
-                        bits[c] = widen_bits(np.int64(row[c]), fp16_table)
+                        bits[c] = np.uint32(row[c]) << 16
                     w = scale[j] if scale.size else np.float32(1.0)
                     for c in range(dim):
                         out[b, c] += value[c] * w
 
-    return round_rows, add_round_rows, pool_bags
+    @numba.njit(parallel=True, cache=True)
+    def widen_rows(weight, ids, out_bits):  # bf16 rows → their fp32 bits: a shift, no float math
+        count, dim = out_bits.shape
+        for i in numba.prange(count):
+            row = weight[ids[i]]
+            for c in range(dim):
+                out_bits[i, c] = np.uint32(row[c]) << 16
+
+    return round_rows, add_round_rows, pool_bags, widen_rows
 
 
 def _seed_step_hash(seed: int, step: int) -> int:
@@ -181,7 +184,7 @@ def stochastic_round_cpu(
     tables: torch.Tensor, rows: torch.Tensor, col0: torch.Tensor,
 ) -> torch.Tensor:
     """``rounding.stochastic_round`` for CPU tensors, compiled: [U, D] fp32 → ``dtype``."""
-    round_rows, _, _ = _kernels(dtype == torch.bfloat16)
+    round_rows, _, _, _ = _kernels(dtype == torch.bfloat16)
     _match_torch_threads()
     x = x.float().contiguous()
     xs = x.numpy()
@@ -200,31 +203,45 @@ def add_rows_rounded(
     CPU ``weight`` and UNIQUE ``ids``: one pass that reads the half rows, adds, rounds
     and writes them back (the torch path widens, adds, rounds and scatters in ~35 ops).
     Returns [U] bool: rows where a finite fp16 value became inf."""
-    _, add_round_rows, _ = _kernels(weight.dtype == torch.bfloat16)
+    bf16 = weight.dtype == torch.bfloat16
+    _, add_round_rows, _, _ = _kernels(bf16)
     threads = _match_torch_threads()
     grad = grad.float().contiguous()
+    # fp16 → fp32 in the kernel is a branchy bit shuffle or a table gather per element;
+    # torch's gather + conversion (F16C) is vectorised, so fp16 rows arrive widened
+    old = np.empty((0, 0), np.float32) if bf16 else weight.index_select(0, ids).float().numpy()
     overflow = np.zeros(ids.numel(), dtype=np.bool_)
     if ids.numel():
-        add_round_rows(weight.view(torch.uint16).numpy(), ids.numpy(), grad.numpy(),
+        add_round_rows(weight.view(torch.uint16).numpy(), ids.numpy(), old, grad.numpy(),
                        np.float32(alpha), np.uint64(_seed_step_hash(seed, step)),
-                       tables.numpy(), rows.numpy(), col0.numpy(), overflow, threads, _FP16_TO_FP32_BITS)
+                       tables.numpy(), rows.numpy(), col0.numpy(), overflow, threads)
     return torch.from_numpy(overflow)
 
 
-def pool_half_bags(weight: torch.Tensor, ids: torch.Tensor, offsets: torch.Tensor,
+def pool_bf16_bags(weight: torch.Tensor, ids: torch.Tensor, offsets: torch.Tensor,
                    scale: torch.Tensor | None) -> torch.Tensor:
-    """[S, D] fp32 sums of the bags ``offsets`` over rows ``ids`` of a fp16/bf16 CPU
-    ``weight`` (times ``scale`` [N] per id if given): the rows widened in registers and
+    """[S, D] fp32 sums of the bags ``offsets`` over rows ``ids`` of a bf16 CPU ``weight``
+    (times ``scale`` [N] per id if given): the rows widened in registers (a shift) and
     summed in fp32, bag by bag, with no [N, D] fp32 copy of the gathered rows."""
-    _, _, pool_bags = _kernels(weight.dtype == torch.bfloat16)
+    _, _, pool_bags, _ = _kernels(True)
     threads = _match_torch_threads()
     out = np.empty((offsets.numel() - 1, weight.shape[1]), dtype=np.float32)
     weights = (scale.float().contiguous().numpy() if scale is not None
                else np.empty(0, dtype=np.float32))
     if out.size:
-        pool_bags(weight.view(torch.uint16).numpy(), ids.numpy(), offsets.numpy(), weights, out, threads,
-                  _FP16_TO_FP32_BITS)
+        pool_bags(weight.view(torch.uint16).numpy(), ids.numpy(), offsets.numpy(), weights, out, threads)
     return torch.from_numpy(out)
+
+
+def widen_bf16_rows(weight: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """``weight[ids].float()`` for a bf16 CPU ``weight`` in one pass (torch gathers, then
+    converts through a second [N, D] buffer)."""
+    _, _, _, widen_rows = _kernels(True)
+    _match_torch_threads()
+    out = torch.empty(ids.numel(), weight.shape[1], dtype=torch.float32)
+    if out.numel():
+        widen_rows(weight.view(torch.uint16).numpy(), ids.numpy(), out.view(torch.int32).numpy().view(np.uint32))
+    return out
 
 
 def _match_torch_threads() -> int:

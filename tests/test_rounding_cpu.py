@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from embeddings.lookup import _half_bags
 from embeddings.rounding import stochastic_round
 from tests.rounding_cases import bits_equal, coordinates, values
 
@@ -52,19 +53,23 @@ def test_fused_update_equals_gather_add_round_scatter(dtype: torch.dtype) -> Non
 
 @pytest.mark.parametrize("dtype", HALF)
 @pytest.mark.parametrize("mean", [False, True])
-def test_half_bags_equal_embedding_bag_of_the_widened_rows(dtype: torch.dtype, mean: bool) -> None:
+@pytest.mark.parametrize("single_hot", [False, True])
+def test_half_bags_equal_embedding_bag_of_the_widened_rows(dtype: torch.dtype, mean: bool,
+                                                            single_hot: bool) -> None:
+    """The lookup of half rows (embeddings/lookup.py): compiled for bf16, torch for fp16,
+    a gather for bags of one id; each against embedding_bag over the widened rows."""
     g = torch.Generator().manual_seed(6)
     weight = (torch.randn(700, 20, generator=g)).to(dtype)
-    lengths = torch.randint(0, 5, (300,), generator=g)
+    lengths = torch.ones(300, dtype=torch.int64) if single_hot else torch.randint(0, 5, (300,), generator=g)
     ids = torch.randint(0, 700, (int(lengths.sum()),), generator=g)
     offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
     scale = None
     if mean:
         scale = torch.repeat_interleave(1.0 / lengths.clamp(min=1).float(), lengths)
-    got = rounding_cpu.pool_half_bags(weight, ids, offsets, scale)
+    got = _half_bags(weight, ids, offsets, scale)
     want = F.embedding_bag(ids, weight.float(), offsets, mode="sum", include_last_offset=True,
                            per_sample_weights=scale)
     assert got.dtype == torch.float32
     torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
-    one = lengths == 1  # a bag of one row is that row, widened exactly
-    assert torch.equal(got[one], weight.float()[ids[offsets[:-1][one]]])  # (mean: x 1.0)
+    one = lengths == 1  # a bag of one row is that row, widened exactly (mean: x 1.0)
+    assert torch.equal(got[one], weight.float()[ids[offsets[:-1][one]]])
