@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -44,8 +44,9 @@ import pyarrow as pa
 from data import fit_cap
 from data.dense_transform import DenseStats
 from data.errors import DataError
+from data.fit_exchange import Exchange, merged_by_range
 from data.fit_sketch import Sketch
-from data.int_counts import plain_numpy
+from data.int_counts import int64_values, plain_numpy
 from data.schema import Schema
 from data.vocabulary import ValueCounter, flat_values
 
@@ -66,6 +67,7 @@ class Split:
     sketch_tables: set[str] = field(default_factory=set)
     progress: bool = False
     caps: dict[str, int] = field(default_factory=dict)  # table → max_rows (data/fit_cap.py)
+    exchange: Exchange | None = None  # int64 all-to-all of the ranks (data/fit_exchange.py)
 
     def sketching(self, tables: set[str]) -> bool:
         """Whether the pass over ``tables`` starts with the sketch: min_frequency > 1, or
@@ -129,33 +131,59 @@ def count_split(files: list[str], schema: Schema, tables: set[str], skip: bool,
         sketch = Sketch.merged(_gathered(parts, split), width, set(sketched.values()))
         floor = fit_cap.floors(sketch, groups, columns, split.caps, split.min_frequency, skip)
     job = ("count", columns, list(schema.dense), skip, 0, sketch, floor)
-    whole = Counted()
-    for result in _gathered(_run(mine, mine_rows, job, split), split):
-        whole.add(result)
-    counters = _merged(whole, tables)
+    whole, counters = _everyone(_run(mine, mine_rows, job, split), tables, split)
     cut = {t for t in tables if floor[t] > split.min_frequency
            and not fit_cap.holds(counters[t], floor[t], split.caps[t])}
     if cut:  # a floor above the top K's counts: count those tables again, uncut
         floor.update({t: split.min_frequency for t in cut})
         again = {n: t for n, t in columns.items() if t in cut}
         job = ("count", again, [], skip, 0, sketch, floor)
-        redo = Counted()
-        for result in _gathered(_run(mine, mine_rows, job, split), split):
-            redo.add(result)
-        counters.update(_merged(redo, cut))
+        counters.update(_everyone(_run(mine, mine_rows, job, split), cut, split)[1])
     return counters, whole.stats(list(schema.dense)), whole.rows
 
 
-def _merged(whole: Counted, tables: set[str]) -> dict[str, ValueCounter]:
-    """Each table's counter over every rank's and worker's parts."""
-    counters = {}
-    for table in tables:  # one part: it is the table, no copy
-        counted = whole.tables.pop(table, [])
-        counters[table] = ValueCounter.of(counted[0]) if len(counted) == 1 else ValueCounter()
-        for c in counted if len(counted) > 1 else []:
-            counters[table].add_table(c)
-        counted.clear()
-    return counters
+def _everyone(result: Counted | str, tables: set[str], split: Split
+              ) -> tuple[Counted, dict[str, ValueCounter]]:
+    """Every rank's ``result`` (this rank's share, or its error line) as one: the dense
+    statistics and rows gathered, each table's counter merged. With ``split.exchange``,
+    integer tables are merged by value range (:mod:`data.fit_exchange`: each rank
+    merges 1/W of the values) and only the rest goes through the object gather."""
+    if split.exchange is None or split.world == 1 or isinstance(result, str):
+        whole = Counted()
+        for r in _gathered(result, split):
+            whole.add(r)
+        return whole, _merged(whole, tables, split.workers)
+    ints = {}
+    for t, counter in sorted(_merged(result, tables, split.workers).items()):
+        table = counter.table()
+        if table is not None and pa.types.is_integer(table["value"].type):
+            ints[t] = (int64_values(table["value"]), int64_values(table["count"]))
+        elif table is not None:
+            result.tables[t] = [table]
+    whole, named = Counted(), set()
+    for r, names in _gathered((result, sorted(ints)), split):
+        whole.add(r)
+        named.update(names)
+    empty = (np.zeros(0, np.int64), np.zeros(0, np.int64))
+    ints = {t: ints.get(t, empty) for t in sorted(named)}  # the same names on every rank
+    merged = merged_by_range(ints, split.world, split.gather, split.exchange)
+    counters = _merged(whole, tables - set(merged))
+    counters.update({t: ValueCounter.of_sorted(*vc) for t, vc in merged.items()})
+    return whole, counters
+
+
+def _merged(whole: Counted, tables: set[str], threads: int = 1) -> dict[str, ValueCounter]:
+    """Each table's counter over every rank's and worker's parts (one part: it is the
+    table, no copy); ``threads`` tables at a time (numpy's sorts release the GIL)."""
+    parts = {t: whole.tables.pop(t, []) for t in sorted(tables)}
+
+    def merge(table: str) -> ValueCounter:
+        return ValueCounter.of_parts(parts[table]) if parts[table] else ValueCounter()
+
+    if threads <= 1:
+        return {t: merge(t) for t in parts}
+    with ThreadPoolExecutor(threads) as pool:
+        return dict(zip(parts, pool.map(merge, parts)))
 
 
 def _gathered(result: object, split: Split) -> list:
@@ -164,28 +192,45 @@ def _gathered(result: object, split: Split) -> list:
     for r in results:
         if isinstance(r, str):
             raise DataError(r)
+        if isinstance(r, tuple) and isinstance(r[0], str):
+            raise DataError(r[0])
     return results
 
 
 def _run(share: list[Group], rows: list[int], job: tuple, split: Split) -> object:
-    """``job`` over ``share``: in this process, or over ``split.workers`` processes
-    (4 tasks each, for the progress bar), results merged. An error: its line."""
+    """``job`` over ``share``: in this process, or over ``split.workers`` processes, one
+    task each (so each worker folds its whole share into one table, and this process
+    merges N tables, not one per task), results merged. The bar follows a shared row
+    counter the workers add to. An error: its line."""
     bar = _bar(sum(rows), job[0], split.progress)
     if split.workers <= 0:
         return _do((share, *job), bar)
-    tasks = max(1, min(len(share), 4 * split.workers))
-    jobs = [(share[k::tasks], *job) for k in range(tasks) if share[k::tasks]]
+    ctx = mp.get_context("spawn")
+    done = ctx.Value("q", 0)  # rows read by all workers (the bar only)
+    jobs = [(share[k::split.workers], *job) for k in range(split.workers) if share[k::split.workers]]
     merged: object = None
-    with ProcessPoolExecutor(split.workers, mp_context=mp.get_context("spawn")) as pool:
-        for k, result in enumerate(pool.map(_do, jobs)):
+    with ProcessPoolExecutor(len(jobs) or 1, mp_context=ctx, initializer=_count_rows_in,
+                             initargs=(done,)) as pool:
+        pending = [pool.submit(_do, j) for j in jobs]
+        while bar is not None and not all(f.done() for f in pending):
+            wait(pending, timeout=0.25)
+            bar.update(done.value - bar.n)
+        for future in pending:
+            result = future.result()
             if isinstance(result, str):
                 return result
             merged = _merge(merged, result)
-            if bar is not None:
-                bar.update(sum(rows[k::tasks]))
     if bar is not None:
         bar.close()
     return merged if merged is not None else (Counted() if job[0] == "count" else {})
+
+
+_rows_read = None  # a worker's shared row counter (set by _count_rows_in)
+
+
+def _count_rows_in(counter) -> None:
+    global _rows_read
+    _rows_read = counter
 
 
 def _merge(a: object, b: object) -> object:
@@ -232,6 +277,9 @@ def _do(job: tuple, bar=None) -> object:
             _dense(out, table, index, dense)
         if bar is not None:
             bar.update(table.num_rows)
+        if _rows_read is not None:
+            with _rows_read.get_lock():
+                _rows_read.value += table.num_rows
     if bar is not None:
         bar.close()
     if isinstance(out, Counted):

@@ -88,6 +88,14 @@ class IntCounts:
         self._pending_rows = 0
         self._owned = True  # the store may be resized in place (not handed out)
 
+    @classmethod
+    def of_sorted(cls, values: np.ndarray, counts: np.ndarray) -> IntCounts:
+        """A counter holding sorted distinct ``values`` and their ``counts`` (taken, not
+        copied)."""
+        c = cls()
+        c.values, c.counts = values, counts
+        return c
+
     def __len__(self) -> int:
         self.merge()
         return len(self.values)
@@ -172,6 +180,21 @@ class IntCounts:
         out = self.arrays()
         self.values, self.counts = np.zeros(0, np.int64), np.zeros(0, np.int64)
         return out
+
+
+def merged_counts(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """Several counters' (values sorted, each once; counts) as one: one stable sort of
+    the concatenation (timsort finds the k sorted runs and merges them, about linear
+    for few parts) and run lengths. ``parts`` is emptied as it is read, so each part's
+    arrays can be freed once concatenated (about 32 bytes per entry at the peak)."""
+    values = np.concatenate([v for v, _ in parts])
+    counts = np.concatenate([c for _, c in parts])
+    parts.clear()
+    order = np.argsort(values, kind="stable")
+    values = values[order]
+    counts = counts[order]
+    del order
+    return run_lengths(values, counts)
 
 
 def _sorted(values: np.ndarray) -> np.ndarray:

@@ -32,6 +32,7 @@ import hashlib
 import json
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,6 +42,7 @@ import pyarrow.compute as pc
 
 from data.dense_transform import DenseStats, apply_transform
 from data.errors import DataError, UserError
+from data.fit_exchange import Exchange
 from data.fit_split import Split, count_split
 from data.hashing import splitmix64
 from data.int_counts import plain_numpy
@@ -78,6 +80,7 @@ class Options:
     rank: int = 0  # this rank of world: counts row groups[rank::world]
     world: int = 1
     gather: Callable[[object], list[object]] | None = None  # every rank's object, rank order
+    exchange: Exchange | None = None  # int64 arrays all-to-all (data/fit_exchange.py)
     progress: bool = False  # a progress bar (tqdm, on a terminal) over the pass
 
 
@@ -177,19 +180,18 @@ def fit(files: list[str], schema: Schema, opts: Options) -> Preprocessing:
     caps = {t: _cap(schema, t, opts) for t in counted}
     split = Split(opts.rank, opts.world, opts.gather, opts.workers, opts.min_frequency,
                   {t for t in counted if choice[t] == "vocabulary"} if opts.sketch else set(),
-                  opts.progress, caps)
+                  opts.progress, caps, opts.exchange)
     counters, stats, seen = _count(files, schema, counted, None if full else SAMPLE_ROWS,
                                    opts.on_error == "skip", split)
     prep = Preprocessing({}, {}, {}, transforms, stats, seen, data=footer_digests(files))
+    vocabs = _vocabularies(schema, kinds, counters, opts)
     for table, enc in choice.items():
         members = [f for f in schema.sparse if f.table_name == table]
         cap = _cap(schema, table, opts)
         if enc == "hash":
             prep.encodings[table], prep.rows[table] = "hash", max(cap or opts.hash_rows, 2)
         elif enc in ("vocabulary", "auto-count"):
-            value_type = _value_type(kinds[members[0].name])
-            vocab = Vocabulary.of_counter(counters.pop(table), value_type, opts.min_frequency,
-                                          cap)  # pop: each counter freed as it is built
+            vocab = vocabs.pop(table)
             lo = min(ranges.get(f.name, (0, 0))[0] for f in members)
             hi = max(ranges.get(f.name, (0, 0))[1] for f in members)
             if enc == "auto-count" and lo >= 0 and 2 * vocab.distinct >= hi + 1:
@@ -203,6 +205,23 @@ def fit(files: list[str], schema: Schema, opts: Options) -> Preprocessing:
     prep.notes[:0] = [f"preprocessing: encoding=auto: table {t} {prep.encodings[t]} ({why})"
                       for t, why in sorted(decided.items())]
     return prep
+
+
+def _vocabularies(schema: Schema, kinds: dict[str, pa.DataType],
+                  counters: dict[str, ValueCounter], opts: Options) -> dict[str, Vocabulary]:
+    """Each counted table's vocabulary. One at a time, each counter freed as its
+    vocabulary is built; with ``data.fit_workers=N``, on N threads (the workers' cores
+    are free by now, and numpy's sorts release the GIL)."""
+    def build(table: str) -> Vocabulary:
+        first = next(f.name for f in schema.sparse if f.table_name == table)
+        return Vocabulary.of_counter(counters.pop(table), _value_type(kinds[first]),
+                                     opts.min_frequency, _cap(schema, table, opts))
+
+    tables = sorted(counters)
+    if opts.workers <= 1:
+        return {t: build(t) for t in tables}
+    with ThreadPoolExecutor(opts.workers) as pool:
+        return dict(zip(tables, pool.map(build, tables)))
 
 
 def _cap(schema: Schema, table: str, opts: Options) -> int:

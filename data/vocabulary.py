@@ -31,7 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from data.hashing import hash_bytes
-from data.int_counts import IntCounts, int64_array, int64_values
+from data.int_counts import IntCounts, int64_array, int64_values, merged_counts
 
 _CHUNK = 1 << 20  # values hashed at a time
 _DIRECT_SPAN = 1 << 24  # an integer vocabulary spanning up to this many values is a direct table (64 MiB)
@@ -135,6 +135,26 @@ class ValueCounter:
         else:
             c._merged = counted.select(["value", "count"])
         return c
+
+    @classmethod
+    def of_sorted(cls, values: np.ndarray, counts: np.ndarray) -> ValueCounter:
+        """A counter of int64 ``values`` (sorted, each once) and their ``counts``, taken."""
+        c = cls()
+        c.ints = IntCounts.of_sorted(values, counts)
+        return c
+
+    @classmethod
+    def of_parts(cls, parts: list[pa.Table]) -> ValueCounter:
+        """A counter of several counters' ``table()`` s, merged at once (ints: one k-way
+        merge, :func:`data.int_counts.merged_counts`); ``parts`` is emptied."""
+        if len(parts) == 1 or not pa.types.is_integer(parts[0]["value"].type):
+            c = cls.of(parts.pop(0))
+            while parts:
+                c.add_table(parts.pop(0))
+            return c
+        ints = [(int64_values(p["value"]), int64_values(p["count"])) for p in parts]
+        parts.clear()
+        return cls.of_sorted(*merged_counts(ints))
 
     def add_ints(self, values: np.ndarray) -> None:
         """Count int64 ``values`` (no nulls)."""

@@ -1,5 +1,5 @@
-"""The vocabulary pass split over ranks (each counts row groups[rank::W], the counts
-all-gathered over a real gloo group) equals the one-process pass bit for bit: the
+"""The vocabulary pass split over ranks (each counts row groups[rank::W], the integer
+counts merged by value range over a real gloo group, or everything all-gathered) equals the one-process pass bit for bit: the
 saved preprocessing.json and every vocabulary file are byte-identical to a single
 process with no split and no sketch, at 1, 2 and 3 ranks, with ties, min_frequency
 (the sketch pre-filter on) and max_rows; int, string and list columns over 3 files."""
@@ -16,15 +16,21 @@ from tests.multiprocess import run_ranks
 from tests.test_fit_split import _files, _saved
 
 
-def _rank_fit(rank: int, world: int, files: list[str], kw: dict, out: str) -> dict[str, bytes]:
+def _rank_fit(rank: int, world: int, files: list[str], kw: dict, out: str,
+              by_range: bool = True) -> dict[str, bytes]:
+    """One rank's fit; ``by_range``: integer counts merged by value range
+    (data/fit_exchange.py, as ``dlrm train`` does), else all gathered as objects."""
     import torch.distributed as dist
+
+    from dlrm.parallel.distributed import all_to_all_arrays
 
     def gather(obj: object) -> list[object]:
         got: list[object] = [None] * world
         dist.all_gather_object(got, obj)
         return got
 
-    opts = preprocess.Options(**kw, rank=rank, world=world, gather=gather)
+    opts = preprocess.Options(**kw, rank=rank, world=world, gather=gather,
+                              exchange=all_to_all_arrays if by_range else None)
     target = Path(out) / f"r{rank}"
     prep = preprocess.fit(files, infer_schema(files), opts)
     preprocess.save(prep, target)
@@ -41,10 +47,11 @@ def test_rank_split_equals_one_process(tmp_path: Path, min_frequency, max_rows) 
           "dense_transform": "standardize"}
     one = _saved(files, preprocess.Options(**kw, sketch=False), tmp_path / "one")
     assert len(one) == 4
-    for world in (1, 2, 3):
-        results = run_ranks(world, _rank_fit, files, kw, str(tmp_path / f"w{world}"))
+    for world, by_range in ((1, True), (2, True), (3, True), (3, False)):
+        results = run_ranks(world, _rank_fit, files, kw, str(tmp_path / f"w{world}{by_range}"),
+                            by_range)
         for rank, got in enumerate(results):
-            assert got == one, (world, rank)
+            assert got == one, (world, by_range, rank)
 
 
 def test_unreadable_share_stops_every_rank_with_one_line(tmp_path: Path) -> None:

@@ -74,9 +74,11 @@ def _fit(rank: int, world: int, files: list[str], workers: int, min_frequency: i
     from data.schema import infer_schema
 
     pa.set_cpu_count(1)  # one core per rank: no decode threads beside it
-    gather = None
+    gather, exchange = None, None
     if world > 1:
         import torch.distributed as dist
+
+        from dlrm.parallel.distributed import all_to_all_arrays as exchange
 
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -93,7 +95,7 @@ def _fit(rank: int, world: int, files: list[str], workers: int, min_frequency: i
         encoding="vocabulary" if encodings is None else "identity",
         encodings=encodings or {}, min_frequency=min_frequency, max_rows=max_rows,
         workers=workers,
-        sketch=sketch, rank=rank, world=world, gather=gather))
+        sketch=sketch, rank=rank, world=world, gather=gather, exchange=exchange))
     seconds, cpu = time.perf_counter() - start, _cpu() - cpu
     grown = _peak_kb() - before
     distinct = sum(v.distinct for v in prep.vocabularies.values())

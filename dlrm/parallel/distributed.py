@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass, field
 from datetime import timedelta
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -132,6 +133,21 @@ def all_gather_objects(obj: object, info: DistInfo) -> list[object]:
 _TIMED_OUT = re.compile(r"Timed out waiting (\d+)ms|timed out|Timeout|watchdog", re.IGNORECASE)
 _LOST_PEER = re.compile(r"Connection (reset|closed) by peer|Broken pipe|Connection refused|"
                         r"Read error|Write error|NCCL communicator was aborted", re.IGNORECASE)
+
+
+def all_to_all_arrays(send: list[np.ndarray]) -> list[np.ndarray]:
+    """int64 arrays over the default group: ``send[k]`` to rank k; what every rank sent
+    here, in rank order (the vocabulary pass's exchange, data/fit_exchange.py). Sizes
+    first, then one all-to-all of the data (on the GPU under NCCL)."""
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" \
+        else torch.device("cpu")
+    sent = torch.tensor([len(a) for a in send], dtype=torch.int64, device=device)
+    sizes = torch.empty_like(sent)
+    dist.all_to_all_single(sizes, sent)
+    data = torch.from_numpy(np.concatenate(send).astype(np.int64, copy=False)).to(device)
+    got = torch.empty(int(sizes.sum()), dtype=torch.int64, device=device)
+    dist.all_to_all_single(got, data, sizes.tolist(), sent.tolist())
+    return np.split(got.cpu().numpy(), np.cumsum(sizes.cpu().numpy())[:-1])
 
 
 def collective_failure(error: BaseException) -> str | None:

@@ -22,6 +22,7 @@ from data.merged import MergedReader
 from data.reader import ParquetReader
 from data.schema import Schema, check_files, infer_schema, screen_files
 from dlrm.config import Config
+from dlrm.parallel.distributed import all_to_all_arrays
 
 
 @dataclass
@@ -43,6 +44,7 @@ def prep_options(cfg: Config) -> prep_io.Options:
                            dict(d.dense_transforms), d.on_error, d.fit_workers, d.fit_sketch)
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         opts.rank, opts.world, opts.gather = dist.get_rank(), dist.get_world_size(), _gather
+        opts.exchange = all_to_all_arrays
     opts.progress = opts.rank == 0
     return opts
 
