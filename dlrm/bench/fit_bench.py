@@ -8,7 +8,10 @@ peak memory per distinct value.
             fit at ranks x workers (gloo process group, spawned ranks, one pyarrow
             thread each) ──► rows/s of the pass (wall), rows per CPU second of the
             one-process fit (what one idle core would give), and each
-            split's rate over W x max(N, 1) x the one-process rate (the issue's 0.8)
+            split's rate over W x max(N, 1) x the one-process rate (the issue's 0.8),
+            also with the workers' start-up taken out (N spawned processes importing
+            pyarrow, timed alone: a fixed cost per pass, which a pass of a few
+            seconds feels and one over a real data set does not)
     memory  26 int columns, column i drawing ids in [0, CARD[i]) skewed to small ids
             (id = CARD * u^4, u uniform), + 2^32 so every column is fitted as a
             vocabulary; ROWS rows over 4 files (row groups of 64k)
@@ -182,13 +185,38 @@ def fit_rates(files: list[str], rows: int, encodings: dict[str, str], ranks: lis
     for w in ranks:
         for n in workers:
             seconds, _, _, cpu = _measure(files, w, n, encodings=encodings)
+            start = startup_seconds(n) if n else 0.0
             rates.append({"ranks": w, "workers": n, "rows_per_s": rows / seconds,
-                          "rows_per_cpu_s": rows / cpu if w == 1 else None})
+                          "rows_per_cpu_s": rows / cpu if w == 1 else None,
+                          "startup_s": start,
+                          "rows_per_s_after_startup": rows / max(seconds - start, 1e-9)})
     one = next((r["rows_per_s"] for r in rates if r["ranks"] == 1 and r["workers"] == 0), None)
     for r in rates:
-        r["of_one_core_x_cores"] = (r["rows_per_s"] / (one * r["ranks"] * max(r["workers"], 1))
-                                    if one else None)
+        cores = r["ranks"] * max(r["workers"], 1)
+        r["of_one_core_x_cores"] = r["rows_per_s"] / (one * cores) if one else None
+        r["of_one_core_x_cores_after_startup"] = (
+            r["rows_per_s_after_startup"] / (one * cores) if one else None)
     return rates
+
+
+def startup_seconds(workers: int) -> float:
+    """The split's fixed cost: ``workers`` spawned processes started, each importing
+    what a counting task imports, and shut down (the pool of data/fit_split.py, with
+    no rows to count). Paid once a pass: nil at dataset scale, not at a few seconds."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    start = time.perf_counter()
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        list(pool.map(_import_counting, range(workers)))
+    return time.perf_counter() - start
+
+
+def _import_counting(_: int) -> None:
+    import importlib
+
+    for module in ("data.files", "data.fit_split"):  # what a counting task imports
+        importlib.import_module(module)
 
 
 def fit_memory(root: Path, rows: int) -> tuple[list[dict], dict]:
@@ -248,6 +276,9 @@ def format_fit(result: dict) -> str:
         cpu = f", {r['rows_per_cpu_s']:,.0f} rows per CPU second" if r["rows_per_cpu_s"] else ""
         scale = (f", {r['of_one_core_x_cores']:.2f} x (ranks x workers x one process)"
                  if r["of_one_core_x_cores"] and (r["ranks"] > 1 or r["workers"] > 0) else "")
+        if r.get("startup_s"):
+            scale += (f"; {r['of_one_core_x_cores_after_startup']:.2f} x after the workers' "
+                      f"{r['startup_s']:.2f} s start-up")
         lines.append(f"  ranks {r['ranks']} workers {r['workers']}: {r['rows_per_s']:,.0f} rows/s"
                      f"{cpu}{scale}")
     if not result["memory"]:
