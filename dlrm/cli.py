@@ -112,8 +112,16 @@ def cmd_fit(argv: list[str]) -> int:
     from dlrm.config import load_config
     from dlrm.fit import fit_and_save
 
-    for line in fit_and_save(load_config(a.config, a.overrides), a.data, a.out):
-        print(line)
+    cfg = load_config(a.config, a.overrides)
+    main = True
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # torchrun: each rank counts 1/W of it
+        from dlrm.parallel.distributed import init_distributed
+
+        # gloo: the pass's exchanges are host arrays, whatever the training backend
+        main = init_distributed("gloo", "cpu", cfg.train.timeout_s).is_main
+    for line in fit_and_save(cfg, a.data, a.out, write=main):
+        if main:
+            print(line)
     return 0
 
 

@@ -70,3 +70,23 @@ def test_an_unchanged_copy_elsewhere_is_accepted(fitted, tmp_path: Path) -> None
     shutil.copytree(fitted["train"], moved)
     prep = preprocess.load(fitted["fit"], [str(moved / "part-0.parquet")])
     assert prep.vocabularies and prep.data == preprocess.footer_digests([str(moved / "part-0.parquet")])
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_torchrun_fit_over_two_ranks_writes_the_one_process_fit(fitted, tmp_path: Path) -> None:
+    """`torchrun --nproc_per_node=2 -m dlrm fit`: each rank counts half the row groups
+    (gloo), rank 0 writes, and every file equals the one-process `dlrm fit` byte for
+    byte (string and list columns, min_frequency 2)."""
+    from tests.test_torchrun import torchrun
+
+    out = tmp_path / "fit2"
+    proc = torchrun(2, "fit", "--config", str(TINY), "--data", str(fitted["train"]),
+                    "--out", str(out), "data.label=click", "data.min_frequency=2")
+    assert proc.stdout.count("wrote ") == 1  # rank 0 alone prints and writes
+
+    def files(root: Path) -> dict[str, bytes]:
+        return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
+                if p.is_file()}
+
+    assert files(out) == files(fitted["fit"]) and len(files(out)) >= 2
