@@ -270,8 +270,9 @@ class LocalEmbeddingCollection(EmbeddingCollection):
         """Whether lookups take the Triton kernels (embeddings/kernels) on this device.
         fp16/bf16 tables too: the kernels pool in fp32 and the fused update writes rows
         with the same stochastic rounding as the torch path (kernels/rounding.py). Half
-        optimizer state (``embeddings.state_dtype``) takes the torch path."""
-        return self.optimizer.state_dtype == torch.float32 and use_triton(self.kernels, self.weight.device)
+        optimizer state (``embeddings.state_dtype``) too: read in its type, computed in
+        fp32 and written back with the torch path's stochastic rounding."""
+        return use_triton(self.kernels, self.weight.device)
 
     def _triton_pool(self, values: torch.Tensor, lengths: torch.Tensor, batch: int,
                      feature_major: bool) -> torch.Tensor:
@@ -301,9 +302,11 @@ class LocalEmbeddingCollection(EmbeddingCollection):
                 self._receive(backward_kv(*args))
 
     def _kernel_rounding(self) -> KernelRounding | None:
-        """A half weight's rounding for the fused Triton update: the update count goes
-        up on the device (no host value in the launch; graphs replay it)."""
-        if self.weight_dtype == torch.float32:
+        """The rounding of a half weight or half element-wise state for the fused Triton
+        update: the update count goes up on the device (no host value in the launch;
+        graphs replay it). It counts wherever the torch path counts (an fp32 stack beside
+        half ones too), so both paths keep the same state."""
+        if not self.optimizer.rounding:
             return None
         from embeddings.kernels.rounding import KernelRounding
 

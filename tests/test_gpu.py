@@ -332,8 +332,9 @@ HALF = ("embeddings.dtypes.C1=fp32", "embeddings.dtypes.C2=fp16", "embeddings.dt
 
 @pytest.mark.parametrize("extra", [HALF, ("embeddings.state_dtype=bf16", "optim.sparse=adam")])
 def test_half_tables_and_state_on_cuda_equal_cpu(tiny_data, tmp_path: Path, extra) -> None:
-    """Per-table dtypes (several stacks, torch path) and bf16 Adam state on CUDA: close
-    to the CPU run (stochastic rounding flips where fp32 sums differ in the last bit)."""
+    """Per-table dtypes (several stacks) and bf16 Adam state (the fused Triton update)
+    on CUDA: close to the CPU run (stochastic rounding flips where fp32 sums differ in
+    the last bit)."""
     cases.device_equals_cpu(tiny_data, tmp_path, "cuda", *extra)
 
 
