@@ -5,8 +5,7 @@ embedding collection of its placement, with its MLPs under DDP when there are ra
       ├─ embeddings.backend=torchrec ─► TorchRecDLRM (DistributedModelParallel does it all)
       └─ native:
          embeddings    one process ............ LocalEmbeddingCollection (tables of several
-                                                dtypes: the sharded collection on one rank,
-                                                one stack per dtype)
+                                                dtypes: DtypeStacks, one stack per dtype)
                        several ranks .......... ShardedEmbeddingCollection, by the plan
                        placement=hotline ...... HotlineEmbeddingCollection: hot rows here,
                                                 cold rows on the host (sharded by the plan
@@ -34,11 +33,10 @@ from dlrm.parallel.ddp import apply_ddp, averaging
 from dlrm.parallel.distributed import DistInfo, new_group
 from dlrm.parallel.planning import plan_from_config, run_tables
 from embeddings.collection import LocalEmbeddingCollection
+from embeddings.dtype_stacks import DtypeStacks
 from embeddings.hotline.profile import HotProfile
 from embeddings.interface import PooledEmbeddings
 from embeddings.optim import SparseOptimizer, make_sparse_optimizer
-from embeddings.plan.planner import fixed_plan
-from embeddings.plan.types import ShardingType
 from embeddings.sharded import ShardedEmbeddingCollection
 
 
@@ -139,18 +137,11 @@ def local_embeddings(cfg: Config, schema: Schema, device: torch.device, seed: in
     )
 
 
-def mixed_local_embeddings(
-    cfg: Config, schema: Schema, device: torch.device, seed: int | None
-) -> ShardedEmbeddingCollection:
-    """One process, tables of several ``embeddings.dtypes``: one stack per dtype. The
-    sharded collection on one rank (every table whole, no process group) groups its
-    stacks by dtype and saves each table in its own type."""
-    tables = run_tables(cfg, schema)
-    plan = fixed_plan(tables, 1, {t.name: (ShardingType.TABLE_WISE, [0]) for t in tables})
-    return ShardedEmbeddingCollection(
-        tables, plan, lambda: sparse_optimizer(cfg), fused=fused(cfg), seed=seed, device=device,
-        rounding_seed=cfg.seed, kernels=cfg.embeddings.kernels,
-    )
+def mixed_local_embeddings(cfg: Config, schema: Schema, device: torch.device, seed: int | None) -> DtypeStacks:
+    """One process, tables of several ``embeddings.dtypes``: one stack per dtype, the
+    batch routed on the device (embeddings/dtype_stacks.py), each table saved in its type."""
+    return DtypeStacks(run_tables(cfg, schema), lambda: sparse_optimizer(cfg), fused=fused(cfg), seed=seed,
+                       device=device, rounding_seed=cfg.seed, kernels=cfg.embeddings.kernels)
 
 
 def sharded_embeddings(

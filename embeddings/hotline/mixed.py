@@ -34,12 +34,11 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from data.jagged import JaggedFeatures
 from embeddings.collection import EmbeddingCollection
 from embeddings.hotline.lookups import HOT_ONLY, ColdPooled, ColdRows
 from embeddings.hotline.tiers import HotlineEmbeddingCollection
 from embeddings.interface import Prefetched, TableState
-from embeddings.jagged import in_feature_order
+from embeddings.jagged import columns_in_order, split_features
 from embeddings.optim import SparseOptimizer
 from embeddings.plan.types import ShardingPlan
 from embeddings.table import TableSpec
@@ -106,8 +105,6 @@ class MixedHotlineCollection(EmbeddingCollection):
                 mine, profile, own, fused=fused, seed=seed, device=device, host=host, plan=part, group=group,
                 gather_threads=gather_threads, rounding_seed=rounding_seed))
         self.optimizer = self.groups[0].optimizer
-        concat = [f for g in self.groups for f in g.features]  # the groups' pooled columns, one after another
-        self._order = [concat.index(f) for f in self.features]
 
     # ------------------------------------------------------------------ what the trainer asks
     @property
@@ -136,15 +133,9 @@ class MixedHotlineCollection(EmbeddingCollection):
         for g in self.groups:
             g.grad_scale = scale
 
-    def _parts(self, sparse: KeyedJagged) -> list[JaggedFeatures]:
-        """Each group's bags: one permutation into group order, then contiguous slices
-        (their value counts read on the host, where Hotline classifies its batches)."""
-        concat = [f for g in self.groups for f in g.features]
-        values, lengths, batch = in_feature_order(sparse, concat)
-        bags = [len(g.features) * batch for g in self.groups]
-        counts = [int(n) for n in torch.stack([part.sum() for part in lengths.split(bags)]).tolist()]
-        return [JaggedFeatures(g.features, v, n, batch)
-                for g, v, n in zip(self.groups, values.split(counts), lengths.split(bags), strict=True)]
+    def _parts(self, sparse: KeyedJagged) -> list[KeyedJagged]:
+        """Each group's bags (value counts read on the host, where Hotline classifies)."""
+        return split_features(sparse, [g.features for g in self.groups])
 
     def classify(self, sparse: KeyedJagged) -> tuple[torch.Tensor, float]:
         """(popular mask [B]: every lookup of every group hot, share of lookups hot)."""
@@ -170,7 +161,6 @@ class MixedHotlineCollection(EmbeddingCollection):
         cold = None
         if isinstance(sparse, Prefetched):
             sparse, cold = sparse.sparse, sparse.rows
-        batch = sparse.stride()
         pooled = []
         for i, (g, part) in enumerate(zip(self.groups, self._parts(sparse), strict=True)):
             arg: KeyedJagged | Prefetched = part
@@ -179,9 +169,8 @@ class MixedHotlineCollection(EmbeddingCollection):
             elif cold is not None:
                 assert isinstance(cold, GroupCold)
                 arg = Prefetched(part, cold.parts[i])
-            pooled.append(g(arg).view(batch, len(g.features), self.dim))
-        order = torch.tensor(self._order, device=pooled[0].device)
-        return torch.cat(pooled, dim=1).index_select(1, order).reshape(batch, len(self.features) * self.dim)
+            pooled.append(g(arg))
+        return columns_in_order(pooled, [g.features for g in self.groups], self.features, self.dim)
 
     # ------------------------------------------------------------------ updates
     def set_lr(self, lr: float) -> None:

@@ -55,6 +55,12 @@ from embeddings.rounding import table_key
 KV, SGD, ROWWISE_ADAGRAD, ADAGRAD, ADAM = 0, 1, 2, 3, 4
 
 
+# The stacked id of a lookup of another stack's feature (row_base -1): sorted after
+# every row, and no run of it is applied (one process, several dtypes: each stack's
+# update passes over the whole batch and takes its own features' lookups).
+OTHER_STACK = tl.constexpr(1 << 62)
+
+
 @triton.jit
 def _linearize_kernel(values_ptr, offsets_ptr, row_base_ptr, linear_ptr, bag_of_ptr, batch):
     bag = tl.program_id(0)
@@ -62,7 +68,8 @@ def _linearize_kernel(values_ptr, offsets_ptr, row_base_ptr, linear_ptr, bag_of_
     end = tl.load(offsets_ptr + bag + 1)
     base = tl.load(row_base_ptr + bag // batch)
     for j in range(start, end):
-        tl.store(linear_ptr + j, tl.load(values_ptr + j).to(tl.int64) + base)
+        linear = tl.load(values_ptr + j).to(tl.int64) + base
+        tl.store(linear_ptr + j, tl.where(base < 0, OTHER_STACK, linear))
         tl.store(bag_of_ptr + j, bag)
 
 
@@ -153,7 +160,7 @@ def _runs_kernel(
     i = tl.program_id(0)
     row = tl.load(sorted_ptr + i)
     prev = tl.load(sorted_ptr + i - 1, mask=i > 0, other=-1)
-    if (i == 0) | (row != prev):
+    if ((i == 0) | (row != prev)) & (row != OTHER_STACK):
         cols = tl.arange(0, BLOCK_D)
         in_row = cols < dim
         g = _run_gradient(sorted_ptr, order_ptr, bag_of_ptr, offsets_ptr, grad_ptr, i, row, n,
