@@ -115,3 +115,32 @@ def test_triton_stacks_step_has_no_host_sync() -> None:
     with SyncAudit() as audit:
         torch_path(kjt).sum().backward()
     assert audit.violations
+
+
+def test_checkpoint_of_the_sharded_one_rank_layout_loads(tmp_path) -> None:
+    """Runs of several dtypes in one process were the sharded collection on one rank
+    before DtypeStacks: their checkpoints load into the stacks (and back), every
+    table and its state bit for bit, each in its type."""
+    from dlrm.checkpoint.tables import load_embeddings, save_embeddings
+    from embeddings.plan.planner import fixed_plan
+    from embeddings.plan.types import ShardingType
+    from embeddings.sharded import ShardedEmbeddingCollection, gather_tables
+
+    specs = tables(Pooling.SUM)
+    plan = fixed_plan(specs, 1, {t.name: (ShardingType.TABLE_WISE, [0]) for t in specs})
+    old = ShardedEmbeddingCollection(specs, plan, lambda: make_sparse_optimizer("adam", state_dtype="bf16"), seed=3)
+    old.set_lr(0.1)
+    (old(batch(0, True, FEATURES).to(torch.device("cpu"))) ** 2).sum().backward()  # state worth saving
+    save_embeddings(tmp_path / "old", old.table_state())
+    stacks = DtypeStacks(specs, lambda: make_sparse_optimizer("adam", state_dtype="bf16"), seed=None)
+    load_embeddings(tmp_path / "old", stacks.table_state())
+    want, got = gather_tables(old), stacks.export_tables()
+    assert sorted(got) == sorted(want)
+    for key, value in want.items():
+        assert got[key].dtype == value.dtype and torch.equal(got[key], value), key
+    save_embeddings(tmp_path / "new", stacks.table_state())
+    back = ShardedEmbeddingCollection(specs, plan, lambda: make_sparse_optimizer("adam", state_dtype="bf16"),
+                                      seed=None)
+    load_embeddings(tmp_path / "new", back.table_state())
+    for key, value in gather_tables(back).items():
+        assert torch.equal(value, want[key]), key
