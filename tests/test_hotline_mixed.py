@@ -2,8 +2,8 @@
 collection of their own, both tiers in that type, equal to ordinary training with the
 same per-table dtypes.
 
-References: the sharded collection on one rank (what ``dlrm train`` runs for one process
-with several dtypes), on the same batches and seeds; at 2 ranks the single process on the
+References: ``DtypeStacks`` (what ``dlrm train`` runs for one process with several
+dtypes: one stack per dtype), on the same batches and seeds; at 2 ranks the single process on the
 whole batch (as tests/test_hotline_half.py does for one dtype). Weights are compared bit
 for bit: a table's rows get the same fp32 update and the same stochastic rounding bits
 (keyed by table, row and column, not by stack or tier).
@@ -17,13 +17,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from embeddings.dtype_stacks import DtypeStacks
 from embeddings.hotline.lookups import HOT_ONLY
 from embeddings.hotline.mixed import MixedHotlineCollection, hotline_collection
 from embeddings.interface import Prefetched
 from embeddings.optim import make_sparse_optimizer
 from embeddings.plan.planner import fixed_plan
-from embeddings.plan.types import ShardingType
-from embeddings.sharded import ShardedEmbeddingCollection, gather_tables
+from embeddings.sharded import gather_tables
 from embeddings.table import Pooling
 from tests.multiprocess import run_ranks
 from tests.test_embeddings import random_kjt, tables_fixture
@@ -36,17 +36,15 @@ TORCH = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def ordinary(tables, optimizer: str, state: str = "fp32", fused: bool = True, seed: int = 5):
-    """One process, several dtypes: the sharded collection on one rank, every table whole."""
-    plan = fixed_plan(tables, 1, {t.name: (ShardingType.TABLE_WISE, [0]) for t in tables})
-    return ShardedEmbeddingCollection(tables, plan, lambda: make_sparse_optimizer(optimizer, state_dtype=state),
-                                      fused=fused, seed=seed)
+    """One process, several dtypes, as ``dlrm train`` runs it: one stack per dtype."""
+    return DtypeStacks(tables, lambda: make_sparse_optimizer(optimizer, state_dtype=state), fused=fused, seed=seed)
 
 
 def assert_same(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], label: str) -> None:
     """Half tables (and half state) bit for bit, each in its type. fp32 tables within
-    fp32 rounding: ordinary training itself sums a mean bag or a shared table's gradient
-    in another order in the sharded collection than in one stack (1.5e-8 apart on this
-    fixture between two plain collections), as tests/test_mixed_dtypes.py allows."""
+    fp32 rounding: a mean bag's hot and cold parts are pooled apart and a shared table's
+    gradient summed in another order (1.5e-8 apart on this fixture, fp32 Hotline against
+    the plain collection, as tests/test_hotline.py allows)."""
     assert sorted(got) == sorted(want), label
     for key, value in want.items():
         assert got[key].dtype == value.dtype, f"{label} {key}"
@@ -88,7 +86,7 @@ def test_mixed_hotline_equals_ordinary_bit_for_bit(kind: str, share: str, fused:
         ref.step()
         hot.step()
     label = f"{kind} {share} fused={fused} state={state}"
-    assert_same(hot.export_tables(), gather_tables(ref), label)
+    assert_same(hot.export_tables(), ref.export_tables(), label)
     for group in hot.groups:  # every group counts the steps in both tiers, its fp32 one too
         assert int(group.hot_state["rounding_step"]) == int(group.host.state["rounding_step"]) == steps
 
@@ -121,7 +119,7 @@ def test_classify_and_hot_only_microbatch() -> None:
         coll.set_lr(LR)
         (coll(arg) * up).sum().backward()
         coll.step()
-    assert_same(everything.export_tables(), gather_tables(ref), "hot only")
+    assert_same(everything.export_tables(), ref.export_tables(), "hot only")
 
 
 def train_hotline_ranks(rank: int, world_size: int, optim: str) -> dict:
@@ -157,7 +155,7 @@ def one_process(optim: str) -> tuple[dict, list]:
         pooled.append(out.detach().clone())
         (out * upstream).sum().backward()
         coll.step()
-    return {k: v.clone() for k, v in gather_tables(coll).items()}, pooled
+    return {k: v.clone() for k, v in coll.export_tables().items()}, pooled
 
 
 @pytest.mark.distributed
