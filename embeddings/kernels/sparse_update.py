@@ -14,6 +14,10 @@
         ▼
     weight and optimizer state updated in place     |   KV gradient (ids, rows)
 
+A feature whose row_base is -1 belongs to another stack (one process, tables of
+several dtypes: embeddings/dtype_stacks.py): its lookups linearize to OTHER_STACK,
+sort after every row and no program applies them.
+
 Every shape is N, known before the step: no unique, no host sync. Each row is
 written by exactly one program (its run's head), so no atomics are needed, and the
 sum is taken in the same order as ``KVGradient.from_lookups``.
