@@ -160,7 +160,7 @@ def one_process(optim: str) -> tuple[dict, list]:
 
 @pytest.mark.distributed
 @pytest.mark.slow
-@pytest.mark.parametrize("optim", ["sgd", "adam"])
+@pytest.mark.parametrize("optim", ["sgd", "rowwise_adagrad", "adam"])
 def test_two_rank_mixed_hotline_equals_one_process(optim: str) -> None:
     want, want_pooled = one_process(optim)
     for rank, got in enumerate(run_ranks(2, train_hotline_ranks, optim)):
