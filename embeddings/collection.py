@@ -39,7 +39,7 @@ from embeddings.timing import section
 
 if TYPE_CHECKING:
     from data.jagged import KeyedJagged
-    from embeddings.kernels.lookup import Bags
+    from embeddings.kernels.lookup import Bags, FeatureRoute
     from embeddings.kernels.rounding import KernelRounding
 
 
@@ -270,21 +270,46 @@ class LocalEmbeddingCollection(EmbeddingCollection):
         """Whether lookups take the Triton kernels (embeddings/kernels) on this device.
         fp16/bf16 tables too: the kernels pool in fp32 and the fused update writes rows
         with the same stochastic rounding as the torch path (kernels/rounding.py). Half
-        optimizer state (``embeddings.state_dtype``) takes the torch path."""
-        return self.optimizer.state_dtype == torch.float32 and use_triton(self.kernels, self.weight.device)
+        optimizer state (``embeddings.state_dtype``) too: read in its type, computed in
+        fp32 and written back with the torch path's stochastic rounding."""
+        return use_triton(self.kernels, self.weight.device)
 
     def _triton_pool(self, values: torch.Tensor, lengths: torch.Tensor, batch: int,
-                     feature_major: bool) -> torch.Tensor:
+                     feature_major: bool, route: FeatureRoute | None = None) -> torch.Tensor:
         """The bags as they come (feature-major), pooled by one kernel launch straight
         into [B, F*D] (or [F, B, D]): no permutation, no stacked-id tensor; the backward
-        sorts once and applies the optimizer in the same kernel when fused."""
+        sorts once and applies the optimizer in the same kernel when fused. ``route``:
+        the batch's features are those of several stacks (``pooled_among``)."""
         from embeddings.kernels.lookup import Bags, triton_pooled_lookup  # imports triton
 
         self._device_scalars()
-        bags = Bags(values, bag_offsets(lengths), self.feature_offsets, batch,
-                    self.pooling is Pooling.MEAN, feature_major)
+        bags = Bags(values, bag_offsets(lengths), self.feature_offsets if route is None else route.row_base,
+                    batch, self.pooling is Pooling.MEAN, feature_major, route)
         with section("lookup"):
             return triton_pooled_lookup(self.weight, bags, self._triton_backward)
+
+    def route_among(self, features: list[str]) -> FeatureRoute:
+        """This stack's place in a batch of ``features``, its own among other stacks'
+        (embeddings/dtype_stacks.py): row bases (-1 where another stack serves the
+        feature) and rounding coordinates per feature, on this stack's device."""
+        from embeddings.kernels.lookup import FeatureRoute
+
+        mine = {f: i for i, f in enumerate(self.features)}
+        index = torch.tensor([mine.get(f, -1) for f in features], device=self.feature_offsets.device)
+        known, at = index >= 0, index.clamp(min=0)
+
+        def pick(per_feature: torch.Tensor, other: int) -> torch.Tensor:
+            return torch.where(known, per_feature[at], torch.full_like(per_feature[at], other))
+
+        return FeatureRoute(pick(self.feature_offsets, -1), pick(self._sr_feature_keys, 0),
+                            pick(self._sr_feature_row_shift, 0), pick(self._sr_feature_cols0, 0))
+
+    def pooled_among(self, values: torch.Tensor, lengths: torch.Tensor, batch: int,
+                     route: FeatureRoute) -> torch.Tensor:
+        """[B, F*D] of a feature-major batch of ``route``'s F features (Triton path):
+        this stack's features pooled, zeros in the other stacks' columns; the backward
+        updates this stack's rows only. No shape depends on the data."""
+        return self._triton_pool(values, lengths, batch, feature_major=False, route=route)
 
     def _triton_backward(self, grad_pooled: torch.Tensor, bags: Bags) -> None:
         from embeddings.kernels.sparse_update import backward_kv, backward_update
@@ -295,19 +320,24 @@ class LocalEmbeddingCollection(EmbeddingCollection):
             assert self._lr_on_device is not None
             with section("embedding_update"):
                 backward_update(*args, self.weight.data, self.optimizer, self.state, self._lr_on_device,
-                                self._kernel_rounding())
+                                self._kernel_rounding(bags.route))
         else:
             with section("lookup"):
                 self._receive(backward_kv(*args))
 
-    def _kernel_rounding(self) -> KernelRounding | None:
-        """A half weight's rounding for the fused Triton update: the update count goes
-        up on the device (no host value in the launch; graphs replay it)."""
-        if self.weight_dtype == torch.float32:
+    def _kernel_rounding(self, route: FeatureRoute | None = None) -> KernelRounding | None:
+        """The rounding of a half weight or half element-wise state for the fused Triton
+        update: the update count goes up on the device (no host value in the launch;
+        graphs replay it). It counts wherever the torch path counts (an fp32 stack beside
+        half ones too), so both paths keep the same state."""
+        if not self.optimizer.rounding:
             return None
         from embeddings.kernels.rounding import KernelRounding
 
         self.state["rounding_step"].add_(1)
+        if route is not None:  # the batch's features, this stack's among others'
+            return KernelRounding(self.rounding_seed, self.state["rounding_step"], route.keys, route.row_shift,
+                                  route.col0)
         return KernelRounding(self.rounding_seed, self.state["rounding_step"], self._sr_feature_keys,
                               self._sr_feature_row_shift, self._sr_feature_cols0)
 

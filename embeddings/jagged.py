@@ -103,3 +103,25 @@ def _fbgemm_ops() -> bool:
     ``fbgemm_gpu`` (torchrec does). We never import it ourselves: the native engine
     runs on plain torch, and the torch fallback gives the same result."""
     return "fbgemm_gpu" in sys.modules and hasattr(torch.ops.fbgemm, "permute_1D_sparse_data")
+
+
+def split_features(sparse: KeyedJagged, groups: list[list[str]]) -> list[KeyedJagged]:
+    """``sparse``'s bags split by feature groups (tables of several stacks): one
+    permutation into group order, then contiguous slices, their value counts read on
+    the host (a sync on CUDA: for the paths that read their batch on the host anyway)."""
+    from data.jagged import JaggedFeatures
+
+    values, lengths, batch = in_feature_order(sparse, [f for g in groups for f in g])
+    bags = [len(g) * batch for g in groups]
+    parts = lengths.split(bags)
+    counts = [int(n) for n in torch.stack([p.sum() for p in parts]).tolist()] if parts else []
+    return [JaggedFeatures(g, v, n, batch) for g, v, n in zip(groups, values.split(counts), parts, strict=True)]
+
+
+def columns_in_order(pooled: list[torch.Tensor], groups: list[list[str]], features: list[str],
+                     dim: int) -> torch.Tensor:
+    """Pooled [B, len(g)*D] of each group put together as [B, F*D] in ``features``' order."""
+    concat = [f for g in groups for f in g]
+    order = torch.tensor([concat.index(f) for f in features], device=pooled[0].device)
+    batch = pooled[0].shape[0]
+    return torch.cat([p.view(batch, -1, dim) for p in pooled], dim=1).index_select(1, order).reshape(batch, -1)

@@ -130,6 +130,8 @@ class ShardedEmbeddingCollection(EmbeddingCollection):
         self.store_slots: list[list[Slot]] = []
         self._build_stores(make_optimizer, fused, seed, device, defer_column_shards=column_rowwise)
         self._shards_by_name = {shard_name(s.shard): s.shard for s in self.slots_on[self.rank]}
+        self._device = torch.device(device)
+        self._no_shards: torch.Tensor | None = None  # the anchor of a rank holding no shard
 
         # ---- replicated tables: a full local copy (one stack per dtype), KV all-gather in step()
         dp_tables = [t for t in tables if not self.strategies[t.name].model_parallel]
@@ -331,9 +333,13 @@ class ShardedEmbeddingCollection(EmbeddingCollection):
     def _anchor(self) -> torch.Tensor:
         """A zero that carries autograd: any store's weight, or the replicated one's."""
         holders = self._all_stores()
-        if not holders:
-            raise RuntimeError("a rank with no embedding shards at all")
-        return holders[0].weight.sum() * 0.0
+        if holders:
+            return holders[0].weight.sum() * 0.0
+        # A rank holding no shard of these tables (Hotline's dtype groups: a group's
+        # table-wise tables may all live elsewhere) still joins the backward all-to-all.
+        if self._no_shards is None:
+            self._no_shards = torch.zeros((), device=self._device, requires_grad=True)
+        return self._no_shards * 0.0
 
     # ------------------------------------------------------------------ updates
     def set_lr(self, lr: float) -> None:

@@ -9,10 +9,12 @@
 #   bash scripts/gpu_session.sh bench [ARGS]    # dlrm bench's GPU rows, configs/bench_gpu.yaml
 #
 # bench, in order, each step given what is left of the call's 580 s: the rows native
-# (fp32, TF32 on by train.tf32), in_memory (native on batches kept on the GPU), native_bf16, torch_baseline, hotline, host_embedding;
+# (fp32 tables, TF32 on by train.tf32), native_bf16_tables and native_fp16_tables (the
+# same with every table in bf16 / fp16: issue 24's GPU speed target, printed as samples/s
+# and table bytes over native's), in_memory (native on batches kept on the GPU),
+# native_bf16 (bf16 MLPs), torch_baseline, hotline, host_embedding;
 # the embedding kernels alone (python -m dlrm.bench.kernels: bytes/s per path);
-# native with train.tf32=false; native with train.cuda_graphs=off; native with bf16
-# tables (embeddings.dtype=bf16); a hotline.budget sweep
+# native with train.tf32=false; native with train.cuda_graphs=off; a hotline.budget sweep
 # (64MB 128MB 512MB 2GB: hit rate, popular share, samples/s; --hotline-budgets).
 # tests includes tests/test_sync_audit.py's gpu case (set_sync_debug_mode("error")
 # over steady-state steps, op count printed).
@@ -64,7 +66,8 @@ case "${1:-tests}" in
     end=$((SECONDS + 580))
     left() { echo $((end - SECONDS > 5 ? end - SECONDS : 5)); }
     timeout "$(left)" "$PY" -m dlrm bench --config configs/bench_gpu.yaml \
-      --engines native,in_memory,native_bf16,torch_baseline,hotline,host_embedding --out "$BENCH" "$@" \
+      --engines native,native_bf16_tables,native_fp16_tables,in_memory,native_bf16,torch_baseline,hotline,host_embedding \
+      --out "$BENCH" "$@" \
       >"$OUT/bench.log" 2>&1
     code=$?
     cp "$BENCH"/bench.json "$BENCH"/bench.png "$OUT"/ 2>/dev/null
@@ -79,10 +82,6 @@ case "${1:-tests}" in
       mkdir -p "$BENCH/eager" && ln -sfn "$BENCH/data" "$BENCH/eager/data"
       timeout "$(left)" "$PY" -m dlrm bench --config configs/bench_gpu.yaml --engines native \
         --out "$BENCH/eager" "$@" train.cuda_graphs=off | tail -8
-      echo "== native, embeddings.dtype=bf16 (half tables on the Triton kernels; issue 24: >= fp32's rate)"
-      mkdir -p "$BENCH/bf16" && ln -sfn "$BENCH/data" "$BENCH/bf16/data"
-      timeout "$(left)" "$PY" -m dlrm bench --config configs/bench_gpu.yaml --engines native \
-        --out "$BENCH/bf16" "$@" embeddings.dtype=bf16 | tail -8
       echo "== hotline.budget sweep"
       mkdir -p "$BENCH/budgets" && ln -sfn "$BENCH/data" "$BENCH/budgets/data"
       timeout "$(left)" "$PY" -m dlrm bench --config configs/bench_gpu.yaml --engines hotline \

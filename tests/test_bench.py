@@ -178,3 +178,37 @@ def test_input_ratio_pairs_native_with_in_memory_of_its_rank_count() -> None:
             {"engine": "hotline", "ranks": 1, "samples_per_s": 70.0}]
     add_input_ratio(rows)
     assert [r.get("vs_in_memory") for r in rows] == [0.9, None, None, None]
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_half_table_rows_beside_native(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """native_bf16_tables / native_fp16_tables train the same model with every table in
+    that type: the tables cell and bench.json say so, at half the bytes of native's."""
+    code = main(["bench", "--config", str(TINY), "--engines", "native,native_bf16_tables,native_fp16_tables",
+                 "--steps", "10", "--out", str(tmp_path), *SMALL])
+    assert code == 0
+    rows = {r["engine"]: r for r in json.loads((tmp_path / "bench.json").read_text())["rows"]}
+    out = capsys.readouterr().out
+    for dtype in ("bf16", "fp16"):
+        row = rows[f"native_{dtype}_tables"]
+        assert row["tables"]["dtype"] == dtype and rows["native"]["tables"]["dtype"] == "fp32"
+        assert row["tables"]["bytes"] * 2 == rows["native"]["tables"]["bytes"]
+        rate = row["samples_per_s"] / rows["native"]["samples_per_s"]
+        assert row["vs_fp32_tables"] == {"samples_per_s": pytest.approx(rate), "table_bytes": 0.5}
+        assert f"native_{dtype}_tables@1 / native@1: samples/s {rate:.3f}x, table bytes 0.500x" in out
+
+
+def test_half_table_lines_pair_rows_of_a_rank_count() -> None:
+    from dlrm.bench.run import half_table_lines
+
+    def row(engine: str, ranks: int, rate: float, nbytes: int) -> dict:
+        return {"engine": engine, "ranks": ranks, "samples_per_s": rate, "tables": {"bytes": nbytes}}
+
+    rows = [row("native", 1, 100.0, 1000), row("native_bf16_tables", 1, 110.0, 500),
+            row("native_fp16_tables", 2, 90.0, 500), row("hotline", 1, 70.0, 1000)]
+    lines = half_table_lines(rows)
+    assert rows[1]["vs_fp32_tables"] == {"samples_per_s": pytest.approx(1.1), "table_bytes": 0.5}
+    assert "vs_fp32_tables" not in rows[2] and "vs_fp32_tables" not in rows[3]  # no native row at 2 ranks
+    assert lines == [("native_bf16_tables@1 / native@1: samples/s 1.100x, table bytes 0.500x "
+                      "(issue 24: >= 1.0x at 0.5x +- 2% of the bytes)")]

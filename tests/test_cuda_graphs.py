@@ -25,6 +25,23 @@ def test_why_not_names_the_first_obstacle() -> None:
         == "unfused sparse updates"
 
 
+def test_half_tables_and_state_are_capturable() -> None:
+    """Tables of several dtypes (one process: DtypeStacks, routed on the device) and
+    half optimizer state (the fused Triton update rounds it) pass; their kernels' step
+    has no host sync (tests/test_dtype_stacks.py); tests/test_gpu.py replays them."""
+    base = ["embeddings.kernels=triton", "optim.dense=sgd"]
+    mixed = load_config(TINY, [*base, "embeddings.dtypes.C1=fp32", "embeddings.dtypes.C2=fp16",
+                               "embeddings.dtype=bf16"])
+    state = load_config(TINY, [*base, "optim.sparse=adam", "embeddings.state_dtype=bf16"])
+    for cfg in (mixed, state):
+        assert why_not(cfg, torch.device("cuda"), 1) is None
+        assert why_not(cfg, torch.device("cuda"), 2).startswith("more than one process")
+    torch_kernels = load_config(TINY, ["embeddings.kernels=torch", "optim.dense=sgd", "embeddings.dtypes.C1=bf16"])
+    assert why_not(torch_kernels, torch.device("cuda"), 1).startswith("embeddings.kernels=torch")
+    mixed_hotline = load_config(TINY, [*base, "embeddings.dtypes.C1=bf16", "embeddings.placement=hotline"])
+    assert why_not(mixed_hotline, torch.device("cuda"), 1).startswith("placement=hotline")
+
+
 def test_auto_on_cpu_trains_eager_and_says_so(tiny_data, tmp_path: Path, capsys) -> None:
     import json
 

@@ -308,6 +308,21 @@ def test_graph_replayed_training_equals_eager(single_hot_data, tmp_path: Path) -
     cases.assert_runs_close(tmp_path / "gbf16", tmp_path / "ebf16", "graphs vs eager, bf16", rtol=1e-5)
 
 
+@pytest.mark.parametrize("name,extra", [
+    ("mixed", ("embeddings.dtypes.C1=fp32", "embeddings.dtypes.C2=fp16", "embeddings.dtype=bf16")),
+    ("state", ("optim.sparse=adam", "embeddings.state_dtype=bf16", "embeddings.dtypes.C1=fp16")),
+])
+def test_graph_replay_with_mixed_dtypes_equals_eager(single_hot_data, tmp_path: Path, name: str, extra) -> None:
+    """One process with tables of several dtypes (DtypeStacks: every stack's kernels
+    take the whole batch, nothing routed by the host) and half Adam state (rounded in
+    the fused update), captured at step 3 and replayed: equal to the eager run."""
+    graphed = cases.run(single_hot_data, tmp_path / "g", "cuda", "train.cuda_graphs=on", "optim.dense=sgd", *extra)
+    cases.run(single_hot_data, tmp_path / "e", "cuda", "train.cuda_graphs=off", "optim.dense=sgd", *extra)
+    assert graphed["step_mode"].startswith("graphs: captured at step 3"), graphed["step_mode"]
+    assert "0 other-shape steps eager" in graphed["step_mode"], graphed["step_mode"]
+    cases.assert_runs_close(tmp_path / "g", tmp_path / "e", f"graphs vs eager, {name}", rtol=1e-5)
+
+
 # ------------------------------------------------------------------ 2 ranks, one GPU
 
 
@@ -332,11 +347,21 @@ HALF = ("embeddings.dtypes.C1=fp32", "embeddings.dtypes.C2=fp16", "embeddings.dt
 
 @pytest.mark.parametrize("extra", [HALF, ("embeddings.state_dtype=bf16", "optim.sparse=adam")])
 def test_half_tables_and_state_on_cuda_equal_cpu(tiny_data, tmp_path: Path, extra) -> None:
-    """Per-table dtypes (several stacks, torch path) and bf16 Adam state on CUDA: close
-    to the CPU run (stochastic rounding flips where fp32 sums differ in the last bit)."""
+    """Per-table dtypes (several stacks) and bf16 Adam state (the fused Triton update)
+    on CUDA: close to the CPU run (stochastic rounding flips where fp32 sums differ in
+    the last bit)."""
     cases.device_equals_cpu(tiny_data, tmp_path, "cuda", *extra)
 
 
 def test_hotline_bf16_on_cuda_equals_ordinary_training(tiny_data, tmp_path: Path) -> None:
     """Hot rows in bf16 on the GPU, cold rows in bf16 in pinned host memory."""
     cases.hotline_equals_plain(tiny_data, tmp_path, "cuda", "optim.sparse=rowwise_adagrad", "embeddings.dtype=bf16")
+
+
+def test_hotline_mixed_dtypes_on_cuda_equals_ordinary_training(tiny_data, tmp_path: Path) -> None:
+    """Per-table dtypes under Hotline: a hot tier per dtype on the GPU, a host tier per
+    dtype in pinned host memory; against ordinary training (DtypeStacks). Row-wise
+    Adagrad: Adam turns the micro-batches' other fp32 summation order into larger
+    differences of near-zero gradients, which stochastic rounding then makes discrete
+    (on the CPU a single-dtype bf16 Adam run is 3e-3 from plain), past this tolerance."""
+    cases.hotline_equals_plain(tiny_data, tmp_path, "cuda", *HALF, "optim.sparse=rowwise_adagrad")

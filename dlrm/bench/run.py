@@ -59,6 +59,10 @@ ENGINES = {
     # the step rate the Parquet input keeps.
     "in_memory": ["embeddings.backend=native", "data.in_memory=true"],
     "hotline": ["embeddings.placement=hotline"],
+    # Half-precision tables (issue 24): the same engine with every table stored in
+    # bf16 / fp16, beside native's fp32 rows (``vs_fp32_tables``: rate and table bytes).
+    "native_bf16_tables": ["embeddings.backend=native", "embeddings.dtype=bf16"],
+    "native_fp16_tables": ["embeddings.backend=native", "embeddings.dtype=fp16"],
     "host_embedding": ["embeddings.placement=hotline", "hotline.budget=1B", "hotline.pipeline=false"],
 }
 SECTIONS = ("data_wait", "input_alltoall", "lookup", "output_alltoall", "mlp",
@@ -111,6 +115,8 @@ def cmd_bench(argv: list[str]) -> int:
     add_bounds(rows, cfg, limit)
     print(format_table(rows))
     add_input_ratio(rows)
+    for line in half_table_lines(rows):
+        print(line)
     for row in rows:
         if row.get("vs_in_memory") is not None:
             print(f"native@{row['ranks']}: from Parquet / in memory = {row['vs_in_memory']:.3f} "
@@ -436,6 +442,25 @@ def add_input_ratio(rows: list[dict[str, Any]]) -> None:
         if r["engine"] == "native":
             b = staged.get(r["ranks"])
             r["vs_in_memory"] = r["samples_per_s"] / b if b else None
+
+
+def half_table_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """``vs_fp32_tables`` on each half-table row: its samples/s and table bytes over the
+    native (fp32 tables) row's at the same rank count; one line each (none without a
+    native row)."""
+    native = {r["ranks"]: r for r in rows if r["engine"] == "native"}
+    lines = []
+    for r in rows:
+        base = native.get(r["ranks"])
+        if not r["engine"].endswith("_tables") or base is None:
+            continue
+        rate = r["samples_per_s"] / base["samples_per_s"] if base["samples_per_s"] else None
+        mine, theirs = (x.get("tables") or {} for x in (r, base))
+        size = mine["bytes"] / theirs["bytes"] if mine.get("bytes") and theirs.get("bytes") else None
+        r["vs_fp32_tables"] = {"samples_per_s": rate, "table_bytes": size}
+        lines.append(f"{r['engine']}@{r['ranks']} / native@{r['ranks']}: samples/s {_fmt(rate, '.3f')}x, "
+                     f"table bytes {_fmt(size, '.3f')}x (issue 24: >= 1.0x at 0.5x +- 2% of the bytes)")
+    return lines
 
 
 # ------------------------------------------------------------------ reader

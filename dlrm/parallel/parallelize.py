@@ -5,12 +5,12 @@ embedding collection of its placement, with its MLPs under DDP when there are ra
       ├─ embeddings.backend=torchrec ─► TorchRecDLRM (DistributedModelParallel does it all)
       └─ native:
          embeddings    one process ............ LocalEmbeddingCollection (tables of several
-                                                dtypes: the sharded collection on one rank,
-                                                one stack per dtype)
+                                                dtypes: DtypeStacks, one stack per dtype)
                        several ranks .......... ShardedEmbeddingCollection, by the plan
                        placement=hotline ...... HotlineEmbeddingCollection: hot rows here,
                                                 cold rows on the host (sharded by the plan
-                                                over the ranks' host memory)
+                                                over the ranks' host memory); tables of
+                                                several dtypes: one per dtype
          DLRM(num_dense, embeddings)            plain PyTorch: knows no ranks
          apply_ddp     several ranks .......... DDP around the dense arch (dlrm/parallel/ddp.py)
 
@@ -33,11 +33,10 @@ from dlrm.parallel.ddp import apply_ddp, averaging
 from dlrm.parallel.distributed import DistInfo, new_group
 from dlrm.parallel.planning import plan_from_config, run_tables
 from embeddings.collection import LocalEmbeddingCollection
+from embeddings.dtype_stacks import DtypeStacks
 from embeddings.hotline.profile import HotProfile
 from embeddings.interface import PooledEmbeddings
 from embeddings.optim import SparseOptimizer, make_sparse_optimizer
-from embeddings.plan.planner import fixed_plan
-from embeddings.plan.types import ShardingType
 from embeddings.sharded import ShardedEmbeddingCollection
 
 
@@ -138,18 +137,11 @@ def local_embeddings(cfg: Config, schema: Schema, device: torch.device, seed: in
     )
 
 
-def mixed_local_embeddings(
-    cfg: Config, schema: Schema, device: torch.device, seed: int | None
-) -> ShardedEmbeddingCollection:
-    """One process, tables of several ``embeddings.dtypes``: one stack per dtype. The
-    sharded collection on one rank (every table whole, no process group) groups its
-    stacks by dtype and saves each table in its own type."""
-    tables = run_tables(cfg, schema)
-    plan = fixed_plan(tables, 1, {t.name: (ShardingType.TABLE_WISE, [0]) for t in tables})
-    return ShardedEmbeddingCollection(
-        tables, plan, lambda: sparse_optimizer(cfg), fused=fused(cfg), seed=seed, device=device,
-        rounding_seed=cfg.seed, kernels=cfg.embeddings.kernels,
-    )
+def mixed_local_embeddings(cfg: Config, schema: Schema, device: torch.device, seed: int | None) -> DtypeStacks:
+    """One process, tables of several ``embeddings.dtypes``: one stack per dtype, the
+    batch routed on the device (embeddings/dtype_stacks.py), each table saved in its type."""
+    return DtypeStacks(run_tables(cfg, schema), lambda: sparse_optimizer(cfg), fused=fused(cfg), seed=seed,
+                       device=device, rounding_seed=cfg.seed, kernels=cfg.embeddings.kernels)
 
 
 def sharded_embeddings(
@@ -179,7 +171,7 @@ def hotline_embeddings(
     """Hot rows on ``device``, the rest in host memory (several ranks: the cold rows
     sharded over the ranks' host memory by the plan, reached on a gloo group of their
     own, since their all-to-alls run on the host)."""
-    from embeddings.hotline.tiers import HotlineEmbeddingCollection
+    from embeddings.hotline.mixed import hotline_collection
 
     if hot_profile is None:
         raise ValueError("hotline placement needs a hot profile (dlrm.train.hotline.make_profile)")
@@ -189,7 +181,7 @@ def hotline_embeddings(
         group = new_group(info, backend="gloo")
     # Kept (not fused) gradients: the popular and the non-popular micro-batch of a
     # mini-batch add up to one optimizer step.
-    collection = HotlineEmbeddingCollection(
+    collection = hotline_collection(
         run_tables(cfg, schema), hot_profile, sparse_optimizer(cfg), fused=False, seed=seed,
         device=device, plan=plan, group=group, gather_threads=cfg.hotline.gather_threads, rounding_seed=cfg.seed,
     )

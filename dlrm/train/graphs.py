@@ -11,7 +11,9 @@
 What makes a step capturable (else it runs eager, and ``auto`` says why once):
 
     CUDA, one process, placement=sharded with the native backend on the Triton
-    kernels, fused sparse updates (no accumulation), a dense optimizer that reads
+    kernels (tables of any dtypes, several too: embeddings/dtype_stacks.py routes
+    them on the device; half optimizer state too), fused sparse updates (no
+    accumulation), a dense optimizer that reads
     its lr from a tensor (SGD, Adam), and the same shapes as the captured batch:
     B samples and N ids (single-hot data always; multi-hot when N repeats) —
     another shape (an epoch's short last batch) runs that step eager.
@@ -43,9 +45,6 @@ def why_not(cfg: Any, device: torch.device, world_size: int) -> str | None:
         (cfg.embeddings.placement != "sharded", "placement=hotline (host-side cold rows)"),
         (cfg.embeddings.backend != "native", f"embeddings.backend={cfg.embeddings.backend}"),
         (cfg.embeddings.kernels == "torch", "embeddings.kernels=torch (its backward syncs)"),
-        (cfg.embeddings.state_dtype != "fp32", "half optimizer state (embeddings.state_dtype: torch path)"),
-        (len({cfg.embeddings.dtype, *cfg.embeddings.dtypes.values()}) > 1,
-         "tables of several dtypes (embeddings.dtypes: a stack per dtype, routed by the host)"),
         (not cfg.embeddings.fused or cfg.train.accumulate != 1, "unfused sparse updates"),
         (cfg.optim.dense not in ("sgd", "adam"), f"optim.dense={cfg.optim.dense}"),
         (cfg.data.on_error == "skip", "data.on_error=skip (batches of varying rows)"),

@@ -154,7 +154,7 @@ class HotlineSteps:
             counts = sum_counts(self.counts, self.tables, self.info)
             self.embeddings.refresh(HotProfile.build(counts, self.tables, optimizer, budget))
             self.counts = None
-            if self.embeddings.hot_weight.device.type == "cuda":
+            if self.embeddings.hot_device.type == "cuda":
                 torch.cuda.current_stream().synchronize()  # measure the copies, not their launch
             self._window["refreshes"] += 1
             self._window["refresh"] += time.perf_counter() - t0
@@ -176,7 +176,7 @@ class HotlineSteps:
             "transfer_ms": 1000 * transfer / steps,
             "gather_wait_ms": 1000 * wait / steps,
             "gather_hidden": max(0.0, 1 - wait / busy) if busy > 0 else 1.0,
-            "gather_threads": float(getattr(self.embeddings.tier, "gather_threads", 1)),
+            "gather_threads": float(self.embeddings.gather_threads),
             # hotline.refresh_every: re-profiles and the mean pause each cost the step loop
             "refreshes": w["refreshes"],
             "refresh_pause_ms": 1000 * w["refresh"] / w["refreshes"] if w["refreshes"] else 0.0,

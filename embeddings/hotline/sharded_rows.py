@@ -66,7 +66,8 @@ def read_rows(
 
     ``state``: freshly initialised optimizer state for H rows; the entries named in
     ``row_state`` (one value or vector per row) are filled with the owners' values,
-    the others (Adam's step, the same in every shard) from a local shard."""
+    the others (Adam's step, the same in every shard) from a shard (this rank's, else
+    the holders': a collective too)."""
     ids = stacked_ids.cpu()
     # Gathered in fp32 whatever the tables' type (half values are exact in fp32, a sum
     # with zeros too; gloo's all-reduce knows fp32 best), cast back at the end (exact).
@@ -88,9 +89,17 @@ def read_rows(
                 buffer[pos, cols] = src
             elif shard.col_start == 0:  # per-row value: every column shard has it
                 buffer[pos] = src
+    # Scalar state (Adam's step, the rounding step) from any shard; a rank that holds
+    # no shard of these tables (a table-wise table on another rank) takes the owners'
+    # value by an all-reduce MAX (counts: the holders agree, the others add 0).
+    for name, fresh in state.items():
+        if name not in row_state:
+            scalars[name] = scalars.get(name, fresh).cpu().clone()
     if host.world_size > 1:
         for tensor in [weight, *rows_state.values()]:
             dist.all_reduce(tensor, group=host.group)
+        for tensor in scalars.values():
+            dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=host.group)
     for name, tensor in state.items():
         tensor.copy_(rows_state[name] if name in rows_state else scalars[name])
     return weight.to(weight_dtype(host.tables[0].dtype))  # Hotline: one dtype for all tables

@@ -135,6 +135,15 @@ class HotlineEmbeddingCollection(EmbeddingCollection):
         return self.tier.collective
 
     @property
+    def hot_device(self) -> torch.device:
+        return self.hot.device
+
+    @property
+    def gather_threads(self) -> int:
+        """Host threads gathering cold rows (one process; 1 where the host tier is sharded)."""
+        return int(getattr(self.tier, "gather_threads", 1))
+
+    @property
     def hot_ids(self) -> torch.Tensor:
         return self.hot.ids
 
@@ -183,7 +192,7 @@ class HotlineEmbeddingCollection(EmbeddingCollection):
         self._load_hot(self._stacked_hot_ids(profile), self.hot.device)
 
     # ------------------------------------------------------------------ lookups
-    def _lookups(self, sparse: KeyedJagged) -> Lookups:
+    def lookups(self, sparse: KeyedJagged) -> Lookups:
         """``sparse``'s lookups in the collection's feature order, split hot/cold."""
         values, lengths, batch = in_feature_order(sparse, self.features)
         ids = stacked_ids(values, lengths, self._offsets_on(values.device), batch)
@@ -206,7 +215,7 @@ class HotlineEmbeddingCollection(EmbeddingCollection):
 
     def classify(self, sparse: KeyedJagged) -> tuple[torch.Tensor, float]:
         """(popular mask [B], share of the lookups that hit a hot row)."""
-        lookups = self._lookups(sparse)
+        lookups = self.lookups(sparse)
         return lookups.popular, float(lookups.is_hot.sum()) / max(lookups.ids.numel(), 1)
 
     def gather_cold(self, sparse: KeyedJagged) -> ColdRows | ColdPooled:
@@ -216,7 +225,7 @@ class HotlineEmbeddingCollection(EmbeddingCollection):
         One process: the unique cold rows (``ColdRows``). Several ranks: the cold
         part of every bag looked up by the sharded host tier (``ColdPooled``), a
         collective: every rank calls it once per micro-batch, an empty one too."""
-        return self.tier.gather_cold(self._lookups(sparse), self.hot.device)
+        return self.tier.gather_cold(self.lookups(sparse), self.hot.device)
 
     # ------------------------------------------------------------------ forward
     def forward(self, sparse: KeyedJagged | Prefetched) -> torch.Tensor:
@@ -226,7 +235,7 @@ class HotlineEmbeddingCollection(EmbeddingCollection):
         cold: ColdRows | ColdPooled | str | None = None
         if isinstance(sparse, Prefetched):
             sparse, cold = sparse.sparse, sparse.rows
-        lookups = self._lookups(sparse)
+        lookups = self.lookups(sparse)
         if cold is HOT_ONLY:
             lookups.check_hot_only()
             cold = None

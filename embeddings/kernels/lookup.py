@@ -18,6 +18,20 @@ from embeddings.kernels.pooled import pooled_forward
 
 
 @dataclass
+class FeatureRoute:
+    """Where each feature of a batch sits in one stack, for a batch that holds other
+    stacks' features too (one process, tables of several dtypes): per feature [F], its
+    table's first row in the stack (-1: another stack's feature, skipped by the kernels)
+    and the stochastic rounding's coordinates (table key, stacked row → full-table row
+    shift, first column; 0 where skipped)."""
+
+    row_base: torch.Tensor
+    keys: torch.Tensor
+    row_shift: torch.Tensor
+    col0: torch.Tensor
+
+
+@dataclass
 class Bags:
     """A batch's bags, feature-major: what the backward needs to retrace the forward."""
 
@@ -27,6 +41,7 @@ class Bags:
     batch: int
     mean: bool
     feature_major: bool
+    route: FeatureRoute | None = None  # the batch holds other stacks' features too
 
 
 BackwardHandler = Callable[[torch.Tensor, Bags], None]

@@ -6,7 +6,9 @@ layout wants it, so no permutation of the ids precedes the lookup:
 
     values   [N]        ids, local to their feature's table, bag after bag
     offsets  [F*B + 1]  bag p = f*B + b holds values[offsets[p]:offsets[p+1]]
-    row_base [F]        first row of feature f's table in the stacked weight
+    row_base [F]        first row of feature f's table in the stacked weight; -1: a
+                        feature of another stack (one process with tables of several
+                        dtypes, embeddings/dtype_stacks.py): its bags pool to zeros
     weight   [R, D]     the stacked tables
         │ program p: acc = Σ weight[row_base[f] + values[j]]   (fp32)
         │            mean: acc / max(len, 1);  empty bag: zeros
@@ -38,6 +40,7 @@ def _pooled_kernel(
     start = tl.load(offsets_ptr + bag)
     end = tl.load(offsets_ptr + bag + 1)
     base = tl.load(row_base_ptr + feature)
+    end = tl.where(base < 0, start, end)  # another stack's feature: an empty bag here
     cols = tl.arange(0, BLOCK_D)
     in_row = cols < dim
     acc = tl.zeros([BLOCK_D], dtype=tl.float32)

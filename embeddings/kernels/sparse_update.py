@@ -14,6 +14,10 @@
         ▼
     weight and optimizer state updated in place     |   KV gradient (ids, rows)
 
+A feature whose row_base is -1 belongs to another stack (one process, tables of
+several dtypes: embeddings/dtype_stacks.py): its lookups linearize to OTHER_STACK,
+sort after every row and no program applies them.
+
 Every shape is N, known before the step: no unique, no host sync. Each row is
 written by exactly one program (its run's head), so no atomics are needed, and the
 sum is taken in the same order as ``KVGradient.from_lookups``.
@@ -50,8 +54,15 @@ from embeddings.kernels.rounding import (
 )
 from embeddings.kv import KVGradient
 from embeddings.optim import RowWiseAdagrad, SparseAdagrad, SparseAdam, SparseOptimizer, SparseSGD
+from embeddings.rounding import table_key
 
 KV, SGD, ROWWISE_ADAGRAD, ADAGRAD, ADAM = 0, 1, 2, 3, 4
+
+
+# The stacked id of a lookup of another stack's feature (row_base -1): sorted after
+# every row, and no run of it is applied (one process, several dtypes: each stack's
+# update passes over the whole batch and takes its own features' lookups).
+OTHER_STACK = tl.constexpr(1 << 62)
 
 
 @triton.jit
@@ -61,7 +72,8 @@ def _linearize_kernel(values_ptr, offsets_ptr, row_base_ptr, linear_ptr, bag_of_
     end = tl.load(offsets_ptr + bag + 1)
     base = tl.load(row_base_ptr + bag // batch)
     for j in range(start, end):
-        tl.store(linear_ptr + j, tl.load(values_ptr + j).to(tl.int64) + base)
+        linear = tl.load(values_ptr + j).to(tl.int64) + base
+        tl.store(linear_ptr + j, tl.where(base < 0, OTHER_STACK, linear))
         tl.store(bag_of_ptr + j, bag)
 
 
@@ -88,18 +100,55 @@ def _run_gradient(sorted_ptr, order_ptr, bag_of_ptr, offsets_ptr, grad_ptr, i, r
 
 
 @triton.jit
-def _store_row(weight_ptr, wbits_ptr, at, w, in_row, bag, batch, row, cols,
-               seed_h, rstep_ptr, keys_ptr, row_shift_ptr, col0_ptr, HALF: tl.constexpr):
-    """Write the updated fp32 row ``w``: as the weight's type, or (HALF) stochastically
-    rounded at its full-table coordinates (kernels/rounding.py), through int16 bits."""
+def _store_rounded(ptr, bits_ptr, at, x, in_row, feature, row, cols, key_xor,
+                   seed_h, rstep_ptr, keys_ptr, row_shift_ptr, col0_ptr, HALF: tl.constexpr):
+    """Write the fp32 row ``x`` at ``at``: as the tensor's type, or (HALF) stochastically
+    rounded at its full-table coordinates (kernels/rounding.py), through int16 bits. The
+    hash's table key is the table's xor ``key_xor``: 0 for the weight, crc32 of a state's
+    name for that state's own stream (as embeddings/optim.py's put_state)."""
     if HALF == 0:
-        tl.store(weight_ptr + at, w.to(weight_ptr.dtype.element_ty), mask=in_row)
+        tl.store(ptr + at, x.to(ptr.dtype.element_ty), mask=in_row)
     else:
-        feature = bag // batch
-        h_row = row_hash(seed_h, tl.load(rstep_ptr), tl.load(keys_ptr + feature),
-                         row + tl.load(row_shift_ptr + feature))
+        key = tl.load(keys_ptr + feature) ^ key_xor
+        h_row = row_hash(seed_h, tl.load(rstep_ptr), key, row + tl.load(row_shift_ptr + feature))
         h = fmix32(h_row ^ (tl.load(col0_ptr + feature) + cols).to(tl.uint32))
-        tl.store(wbits_ptr + at, rounded_bits(w, h, HALF), mask=in_row)
+        tl.store(bits_ptr + at, rounded_bits(x, h, HALF), mask=in_row)
+
+
+@triton.jit
+def _updated_row(g, w, at, in_row, row, dim, lr, state_ptr, state2_ptr, step_ptr,
+                 eps, beta1, beta2, log_beta1, log_beta2, sbits_ptr, s2bits_ptr, skey, s2key,
+                 feature, cols, seed_h, rstep_ptr, keys_ptr, row_shift_ptr, col0_ptr,
+                 OPT: tl.constexpr, SHALF: tl.constexpr):
+    """The row ``w`` after one optimizer step with gradient ``g``; its state updated in
+    place, element-wise state (Adagrad's sum, Adam's moments) read in its type, computed
+    in fp32 and written back as _store_rounded writes (SHALF: fp16/bf16 state)."""
+    if OPT == 1:
+        w = w - lr * g
+    elif OPT == 2:  # row-wise Adagrad: one fp32 value per row
+        s = tl.load(state_ptr + row) + tl.sum(g * g, axis=0) / dim
+        tl.store(state_ptr + row, s)
+        w = w - g * (lr / (tl.sqrt(s) + eps))
+    elif OPT == 3:
+        s = tl.load(state_ptr + at, mask=in_row, other=0.0).to(tl.float32) + g * g
+        _store_rounded(state_ptr, sbits_ptr, at, s, in_row, feature, row, cols, skey,
+                       seed_h, rstep_ptr, keys_ptr, row_shift_ptr, col0_ptr, SHALF)
+        w = w - lr * (g / (tl.sqrt(s) + eps))
+    else:
+        m = tl.load(state_ptr + at, mask=in_row, other=0.0).to(tl.float32)
+        v = tl.load(state2_ptr + at, mask=in_row, other=0.0).to(tl.float32)
+        m = m + (1.0 - beta1) * (g - m)
+        v = v + (1.0 - beta2) * (g * g - v)
+        _store_rounded(state_ptr, sbits_ptr, at, m, in_row, feature, row, cols, skey,
+                       seed_h, rstep_ptr, keys_ptr, row_shift_ptr, col0_ptr, SHALF)
+        _store_rounded(state2_ptr, s2bits_ptr, at, v, in_row, feature, row, cols, s2key,
+                       seed_h, rstep_ptr, keys_ptr, row_shift_ptr, col0_ptr, SHALF)
+        t = tl.load(step_ptr).to(tl.float64)
+        bias2 = 1.0 - tl.exp(t * log_beta2)  # 1 - beta2^t
+        bias1 = 1.0 - tl.exp(t * log_beta1)
+        step_size = (lr.to(tl.float64) * tl.sqrt(bias2) / bias1).to(tl.float32)
+        w = w - step_size * (m / (tl.sqrt(v) + eps))
+    return w
 
 
 @triton.jit
@@ -108,12 +157,14 @@ def _runs_kernel(
     weight_ptr, state_ptr, state2_ptr, lr_ptr, step_ptr, out_ids_ptr, out_rows_ptr,
     n, batch, dim, stride_b, stride_f, eps, beta1, beta2, log_beta1, log_beta2,
     wbits_ptr, seed_h, rstep_ptr, keys_ptr, row_shift_ptr, col0_ptr,
+    sbits_ptr, s2bits_ptr, skey, s2key,
     OPT: tl.constexpr, MEAN: tl.constexpr, BLOCK_D: tl.constexpr, HALF: tl.constexpr,
+    SHALF: tl.constexpr,
 ):
     i = tl.program_id(0)
     row = tl.load(sorted_ptr + i)
     prev = tl.load(sorted_ptr + i - 1, mask=i > 0, other=-1)
-    if (i == 0) | (row != prev):
+    if ((i == 0) | (row != prev)) & (row != OTHER_STACK):
         cols = tl.arange(0, BLOCK_D)
         in_row = cols < dim
         g = _run_gradient(sorted_ptr, order_ptr, bag_of_ptr, offsets_ptr, grad_ptr, i, row, n,
@@ -124,32 +175,13 @@ def _runs_kernel(
             tl.store(out_ids_ptr + i, row)
             tl.store(out_rows_ptr + i.to(tl.int64) * dim + cols, g, mask=in_row)
         else:
-            lr = tl.load(lr_ptr)
+            feature = tl.load(bag_of_ptr + tl.load(order_ptr + i)) // batch
             w = tl.load(weight_ptr + at, mask=in_row, other=0.0).to(tl.float32)
-            if OPT == 1:
-                w = w - lr * g
-            elif OPT == 2:
-                s = tl.load(state_ptr + row) + tl.sum(g * g, axis=0) / dim
-                tl.store(state_ptr + row, s)
-                w = w - g * (lr / (tl.sqrt(s) + eps))
-            elif OPT == 3:
-                s = tl.load(state_ptr + at, mask=in_row, other=0.0) + g * g
-                tl.store(state_ptr + at, s, mask=in_row)
-                w = w - lr * (g / (tl.sqrt(s) + eps))
-            else:
-                m = tl.load(state_ptr + at, mask=in_row, other=0.0)
-                v = tl.load(state2_ptr + at, mask=in_row, other=0.0)
-                m = m + (1.0 - beta1) * (g - m)
-                v = v + (1.0 - beta2) * (g * g - v)
-                tl.store(state_ptr + at, m, mask=in_row)
-                tl.store(state2_ptr + at, v, mask=in_row)
-                t = tl.load(step_ptr).to(tl.float64)
-                bias2 = 1.0 - tl.exp(t * log_beta2)  # 1 - beta2^t
-                bias1 = 1.0 - tl.exp(t * log_beta1)
-                step_size = (lr.to(tl.float64) * tl.sqrt(bias2) / bias1).to(tl.float32)
-                w = w - step_size * (m / (tl.sqrt(v) + eps))
-            _store_row(weight_ptr, wbits_ptr, at, w, in_row, tl.load(bag_of_ptr + tl.load(order_ptr + i)),
-                       batch, row, cols, seed_h, rstep_ptr, keys_ptr, row_shift_ptr, col0_ptr, HALF)
+            w = _updated_row(g, w, at, in_row, row, dim, tl.load(lr_ptr), state_ptr, state2_ptr, step_ptr,
+                             eps, beta1, beta2, log_beta1, log_beta2, sbits_ptr, s2bits_ptr, skey, s2key,
+                             feature, cols, seed_h, rstep_ptr, keys_ptr, row_shift_ptr, col0_ptr, OPT, SHALF)
+            _store_rounded(weight_ptr, wbits_ptr, at, w, in_row, feature, row, cols, 0,
+                           seed_h, rstep_ptr, keys_ptr, row_shift_ptr, col0_ptr, HALF)
 
 
 def optimizer_code(optimizer: SparseOptimizer) -> int:
@@ -176,7 +208,9 @@ def _sorted_runs(
 
 def _launch_runs(grad_pooled, values, offsets, row_base, batch, mean, feature_major,
                  opt, weight, states, lr, step, out_ids, out_rows, eps=0.0, betas=(0.0, 0.0),
-                 rounding: KernelRounding | None = None):
+                 rounding: KernelRounding | None = None, state_keys=(0, 0)):
+    """``states``: the optimizer's state tensors the kernel updates; fp16/bf16 ones are
+    rounded with ``rounding``, in the streams of ``state_keys`` (crc32 of their names)."""
     n = values.numel()
     num_features = row_base.numel()
     dim = grad_pooled.shape[-1] if feature_major else grad_pooled.shape[1] // num_features
@@ -185,9 +219,11 @@ def _launch_runs(grad_pooled, values, offsets, row_base, batch, mean, feature_ma
     dummy = sorted_ids  # an unused pointer argument (its OPT never reads it)
     state, state2 = (list(states) + [dummy, dummy])[:2]
     half = NONE if rounding is None else half_code(weight.dtype)
-    rounds = ((weight.view(torch.int16), seed_hash(rounding.seed), rounding.step, rounding.keys,
-               rounding.row_shift, rounding.col0) if rounding is not None
+    half_state = NONE if rounding is None or not states else half_code(states[0].dtype)
+    rounds = ((weight.view(torch.int16) if half else dummy, seed_hash(rounding.seed), rounding.step,
+               rounding.keys, rounding.row_shift, rounding.col0) if rounding is not None
               else (dummy, 0, dummy, dummy, dummy, dummy))
+    state_bits = [t.view(torch.int16) if half_state else dummy for t in (state, state2)]
     _runs_kernel[(n,)](
         sorted_ids, order, bag_of, offsets, grad_pooled.contiguous(),
         dummy if weight is None else weight, state, state2,
@@ -195,7 +231,8 @@ def _launch_runs(grad_pooled, values, offsets, row_base, batch, mean, feature_ma
         dummy if out_ids is None else out_ids, dummy if out_rows is None else out_rows,
         n, batch, dim, stride_b, stride_f, eps, betas[0], betas[1],
         math.log(betas[0]) if betas[0] > 0 else 0.0, math.log(betas[1]) if betas[1] > 0 else 0.0,
-        *rounds, OPT=opt, MEAN=mean, BLOCK_D=block_d(dim), HALF=half, num_warps=warps(dim),
+        *rounds, *state_bits, *state_keys,
+        OPT=opt, MEAN=mean, BLOCK_D=block_d(dim), HALF=half, SHALF=half_state, num_warps=warps(dim),
     )
 
 
@@ -216,8 +253,9 @@ def backward_update(
     """Apply ``optimizer`` to the rows the lookup touched, in place (fused backward).
 
     ``lr`` [1] and Adam's ``state["step"]`` [1] live on ``weight``'s device. A fp16/bf16
-    ``weight`` with ``rounding``: rows written stochastically rounded (its ``step``
-    already counts this update); without: round-to-nearest."""
+    ``weight`` or element-wise state with ``rounding``: written stochastically rounded
+    (its ``step`` already counts this update; each state in its own stream, the table
+    key xor crc32 of its name, as the torch path); without: round-to-nearest."""
     if values.numel() == 0:
         if isinstance(optimizer, SparseAdam):
             state["step"] += 1  # an empty step still counts, as in the torch path
@@ -227,13 +265,15 @@ def backward_update(
     if opt == ADAM:
         state["step"] += 1
         step = state["step"]
-        states = [state["exp_avg"], state["exp_avg_sq"]]
+        names = ["exp_avg", "exp_avg_sq"]
         betas = optimizer.betas
     else:
-        states = [state["sum"]] if opt in (ROWWISE_ADAGRAD, ADAGRAD) else []
+        names = ["sum"] if opt in (ROWWISE_ADAGRAD, ADAGRAD) else []
         betas = (0.0, 0.0)
+    keys = tuple(table_key(name) for name in names) + (0,) * (2 - len(names))
     _launch_runs(grad_pooled, values, offsets, row_base, batch, mean, feature_major,
-                 opt, weight, states, lr, step, None, None, optimizer.eps, betas, rounding)
+                 opt, weight, [state[name] for name in names], lr, step, None, None, optimizer.eps, betas,
+                 rounding, keys)
 
 
 def backward_kv(
