@@ -27,7 +27,7 @@ from tests.conftest import REPO, TINY
 from tests.multiprocess import free_port
 from tests.run_state import run_state
 
-STEPS = 80  # long enough that signals sent 3 steps into a job land well before the end
+STEPS = 400  # signals sent 3 steps into a job land within an exchange (0.5 s of steps) of it: well before the end
 ARGS = ["train.progress=false", "train.log_every=1", "data.batch_size=128",
         "embeddings.replicate_max_bytes=0"]
 
@@ -133,6 +133,7 @@ def test_sigterm_to_one_rank_then_to_torchrun_resumes_bit_equal(straight, tmp_pa
     log = output(run)
     assert f"resumed from {run / ck.CHECKPOINTS / f'step-{stopped:09d}'} at step {stopped}" in log
     again = newest_step(run)
+    print(f"first stop at step {stopped}, second at {again} of {STEPS}")
     assert stopped + 3 <= again < STEPS and f"stopped by SIGTERM after step {again} of {STEPS}" in log
 
     job = torchrun(data, run)  # the same command, to the end
