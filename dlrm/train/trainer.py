@@ -362,8 +362,7 @@ class Trainer:
             part = batch.to(self.info.device, non_blocking=True)
             yield part, part.sparse, True
             return
-        for part, cold, last in self.hotline.micro_batches(batch):
-            part = part.to(self.info.device, non_blocking=True)
+        for part, cold, last in self.hotline.micro_batches(batch):  # already on the device
             yield part, Prefetched(part.sparse, cold), last
 
     def _forward_backward(self, part: Batch, sparse: Any, rows: int, sync: bool) -> None:

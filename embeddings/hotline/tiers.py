@@ -43,12 +43,20 @@ from embeddings.hotline.host_tier import HostTier
 from embeddings.hotline.hot_tier import HotTier
 from embeddings.hotline.lookups import HOT_ONLY, ColdPooled, ColdRows, Lookups
 from embeddings.hotline.profile import HotProfile
+from embeddings.hotline.split import (
+    DeviceSplit,
+    MicroLookups,
+    Sizes,
+    all_hot,
+    micro_lookups,
+    split_on_device,
+)
 from embeddings.interface import Prefetched, TableState
 from embeddings.jagged import in_feature_order, stacked_ids
 from embeddings.kv import KVGradient
 from embeddings.optim import SparseOptimizer
 from embeddings.sharded import scale_grad
-from embeddings.table import TableSpec
+from embeddings.table import Pooling, TableSpec
 
 if TYPE_CHECKING:
     import torch.distributed as dist
@@ -113,7 +121,7 @@ class HotlineEmbeddingCollection(EmbeddingCollection):
         self.register_buffer("feature_offsets", offsets.to(device), persistent=False)
         self._offsets_cache: dict[torch.device, torch.Tensor] = {}
         self.hot = HotTier(optimizer, fused, self.tables, rounding_seed)
-        self._last: tuple[torch.Tensor, int, torch.Tensor, int, torch.Tensor | int] | None = None
+        self._last: tuple[int, int, int, int, int] | None = None
         self.profile = profile
         self._load_hot(self._stacked_hot_ids(profile), device)
 
@@ -200,43 +208,69 @@ class HotlineEmbeddingCollection(EmbeddingCollection):
             cached = self._offsets_cache[device] = self.feature_offsets.to(device)
         return cached
 
+    def split_on_device(self, sparse: KeyedJagged, by_popularity: bool = True) -> DeviceSplit:
+        """``sparse`` classified once where its ids are (the device, in training) and
+        cut into static-size parts (split.py); nothing here waits for the device."""
+        return split_on_device(self._lookups(sparse), self.mean, by_popularity)
+
+    def micro_batch(self, split: DeviceSplit, sizes: Sizes, group: int) -> MicroLookups:
+        """Group ``group``'s lookups (0: popular, 1: the rest) of a split whose header
+        the host has read: static slices, no wait."""
+        return micro_lookups(split, sizes, group)
+
+    def _whole(self, sparse: KeyedJagged) -> MicroLookups:
+        """All of ``sparse`` as one micro-batch (hot and cold lookups apart): the host
+        reads the split's header here (outside the trainer's pipeline)."""
+        split = self.split_on_device(sparse, by_popularity=False)
+        return micro_lookups(split, Sizes.read(split.header), 0)
+
     def split(self, sparse: KeyedJagged) -> torch.Tensor:
         """Popular mask [B] (bool): samples whose every lookup hits a hot row."""
         return self.classify(sparse)[0]
 
     def classify(self, sparse: KeyedJagged) -> tuple[torch.Tensor, float]:
         """(popular mask [B], share of the lookups that hit a hot row)."""
-        lookups = self._lookups(sparse)
-        return lookups.popular, float(lookups.is_hot.sum()) / max(lookups.ids.numel(), 1)
+        split = self.split_on_device(sparse)
+        is_hot = split.lookups.is_hot
+        return split.group == 0, float(is_hot.sum()) / max(is_hot.numel(), 1)
 
-    def gather_cold(self, sparse: KeyedJagged) -> ColdRows | ColdPooled:
+    def gather_cold(self, sparse: KeyedJagged | MicroLookups) -> ColdRows | ColdPooled:
         """What ``forward(sparse)`` needs from the host tier, on the device; a pipeline
         calls this ahead of ``forward``, after the previous step's update.
 
         One process: the unique cold rows (``ColdRows``). Several ranks: the cold
         part of every bag looked up by the sharded host tier (``ColdPooled``), a
         collective: every rank calls it once per micro-batch, an empty one too."""
-        return self.tier.gather_cold(self._lookups(sparse), self.hot.device)
+        micro = sparse if isinstance(sparse, MicroLookups) else self._whole(sparse)
+        return self.tier.gather_cold(micro, self.hot.device)
 
     # ------------------------------------------------------------------ forward
     def forward(self, sparse: KeyedJagged | Prefetched) -> torch.Tensor:
         """[B, F*D]. A ``Prefetched`` input carries its cold rows, from
         ``gather_cold(sparse)`` (or ``HOT_ONLY`` for a popular micro-batch: no host
-        tier, no collective); otherwise they are looked up here."""
+        tier, no collective); its ``sparse`` may be a ``MicroLookups`` (the trainer's
+        micro-batches, classified once per mini-batch). Otherwise the cold rows are
+        looked up here."""
         cold: ColdRows | ColdPooled | str | None = None
         if isinstance(sparse, Prefetched):
             sparse, cold = sparse.sparse, sparse.rows
-        lookups = self._lookups(sparse)
-        if cold is HOT_ONLY:
-            lookups.check_hot_only()
-            cold = None
-        elif cold is None:
-            cold = self.tier.gather_cold(lookups, self.hot.device)
-        assert not isinstance(cold, str)
-        pooled, cold_rows = self.tier.pool(lookups, self.hot, cold)
-        self._last = (lookups.is_hot.sum(), lookups.is_hot.numel(), lookups.popular.sum(),
-                      lookups.batch, cold_rows)  # tensors, read by last_stats: no sync here
+        if isinstance(sparse, MicroLookups):
+            micro = sparse
+        elif cold is HOT_ONLY:
+            micro = all_hot(self._lookups(sparse), self.mean)
+        else:
+            micro = self._whole(sparse)
+            if cold is None:
+                cold = self.tier.gather_cold(micro, self.hot.device)
+            elif isinstance(cold, ColdRows) and not torch.equal(cold.ids, micro.cold_ids):
+                raise ValueError("ColdRows were gathered for another batch")
+        pooled, cold_rows = self.tier.pool(micro, self.hot, None if cold is HOT_ONLY else cold)
+        self._last = (micro.hot_slots.numel(), micro.lookups, micro.popular, micro.batch, cold_rows)
         return scale_grad(pooled, self.grad_scale)
+
+    @property
+    def mean(self) -> bool:
+        return self.tables[0].pooling is Pooling.MEAN
 
     @property
     def last_stats(self) -> dict[str, float]:
@@ -245,8 +279,8 @@ class HotlineEmbeddingCollection(EmbeddingCollection):
             return {}
         hits, lookups, popular, batch, cold_rows = self._last
         return {
-            "hot_hit_rate": float(hits) / max(lookups, 1),
-            "popular_share": float(popular) / max(batch, 1),
+            "hot_hit_rate": hits / max(lookups, 1),
+            "popular_share": popular / max(batch, 1),
             "cold_rows": float(cold_rows),
         }
 
