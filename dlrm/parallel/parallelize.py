@@ -192,6 +192,7 @@ def hotline_embeddings(
     collection = HotlineEmbeddingCollection(
         run_tables(cfg, schema), hot_profile, sparse_optimizer(cfg), fused=False, seed=seed,
         device=device, plan=plan, group=group, gather_threads=cfg.hotline.gather_threads, rounding_seed=cfg.seed,
+        kernels=cfg.embeddings.kernels,
     )
     if info is not None and info.world_size > 1:
         collection.grad_scale = pooled_grad_scale(cfg, info)

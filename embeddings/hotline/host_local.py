@@ -183,7 +183,8 @@ class LocalHostTier:
         """Σ hot part + Σ cold part per bag, [B, F*D]; cold rows used. ``cold`` None: a
         popular micro-batch, no cold side at all (no empty embedding_bag, no backward
         for it; ``step`` still applies the host tier once)."""
-        hot_part = hot.lookup(micro.hot_slots, micro.hot_lengths, micro.hot_scale)
+        hot_part = hot.lookup(micro.hot_slots, micro.hot_lengths, micro.num_features, micro.hot_scale,
+                              micro.lengths)
         if cold is None:
             return self._pooled(micro, hot_part), 0
         assert isinstance(cold, ColdRows)

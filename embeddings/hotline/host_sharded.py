@@ -102,7 +102,7 @@ class ShardedHostTier:
         """Σ hot part (local replica) + Σ cold part (sharded), [B, F*D]; cold lookups.
         ``cold`` None: a popular micro-batch (every lookup hot, no collective)."""
         batch, features, dim = micro.batch, micro.num_features, self.collection.dim
-        hot_part = hot.lookup(micro.hot_slots, micro.hot_lengths)
+        hot_part = hot.lookup(micro.hot_slots, micro.hot_lengths, features)
         pooled = hot_part.view(features, batch, dim).transpose(0, 1)  # [B, F, D]
         if cold is not None:
             assert isinstance(cold, ColdPooled)

@@ -53,6 +53,7 @@ from embeddings.hotline.split import (
 )
 from embeddings.interface import Prefetched, TableState
 from embeddings.jagged import in_feature_order, stacked_ids
+from embeddings.kernels import KernelChoice
 from embeddings.kv import KVGradient
 from embeddings.optim import SparseOptimizer
 from embeddings.sharded import scale_grad
@@ -89,9 +90,11 @@ class HotlineEmbeddingCollection(EmbeddingCollection):
         group: dist.ProcessGroup | None = None,
         gather_threads: int = 0,
         rounding_seed: int | None = None,
+        kernels: str | KernelChoice = KernelChoice.AUTO,
     ) -> None:
         """``rounding_seed`` (default ``seed``): of fp16/bf16 tables' stochastic rounding,
-        in both tiers (embeddings/rounding.py)."""
+        in both tiers (embeddings/rounding.py). ``kernels``: the hot tier's lookups
+        (embeddings/kernels; ``auto``: Triton on CUDA, one process, fp32)."""
         super().__init__()
         device = torch.device(device)
         rounding_seed = (seed or 0) if rounding_seed is None else rounding_seed
@@ -120,7 +123,7 @@ class HotlineEmbeddingCollection(EmbeddingCollection):
         offsets = torch.tensor([self.row_offsets[table_of[f]] for f in self.features], dtype=torch.int64)
         self.register_buffer("feature_offsets", offsets.to(device), persistent=False)
         self._offsets_cache: dict[torch.device, torch.Tensor] = {}
-        self.hot = HotTier(optimizer, fused, self.tables, rounding_seed)
+        self.hot = HotTier(optimizer, fused, self.tables, rounding_seed, kernels, one_process=plan is None)
         self._last: tuple[int, int, int, int, int] | None = None
         self.profile = profile
         self._load_hot(self._stacked_hot_ids(profile), device)
@@ -184,7 +187,7 @@ class HotlineEmbeddingCollection(EmbeddingCollection):
 
     def refresh(self, profile: HotProfile) -> None:
         """Move to ``profile``'s hot set; parameters and optimizer state are unchanged."""
-        if self.hot.kept or self.tier.has_kept():
+        if self.hot.has_kept() or self.tier.has_kept():
             raise RuntimeError("refresh between steps only: kept gradients are pending")
         self.sync_to_host()
         self.profile = profile
@@ -286,7 +289,7 @@ class HotlineEmbeddingCollection(EmbeddingCollection):
 
     # ------------------------------------------------------------------ updates
     def set_lr(self, lr: float) -> None:
-        self.hot.lr = lr
+        self.hot.set_lr(lr)
         self.tier.set_lr(lr)
 
     def step(self) -> None:
@@ -294,7 +297,10 @@ class HotlineEmbeddingCollection(EmbeddingCollection):
         Several ranks: hot gradients are all-gathered first, so replicas stay equal."""
         if self.fused:
             return
-        self.hot.apply(self.tier.share_hot_gradient(self.hot.take()))
+        if self.hot.on_triton():  # one sort, one fused backward + update for both micro-batches
+            self.hot.update_held()
+        else:
+            self.hot.apply(self.tier.share_hot_gradient(self.hot.take()))
         self.tier.step()
 
     def kv_gradients(self) -> dict[str, KVGradient]:
