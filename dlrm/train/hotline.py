@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,7 @@ from data.batch import Batch
 from dlrm.config import Config
 from dlrm.parallel.distributed import DistInfo, all_reduce_sum
 from embeddings.hotline.profile import HotProfile, count_accesses, default_max_batches
+from embeddings.hotline.refresh import RefreshPlan
 from embeddings.hotline.split import (
     HEADER,
     DeviceSplit,
@@ -107,6 +108,9 @@ class HotlineSteps:
         # CUDA: the side stream that copies each mini-batch in and classifies it
         self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self._hot_changed = True
+        # hotline.refresh_every: the next hot set, chosen in the background (see after_step)
+        self._planner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hotline-refresh")
+        self._next_hot: Future[RefreshPlan] | None = None
         self.counts: dict[str, torch.Tensor] | None = None
         self._window: dict[str, float] = {}
         self._total: dict[str, float] = {}
@@ -196,21 +200,32 @@ class HotlineSteps:
             }
 
     def after_step(self, step: int) -> None:
-        """Re-choose the hot rows every ``refresh_every`` steps (after the update)."""
+        """Every ``refresh_every`` steps (after the update): the counts are summed (all
+        ranks) and the next hot set is chosen and planned on a background thread
+        while the next step runs; at the boundary after it, the plan is swapped in
+        (embeddings/hotline/refresh.py: only the rows that change move). The pause is
+        the launch plus the swap, with the wait for the plan if it is late."""
         every = self.cfg.hotline.refresh_every
-        if every and step % every == 0 and self.counts is not None:
-            t0 = time.perf_counter()  # the pause: the step loop waits for all of it
-            optimizer = make_sparse_optimizer(self.cfg.optim.sparse, self.cfg.optim.eps,
-                                              self.cfg.embeddings.state_dtype)
-            budget = parse_size(self.cfg.hotline.budget) or 0
-            counts = sum_counts(self.counts, self.tables, self.info)
-            self.embeddings.refresh(HotProfile.build(counts, self.tables, optimizer, budget))
+        if not every:
+            return
+        t0 = time.perf_counter()
+        if self._next_hot is not None:  # planned during this step: swap it in now
+            self.embeddings.refresh(self._next_hot.result())
+            self._next_hot = None
             self._hot_changed = True
-            self.counts = None
-            if self.embeddings.hot_weight.device.type == "cuda":
-                torch.cuda.current_stream().synchronize()  # measure the copies, not their launch
             self._window["refreshes"] += 1
-            self._window["refresh"] += time.perf_counter() - t0
+        if step % every == 0 and self.counts is not None:
+            counts = sum_counts(self.counts, self.tables, self.info)  # a collective: here, on every rank
+            self.counts = None
+            self._next_hot = self._planner.submit(self._plan, counts)
+        self._window["refresh"] += time.perf_counter() - t0
+
+    def _plan(self, counts: dict[str, torch.Tensor]) -> RefreshPlan:
+        """On the planner thread: the hot set the counts choose, and how to get there."""
+        optimizer = make_sparse_optimizer(self.cfg.optim.sparse, self.cfg.optim.eps,
+                                          self.cfg.embeddings.state_dtype)
+        budget = parse_size(self.cfg.hotline.budget) or 0
+        return self.embeddings.plan_refresh(HotProfile.build(counts, self.tables, optimizer, budget))
 
     def stats(self, whole_run: bool = False) -> dict[str, float]:
         """Hit rate, popular share, host gather, transfer to the device and wait ms
@@ -237,4 +252,6 @@ class HotlineSteps:
         return out
 
     def close(self) -> None:
+        """A plan still pending (made at the last step) is dropped: no step needs it."""
         self.pool.shutdown(wait=True)
+        self._planner.shutdown(wait=True)

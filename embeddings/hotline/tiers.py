@@ -43,6 +43,7 @@ from embeddings.hotline.host_tier import HostTier
 from embeddings.hotline.hot_tier import HotTier
 from embeddings.hotline.lookups import HOT_ONLY, ColdPooled, ColdRows, Lookups
 from embeddings.hotline.profile import HotProfile
+from embeddings.hotline.refresh import RefreshPlan, plan_refresh, swap
 from embeddings.hotline.split import (
     DeviceSplit,
     MicroLookups,
@@ -170,14 +171,17 @@ class HotlineEmbeddingCollection(EmbeddingCollection):
         """Copy rows ``stacked`` (sorted) and their state from host to the device
         (several ranks: a collective, every rank reads the same rows); out of memory
         is one line naming the hot tier."""
-        rows = stacked.numel()
+        with naming_oom(*self._hot_bytes(stacked.numel(), device)):
+            weight, state = self.tier.read_rows(stacked, device)
+            self.hot.load(stacked.to(device), weight, state)
+        self._hot_ids_host = stacked.cpu()
+
+    def _hot_bytes(self, rows: int, device: torch.device) -> tuple[str, int, torch.device]:
         itemsize = max(t.itemsize for t in self.tables)
         nbytes = rows * (self.dim * itemsize + self.optimizer.state_bytes_per_row(self.dim))
         what = (f"the Hotline hot tier ({rows:,} rows x {self.dim} with "
                 f"{type(self.optimizer).__name__} state; see hotline.budget)")
-        with naming_oom(what, nbytes, device):
-            weight, state = self.tier.read_rows(stacked, device)
-            self.hot.load(stacked.to(device), weight, state)
+        return what, nbytes, device
 
     @torch.no_grad()
     def sync_to_host(self) -> None:
@@ -185,13 +189,24 @@ class HotlineEmbeddingCollection(EmbeddingCollection):
         ranks: each into the shards it owns; no communication)."""
         self.tier.write_rows(self.hot.ids, self.hot.weight.data, self.hot.state)
 
-    def refresh(self, profile: HotProfile) -> None:
-        """Move to ``profile``'s hot set; parameters and optimizer state are unchanged."""
+    def plan_refresh(self, profile: HotProfile) -> RefreshPlan:
+        """The rows that stay, leave and enter to reach ``profile``'s hot set: host
+        arithmetic on ids only, so another thread may build it while steps go on."""
+        return plan_refresh(self._hot_ids_host, self._stacked_hot_ids(profile), profile)
+
+    def refresh(self, profile: HotProfile | RefreshPlan) -> None:
+        """Move to a new hot set (a profile, or a plan made from the current hot set):
+        only the rows that leave or enter cross between host and device; parameters
+        and optimizer state are unchanged."""
         if self.hot.has_kept() or self.tier.has_kept():
             raise RuntimeError("refresh between steps only: kept gradients are pending")
-        self.sync_to_host()
-        self.profile = profile
-        self._load_hot(self._stacked_hot_ids(profile), self.hot.device)
+        plan = profile if isinstance(profile, RefreshPlan) else self.plan_refresh(profile)
+        if not torch.equal(plan.old_ids, self._hot_ids_host):
+            raise RuntimeError("a refresh plan made from another hot set")
+        with naming_oom(*self._hot_bytes(plan.ids.numel(), self.hot.device)):
+            swap(self.tier, self.hot, plan, self.optimizer.per_row_state())
+        self.profile = plan.profile
+        self._hot_ids_host = plan.ids
 
     # ------------------------------------------------------------------ lookups
     def _lookups(self, sparse: KeyedJagged) -> Lookups:
