@@ -9,6 +9,9 @@ slots: device memory then grows with the hot set only (8 B per hot row) instead 
 8 B per row of every table, which is what Hotline exists to save; the cost is
 log2(H) comparisons per lookup.
 
+Lookups: the torch path (``pooled_lookup``, KV gradients) or, with ``kernels``
+Triton (one process, fp32), the Triton kernels: ``hot_kernels.py``.
+
 fp16/bf16 tables: the hot rows are stored in the table's type and updated as the
 host tier (and a plain collection) updates them: computed in fp32, written back with
 stochastic rounding keyed by (seed, update count, full table, row, column), the row
@@ -71,8 +74,9 @@ class HotTier(nn.Module):
     def load(self, ids: torch.Tensor, weight: torch.Tensor, state: dict[str, torch.Tensor]) -> None:
         """Hold rows ``weight`` [H, D] of stacked ``ids`` [H] (sorted), with ``state``."""
         self.register_buffer("ids", ids, persistent=False)
-        # Copies of the hot ids where ids arrive (the host classifies every batch
-        # before it goes to the device): one copy per refresh, not one per lookup.
+        # Copies of the hot ids on other devices where ids may arrive (the trainer
+        # classifies on the hot tier's device; callers may classify host batches):
+        # one copy per refresh, not one per lookup.
         self._ids_on = {}
         self.weight = nn.Parameter(weight)
         for name, tensor in state.items():
