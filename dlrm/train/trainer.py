@@ -279,7 +279,7 @@ class Trainer:
             source = self._staged or self.reader
             self._batches = iter(source.epoch(self.progress.epoch,
                                               start_step=self.progress.step_in_epoch))
-            if (self.info.device.type == "cuda" and self.hotline is None  # Hotline splits on the host
+            if (self.info.device.type == "cuda" and self.hotline is None  # Hotline copies its own
                     and self._staged is None):
                 self._batches = DevicePrefetcher(self._batches, self.info.device)
         batches = list(itertools.islice(self._batches, self.cfg.train.accumulate))
