@@ -154,3 +154,22 @@ def test_gather_waits_for_the_queued_host_update() -> None:
     updated = tier._tables.weight.data.index_select(0, cold.ids)
     assert not torch.equal(updated, cold.rows.detach())  # the update changed them
     torch.testing.assert_close(result[0].rows.detach(), updated, rtol=0, atol=0)
+
+
+def test_covering_coalesce_equals_from_lookups_bit_for_bit() -> None:
+    """The cold side's KV gradient (every row 0..U-1 used): the same sums as the
+    general coalesce, bit for bit, with no op that waits for the device."""
+    from embeddings.kv import KVGradient
+
+    g = torch.Generator().manual_seed(2)
+    rows = 7
+    ids = torch.cat([torch.arange(rows), torch.randint(0, rows, (40,), generator=g)])
+    ids = ids[torch.randperm(ids.numel(), generator=g)]
+    grad = torch.randn(12, 5, generator=g)
+    index = torch.randint(0, 12, (ids.numel(),), generator=g)
+    weights = torch.rand(ids.numel(), generator=g)
+    want = KVGradient.from_lookups(ids, grad, index, weights)
+    with SyncAudit() as audit:
+        got = KVGradient.from_covering_lookups(ids, grad, rows, index, weights)
+    assert audit.violations == []
+    assert torch.equal(got.ids, want.ids) and torch.equal(got.rows, want.rows)
