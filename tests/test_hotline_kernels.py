@@ -5,12 +5,14 @@ A mini-batch classified on the device, its popular then its non-popular micro-ba
 micro-batch are one ``_pooled_kernel`` launch and the step's hot update is ONE
 ``_runs_kernel`` launch (one sort) for both; the tables, the hot tier's state and
 the host tier equal the torch path's for every optimizer, sum and mean pooling, kept
-and fused; the Triton path's micro-batches and step issue no sync at all.
+and fused; the Triton path's micro-batches and step issue no sync at all; and the trainer on
+that path equals ordinary training.
 """
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -26,8 +28,10 @@ from embeddings.hotline.tiers import HotlineEmbeddingCollection
 from embeddings.interface import Prefetched
 from embeddings.optim import make_sparse_optimizer
 from embeddings.table import Pooling
+from tests.run_state import RTOL, assert_states_close, run_state
 from tests.test_embeddings import random_kjt, tables_fixture
 from tests.test_hotline import FEATURES, LR, assert_same_tables, profile_of, rows_of, touched
+from tests.test_hotline_train import HOTLINE, run
 
 pytestmark = pytest.mark.kernels
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
@@ -106,3 +110,16 @@ def test_held_gradients_are_the_kv_gradients_of_the_torch_path() -> None:
     for name in want:
         assert torch.equal(got[name].ids, want[name].ids), name
         torch.testing.assert_close(got[name].rows, want[name].rows, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.slow
+def test_hotline_on_the_triton_kernels_equals_ordinary_training(tiny_data, tmp_path: Path) -> None:
+    """The trainer with the hot tier on the Triton kernels (as on a GPU by default)
+    against ordinary training."""
+    triton = ("embeddings.kernels=triton", "optim.sparse=adam", "train.max_steps=3", "data.batch_size=64")
+    run(tiny_data, tmp_path / "plain", *triton[1:])
+    summary = run(tiny_data, tmp_path / "hot", *triton, *HOTLINE)
+    assert_states_close(run_state(tmp_path / "hot"), run_state(tmp_path / "plain"), "hotline triton",
+                        RTOL.get("adam", 1e-5))
+    assert 0.0 < summary["hotline"]["popular_share"] < 1.0
+    assert summary["hotline"]["hot_tier_triton"] == 1.0

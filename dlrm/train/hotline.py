@@ -245,6 +245,8 @@ class HotlineSteps:
             "gather_wait_ms": 1000 * wait / steps,
             "gather_hidden": max(0.0, 1 - wait / busy) if busy > 0 else 1.0,
             "gather_threads": float(getattr(self.embeddings.tier, "gather_threads", 1)),
+            # embeddings.kernels: 1 where the hot tier runs on the Triton kernels
+            "hot_tier_triton": float(self.embeddings.hot.on_triton()),
             # hotline.refresh_every: re-profiles and the mean pause each cost the step loop
             "refreshes": w["refreshes"],
             "refresh_pause_ms": 1000 * w["refresh"] / w["refreshes"] if w["refreshes"] else 0.0,
