@@ -135,11 +135,12 @@ class LocalHostTier:
         ids = micro.cold_ids
         cuda = device.type == "cuda" and source.device.type == "cpu"
         if cuda:
+            caller = torch.cuda.current_stream(device)  # where ids classified outside the trainer were
             with torch.cuda.stream(self._copy_stream):
                 if micro.ready is not None:
                     self._copy_stream.wait_event(micro.ready)  # the split stream classified them
-                elif ids.device.type == "cuda":  # classified on this thread's current stream
-                    self._copy_stream.wait_stream(torch.cuda.current_stream(device))
+                elif ids.device.type == "cuda":
+                    self._copy_stream.wait_stream(caller)
                 host_ids = _pinned_copy(ids)
                 if ids.device.type != "cuda":  # classified on the host (outside the trainer)
                     ids = host_ids.to(device, non_blocking=True)
