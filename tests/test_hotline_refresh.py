@@ -5,6 +5,8 @@ rows that change, is exact, and is planned off the step loop.
   rows that leave are written home and only those that enter are read from the host.
 - Exact: after the swap the collection holds the same tables and optimizer state as
   before, and training on equals a single-process collection (every optimizer).
+- Read ahead: the entering rows are read on the host when the plan is made; at the
+  swap exactly those a cold update wrote since are read again (exact).
 - The trainer's refresh: the plan is built on the planner thread at a refresh step;
   the hot set changes at the NEXT step boundary, to that plan.
 """
@@ -71,6 +73,41 @@ def test_swap_moves_only_the_changed_rows_and_stays_exact(kind: str, monkeypatch
             assert_same_tables(coll.export_tables(), before)  # nothing changed by the swap
             host = coll.host.weight.detach()
             torch.testing.assert_close(coll.hot_weight.detach(), host.index_select(0, coll.hot_ids), rtol=0, atol=0)
+    assert_same_tables(coll.export_tables(), ref.export_tables())
+
+
+@pytest.mark.parametrize("kind", ["rowwise_adagrad", "adam"])
+def test_entering_rows_read_ahead_and_the_touched_ones_again(kind: str, monkeypatch) -> None:
+    """The plan's entering rows are read at step 1's boundary; step 2 trains (its cold
+    update writes some of them); the swap at step 2's boundary reads again exactly
+    the entering rows step 2 touched, and training stays exact."""
+    tables = tables_fixture()
+    kjts = [random_kjt(FEATURES, rows_of(tables), batch=10, max_len=3, seed=s) for s in range(4)]
+    ups = [torch.randn(10, 16, generator=torch.Generator().manual_seed(s)) for s in range(4)]
+    a, b = _sets(tables, kjts)
+    ref = LocalEmbeddingCollection(tables, make_sparse_optimizer(kind), fused=False, seed=3)
+    coll = HotlineEmbeddingCollection(tables, profile_of(tables, a), make_sparse_optimizer(kind),
+                                      fused=False, seed=3)
+    table_of = {f: t.name for t in tables for f in t.features}
+    reads: list[set[int]] = []
+    read = coll.tier.read_rows
+    monkeypatch.setattr(coll.tier, "read_rows", lambda ids, dev: reads.append(set(ids.tolist())) or read(ids, dev))
+    plan = None
+    for i, (kjt, up) in enumerate(zip(kjts, ups)):
+        for c in (ref, coll):
+            c.set_lr(LR)
+            (c(kjt) * up).sum().backward()
+            c.step()
+        if i == 1:
+            plan = coll.plan_refresh(profile_of(tables, b))
+            coll.prefetch_entering(plan)
+            assert reads[-1] == set(plan.enter_ids.tolist())
+        if i == 2:
+            touched = torch.cat([kjt[f].values() + coll.row_offsets[table_of[f]] for f in FEATURES])
+            stale = set(plan.enter_ids.tolist()) & set(touched.tolist())
+            reads.clear()
+            coll.refresh(plan, touched)
+            assert stale and reads == [stale]  # only the entering rows step 2 wrote
     assert_same_tables(coll.export_tables(), ref.export_tables())
 
 

@@ -41,7 +41,7 @@ from embeddings.hotline.split import (
     samples_of,
     split_tensors,
 )
-from embeddings.hotline.tiers import HOT_ONLY
+from embeddings.hotline.tiers import HOT_ONLY, ColdRows
 from embeddings.optim import make_sparse_optimizer
 from embeddings.plan.sizes import parse_size
 from embeddings.table import TableSpec
@@ -111,6 +111,7 @@ class HotlineSteps:
         # hotline.refresh_every: the next hot set, chosen in the background (see after_step)
         self._planner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hotline-refresh")
         self._next_hot: Future[RefreshPlan] | None = None
+        self._touched: list[torch.Tensor] = []  # host rows cold updates wrote since the plan began
         self.counts: dict[str, torch.Tensor] | None = None
         self._window: dict[str, float] = {}
         self._total: dict[str, float] = {}
@@ -144,6 +145,8 @@ class HotlineSteps:
             t0 = time.perf_counter()  # waiting for the gather (all of it without the pipeline)
             cold = future.result() if future is not None else self._gather(rest.sparse)
             self._window["wait"] += time.perf_counter() - t0
+            if self._next_hot is not None and isinstance(cold, ColdRows):
+                self._touched.append(cold.host_ids)  # this step's cold update writes them
             yield rest, cold, True
 
     def _split(self, batch: Batch) -> tuple[Batch, DeviceSplit, Sizes, torch.cuda.Event | None]:
@@ -210,13 +213,15 @@ class HotlineSteps:
             return
         t0 = time.perf_counter()
         if self._next_hot is not None:  # planned during this step: swap it in now
-            self.embeddings.refresh(self._next_hot.result())
+            touched = torch.cat(self._touched) if self._touched else torch.zeros(0, dtype=torch.int64)
+            self.embeddings.refresh(self._next_hot.result(), touched)
             self._next_hot = None
             self._hot_changed = True
             self._window["refreshes"] += 1
         if step % every == 0 and self.counts is not None:
             counts = sum_counts(self.counts, self.tables, self.info)  # a collective: here, on every rank
             self.counts = None
+            self._touched = []
             self._next_hot = self._planner.submit(self._plan, counts)
         self._window["refresh"] += time.perf_counter() - t0
 
@@ -225,7 +230,9 @@ class HotlineSteps:
         optimizer = make_sparse_optimizer(self.cfg.optim.sparse, self.cfg.optim.eps,
                                           self.cfg.embeddings.state_dtype)
         budget = parse_size(self.cfg.hotline.budget) or 0
-        return self.embeddings.plan_refresh(HotProfile.build(counts, self.tables, optimizer, budget))
+        plan = self.embeddings.plan_refresh(HotProfile.build(counts, self.tables, optimizer, budget))
+        self.embeddings.prefetch_entering(plan)  # after this step's queued host update
+        return plan
 
     def stats(self, whole_run: bool = False) -> dict[str, float]:
         """Hit rate, popular share, host gather, transfer to the device and wait ms

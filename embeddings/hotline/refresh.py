@@ -4,7 +4,8 @@
     new hot ids [H']  ──┘ background while steps go on)
         stay   rows hot before and after: new slot ◄── old slot   (device to device)
         leave  rows no longer hot: written home (weight + per-row state)
-        enter  rows newly hot: read from the host tier (after its queued updates)
+        enter  rows newly hot: read from the host tier, ahead on the planner's thread
+               (one process), the ones a cold update wrote since read again
         │ swap (at a step boundary, no kept gradient pending)
         ▼
     new hot tier [H'] (a second buffer; the old one is dropped once built)
@@ -37,6 +38,12 @@ class RefreshPlan:
     stay_new: torch.Tensor  # [K] their new slots
     leave_old: torch.Tensor  # [L] old slots of the rows that stop being hot
     enter_new: torch.Tensor  # [E] new slots of the rows that become hot
+    # host copies of the entering rows and their state, read ahead (``prefetch_entering``)
+    entering: tuple[torch.Tensor, dict[str, torch.Tensor]] | None = None
+
+    @property
+    def enter_ids(self) -> torch.Tensor:
+        return self.ids.index_select(0, self.enter_new)
 
     @property
     def moved_rows(self) -> int:
@@ -54,16 +61,43 @@ def plan_refresh(old_ids: torch.Tensor, new_ids: torch.Tensor, profile: HotProfi
                        (~stays_in_old).nonzero().flatten(), (~stays_in_new).nonzero().flatten())
 
 
+def prefetch_entering(tier: HostTier, plan: RefreshPlan) -> None:
+    """Read the entering rows (and state) on the host ahead of the swap, on the
+    planner's thread, after the updates queued so far. One process only (several
+    ranks read them by a collective, at the swap). Rows a later cold update writes
+    (perhaps while they are read here) are read again at the swap (``touched``)."""
+    plan.entering = tier.read_rows(plan.enter_ids, torch.device("cpu"))
+
+
+def _entering(tier: HostTier, plan: RefreshPlan, device: torch.device, per_row: list[str],
+              touched: torch.Tensor | None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The entering rows on ``device``: prefetched, with the rows ``touched`` since
+    (stacked ids the host updated) read again; or read now."""
+    ids = plan.enter_ids
+    if plan.entering is None or touched is None:
+        return tier.read_rows(ids, device)
+    weight, state = plan.entering
+    stale = torch.isin(ids, touched).nonzero().flatten()
+    if stale.numel():
+        fresh_weight, fresh_state = tier.read_rows(ids.index_select(0, stale), torch.device("cpu"))
+        weight.index_copy_(0, stale, fresh_weight)
+        for name in per_row:
+            state[name].index_copy_(0, stale, fresh_state[name])
+    return weight.to(device), {name: t.to(device) for name, t in state.items()}
+
+
 @torch.no_grad()
-def swap(tier: HostTier, hot: HotTier, plan: RefreshPlan, per_row: list[str]) -> None:
+def swap(tier: HostTier, hot: HotTier, plan: RefreshPlan, per_row: list[str],
+         touched: torch.Tensor | None = None) -> None:
     """Move ``hot`` to ``plan``'s hot set (see the module docstring); several ranks:
-    a collective (every rank reads the same entering rows)."""
+    a collective (every rank reads the same entering rows). ``touched``: stacked ids
+    the host tier updated since ``prefetch_entering`` (None: read them all now)."""
     device = hot.device
     weight, state = hot.weight.data, hot.state
     leave = plan.leave_old.to(device)
     tier.write_rows(plan.old_ids.index_select(0, plan.leave_old), weight.index_select(0, leave),
                     {n: t.index_select(0, leave) if n in per_row else t for n, t in state.items()})
-    enter_weight, enter_state = tier.read_rows(plan.ids.index_select(0, plan.enter_new), device)
+    enter_weight, enter_state = _entering(tier, plan, device, per_row, touched)
     stay_old, stay_new, enter = (t.to(device) for t in (plan.stay_old, plan.stay_new, plan.enter_new))
 
     def built(old: torch.Tensor, entering: torch.Tensor) -> torch.Tensor:

@@ -43,7 +43,7 @@ from embeddings.hotline.host_tier import HostTier
 from embeddings.hotline.hot_tier import HotTier
 from embeddings.hotline.lookups import HOT_ONLY, ColdPooled, ColdRows, Lookups
 from embeddings.hotline.profile import HotProfile
-from embeddings.hotline.refresh import RefreshPlan, plan_refresh, swap
+from embeddings.hotline.refresh import RefreshPlan, plan_refresh, prefetch_entering, swap
 from embeddings.hotline.split import (
     DeviceSplit,
     MicroLookups,
@@ -194,17 +194,24 @@ class HotlineEmbeddingCollection(EmbeddingCollection):
         arithmetic on ids only, so another thread may build it while steps go on."""
         return plan_refresh(self._hot_ids_host, self._stacked_hot_ids(profile), profile)
 
-    def refresh(self, profile: HotProfile | RefreshPlan) -> None:
+    def prefetch_entering(self, plan: RefreshPlan) -> None:
+        """One process: read ``plan``'s entering rows on the host now (any thread);
+        several ranks: nothing (their read is a collective, at the swap)."""
+        if not self.sharded:
+            prefetch_entering(self.tier, plan)
+
+    def refresh(self, profile: HotProfile | RefreshPlan, touched: torch.Tensor | None = None) -> None:
         """Move to a new hot set (a profile, or a plan made from the current hot set):
         only the rows that leave or enter cross between host and device; parameters
-        and optimizer state are unchanged."""
+        and optimizer state are unchanged. ``touched``: stacked ids the host tier
+        updated since the plan's ``prefetch_entering``."""
         if self.hot.has_kept() or self.tier.has_kept():
             raise RuntimeError("refresh between steps only: kept gradients are pending")
         plan = profile if isinstance(profile, RefreshPlan) else self.plan_refresh(profile)
         if not torch.equal(plan.old_ids, self._hot_ids_host):
             raise RuntimeError("a refresh plan made from another hot set")
         with naming_oom(*self._hot_bytes(plan.ids.numel(), self.hot.device)):
-            swap(self.tier, self.hot, plan, self.optimizer.per_row_state())
+            swap(self.tier, self.hot, plan, self.optimizer.per_row_state(), touched)
         self.profile = plan.profile
         self._hot_ids_host = plan.ids
 
