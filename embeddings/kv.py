@@ -57,6 +57,29 @@ class KVGradient:
         return KVGradient(unique, summed)
 
     @staticmethod
+    def from_covering_lookups(
+        ids: torch.Tensor,
+        rows: torch.Tensor,
+        num: int,
+        index: torch.Tensor | None = None,
+        weights: torch.Tensor | None = None,
+    ) -> KVGradient:
+        """``from_lookups`` where ``ids`` are known to cover 0..num-1 (every one used,
+        as a batch's cold rows are): the unique ids are ``arange(num)`` and the counts a
+        segment sum of known size, so nothing waits for the device (no
+        ``unique_consecutive``). The same sums, bit for bit (the same embedding_bag)."""
+        order = torch.sort(ids, stable=True).indices
+        counts = torch.zeros(num, dtype=torch.int64, device=ids.device).index_add_(0, ids, torch.ones_like(ids))
+        offsets = torch.zeros(num + 1, dtype=torch.long, device=ids.device)
+        torch.cumsum(counts, 0, out=offsets[1:])
+        source = order if index is None else index.index_select(0, order)
+        summed = F.embedding_bag(
+            source, rows, offsets, mode="sum", include_last_offset=True,
+            per_sample_weights=None if weights is None else weights.index_select(0, order),
+        )
+        return KVGradient(torch.arange(num, device=ids.device), summed)
+
+    @staticmethod
     def cat(grads: list[KVGradient]) -> KVGradient:
         """Merge several gradients of one table (accumulation, all-gather)."""
         if len(grads) == 1:

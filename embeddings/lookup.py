@@ -37,9 +37,10 @@ class _PooledLookup(torch.autograd.Function):
         offsets: torch.Tensor,
         scale: torch.Tensor | None,
         sink: KVSink,
+        covers: int | None,
     ) -> torch.Tensor:
         ctx.save_for_backward(ids, offsets, scale)
-        ctx.sink = sink
+        ctx.sink, ctx.covers = sink, covers
         with section("lookup"):
             if weight.dtype != torch.float32:
                 return _half_bags(weight, ids, offsets, scale)
@@ -55,9 +56,12 @@ class _PooledLookup(torch.autograd.Function):
             bag_of_id = torch.repeat_interleave(
                 torch.arange(lengths.numel(), device=ids.device), lengths, output_size=ids.numel()
             )
-            grad = KVGradient.from_lookups(ids, grad_pooled, index=bag_of_id, weights=scale)
+            if ctx.covers is None:
+                grad = KVGradient.from_lookups(ids, grad_pooled, index=bag_of_id, weights=scale)
+            else:
+                grad = KVGradient.from_covering_lookups(ids, grad_pooled, ctx.covers, bag_of_id, scale)
         ctx.sink(grad)
-        return None, None, None, None, None
+        return None, None, None, None, None, None
 
 
 def _half_bags(weight: torch.Tensor, ids: torch.Tensor, offsets: torch.Tensor,
@@ -87,6 +91,8 @@ def pooled_lookup(
     offsets: torch.Tensor,
     sink: KVSink,
     scale: torch.Tensor | None = None,
+    covers: int | None = None,
 ) -> torch.Tensor:
-    """[S, D] pooled bags; on backward, ``sink`` receives the KVGradient of ``weight``."""
-    return _PooledLookup.apply(weight, ids, offsets, scale, sink)
+    """[S, D] pooled bags; on backward, ``sink`` receives the KVGradient of ``weight``
+    (``covers``: ``ids`` use every row 0..covers-1, so its ids are known, no sync)."""
+    return _PooledLookup.apply(weight, ids, offsets, scale, sink, covers)

@@ -304,7 +304,9 @@ def gpu_timeline(trace_path: Path) -> dict[str, Any]:
     """From a Chrome trace of torch.profiler with CUDA activity (``train.profile_steps``):
 
     compute_stream   the stream with the most kernel time (the trainer's)
-    cold_copies      host-to-device copies on any other stream: (start, end, name) µs
+    cold_copies      host-to-device copies on a stream that runs no kernel (the cold
+                     rows' copy stream; Hotline's split stream, which copies each batch in
+                     and classifies it, runs kernels): (start, end, name) µs
     popular          the device spans of the ``hotline.popular`` micro-batches (the
                      trainer's record_function: first to last of their device work)
     under_popular    the share of the copies' time inside those spans: the copy engine
@@ -335,7 +337,7 @@ def gpu_timeline(trace_path: Path) -> dict[str, Any]:
     popular = sorted(interval(e) for e in spans
                      if e.get("cat") == "gpu_user_annotation" and e.get("name") == "hotline.popular")
     copies = [(*interval(e), str(e.get("name", ""))) for e in spans
-              if e.get("cat") == "gpu_memcpy" and "HtoD" in str(e.get("name", "")) and stream(e) != compute]
+              if e.get("cat") == "gpu_memcpy" and "HtoD" in str(e.get("name", "")) and stream(e) not in kernel_time]
 
     def share_inside(windows: list[tuple[float, float]]) -> float:
         total = covered = 0.0

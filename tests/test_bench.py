@@ -35,6 +35,7 @@ def test_bench_rows_ratios_and_limit(bench: Path) -> None:
     rows = {(r["engine"], r["ranks"]): r for r in report["rows"]}
     assert set(rows) == {("native", 1), ("native_bf16", 1), ("torchrec", 1), ("torchrec_bf16", 1),
                          ("torch_baseline", 1), ("in_memory", 1), ("hotline", 1),
+                         ("native_bf16_tables", 1), ("native_fp16_tables", 1),
                          ("host_embedding", 1)}
     assert rows["native", 1]["vs_in_memory"] == pytest.approx(
         rows["native", 1]["samples_per_s"] / rows["in_memory", 1]["samples_per_s"])
@@ -62,9 +63,11 @@ def test_bench_rows_ratios_and_limit(bench: Path) -> None:
                 "embedding_bytes_per_sample", "samples_per_s_bound", "samples_per_s_bound_bf16"):
         assert limit[key] > 0, key
     tiny = load_config(TINY, SMALL).generate
-    for r in rows.values():  # what each row trained, from its own summary
+    for (engine, _), r in rows.items():  # what each row trained, from its own summary
+        dtype = {"native_bf16_tables": "bf16", "native_fp16_tables": "fp16"}.get(engine, "fp32")
         assert r["tables"] == {"count": tiny.sparse, "rows": tiny.sparse * tiny.table_rows[0],
-                               "bytes": tiny.sparse * tiny.table_rows[0] * 16 * 4, "dtype": "fp32"}
+                               "bytes": tiny.sparse * tiny.table_rows[0] * 16 * (4 if dtype == "fp32" else 2),
+                               "dtype": dtype}, engine
     assert (bench / "bench.png").read_bytes()[:8] == PNG_MAGIC
     assert (bench / "runs" / "native_1" / "metrics.jsonl").is_file()
     assert not list((bench / "runs").glob("*/checkpoints"))  # GBs each on the bench tables
@@ -80,7 +83,7 @@ def test_reader_only_reuses_dataset(bench: Path, capsys: pytest.CaptureFixture[s
     assert "reusing dataset" in capsys.readouterr().out
     assert (bench / "data" / "generate.json").stat().st_mtime_ns == stamp
     report = json.loads((bench / "bench.json").read_text())
-    assert len(report["rows"]) == 8  # the training rows (torch_baseline among them) are kept
+    assert len(report["rows"]) == 10  # the training rows (torch_baseline, half tables among them) are kept
     reader = report["reader"]
     assert reader["rows"] == 20000
     assert reader["rows_per_s"] > 0

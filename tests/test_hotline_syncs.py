@@ -4,12 +4,12 @@
   would make a CUDA step wait for the device (``tests/sync_audit.py``: data-dependent
   shapes, host reads, cross-device copies), and with ONE embedding_bag forward: no
   empty cold side.
-- The non-popular micro-batch: only the syncs documented in host_local.py remain
-  (the boolean hot/cold selects and the unique cold ids, whose sizes depend on the
-  data), and none of the ones the issue lists as avoidable (``bincount``,
-  ``repeat_interleave`` without ``output_size``, ``int()`` in ``check_hot_only``).
-- The cold path's copies: exactly the unique cold rows and their ids to the device,
-  and their gradient rows and ids back; nothing else is counted.
+- The trainer's path (a mini-batch classified once on the device, split.py): the
+  classification, the compaction of the cold ids and the cutting into micro-batches
+  issue no sync at all; the two micro-batches' forward + backward only the torch
+  path's KV-gradient ``unique_consecutive`` of each hot side.
+- The cold path's copies: the unique cold ids back to the host once, their rows to
+  the device, their gradient rows back; nothing else is counted.
 
 On the CPU the hot tier and the host are one device, so the copies are counted
 where the code issues them (``LocalHostTier.copied``), not observed on a bus: this
@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from dlrm.train.sync_audit import SyncAudit
-from embeddings.hotline.lookups import Lookups
+from embeddings.hotline.split import Sizes
 from embeddings.hotline.tiers import HOT_ONLY, HotlineEmbeddingCollection
 from embeddings.interface import Prefetched
 from embeddings.optim import make_sparse_optimizer
@@ -63,49 +63,52 @@ def test_popular_micro_batch_has_no_sync_and_no_cold_side() -> None:
         assert coll.tier.copied["copies"] == 0
 
 
-def test_non_popular_micro_batch_keeps_only_the_documented_syncs() -> None:
-    coll, _, rest = _collection()
-    cold = coll.gather_cold(rest)
-    with SyncAudit() as audit:
-        out = coll(Prefetched(rest, cold))
-        out.sum().backward()
-    avoidable = [v for v in audit.violations
-                 if "repeat_interleave" in v or v in ("aten.bincount", "aten._local_scalar_dense")]
-    assert avoidable == [], audit.violations
-    assert "aten.bincount" not in audit.ops
+def _device_split(coll, kjt):
+    """The trainer's path: the mini-batch classified once, the header read, both parts."""
+    split = coll.split_on_device(kjt)
+    sizes = Sizes.read(split.header)
+    return split, sizes, coll.micro_batch(split, sizes, 0), coll.micro_batch(split, sizes, 1)
 
 
-def test_cold_lengths_match_a_per_bag_count() -> None:
-    g = torch.Generator().manual_seed(0)
-    lengths = torch.randint(0, 4, (12,), generator=g)
-    n = int(lengths.sum())
-    is_hot = torch.rand(n, generator=g) < 0.6
-    lookups = Lookups(torch.arange(n), torch.arange(n), lengths, 4, 3, is_hot, torch.zeros(n, dtype=torch.int64))
-    bags = torch.repeat_interleave(torch.arange(12), lengths).tolist()
-    want = [0] * 12
-    for b, hot in zip(bags, is_hot.tolist()):
-        want[b] += not hot
-    assert lookups.cold_lengths.tolist() == want
+def test_device_split_and_both_micro_batches_wait_only_for_the_hot_coalesce() -> None:
+    """Classification, compaction and cutting: no sync at all; the two micro-batches'
+    forward + backward: only the torch path's KV-gradient ``unique_consecutive`` of
+    each hot side (the cold side's ids are known: ``covers``)."""
+    for pooling in (Pooling.SUM, Pooling.MEAN):
+        coll, _, _ = _collection(pooling)
+        kjt = random_kjt(FEATURES, rows_of(coll.tables), batch=16, max_len=2, seed=3)
+        with SyncAudit() as split_audit:
+            split = coll.split_on_device(kjt)
+        sizes = Sizes.read(split.header)  # the one host read (the trainer's, see hotline.py)
+        with SyncAudit() as cut_audit:
+            parts = [coll.micro_batch(split, sizes, group) for group in (0, 1)]
+        assert split_audit.violations == [] and cut_audit.violations == []
+        cold = coll.gather_cold(parts[1])  # the gather thread's work
+        with SyncAudit() as steps:
+            coll(Prefetched(parts[0], HOT_ONLY)).sum().backward()
+            coll(Prefetched(parts[1], cold)).sum().backward()
+        assert steps.violations == ["aten.unique_consecutive"] * 2, steps.violations
+        assert steps.ops["aten._embedding_bag"] == 3  # popular: hot only; non-popular: hot + cold
 
 
-def test_cold_path_copies_only_cold_rows_ids_and_their_gradients() -> None:
-    coll, popular, rest = _collection()
+def test_cold_path_copies_only_cold_ids_rows_and_their_gradients() -> None:
+    coll, _, _ = _collection()
+    kjt = random_kjt(FEATURES, rows_of(coll.tables), batch=16, max_len=2, seed=3)
     dim = coll.dim
+    _, _, popular, rest = _device_split(coll, kjt)
     coll(Prefetched(popular, HOT_ONLY)).sum().backward()
     cold = coll.gather_cold(rest)
     coll(Prefetched(rest, cold)).sum().backward()
     coll.step()
-    values = rest.values()
     table_of = {f: t.name for t in coll.tables for f in t.features}
-    offsets = torch.cat([torch.full((int(rest[f].lengths().sum()),), coll.row_offsets[table_of[f]])
-                         for f in FEATURES])
-    stacked = values + offsets  # FEATURES is the collection's order and the kjt's
+    stacked = torch.cat([kjt[f].values() + coll.row_offsets[table_of[f]] for f in FEATURES])
     cold_ids = torch.unique(stacked[~torch.isin(stacked, coll.hot_ids)])
     u = cold_ids.numel()
     assert u > 0
     torch.testing.assert_close(cold.ids, cold_ids)
-    want = u * dim * 4 + u * 8
-    assert coll.tier.copied == {"h2d": want, "d2h": want, "copies": 4}
+    torch.testing.assert_close(cold.host_ids, cold_ids)
+    # to the device: the cold rows; back: their ids (once) and their gradient rows
+    assert coll.tier.copied == {"h2d": u * dim * 4, "d2h": u * 8 + u * dim * 4, "copies": 3}
 
 
 def test_threaded_gather_equals_index_select(monkeypatch) -> None:
@@ -151,3 +154,22 @@ def test_gather_waits_for_the_queued_host_update() -> None:
     updated = tier._tables.weight.data.index_select(0, cold.ids)
     assert not torch.equal(updated, cold.rows.detach())  # the update changed them
     torch.testing.assert_close(result[0].rows.detach(), updated, rtol=0, atol=0)
+
+
+def test_covering_coalesce_equals_from_lookups_bit_for_bit() -> None:
+    """The cold side's KV gradient (every row 0..U-1 used): the same sums as the
+    general coalesce, bit for bit, with no op that waits for the device."""
+    from embeddings.kv import KVGradient
+
+    g = torch.Generator().manual_seed(2)
+    rows = 7
+    ids = torch.cat([torch.arange(rows), torch.randint(0, rows, (40,), generator=g)])
+    ids = ids[torch.randperm(ids.numel(), generator=g)]
+    grad = torch.randn(12, 5, generator=g)
+    index = torch.randint(0, 12, (ids.numel(),), generator=g)
+    weights = torch.rand(ids.numel(), generator=g)
+    want = KVGradient.from_lookups(ids, grad, index, weights)
+    with SyncAudit() as audit:
+        got = KVGradient.from_covering_lookups(ids, grad, rows, index, weights)
+    assert audit.violations == []
+    assert torch.equal(got.ids, want.ids) and torch.equal(got.rows, want.rows)

@@ -32,6 +32,7 @@ def test_hotline_equals_ordinary_training(tiny_data, tmp_path: Path, optim: str)
     stats = summary["hotline"]
     assert 0.5 < stats["hot_hit_rate"] < 1.0
     assert 0.0 < stats["popular_share"] < 1.0  # both micro-batches really ran
+    assert stats["hot_tier_triton"] == 0.0  # on the CPU, kernels=auto is torch
     assert (tmp_path / "hot" / "hot_profile.pt").is_file()
     events = [json.loads(x) for x in (tmp_path / "hot" / "metrics.jsonl").read_text().splitlines()]
     hot_lines = [e for e in events if e["event"] == "hotline"]

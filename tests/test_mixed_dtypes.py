@@ -179,3 +179,15 @@ def test_unknown_table_in_dtypes_is_one_line(tiny_data, tmp_path: Path, capsys) 
                  f"data.train={tiny_data['train']}", "train.progress=false", "embeddings.dtypes.nope=bf16"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "embeddings.dtypes" in err[0] and "'nope'" in err[0], err
+
+
+def test_hotline_with_several_dtypes_is_refused_in_one_line(tiny_data, tmp_path: Path, capsys) -> None:
+    """Hotline's hot tier is one stack: per-table dtypes under it stop before training."""
+    from dlrm.cli import main
+
+    code = main(["train", "--config", "configs/tiny.yaml", "--out", str(tmp_path / "run"),
+                 f"data.train={tiny_data['train']}", "train.progress=false",
+                 "embeddings.placement=hotline", "embeddings.dtypes.C1=bf16"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "one dtype for every table" in err[0], err
+    assert not (tmp_path / "run" / "checkpoints").exists()

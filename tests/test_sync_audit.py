@@ -37,12 +37,13 @@ SHAPE = ["generate.rows=2048", "generate.table_rows=[5000]", "generate.row_group
          "train.checkpoint_every=0", "train.progress=false", "data.eval="]
 
 
-def audited_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kernels: str) -> SyncAudit:
+def audited_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kernels: str,
+                 extra: tuple[str, ...] = ()) -> SyncAudit:
     """Train 2 steps; the audit of the second (steady state: lr and Adam's step are on
     the device since the first, the reader's threads are running)."""
     data = tmp_path / "data"
     cfg = load_config(REPO / "configs" / "bench.yaml", [*SHAPE, f"data.train={data}",
-                                                        f"embeddings.kernels={kernels}"])
+                                                        f"embeddings.kernels={kernels}", *extra])
     if not data.exists():
         generate_dataset(str(data), cfg.generate, seed=0)
     audits: list[SyncAudit] = []
@@ -74,6 +75,39 @@ def test_training_step_on_the_cuda_path_never_waits_for_the_device(
     assert triton.ops["triton._pooled_kernel"] == 1 and triton.ops["triton._runs_kernel"] == 1
     assert "aten.unique_consecutive" in torch_path.violations  # what the kernels removed
     assert triton.compute_ops < torch_path.compute_ops
+
+
+# Hotline at a budget where both micro-batches run (about a quarter of the samples popular)
+HOTLINE = ("embeddings.placement=hotline", "hotline.budget=4MB", "hotline.profile_fraction=1.0")
+
+
+@pytest.mark.slow
+def test_hotline_step_on_the_cuda_path_waits_only_for_its_header(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Hotline trainer step (split on the device, popular and non-popular micro-
+    batches, the hot update, the host update queued): on the Triton path no op of the
+    main thread syncs; the host reads one thing, the split's header (``Sizes.read``:
+    the micro-batches' shapes depend on it), once per step. The gather and host-update
+    threads are not audited: their waits are theirs. The torch path's hot tier keeps
+    its KV-gradient coalesces: one per micro-batch backward, one in the step."""
+    from embeddings.hotline.split import Sizes
+
+    reads, names = [], []
+    read = Sizes.read.__func__
+    monkeypatch.setattr(Sizes, "read", classmethod(lambda cls, h: reads.append(1) or read(cls, h)))
+    name_of = trainer_module.micro_batch_name
+    monkeypatch.setattr(trainer_module, "micro_batch_name", lambda s: names.append(name_of(s)) or names[-1])
+    triton = audited_step(tmp_path, monkeypatch, "triton", HOTLINE)
+    assert len(reads) == 2  # one per step, two steps
+    assert names == ["hotline.popular", "hotline.non_popular"] * 2  # both micro-batches ran
+    torch_path = audited_step(tmp_path, monkeypatch, "torch", HOTLINE)
+    print(f"hotline ops per step: triton path {triton.compute_ops} (no sync), torch path "
+          f"{torch_path.compute_ops} (syncs: {torch_path.violations})")
+    assert triton.violations == []
+    if os.environ.get("TRITON_INTERPRET") == "1":  # launches counted where interpreted
+        assert triton.ops["triton._pooled_kernel"] == 2 and triton.ops["triton._runs_kernel"] == 1
+    assert torch_path.violations == ["aten.unique_consecutive"] * 3
 
 
 BENCH = REPO / "configs" / "bench.yaml"

@@ -9,8 +9,7 @@ embedding collection of its placement, with its MLPs under DDP when there are ra
                        several ranks .......... ShardedEmbeddingCollection, by the plan
                        placement=hotline ...... HotlineEmbeddingCollection: hot rows here,
                                                 cold rows on the host (sharded by the plan
-                                                over the ranks' host memory); tables of
-                                                several dtypes: one per dtype
+                                                over the ranks' host memory)
          DLRM(num_dense, embeddings)            plain PyTorch: knows no ranks
          apply_ddp     several ranks .......... DDP around the dense arch (dlrm/parallel/ddp.py)
 
@@ -171,7 +170,7 @@ def hotline_embeddings(
     """Hot rows on ``device``, the rest in host memory (several ranks: the cold rows
     sharded over the ranks' host memory by the plan, reached on a gloo group of their
     own, since their all-to-alls run on the host)."""
-    from embeddings.hotline.mixed import hotline_collection
+    from embeddings.hotline.tiers import HotlineEmbeddingCollection
 
     if hot_profile is None:
         raise ValueError("hotline placement needs a hot profile (dlrm.train.hotline.make_profile)")
@@ -181,9 +180,10 @@ def hotline_embeddings(
         group = new_group(info, backend="gloo")
     # Kept (not fused) gradients: the popular and the non-popular micro-batch of a
     # mini-batch add up to one optimizer step.
-    collection = hotline_collection(
+    collection = HotlineEmbeddingCollection(
         run_tables(cfg, schema), hot_profile, sparse_optimizer(cfg), fused=False, seed=seed,
         device=device, plan=plan, group=group, gather_threads=cfg.hotline.gather_threads, rounding_seed=cfg.seed,
+        kernels=cfg.embeddings.kernels,
     )
     if info is not None and info.world_size > 1:
         collection.grad_scale = pooled_grad_scale(cfg, info)

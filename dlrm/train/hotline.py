@@ -1,8 +1,10 @@
 """Hotline mode in the trainer: profile the hot rows, split and pipeline each step.
 
-    mini-batch ──split──► popular (every lookup hot) ──► forward/backward on the device
-                    └──► non-popular ──host thread: gather its cold rows──┐ (meanwhile)
-                                                   forward/backward ◄─────┘
+    mini-batch ──to the device once, classified there (split stream; embeddings/hotline/split.py)
+        │ the host reads the 56-byte header: the micro-batches' sizes
+        ├──► popular (every lookup hot) ──► forward/backward on the device
+        └──► non-popular ──host thread: its U cold ids D2H, their rows gathered, H2D──┐
+                                                   forward/backward ◄─────────────────┘
     one optimizer step for both (kept KV gradients), so the math is ordinary training
 
 The host applies cold updates at the step's end, before the next step's gather
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +32,16 @@ from data.batch import Batch
 from dlrm.config import Config
 from dlrm.parallel.distributed import DistInfo, all_reduce_sum
 from embeddings.hotline.profile import HotProfile, count_accesses, default_max_batches
-from embeddings.hotline.tiers import HOT_ONLY
+from embeddings.hotline.refresh import RefreshPlan
+from embeddings.hotline.split import (
+    HEADER,
+    DeviceSplit,
+    MicroLookups,
+    Sizes,
+    samples_of,
+    split_tensors,
+)
+from embeddings.hotline.tiers import HOT_ONLY, ColdRows
 from embeddings.optim import make_sparse_optimizer
 from embeddings.plan.sizes import parse_size
 from embeddings.table import TableSpec
@@ -93,6 +104,14 @@ class HotlineSteps:
         self.info = info or DistInfo()
         self.tables: list[TableSpec] = self.embeddings.tables
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hotline-gather")
+        self.device = self.embeddings.hot_weight.device
+        # CUDA: the side stream that copies each mini-batch in and classifies it
+        self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self._hot_changed = True
+        # hotline.refresh_every: the next hot set, chosen in the background (see after_step)
+        self._planner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hotline-refresh")
+        self._next_hot: Future[RefreshPlan] | None = None
+        self._touched: list[torch.Tensor] = []  # host rows cold updates wrote since the plan began
         self.counts: dict[str, torch.Tensor] | None = None
         self._window: dict[str, float] = {}
         self._total: dict[str, float] = {}
@@ -107,57 +126,113 @@ class HotlineSteps:
 
     def micro_batches(self, batch: Batch) -> Iterator[tuple[Batch, Any, bool]]:
         """(popular, HOT_ONLY, False), then (non-popular, its cold rows, True): the
-        part, its ``cold`` argument, and whether it is the step's last micro-batch.
-        An empty part is skipped, but on several ranks the non-popular one never is."""
+        part on the device (its ``sparse`` a ``MicroLookups``), its ``cold`` argument,
+        and whether it is the step's last micro-batch. An empty part is skipped, but
+        on several ranks the non-popular one never is."""
         emb = self.embeddings
-        popular_mask, hit_rate = emb.classify(batch.sparse)
-        popular = batch.select(popular_mask.nonzero().flatten())
-        rest = batch.select((~popular_mask).nonzero().flatten())
-        self._observe(batch, popular_mask, hit_rate)
-        collective = emb.sharded
-        future = None
-        if (rest.size or collective) and self.cfg.hotline.pipeline:
-            future = self.pool.submit(self._gather, rest)
-        if popular.size:
-            yield popular, HOT_ONLY, not (rest.size or collective)
-        if rest.size or collective:
+        dev, split, sizes, ready = self._split(batch)
+        self._observe(batch, sizes)
+        rest_runs = batch.size > sizes.group0 or emb.sharded  # several ranks: a collective
+        future = rest = None
+        if rest_runs:
+            rest = self._part(dev, split, sizes, 1)
+            rest.sparse.ready = ready  # the gather's copy waits for the split stream
+            if self.cfg.hotline.pipeline:
+                future = self.pool.submit(self._gather, rest.sparse)
+        if sizes.group0:
+            yield self._part(dev, split, sizes, 0), HOT_ONLY, not rest_runs
+        if rest is not None:
             t0 = time.perf_counter()  # waiting for the gather (all of it without the pipeline)
-            cold = future.result() if future is not None else self._gather(rest)
+            cold = future.result() if future is not None else self._gather(rest.sparse)
             self._window["wait"] += time.perf_counter() - t0
+            if self._next_hot is not None and isinstance(cold, ColdRows):
+                self._touched.append(cold.host_ids)  # this step's cold update writes them
             yield rest, cold, True
 
-    def _gather(self, rest: Batch) -> Any:
-        cold = self.embeddings.gather_cold(rest.sparse)
+    def _split(self, batch: Batch) -> tuple[Batch, DeviceSplit, Sizes, torch.cuda.Event | None]:
+        """The mini-batch on the device (copied once), classified there, and the
+        split's header read by the host: the step's one wait for the device, and on
+        CUDA a wait for the split stream only (classification of this batch), not for
+        the compute stream's queue of earlier work."""
+        emb, stream = self.embeddings, self._stream
+        if stream is None:
+            dev = batch.to(self.device)
+            split = emb.split_on_device(dev.sparse)
+            return dev, split, Sizes.read(split.header), None
+        current = torch.cuda.current_stream(self.device)
+        if self._hot_changed:  # new hot ids (built, or refreshed) were written on this stream
+            stream.wait_stream(current)
+            self._hot_changed = False
+        with torch.cuda.stream(stream):
+            # page-locked first (a host copy of a few hundred KB): the H2D copy is then
+            # queued DMA, not a staged copy the host waits for
+            dev = batch.pin_memory().to(self.device, non_blocking=True)
+            split = emb.split_on_device(dev.sparse)
+            header = torch.empty(len(HEADER), dtype=torch.int64, pin_memory=True)
+            header.copy_(split.header, non_blocking=True)
+            ready = torch.cuda.Event()
+            ready.record(stream)
+        ready.synchronize()
+        current.wait_event(ready)  # the compute stream reads the split after it, the host does not wait
+        dev.record_stream(current)  # made on the split stream, freed after the compute stream's use
+        for t in split_tensors(split):
+            t.record_stream(current)
+        return dev, split, Sizes.read(header), ready
+
+    def _part(self, dev: Batch, split: DeviceSplit, sizes: Sizes, group: int) -> Batch:
+        samples = samples_of(split, sizes, group)
+        micro = self.embeddings.micro_batch(split, sizes, group)
+        return Batch(dev.dense.index_select(0, samples), micro, dev.labels.index_select(0, samples))
+
+    def _gather(self, micro: MicroLookups) -> Any:
+        cold = self.embeddings.gather_cold(micro)
         self._window["gather"] += cold.gather_s
         self._window["transfer"] += cold.transfer_s
         return cold
 
-    def _observe(self, batch: Batch, popular_mask: torch.Tensor, hit_rate: float) -> None:
+    def _observe(self, batch: Batch, sizes: Sizes) -> None:
         w = self._window
         w["steps"] += 1
-        w["hit"] += hit_rate
-        w["popular"] += float(popular_mask.float().mean()) if popular_mask.numel() else 0.0
+        lookups = sizes.hot0 + sizes.cold0 + sizes.hot1 + sizes.cold1
+        w["hit"] += (sizes.hot0 + sizes.hot1) / max(lookups, 1)
+        w["popular"] += sizes.popular / max(batch.size, 1)
         if self.cfg.hotline.refresh_every:
-            counts = count_accesses([batch.sparse], self.tables)
+            counts = count_accesses([batch.sparse], self.tables)  # the host's copy of the ids
             self.counts = counts if self.counts is None else {
                 k: self.counts[k] + v for k, v in counts.items()
             }
 
     def after_step(self, step: int) -> None:
-        """Re-choose the hot rows every ``refresh_every`` steps (after the update)."""
+        """Every ``refresh_every`` steps (after the update): the counts are summed (all
+        ranks) and the next hot set is chosen and planned on a background thread
+        while the next step runs; at the boundary after it, the plan is swapped in
+        (embeddings/hotline/refresh.py: only the rows that change move). The pause is
+        the launch plus the swap, with the wait for the plan if it is late."""
         every = self.cfg.hotline.refresh_every
-        if every and step % every == 0 and self.counts is not None:
-            t0 = time.perf_counter()  # the pause: the step loop waits for all of it
-            optimizer = make_sparse_optimizer(self.cfg.optim.sparse, self.cfg.optim.eps,
-                                              self.cfg.embeddings.state_dtype)
-            budget = parse_size(self.cfg.hotline.budget) or 0
-            counts = sum_counts(self.counts, self.tables, self.info)
-            self.embeddings.refresh(HotProfile.build(counts, self.tables, optimizer, budget))
-            self.counts = None
-            if self.embeddings.hot_device.type == "cuda":
-                torch.cuda.current_stream().synchronize()  # measure the copies, not their launch
+        if not every:
+            return
+        t0 = time.perf_counter()
+        if self._next_hot is not None:  # planned during this step: swap it in now
+            touched = torch.cat(self._touched) if self._touched else torch.zeros(0, dtype=torch.int64)
+            self.embeddings.refresh(self._next_hot.result(), touched)
+            self._next_hot = None
+            self._hot_changed = True
             self._window["refreshes"] += 1
-            self._window["refresh"] += time.perf_counter() - t0
+        if step % every == 0 and self.counts is not None:
+            counts = sum_counts(self.counts, self.tables, self.info)  # a collective: here, on every rank
+            self.counts = None
+            self._touched = []
+            self._next_hot = self._planner.submit(self._plan, counts)
+        self._window["refresh"] += time.perf_counter() - t0
+
+    def _plan(self, counts: dict[str, torch.Tensor]) -> RefreshPlan:
+        """On the planner thread: the hot set the counts choose, and how to get there."""
+        optimizer = make_sparse_optimizer(self.cfg.optim.sparse, self.cfg.optim.eps,
+                                          self.cfg.embeddings.state_dtype)
+        budget = parse_size(self.cfg.hotline.budget) or 0
+        plan = self.embeddings.plan_refresh(HotProfile.build(counts, self.tables, optimizer, budget))
+        self.embeddings.prefetch_entering(plan)  # after this step's queued host update
+        return plan
 
     def stats(self, whole_run: bool = False) -> dict[str, float]:
         """Hit rate, popular share, host gather, transfer to the device and wait ms
@@ -176,7 +251,9 @@ class HotlineSteps:
             "transfer_ms": 1000 * transfer / steps,
             "gather_wait_ms": 1000 * wait / steps,
             "gather_hidden": max(0.0, 1 - wait / busy) if busy > 0 else 1.0,
-            "gather_threads": float(self.embeddings.gather_threads),
+            "gather_threads": float(getattr(self.embeddings.tier, "gather_threads", 1)),
+            # embeddings.kernels: 1 where the hot tier runs on the Triton kernels
+            "hot_tier_triton": float(self.embeddings.hot.on_triton()),
             # hotline.refresh_every: re-profiles and the mean pause each cost the step loop
             "refreshes": w["refreshes"],
             "refresh_pause_ms": 1000 * w["refresh"] / w["refreshes"] if w["refreshes"] else 0.0,
@@ -184,4 +261,6 @@ class HotlineSteps:
         return out
 
     def close(self) -> None:
+        """A plan still pending (made at the last step) is dropped: no step needs it."""
         self.pool.shutdown(wait=True)
+        self._planner.shutdown(wait=True)

@@ -8,7 +8,8 @@
 Flagged: ops whose output shape depends on tensor values (nonzero, unique, masked
 select, boolean-mask indexing, repeat_interleave without output_size) and reads of a
 value by the host (``.item()``, ``int(t)``, ``bool(t)``: ``_local_scalar_dense``),
-and copies between devices. On the CPU these cost nothing, which is why they are
+and copies between devices (but for ``non_blocking`` ones from or into page-locked
+host memory: queued DMA, which the host does not wait for). On the CPU these cost nothing, which is why they are
 audited by name: on CUDA each one is a wait for the GPU.
 
 Under ``TRITON_INTERPRET=1`` a kernel launch runs as Python over numpy, issuing torch
@@ -103,6 +104,22 @@ class SyncAudit(TorchDispatchMode):
 
 
 def _crosses_devices(name: str, args: tuple, kwargs: dict) -> bool:
+    """A copy between devices the host waits for: a ``non_blocking`` copy whose host
+    side is page-locked is a DMA queued on a stream, not a wait, and is not flagged."""
     source = args[0] if name == "aten._to_copy" else args[1]
     target = kwargs.get("device") if name == "aten._to_copy" else args[0].device
-    return target is not None and isinstance(source, torch.Tensor) and torch.device(target) != source.device
+    crosses = target is not None and isinstance(source, torch.Tensor) and torch.device(target) != source.device
+    return crosses and not _queued_dma(name, args, kwargs)
+
+
+def _queued_dma(name: str, args: tuple, kwargs: dict) -> bool:
+    if name == "aten.copy_":
+        destination, source = args[0], args[1]
+        non_blocking = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
+        host = destination if destination.device.type == "cpu" else source
+    else:  # _to_copy to the device (to the host it makes a pageable tensor: a wait)
+        source, non_blocking = args[0], kwargs.get("non_blocking", False)
+        if source.device.type != "cpu":
+            return False
+        host = source
+    return bool(non_blocking) and host.device.type == "cpu" and host.is_pinned()

@@ -279,7 +279,7 @@ class Trainer:
             source = self._staged or self.reader
             self._batches = iter(source.epoch(self.progress.epoch,
                                               start_step=self.progress.step_in_epoch))
-            if (self.info.device.type == "cuda" and self.hotline is None  # Hotline splits on the host
+            if (self.info.device.type == "cuda" and self.hotline is None  # Hotline copies its own
                     and self._staged is None):
                 self._batches = DevicePrefetcher(self._batches, self.info.device)
         batches = list(itertools.islice(self._batches, self.cfg.train.accumulate))
@@ -362,8 +362,7 @@ class Trainer:
             part = batch.to(self.info.device, non_blocking=True)
             yield part, part.sparse, True
             return
-        for part, cold, last in self.hotline.micro_batches(batch):
-            part = part.to(self.info.device, non_blocking=True)
+        for part, cold, last in self.hotline.micro_batches(batch):  # already on the device
             yield part, Prefetched(part.sparse, cold), last
 
     def _forward_backward(self, part: Batch, sparse: Any, rows: int, sync: bool) -> None:

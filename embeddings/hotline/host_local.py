@@ -9,18 +9,19 @@
 
 One step's ordering (CUDA; kept gradients, as the trainer runs it):
 
-    main thread   | popular fwd/bwd (hot only) | wait gather | non-popular fwd/bwd | step() ─┐ next popular ...
-    gather thread | wait host updates ─► gather rows (N threads) ─► pinned ─► H2D issue   │
-    copy stream   |                                   H2D rows+ids ─► event ready          │
+    main thread   | read header | popular fwd/bwd (hot only) | wait gather | non-popular fwd/bwd | step() ─┐
+    split stream  | H2D batch, classify, header D2H (split.py)                                             │
+    gather thread |   wait host updates ─► D2H cold ids ─► gather rows (N threads) ─► pinned ─► H2D issue  │
+    copy stream   |                                   D2H ids, H2D rows ─► event ready                     │
     compute stream|  ... waits `ready` before the cold lookup (no host wait) ... D2H grads ─► event
     update thread |                                          waits the D2H events, applies ◄┘ (queued)
                   the NEXT step's gather waits for this queue (``collection``): read after write.
 
-Host syncs left in the main thread: the non-popular micro-batch's boolean
-hot/cold selects and the unique cold ids (their sizes depend on the data; a
-fixed-size compaction is not written yet), the torch path's KV-gradient
-``unique_consecutive`` per lookup (the Triton sorted backward removes it), and
-the wait for the gather thread (a Python future, not a device sync).
+Host waits left in the main thread: the split's 56-byte header (the micro-batches'
+shapes depend on it; it waits for the split stream, not for the compute stream), the
+torch path's KV-gradient ``unique_consecutive`` of the hot lookups (the Triton
+sorted backward has none; the cold side's ids are known: ``covers``), and the wait for
+the gather thread (a Python future, not a device sync).
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ import torch
 
 from embeddings.collection import LocalEmbeddingCollection
 from embeddings.hotline.hot_tier import HotTier
-from embeddings.hotline.lookups import ColdPooled, ColdRows, Lookups
+from embeddings.hotline.lookups import ColdPooled, ColdRows
+from embeddings.hotline.split import MicroLookups
 from embeddings.jagged import bag_offsets
 from embeddings.kv import KVGradient
 from embeddings.lookup import pooled_lookup
@@ -122,33 +124,49 @@ class LocalHostTier:
                 dst.copy_(tensor)
 
     # ------------------------------------------------------------------ cold rows
-    def gather_cold(self, lookups: Lookups, device: torch.device) -> ColdRows:
-        """The unique cold rows, copied to ``device``; CUDA: through a pinned buffer
-        on a side stream, so the trainer's compute goes on meanwhile."""
+    def gather_cold(self, micro: MicroLookups, device: torch.device) -> ColdRows:
+        """The mini-batch's unique cold rows (classified on the device: ``micro.cold_ids``),
+        copied to ``device``. CUDA: the ids come back in one D2H copy, the rows are
+        gathered into a pinned buffer and go over in one H2D copy, both on a side
+        stream ordered by events, so the trainer's compute goes on meanwhile. Runs on
+        the gather thread: its host waits (the ids' copy) are not the trainer's."""
         t0 = time.perf_counter()
-        unique = torch.unique(lookups.ids[~lookups.is_hot])
-        source = self.collection.weight.data
-        host_ids = unique.to(source.device)
-        if device.type == "cuda" and source.device.type == "cpu":
-            rows = torch.empty(unique.numel(), source.shape[1], dtype=source.dtype, pin_memory=True)
-            self._gather_rows(source, host_ids, rows)
-            t1 = time.perf_counter()
+        source = self.collection.weight.data  # after the queued host updates
+        ids = micro.cold_ids
+        cuda = device.type == "cuda" and source.device.type == "cpu"
+        if cuda:
+            caller = torch.cuda.current_stream(device)  # where ids classified outside the trainer were
+            with torch.cuda.stream(self._copy_stream):
+                if micro.ready is not None:
+                    self._copy_stream.wait_event(micro.ready)  # the split stream classified them
+                elif ids.device.type == "cuda":
+                    self._copy_stream.wait_stream(caller)
+                host_ids = _pinned_copy(ids)
+                if ids.device.type != "cuda":  # classified on the host (outside the trainer)
+                    ids = host_ids.to(device, non_blocking=True)
+                arrived = torch.cuda.Event()
+                arrived.record(self._copy_stream)
+            arrived.synchronize()  # this thread waits for U ids, the trainer does not
+            rows = torch.empty(ids.numel(), source.shape[1], dtype=source.dtype, pin_memory=True)
+        else:
+            host_ids = ids.to(source.device)
+            rows = source.new_empty(ids.numel(), source.shape[1])
+        self._count("d2h", host_ids)
+        self._gather_rows(source, host_ids, rows)
+        t1 = time.perf_counter()
+        ready = None
+        if cuda:
             with torch.cuda.stream(self._copy_stream):  # a side stream: compute goes on
                 rows = rows.to(device, non_blocking=True)
-                ids = unique.pin_memory().to(device, non_blocking=True)
                 ready = torch.cuda.Event()
                 ready.record(self._copy_stream)  # pool() makes the compute stream wait on it
-            # No synchronize(): the copy is ordered by ``ready``, not by a host wait.
-            # The pinned source stays alive until the copy ends: the caching host
-            # allocator holds a pinned block until the stream's work on it is done.
+            # No synchronize(): the copy is ordered by ``ready``, not by a host wait. The
+            # pinned source stays alive until the copy ends: the caching host allocator
+            # holds a pinned block until the stream's work on it is done.
         else:
-            rows = source.new_empty(unique.numel(), source.shape[1])
-            self._gather_rows(source, host_ids, rows)
-            t1 = time.perf_counter()
-            rows, ids, ready = rows.to(device), unique.to(device), None
-        self._count("h2d", rows, ids)
-        t2 = time.perf_counter()
-        return ColdRows(ids, rows.requires_grad_(True), t1 - t0, t2 - t1, ready)
+            rows = rows.to(device)
+        self._count("h2d", rows)
+        return ColdRows(ids, rows.requires_grad_(True), host_ids, t1 - t0, time.perf_counter() - t1, ready)
 
     # Below this many rows one thread gathers: a hand-off costs more than it saves.
     PARALLEL_ROWS = 4096
@@ -163,57 +181,46 @@ class LocalHostTier:
         list(self._gather_pool.map(lambda p: torch.index_select(source, 0, p[0], out=p[1]), parts))
 
     def pool(
-        self, lookups: Lookups, hot: HotTier, cold: ColdRows | ColdPooled | None
+        self, micro: MicroLookups, hot: HotTier, cold: ColdRows | ColdPooled | None
     ) -> tuple[torch.Tensor, int]:
-        """Σ hot part + Σ cold part per bag, [B, F*D]; cold rows used."""
-        lengths, is_hot = lookups.lengths, lookups.is_hot
-        scale = None
-        if self.mean:
-            inv = 1.0 / lengths.clamp(min=1).to(torch.float32)  # pooled in fp32 whatever the tables
-            scale = torch.repeat_interleave(inv, lengths, output_size=lookups.ids.numel())
-        if cold is None and not self.fused:
-            # A popular micro-batch: no cold side at all (no gather, no empty
-            # embedding_bag, no backward for it; ``step`` still applies the host
-            # tier once). Every id is hot: no boolean select, no host sync.
-            return self._pooled(lookups, hot.lookup(lookups.slot, lookups.lengths, scale)), 0
-        cold_ids = lookups.ids[~is_hot]
-        if cold is None:  # fused: the host tier applies once per backward, an empty one too
-            cold = self.gather_cold(lookups, hot.device)  # empty
+        """Σ hot part + Σ cold part per bag, [B, F*D]; cold rows used. ``cold`` None: a
+        popular micro-batch, no cold side at all (no empty embedding_bag, no backward
+        for it; ``step`` still applies the host tier once)."""
+        hot_part = hot.lookup(micro.hot_slots, micro.hot_lengths, micro.num_features, micro.hot_scale,
+                              micro.lengths)
+        if cold is None:
+            return self._pooled(micro, hot_part), 0
         assert isinstance(cold, ColdRows)
         if cold.rows.device.type == "cuda":  # copied on the side stream, used on this one
             current = torch.cuda.current_stream(cold.rows.device)
             if cold.ready is not None:
                 current.wait_event(cold.ready)  # device-side order, the host does not wait
             cold.rows.record_stream(current)
-            cold.ids.record_stream(current)
-        local = torch.searchsorted(cold.ids, cold_ids)
-        if cold_ids.numel() and not torch.equal(cold.ids[local.clamp(max=cold.ids.numel() - 1)], cold_ids):
-            raise ValueError("ColdRows were gathered for another batch")
-        hot_part = hot.lookup(lookups.slot[is_hot], lookups.hot_lengths,
-                              None if scale is None else scale[is_hot])
-        cold_part = pooled_lookup(
-            cold.rows, local, bag_offsets(lookups.cold_lengths), partial(self._receive, cold.ids),
-            None if scale is None else scale[~is_hot],
-        )
-        return self._pooled(lookups, hot_part + cold_part), cold.ids.numel()
+        # Every cold row is used by a lookup (they are the unique cold ids), so the
+        # gradient's ids are known: 0..U-1, in the order of ``cold.host_ids``.
+        cold_part = pooled_lookup(cold.rows, micro.cold_local, bag_offsets(micro.cold_lengths),
+                                  partial(self._receive, cold.host_ids), micro.cold_scale,
+                                  covers=cold.rows.shape[0])
+        return self._pooled(micro, hot_part + cold_part), cold.ids.numel()
 
-    def _pooled(self, lookups: Lookups, bags: torch.Tensor) -> torch.Tensor:
+    def _pooled(self, micro: MicroLookups, bags: torch.Tensor) -> torch.Tensor:
         """Feature-major bags [F*B, D] as [B, F*D]."""
-        batch, features, dim = lookups.batch, lookups.num_features, self._tables.dim
+        batch, features, dim = micro.batch, micro.num_features, self._tables.dim
         return bags.view(features, batch, dim).transpose(0, 1).reshape(batch, features * dim)
 
     # ------------------------------------------------------------------ updates
-    def _receive(self, cold_ids: torch.Tensor, grad: KVGradient) -> None:
-        ids = cold_ids[grad.ids]
+    def _receive(self, host_ids: torch.Tensor, grad: KVGradient) -> None:
+        """The cold gradient (rows of ids 0..U-1): its rows go home, D2H into pinned
+        memory on CUDA, not waited for here; its ids are already there."""
         ready = None
-        if grad.rows.device.type == "cuda":  # D2H into pinned memory, not waited for here
-            ids, rows = _pinned_copy(ids), _pinned_copy(grad.rows)
+        if grad.rows.device.type == "cuda":
+            rows = _pinned_copy(grad.rows)
             ready = torch.cuda.Event()
             ready.record()
-            grad = KVGradient(ids, rows)
         else:
-            grad = KVGradient(ids.to(self.device), grad.rows.to(self.device))
-        self._count("d2h", grad.ids, grad.rows)
+            rows = grad.rows.to(self.device)
+        grad = KVGradient(host_ids, rows)
+        self._count("d2h", grad.rows)
         if self.fused:
             if ready is not None:
                 ready.synchronize()

@@ -22,8 +22,9 @@ import torch
 
 from data.jagged import JaggedFeatures
 from embeddings.hotline.hot_tier import HotTier
-from embeddings.hotline.lookups import ColdPooled, ColdRows, Lookups
+from embeddings.hotline.lookups import ColdPooled, ColdRows
 from embeddings.hotline.sharded_rows import read_rows, write_rows
+from embeddings.hotline.split import MicroLookups
 from embeddings.kv import KVGradient
 from embeddings.optim import SparseOptimizer
 from embeddings.sharded import ShardedEmbeddingCollection
@@ -84,36 +85,32 @@ class ShardedHostTier:
                    self.optimizer.per_row_state())
 
     # ------------------------------------------------------------------ cold bags
-    def gather_cold(self, lookups: Lookups, device: torch.device) -> ColdPooled:
+    def gather_cold(self, micro: MicroLookups, device: torch.device) -> ColdPooled:
         """The cold part of every bag, looked up by the owners of its rows (a
         collective: every rank calls it once per micro-batch, an empty one too)."""
         t0 = time.perf_counter()
-        values, lengths = lookups.values[~lookups.is_hot], lookups.cold_lengths
-        cold = JaggedFeatures(self.features, values.to(self.device), lengths.to(self.device),
-                              lookups.batch)
+        cold = JaggedFeatures(self.features, micro.cold_values.to(self.device),
+                              micro.cold_lengths.to(self.device), micro.batch)
         pooled = self.collection(cold)
         t1 = time.perf_counter()
         pooled = pooled.to(device, non_blocking=True)
         return ColdPooled(pooled, t1 - t0, time.perf_counter() - t1)
 
     def pool(
-        self, lookups: Lookups, hot: HotTier, cold: ColdRows | ColdPooled | None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Σ hot part (local replica) + Σ cold part (sharded), [B, F*D]; cold lookups."""
-        batch, features, dim = lookups.batch, lookups.num_features, self.collection.dim
-        is_hot = lookups.is_hot
-        if cold is None:  # a popular micro-batch: every id is hot, no boolean select (no sync)
-            hot_part = hot.lookup(lookups.slot, lookups.lengths)
-        else:
-            hot_part = hot.lookup(lookups.slot[is_hot], lookups.hot_lengths)
+        self, micro: MicroLookups, hot: HotTier, cold: ColdRows | ColdPooled | None
+    ) -> tuple[torch.Tensor, int]:
+        """Σ hot part (local replica) + Σ cold part (sharded), [B, F*D]; cold lookups.
+        ``cold`` None: a popular micro-batch (every lookup hot, no collective)."""
+        batch, features, dim = micro.batch, micro.num_features, self.collection.dim
+        hot_part = hot.lookup(micro.hot_slots, micro.hot_lengths, features)
         pooled = hot_part.view(features, batch, dim).transpose(0, 1)  # [B, F, D]
         if cold is not None:
             assert isinstance(cold, ColdPooled)
             pooled = pooled + cold.pooled.view(batch, features, dim)
         if self.mean:
-            whole = lookups.lengths.view(features, batch).t().clamp(min=1).to(pooled.dtype)
+            whole = micro.lengths.view(features, batch).t().clamp(min=1).to(pooled.dtype)
             pooled = pooled / whole.unsqueeze(2)
-        return pooled.reshape(batch, features * dim), (~is_hot).sum()
+        return pooled.reshape(batch, features * dim), micro.cold_local.numel()
 
     # ------------------------------------------------------------------ updates
     def share_hot_gradient(self, grad: KVGradient) -> KVGradient:

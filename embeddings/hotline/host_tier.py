@@ -18,7 +18,8 @@ import torch
 
 from embeddings.collection import EmbeddingCollection
 from embeddings.hotline.hot_tier import HotTier
-from embeddings.hotline.lookups import ColdPooled, ColdRows, Lookups
+from embeddings.hotline.lookups import ColdPooled, ColdRows
+from embeddings.hotline.split import MicroLookups
 from embeddings.kv import KVGradient
 
 if TYPE_CHECKING:
@@ -46,13 +47,13 @@ class HostTier(Protocol):
         """Rows ``weight`` [H, D] and their state written back (no communication)."""
         ...
 
-    def gather_cold(self, lookups: Lookups, device: torch.device) -> ColdRows | ColdPooled:
-        """What ``lookups``' cold part needs from the host, on ``device``."""
+    def gather_cold(self, micro: MicroLookups, device: torch.device) -> ColdRows | ColdPooled:
+        """What ``micro``'s cold part needs from the host, on ``device``."""
         ...
 
     def pool(
-        self, lookups: Lookups, hot: HotTier, cold: ColdRows | ColdPooled | None
-    ) -> tuple[torch.Tensor, torch.Tensor | int]:
+        self, micro: MicroLookups, hot: HotTier, cold: ColdRows | ColdPooled | None
+    ) -> tuple[torch.Tensor, int]:
         """(pooled [B, F*D] of hot and cold parts, cold rows used); ``cold`` None: the
         batch has no cold lookup. Cold gradients go home through autograd."""
         ...

@@ -9,6 +9,9 @@ slots: device memory then grows with the hot set only (8 B per hot row) instead 
 8 B per row of every table, which is what Hotline exists to save; the cost is
 log2(H) comparisons per lookup.
 
+Lookups: the torch path (``pooled_lookup``, KV gradients) or, with ``kernels``
+Triton (one process, fp32), the Triton kernels: ``hot_kernels.py``.
+
 fp16/bf16 tables: the hot rows are stored in the table's type and updated as the
 host tier (and a plain collection) updates them: computed in fp32, written back with
 stochastic rounding keyed by (seed, update count, full table, row, column), the row
@@ -18,25 +21,41 @@ as a single-process collection does, bit for bit.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
+from embeddings.hotline.hot_kernels import join
 from embeddings.jagged import bag_offsets
+from embeddings.kernels import KernelChoice, use_triton
 from embeddings.kv import KVGradient
 from embeddings.lookup import pooled_lookup
 from embeddings.optim import SparseOptimizer
 from embeddings.rounding import RowRounding, table_key
 from embeddings.table import TableSpec
 
+if TYPE_CHECKING:
+    from embeddings.kernels.lookup import Bags
+
 
 class HotTier(nn.Module):
     """Hot rows, their optimizer state and their kept gradients (slot ids)."""
 
     def __init__(self, optimizer: SparseOptimizer, fused: bool, tables: list[TableSpec] | None = None,
-                 rounding_seed: int = 0) -> None:
+                 rounding_seed: int = 0, kernels: str | KernelChoice = KernelChoice.AUTO,
+                 one_process: bool = True) -> None:
         """``tables`` (all of them, in stacking order) and ``rounding_seed``: where a
-        stacked id's rounding coordinates come from (half tables or state)."""
+        stacked id's rounding coordinates come from (half tables or state).
+        ``kernels``: the lookups' path (embeddings/kernels; ``auto``: Triton on CUDA),
+        taken by fp32 rows and state in one process (several ranks all-gather KV
+        gradients, which the torch path keeps)."""
         super().__init__()
+        self.kernels = KernelChoice(kernels)
+        self.one_process = one_process
+        self._parts: list[tuple[torch.Tensor, Bags]] = []  # Triton, kept: held micro-batches
+        self._lr_on_device: torch.Tensor | None = None
+        self._row_base: dict[int, torch.Tensor] = {}
         self.optimizer = optimizer
         self.rounding_seed = rounding_seed
         starts, total = [], 0
@@ -55,8 +74,9 @@ class HotTier(nn.Module):
     def load(self, ids: torch.Tensor, weight: torch.Tensor, state: dict[str, torch.Tensor]) -> None:
         """Hold rows ``weight`` [H, D] of stacked ``ids`` [H] (sorted), with ``state``."""
         self.register_buffer("ids", ids, persistent=False)
-        # Copies of the hot ids where ids arrive (the host classifies every batch
-        # before it goes to the device): one copy per refresh, not one per lookup.
+        # Copies of the hot ids on other devices where ids may arrive (the trainer
+        # classifies on the hot tier's device; callers may classify host batches):
+        # one copy per refresh, not one per lookup.
         self._ids_on = {}
         self.weight = nn.Parameter(weight)
         for name, tensor in state.items():
@@ -81,12 +101,71 @@ class HotTier(nn.Module):
         slot = torch.searchsorted(hot_ids, ids).clamp_(max=hot_ids.numel() - 1)
         return hot_ids[slot] == ids, slot
 
+    def on_triton(self) -> bool:
+        """Whether the lookups take the Triton kernels (see ``__init__``)."""
+        return (self.one_process and not self.optimizer.rounding and self.weight.dtype == torch.float32
+                and self.optimizer.state_dtype == torch.float32 and use_triton(self.kernels, self.device))
+
     def lookup(
-        self, slots: torch.Tensor, lengths: torch.Tensor, scale: torch.Tensor | None = None
+        self, slots: torch.Tensor, lengths: torch.Tensor, features: int,
+        scale: torch.Tensor | None = None, whole_lengths: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Pooled [S, D] of bags ``lengths`` [S] over hot ``slots``; gradients come
-        back to ``receive``."""
+        """Pooled [F*b, D] of bags ``lengths`` [F*b] (feature-major) over hot ``slots``;
+        ``scale`` [N] (mean pooling): 1 / ``whole_lengths`` of each lookup's bag.
+        Gradients come back to ``receive`` (torch) or ``_held`` (Triton)."""
+        if self.on_triton():
+            return self._triton_lookup(slots, lengths, features, scale is not None, whole_lengths)
         return pooled_lookup(self.weight, slots, bag_offsets(lengths), self.receive, scale)
+
+    def _triton_lookup(self, slots: torch.Tensor, lengths: torch.Tensor, features: int, mean: bool,
+                       whole_lengths: torch.Tensor | None) -> torch.Tensor:
+        from embeddings.kernels.lookup import Bags, triton_pooled_lookup  # imports triton
+
+        row_base = self._row_base.get(features)
+        if row_base is None or row_base.device != self.device:
+            row_base = self._row_base[features] = torch.zeros(features, dtype=torch.int64, device=self.device)
+        bags = Bags(slots, bag_offsets(lengths), row_base, lengths.numel() // max(features, 1), False, True)
+        pooled = triton_pooled_lookup(self.weight, bags, self._held).view(-1, self.weight.shape[1])
+        if mean:  # a bag's hot part over its whole length: the cold lookups count too
+            assert whole_lengths is not None
+            pooled = pooled * (1.0 / whole_lengths.clamp(min=1).to(torch.float32)).unsqueeze(1)
+        return pooled
+
+    def _held(self, grad_pooled: torch.Tensor, bags: Bags) -> None:
+        """Triton backward: fused, update now; kept, hold it for ``update_held``."""
+        if self.fused:
+            self._update([(grad_pooled, bags)])
+        else:
+            self._parts.append((grad_pooled, bags))
+
+    def update_held(self) -> None:
+        """Triton, kept: one fused backward + update over every held micro-batch (one
+        sort, one launch), applied once even when none was held (Adam counts steps)."""
+        parts, self._parts = self._parts, []
+        self._update(parts)
+
+    def _update(self, parts: list[tuple[torch.Tensor, Bags]]) -> None:
+        from embeddings.kernels.sparse_update import backward_update
+
+        if self._lr_on_device is None or self._lr_on_device.device != self.device:
+            self._lr_on_device = torch.full((1,), self.lr, dtype=torch.float32, device=self.device)
+        if parts:
+            row_base = parts[0][1].row_base
+            grad, slots, offsets, batch = join(parts, row_base.numel())
+        else:  # no hot lookup this step: the optimizer still counts it (Adam's step)
+            row_base = slots = torch.zeros(0, dtype=torch.int64, device=self.device)
+            grad, batch = self.weight.new_zeros(0, 0, self.weight.shape[1]), 0
+            offsets = torch.zeros(1, dtype=torch.int64, device=self.device)
+        backward_update(grad, slots, offsets, row_base, batch, False, True, self.weight.data,
+                        self.optimizer, self.state, self._lr_on_device)
+
+    def set_lr(self, lr: float) -> None:
+        self.lr = lr
+        if self._lr_on_device is not None:
+            self._lr_on_device.fill_(lr)  # a device-side fill: no host wait
+
+    def has_kept(self) -> bool:
+        return bool(self.kept or self._parts)
 
     def receive(self, grad: KVGradient) -> None:
         if self.fused:
@@ -121,5 +200,12 @@ class HotTier(nn.Module):
         return KVGradient(ids, self.weight.new_zeros(0, self.weight.shape[1]))
 
     def kept_by_stacked_id(self) -> list[KVGradient]:
-        """The kept gradients with stacked ids instead of slots (not forgotten)."""
-        return [KVGradient(self.ids[g.ids], g.rows) for g in self.kept]
+        """The kept gradients with stacked ids instead of slots (not forgotten; Triton:
+        the held micro-batches' KV gradient, computed by the kernel)."""
+        kept = list(self.kept)
+        if self._parts:
+            from embeddings.kernels.sparse_update import backward_kv
+
+            grad, slots, offsets, batch = join(self._parts, self._parts[0][1].row_base.numel())
+            kept.append(backward_kv(grad, slots, offsets, self._parts[0][1].row_base, batch, False, True))
+        return [KVGradient(self.ids[g.ids], g.rows) for g in kept]

@@ -3,7 +3,8 @@
     lookups (stacked ids, feature-major)   [ h c h | h h | c ]      bags f*B + b
     is_hot  [N]                            [ 1 0 1 | 1 1 | 0 ]
     slot    [N]  place in the hot tier where hot (meaningless elsewhere)
-    cold_lengths [F*B]                     [   1   |  0  | 1 ]      hot: lengths - cold
+
+``split.py`` cuts them into micro-batches, hot and cold lookups apart.
 
 The cold part comes from the host tier: ``ColdRows`` (one process: the unique cold
 rows, copied to the device) or ``ColdPooled`` (several ranks: the cold part of
@@ -13,7 +14,6 @@ every bag, looked up by the sharded host tier).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
 
 import torch
 
@@ -36,26 +36,6 @@ class Lookups:
     is_hot: torch.Tensor
     slot: torch.Tensor
 
-    @cached_property
-    def cold_lengths(self) -> torch.Tensor:
-        """Cold lookups per bag [F*B]: a segment sum of static size (no boolean
-        select, no ``bincount``, ``output_size`` given), so no host sync on CUDA."""
-        lengths = self.lengths
-        bag = torch.repeat_interleave(
-            torch.arange(lengths.numel(), device=lengths.device), lengths, output_size=self.ids.numel()
-        )
-        cold = (~self.is_hot).to(lengths.dtype)
-        return torch.zeros_like(lengths).index_add_(0, bag, cold)
-
-    @property
-    def hot_lengths(self) -> torch.Tensor:
-        return self.lengths - self.cold_lengths
-
-    @property
-    def popular(self) -> torch.Tensor:
-        """[B] bool: samples whose every lookup hits a hot row."""
-        return self.cold_lengths.view(self.num_features, self.batch).sum(dim=0) == 0
-
     def check_hot_only(self) -> None:
         """For a popular micro-batch: it must have no cold lookup (a pipeline bug,
         not bad input). An asynchronous assert: on CUDA it fails in the device's own
@@ -68,11 +48,13 @@ class ColdRows:
     """Copies of the cold rows one batch needs, on the device.
 
     ids [U] stacked ids (host stack numbering), unique ascending, on the device;
-    rows [U, D] on the device, a leaf that requires grad (its KV gradient goes home).
+    rows [U, D] on the device, a leaf that requires grad (its KV gradient goes home);
+    host_ids [U] the same ids on the host (where the gradient rows go back to).
     """
 
     ids: torch.Tensor
     rows: torch.Tensor
+    host_ids: torch.Tensor
     gather_s: float = 0.0  # host time to gather the rows
     transfer_s: float = 0.0  # time to issue the copy to the device (CUDA: asynchronous)
     ready: torch.cuda.Event | None = None  # CUDA: recorded on the copy stream after the copy

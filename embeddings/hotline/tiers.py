@@ -43,12 +43,22 @@ from embeddings.hotline.host_tier import HostTier
 from embeddings.hotline.hot_tier import HotTier
 from embeddings.hotline.lookups import HOT_ONLY, ColdPooled, ColdRows, Lookups
 from embeddings.hotline.profile import HotProfile
+from embeddings.hotline.refresh import RefreshPlan, plan_refresh, prefetch_entering, swap
+from embeddings.hotline.split import (
+    DeviceSplit,
+    MicroLookups,
+    Sizes,
+    all_hot,
+    micro_lookups,
+    split_on_device,
+)
 from embeddings.interface import Prefetched, TableState
 from embeddings.jagged import in_feature_order, stacked_ids
+from embeddings.kernels import KernelChoice
 from embeddings.kv import KVGradient
 from embeddings.optim import SparseOptimizer
 from embeddings.sharded import scale_grad
-from embeddings.table import TableSpec
+from embeddings.table import Pooling, TableSpec
 
 if TYPE_CHECKING:
     import torch.distributed as dist
@@ -81,9 +91,11 @@ class HotlineEmbeddingCollection(EmbeddingCollection):
         group: dist.ProcessGroup | None = None,
         gather_threads: int = 0,
         rounding_seed: int | None = None,
+        kernels: str | KernelChoice = KernelChoice.AUTO,
     ) -> None:
         """``rounding_seed`` (default ``seed``): of fp16/bf16 tables' stochastic rounding,
-        in both tiers (embeddings/rounding.py)."""
+        in both tiers (embeddings/rounding.py). ``kernels``: the hot tier's lookups
+        (embeddings/kernels; ``auto``: Triton on CUDA, one process, fp32)."""
         super().__init__()
         device = torch.device(device)
         rounding_seed = (seed or 0) if rounding_seed is None else rounding_seed
@@ -112,8 +124,8 @@ class HotlineEmbeddingCollection(EmbeddingCollection):
         offsets = torch.tensor([self.row_offsets[table_of[f]] for f in self.features], dtype=torch.int64)
         self.register_buffer("feature_offsets", offsets.to(device), persistent=False)
         self._offsets_cache: dict[torch.device, torch.Tensor] = {}
-        self.hot = HotTier(optimizer, fused, self.tables, rounding_seed)
-        self._last: tuple[torch.Tensor, int, torch.Tensor, int, torch.Tensor | int] | None = None
+        self.hot = HotTier(optimizer, fused, self.tables, rounding_seed, kernels, one_process=plan is None)
+        self._last: tuple[int, int, int, int, int] | None = None
         self.profile = profile
         self._load_hot(self._stacked_hot_ids(profile), device)
 
@@ -133,15 +145,6 @@ class HotlineEmbeddingCollection(EmbeddingCollection):
     def sharded(self) -> bool:
         """Several ranks: cold lookups (``gather_cold``) are collectives."""
         return self.tier.collective
-
-    @property
-    def hot_device(self) -> torch.device:
-        return self.hot.device
-
-    @property
-    def gather_threads(self) -> int:
-        """Host threads gathering cold rows (one process; 1 where the host tier is sharded)."""
-        return int(getattr(self.tier, "gather_threads", 1))
 
     @property
     def hot_ids(self) -> torch.Tensor:
@@ -168,14 +171,17 @@ class HotlineEmbeddingCollection(EmbeddingCollection):
         """Copy rows ``stacked`` (sorted) and their state from host to the device
         (several ranks: a collective, every rank reads the same rows); out of memory
         is one line naming the hot tier."""
-        rows = stacked.numel()
+        with naming_oom(*self._hot_bytes(stacked.numel(), device)):
+            weight, state = self.tier.read_rows(stacked, device)
+            self.hot.load(stacked.to(device), weight, state)
+        self._hot_ids_host = stacked.cpu()
+
+    def _hot_bytes(self, rows: int, device: torch.device) -> tuple[str, int, torch.device]:
         itemsize = max(t.itemsize for t in self.tables)
         nbytes = rows * (self.dim * itemsize + self.optimizer.state_bytes_per_row(self.dim))
         what = (f"the Hotline hot tier ({rows:,} rows x {self.dim} with "
                 f"{type(self.optimizer).__name__} state; see hotline.budget)")
-        with naming_oom(what, nbytes, device):
-            weight, state = self.tier.read_rows(stacked, device)
-            self.hot.load(stacked.to(device), weight, state)
+        return what, nbytes, device
 
     @torch.no_grad()
     def sync_to_host(self) -> None:
@@ -183,16 +189,34 @@ class HotlineEmbeddingCollection(EmbeddingCollection):
         ranks: each into the shards it owns; no communication)."""
         self.tier.write_rows(self.hot.ids, self.hot.weight.data, self.hot.state)
 
-    def refresh(self, profile: HotProfile) -> None:
-        """Move to ``profile``'s hot set; parameters and optimizer state are unchanged."""
-        if self.hot.kept or self.tier.has_kept():
+    def plan_refresh(self, profile: HotProfile) -> RefreshPlan:
+        """The rows that stay, leave and enter to reach ``profile``'s hot set: host
+        arithmetic on ids only, so another thread may build it while steps go on."""
+        return plan_refresh(self._hot_ids_host, self._stacked_hot_ids(profile), profile)
+
+    def prefetch_entering(self, plan: RefreshPlan) -> None:
+        """One process: read ``plan``'s entering rows on the host now (any thread);
+        several ranks: nothing (their read is a collective, at the swap)."""
+        if not self.sharded:
+            prefetch_entering(self.tier, plan)
+
+    def refresh(self, profile: HotProfile | RefreshPlan, touched: torch.Tensor | None = None) -> None:
+        """Move to a new hot set (a profile, or a plan made from the current hot set):
+        only the rows that leave or enter cross between host and device; parameters
+        and optimizer state are unchanged. ``touched``: stacked ids the host tier
+        updated since the plan's ``prefetch_entering``."""
+        if self.hot.has_kept() or self.tier.has_kept():
             raise RuntimeError("refresh between steps only: kept gradients are pending")
-        self.sync_to_host()
-        self.profile = profile
-        self._load_hot(self._stacked_hot_ids(profile), self.hot.device)
+        plan = profile if isinstance(profile, RefreshPlan) else self.plan_refresh(profile)
+        if not torch.equal(plan.old_ids, self._hot_ids_host):
+            raise RuntimeError("a refresh plan made from another hot set")
+        with naming_oom(*self._hot_bytes(plan.ids.numel(), self.hot.device)):
+            swap(self.tier, self.hot, plan, self.optimizer.per_row_state(), touched)
+        self.profile = plan.profile
+        self._hot_ids_host = plan.ids
 
     # ------------------------------------------------------------------ lookups
-    def lookups(self, sparse: KeyedJagged) -> Lookups:
+    def _lookups(self, sparse: KeyedJagged) -> Lookups:
         """``sparse``'s lookups in the collection's feature order, split hot/cold."""
         values, lengths, batch = in_feature_order(sparse, self.features)
         ids = stacked_ids(values, lengths, self._offsets_on(values.device), batch)
@@ -209,43 +233,69 @@ class HotlineEmbeddingCollection(EmbeddingCollection):
             cached = self._offsets_cache[device] = self.feature_offsets.to(device)
         return cached
 
+    def split_on_device(self, sparse: KeyedJagged, by_popularity: bool = True) -> DeviceSplit:
+        """``sparse`` classified once where its ids are (the device, in training) and
+        cut into static-size parts (split.py); nothing here waits for the device."""
+        return split_on_device(self._lookups(sparse), self.mean, by_popularity)
+
+    def micro_batch(self, split: DeviceSplit, sizes: Sizes, group: int) -> MicroLookups:
+        """Group ``group``'s lookups (0: popular, 1: the rest) of a split whose header
+        the host has read: static slices, no wait."""
+        return micro_lookups(split, sizes, group)
+
+    def _whole(self, sparse: KeyedJagged) -> MicroLookups:
+        """All of ``sparse`` as one micro-batch (hot and cold lookups apart): the host
+        reads the split's header here (outside the trainer's pipeline)."""
+        split = self.split_on_device(sparse, by_popularity=False)
+        return micro_lookups(split, Sizes.read(split.header), 0)
+
     def split(self, sparse: KeyedJagged) -> torch.Tensor:
         """Popular mask [B] (bool): samples whose every lookup hits a hot row."""
         return self.classify(sparse)[0]
 
     def classify(self, sparse: KeyedJagged) -> tuple[torch.Tensor, float]:
         """(popular mask [B], share of the lookups that hit a hot row)."""
-        lookups = self.lookups(sparse)
-        return lookups.popular, float(lookups.is_hot.sum()) / max(lookups.ids.numel(), 1)
+        split = self.split_on_device(sparse)
+        is_hot = split.lookups.is_hot
+        return split.group == 0, float(is_hot.sum()) / max(is_hot.numel(), 1)
 
-    def gather_cold(self, sparse: KeyedJagged) -> ColdRows | ColdPooled:
+    def gather_cold(self, sparse: KeyedJagged | MicroLookups) -> ColdRows | ColdPooled:
         """What ``forward(sparse)`` needs from the host tier, on the device; a pipeline
         calls this ahead of ``forward``, after the previous step's update.
 
         One process: the unique cold rows (``ColdRows``). Several ranks: the cold
         part of every bag looked up by the sharded host tier (``ColdPooled``), a
         collective: every rank calls it once per micro-batch, an empty one too."""
-        return self.tier.gather_cold(self.lookups(sparse), self.hot.device)
+        micro = sparse if isinstance(sparse, MicroLookups) else self._whole(sparse)
+        return self.tier.gather_cold(micro, self.hot.device)
 
     # ------------------------------------------------------------------ forward
     def forward(self, sparse: KeyedJagged | Prefetched) -> torch.Tensor:
         """[B, F*D]. A ``Prefetched`` input carries its cold rows, from
         ``gather_cold(sparse)`` (or ``HOT_ONLY`` for a popular micro-batch: no host
-        tier, no collective); otherwise they are looked up here."""
+        tier, no collective); its ``sparse`` may be a ``MicroLookups`` (the trainer's
+        micro-batches, classified once per mini-batch). Otherwise the cold rows are
+        looked up here."""
         cold: ColdRows | ColdPooled | str | None = None
         if isinstance(sparse, Prefetched):
             sparse, cold = sparse.sparse, sparse.rows
-        lookups = self.lookups(sparse)
-        if cold is HOT_ONLY:
-            lookups.check_hot_only()
-            cold = None
-        elif cold is None:
-            cold = self.tier.gather_cold(lookups, self.hot.device)
-        assert not isinstance(cold, str)
-        pooled, cold_rows = self.tier.pool(lookups, self.hot, cold)
-        self._last = (lookups.is_hot.sum(), lookups.is_hot.numel(), lookups.popular.sum(),
-                      lookups.batch, cold_rows)  # tensors, read by last_stats: no sync here
+        if isinstance(sparse, MicroLookups):
+            micro = sparse
+        elif cold is HOT_ONLY:
+            micro = all_hot(self._lookups(sparse), self.mean)
+        else:
+            micro = self._whole(sparse)
+            if cold is None:
+                cold = self.tier.gather_cold(micro, self.hot.device)
+            elif isinstance(cold, ColdRows) and not torch.equal(cold.ids, micro.cold_ids):
+                raise ValueError("ColdRows were gathered for another batch")
+        pooled, cold_rows = self.tier.pool(micro, self.hot, None if cold is HOT_ONLY else cold)
+        self._last = (micro.hot_slots.numel(), micro.lookups, micro.popular, micro.batch, cold_rows)
         return scale_grad(pooled, self.grad_scale)
+
+    @property
+    def mean(self) -> bool:
+        return self.tables[0].pooling is Pooling.MEAN
 
     @property
     def last_stats(self) -> dict[str, float]:
@@ -254,14 +304,14 @@ class HotlineEmbeddingCollection(EmbeddingCollection):
             return {}
         hits, lookups, popular, batch, cold_rows = self._last
         return {
-            "hot_hit_rate": float(hits) / max(lookups, 1),
-            "popular_share": float(popular) / max(batch, 1),
+            "hot_hit_rate": hits / max(lookups, 1),
+            "popular_share": popular / max(batch, 1),
             "cold_rows": float(cold_rows),
         }
 
     # ------------------------------------------------------------------ updates
     def set_lr(self, lr: float) -> None:
-        self.hot.lr = lr
+        self.hot.set_lr(lr)
         self.tier.set_lr(lr)
 
     def step(self) -> None:
@@ -269,7 +319,10 @@ class HotlineEmbeddingCollection(EmbeddingCollection):
         Several ranks: hot gradients are all-gathered first, so replicas stay equal."""
         if self.fused:
             return
-        self.hot.apply(self.tier.share_hot_gradient(self.hot.take()))
+        if self.hot.on_triton():  # one sort, one fused backward + update for both micro-batches
+            self.hot.update_held()
+        else:
+            self.hot.apply(self.tier.share_hot_gradient(self.hot.take()))
         self.tier.step()
 
     def kv_gradients(self) -> dict[str, KVGradient]:

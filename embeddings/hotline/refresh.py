@@ -1,0 +1,109 @@
+"""A new hot set swapped in at a step boundary, moving only the rows that change.
+
+    old hot ids [H]   ──┐ plan (host arithmetic on sorted ids: any thread, in the
+    new hot ids [H']  ──┘ background while steps go on)
+        stay   rows hot before and after: new slot ◄── old slot   (device to device)
+        leave  rows no longer hot: written home (weight + per-row state)
+        enter  rows newly hot: read from the host tier, ahead on the planner's thread
+               (one process), the ones a cold update wrote since read again
+        │ swap (at a step boundary, no kept gradient pending)
+        ▼
+    new hot tier [H'] (a second buffer; the old one is dropped once built)
+
+Exact: every row keeps one authoritative copy and one optimizer state. A row that
+stays hot never leaves the device; one that leaves is written home before anyone
+reads it there; one that enters is read from the host at the swap, after every
+update queued for it. The hot tier's scalar state (Adam's step) is its own and stays.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from embeddings.hotline.host_tier import HostTier
+from embeddings.hotline.hot_tier import HotTier
+from embeddings.hotline.profile import HotProfile
+
+
+@dataclass
+class RefreshPlan:
+    """Which rows stay, leave and enter (host tensors; slots index the hot tiers)."""
+
+    profile: HotProfile
+    old_ids: torch.Tensor  # [H] the hot set this plan starts from
+    ids: torch.Tensor  # [H'] the new hot set, sorted stacked ids
+    stay_old: torch.Tensor  # [K] old slots of the rows that stay hot
+    stay_new: torch.Tensor  # [K] their new slots
+    leave_old: torch.Tensor  # [L] old slots of the rows that stop being hot
+    enter_new: torch.Tensor  # [E] new slots of the rows that become hot
+    # host copies of the entering rows and their state, read ahead (``prefetch_entering``)
+    entering: tuple[torch.Tensor, dict[str, torch.Tensor]] | None = None
+
+    @property
+    def enter_ids(self) -> torch.Tensor:
+        return self.ids.index_select(0, self.enter_new)
+
+    @property
+    def moved_rows(self) -> int:
+        """Rows that cross between host and device at the swap."""
+        return self.leave_old.numel() + self.enter_new.numel()
+
+
+def plan_refresh(old_ids: torch.Tensor, new_ids: torch.Tensor, profile: HotProfile) -> RefreshPlan:
+    """The plan from hot set ``old_ids`` to ``new_ids`` (both sorted, on the host)."""
+    stays_in_new = torch.isin(new_ids, old_ids)
+    stays_in_old = torch.isin(old_ids, new_ids)
+    stay_new = stays_in_new.nonzero().flatten()
+    stay_old = torch.searchsorted(old_ids, new_ids[stay_new])
+    return RefreshPlan(profile, old_ids, new_ids, stay_old, stay_new,
+                       (~stays_in_old).nonzero().flatten(), (~stays_in_new).nonzero().flatten())
+
+
+def prefetch_entering(tier: HostTier, plan: RefreshPlan) -> None:
+    """Read the entering rows (and state) on the host ahead of the swap, on the
+    planner's thread, after the updates queued so far. One process only (several
+    ranks read them by a collective, at the swap). Rows a later cold update writes
+    (perhaps while they are read here) are read again at the swap (``touched``)."""
+    plan.entering = tier.read_rows(plan.enter_ids, torch.device("cpu"))
+
+
+def _entering(tier: HostTier, plan: RefreshPlan, device: torch.device, per_row: list[str],
+              touched: torch.Tensor | None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The entering rows on ``device``: prefetched, with the rows ``touched`` since
+    (stacked ids the host updated) read again; or read now."""
+    ids = plan.enter_ids
+    if plan.entering is None or touched is None:
+        return tier.read_rows(ids, device)
+    weight, state = plan.entering
+    stale = torch.isin(ids, touched).nonzero().flatten()
+    if stale.numel():
+        fresh_weight, fresh_state = tier.read_rows(ids.index_select(0, stale), torch.device("cpu"))
+        weight.index_copy_(0, stale, fresh_weight)
+        for name in per_row:
+            state[name].index_copy_(0, stale, fresh_state[name])
+    return weight.to(device), {name: t.to(device) for name, t in state.items()}
+
+
+@torch.no_grad()
+def swap(tier: HostTier, hot: HotTier, plan: RefreshPlan, per_row: list[str],
+         touched: torch.Tensor | None = None) -> None:
+    """Move ``hot`` to ``plan``'s hot set (see the module docstring); several ranks:
+    a collective (every rank reads the same entering rows). ``touched``: stacked ids
+    the host tier updated since ``prefetch_entering`` (None: read them all now)."""
+    device = hot.device
+    weight, state = hot.weight.data, hot.state
+    leave = plan.leave_old.to(device)
+    tier.write_rows(plan.old_ids.index_select(0, plan.leave_old), weight.index_select(0, leave),
+                    {n: t.index_select(0, leave) if n in per_row else t for n, t in state.items()})
+    enter_weight, enter_state = _entering(tier, plan, device, per_row, touched)
+    stay_old, stay_new, enter = (t.to(device) for t in (plan.stay_old, plan.stay_new, plan.enter_new))
+
+    def built(old: torch.Tensor, entering: torch.Tensor) -> torch.Tensor:
+        new = old.new_empty((plan.ids.numel(), *old.shape[1:]))
+        new.index_copy_(0, stay_new, old.index_select(0, stay_old))
+        return new.index_copy_(0, enter, entering.to(old.dtype))
+
+    new_state = {n: built(t, enter_state[n]) if n in per_row else t.clone() for n, t in state.items()}
+    hot.load(plan.ids.to(device), built(weight, enter_weight), new_state)

@@ -1,0 +1,200 @@
+"""A mini-batch classified once, on the device, and cut into micro-batches of static sizes.
+
+    lookups (feature-major, classified: is_hot, slot)   N ids, F*B bags
+        │ one pass, every output of a size known before it runs (no boolean-mask
+        │ indexing, no nonzero, no unique: on CUDA none of it waits for the device)
+        ▼
+    group [B]      0: popular sample (every lookup hot), 1: the others
+                   (``by_popularity=False``: every sample in group 0)
+    perm  [N]      lookups stably sorted by segment = 2*group + cold:
+                   [ group 0 hot | group 0 cold | group 1 hot | group 1 cold ]
+                   each segment feature-major, samples and ids in their batch order
+    unique_cold [N]  the cold stacked ids, unique ascending, first U valid
+    cold_local  [N]  a cold lookup's place in unique_cold
+    header [7]     group-0 samples, the four segments' sizes, U, popular samples
+
+The header is the only thing the host must read before it can cut (the micro-batches'
+shapes depend on it): 56 bytes, copied on the side stream that classified. Then every
+micro-batch is static slices and ``index_select``s of these tensors
+(``micro_lookups``), and only the U cold ids go to the host for its gather.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+
+from embeddings.hotline.lookups import Lookups
+
+HEADER = ("group0", "hot0", "cold0", "hot1", "cold1", "unique_cold", "popular")
+
+
+@dataclass
+class DeviceSplit:
+    """The classified mini-batch, on the device; see the module docstring."""
+
+    lookups: Lookups
+    group: torch.Tensor  # [B] int64
+    sample_order: torch.Tensor  # [B] group-0 samples first, each group in batch order
+    perm: torch.Tensor  # [N]
+    hot_lengths: torch.Tensor  # [F*B]
+    cold_lengths: torch.Tensor  # [F*B]
+    scale: torch.Tensor | None  # [N] mean pooling: 1 / the whole bag's length
+    unique_cold: torch.Tensor  # [N], first U valid
+    cold_local: torch.Tensor  # [N], meaningful where cold
+    header: torch.Tensor  # [7] int64, see HEADER
+
+
+@dataclass
+class Sizes:
+    """The header, read by the host."""
+
+    group0: int
+    hot0: int
+    cold0: int
+    hot1: int
+    cold1: int
+    unique_cold: int
+    popular: int
+
+    @classmethod
+    def read(cls, header: torch.Tensor) -> Sizes:
+        """The host reads ``header`` (host memory: on CUDA the pinned copy, after its
+        event). The one read of a step's device results the trainer makes: the
+        micro-batches' shapes depend on it."""
+        return cls(*header.tolist())
+
+
+@dataclass
+class MicroLookups:
+    """One micro-batch's lookups, hot ones and cold ones apart, each bag after bag.
+
+    hot_slots [Nh] hot-tier slots, bags ``hot_lengths`` [F*b]; cold_local [Nc] rows of
+    the mini-batch's unique cold ids (``cold_ids`` [U], on the device), cold_values
+    [Nc] table-local ids, bags ``cold_lengths``; lengths [F*b] whole bags; scales
+    (mean pooling) 1 / whole bag length per lookup. ``ready``: CUDA, the event after
+    which the split stream's tensors may be read.
+    """
+
+    hot_slots: torch.Tensor
+    hot_lengths: torch.Tensor
+    hot_scale: torch.Tensor | None
+    cold_local: torch.Tensor
+    cold_values: torch.Tensor
+    cold_lengths: torch.Tensor
+    cold_scale: torch.Tensor | None
+    lengths: torch.Tensor
+    batch: int
+    num_features: int
+    cold_ids: torch.Tensor
+    popular: int  # samples of this micro-batch whose every lookup is hot
+    ready: torch.cuda.Event | None = None
+
+    @property
+    def lookups(self) -> int:
+        return self.hot_slots.numel() + self.cold_local.numel()
+
+
+def split_on_device(lookups: Lookups, mean: bool, by_popularity: bool = True) -> DeviceSplit:
+    """Classify ``lookups`` (already located in the hot tier) into groups and segments,
+    and compact the unique cold ids; every size static (see the module docstring)."""
+    ids, lengths, is_hot = lookups.ids, lookups.lengths, lookups.is_hot
+    n, features, batch = ids.numel(), lookups.num_features, lookups.batch
+    device = ids.device
+    bags = torch.arange(features * batch, device=device)
+    bag = torch.repeat_interleave(bags, lengths, output_size=n)
+    cold = (~is_hot).to(torch.int64)
+    cold_lengths = torch.zeros_like(lengths).index_add_(0, bag, cold.to(lengths.dtype))
+    popular = cold_lengths.view(features, batch).sum(dim=0) == 0
+    group = (~popular).to(torch.int64) if by_popularity else torch.zeros(batch, dtype=torch.int64, device=device)
+    sample = bag % batch if batch else bag
+    segment = 2 * group.index_select(0, sample) + cold
+    # Stable: the lookups are feature-major already, so each segment stays feature-major.
+    perm = torch.sort(segment, stable=True).indices
+    sizes = torch.zeros(4, dtype=torch.int64, device=device).index_add_(0, segment, torch.ones_like(segment))
+    sample_order = torch.sort(group, stable=True).indices
+    unique_cold, cold_local, unique_count = compact_cold(ids, is_hot)
+    scale = None
+    if mean:
+        inv = 1.0 / lengths.clamp(min=1).to(torch.float32)  # pooled in fp32 whatever the tables
+        scale = inv.index_select(0, bag)
+    header = torch.cat([(batch - group.sum()).view(1), sizes, unique_count.view(1),
+                        popular.sum().view(1)])
+    return DeviceSplit(lookups, group, sample_order, perm, lengths - cold_lengths, cold_lengths, scale,
+                       unique_cold, cold_local, header)
+
+
+def compact_cold(ids: torch.Tensor, is_hot: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(unique cold ids [N] ascending, first U valid; each lookup's place among them
+    [N], meaningful where cold; U as a device scalar): a sort, a cumsum and a
+    scatter into a buffer of the input's size, where ``unique`` would size its
+    output by the data."""
+    n = ids.numel()
+    last = torch.iinfo(torch.int64).max  # hot ids sort after every cold one
+    key, order = torch.sort(torch.where(is_hot, last, ids))
+    first = key != last
+    first[1:] &= key[1:] != key[:-1]
+    place = torch.cumsum(first.to(torch.int64), 0) - 1  # in the sorted order
+    target = torch.where(first, place, n)  # not a first occurrence: the spare slot n
+    unique = torch.zeros(n + 1, dtype=ids.dtype, device=ids.device).scatter_(0, target, key)[:n]
+    local = torch.zeros_like(place).scatter_(0, order, place.clamp(min=0))
+    return unique, local, first.sum()
+
+
+def micro_lookups(split: DeviceSplit, sizes: Sizes, group: int) -> MicroLookups:
+    """The lookups of ``group``'s samples (0: popular, or all without the popularity
+    split; 1: the rest), from the split and the header the host read: static slices."""
+    lookups = split.lookups
+    features, batch = lookups.num_features, lookups.batch
+    start = 0 if group == 0 else sizes.hot0 + sizes.cold0
+    hot_n, cold_n = (sizes.hot0, sizes.cold0) if group == 0 else (sizes.hot1, sizes.cold1)
+    hot = split.perm[start:start + hot_n]
+    cold = split.perm[start + hot_n:start + hot_n + cold_n]
+    samples = samples_of(split, sizes, group)
+
+    def bags(lengths: torch.Tensor) -> torch.Tensor:
+        return lengths.view(features, batch).index_select(1, samples).reshape(-1)
+
+    def scale(part: torch.Tensor) -> torch.Tensor | None:
+        return None if split.scale is None else split.scale.index_select(0, part)
+
+    return MicroLookups(
+        hot_slots=lookups.slot.index_select(0, hot), hot_lengths=bags(split.hot_lengths),
+        hot_scale=scale(hot), cold_local=split.cold_local.index_select(0, cold),
+        cold_values=lookups.values.index_select(0, cold), cold_lengths=bags(split.cold_lengths),
+        cold_scale=scale(cold), lengths=bags(lookups.lengths), batch=samples.numel(),
+        num_features=features, cold_ids=split.unique_cold[:sizes.unique_cold],
+        popular=sizes.popular if group == 0 else 0,
+    )
+
+
+def split_tensors(split: DeviceSplit) -> list[torch.Tensor]:
+    """Every tensor of ``split`` (with its lookups'): what another stream must
+    ``record_stream`` when it reads them."""
+    found = [split.lookups.ids, split.lookups.values, split.lookups.lengths, split.lookups.is_hot,
+             split.lookups.slot]
+    for f in fields(split):
+        value = getattr(split, f.name)
+        if isinstance(value, torch.Tensor):
+            found.append(value)
+    return found
+
+
+def samples_of(split: DeviceSplit, sizes: Sizes, group: int) -> torch.Tensor:
+    """``group``'s samples [b], in batch order (rows of the mini-batch's dense and labels)."""
+    return split.sample_order[:sizes.group0] if group == 0 else split.sample_order[sizes.group0:]
+
+
+def all_hot(lookups: Lookups, mean: bool) -> MicroLookups:
+    """A micro-batch known to be popular (every lookup hot): no split at all, its
+    lookups as they are (an asynchronous device assert checks the claim)."""
+    lookups.check_hot_only()
+    lengths, n = lookups.lengths, lookups.ids.numel()
+    scale = None
+    if mean:
+        inv = 1.0 / lengths.clamp(min=1).to(torch.float32)
+        scale = torch.repeat_interleave(inv, lengths, output_size=n)
+    empty = lookups.ids[:0]
+    return MicroLookups(lookups.slot, lengths, scale, empty, empty, torch.zeros_like(lengths), None,
+                        lengths, lookups.batch, lookups.num_features, empty, lookups.batch)

@@ -1,0 +1,149 @@
+"""A hot-set refresh (embeddings/hotline/refresh.py, dlrm/train/hotline.py) moves only the
+rows that change, is exact, and is planned off the step loop.
+
+- The plan: rows that stay keep their device values (old slot → new slot); only the
+  rows that leave are written home and only those that enter are read from the host.
+- Exact: after the swap the collection holds the same tables and optimizer state as
+  before, and training on equals a single-process collection (every optimizer).
+- Read ahead: the entering rows are read on the host when the plan is made; at the
+  swap exactly those a cold update wrote since are read again (exact).
+- The trainer's refresh: the plan is built on the planner thread at a refresh step;
+  the hot set changes at the NEXT step boundary, to that plan.
+"""
+
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from dlrm.config import load_config
+from dlrm.train.hotline import HotlineSteps
+from embeddings.collection import LocalEmbeddingCollection
+from embeddings.hotline.profile import count_accesses
+from embeddings.hotline.tiers import HotlineEmbeddingCollection
+from embeddings.optim import make_sparse_optimizer
+from tests.conftest import TINY
+from tests.test_embeddings import random_kjt, tables_fixture
+from tests.test_hotline import FEATURES, LR, assert_same_tables, profile_of, rows_of, touched
+
+
+def _sets(tables, kjts):
+    """Two overlapping hot sets: A = ids % 3 != 0, B = ids % 2 == 0 (of the touched rows)."""
+    seen = touched(tables, kjts)
+    return ({n: ids[ids % 3 != 0] for n, ids in seen.items()}, {n: ids[ids % 2 == 0] for n, ids in seen.items()})
+
+
+def _stacked(coll, hot: dict[str, torch.Tensor]) -> set[int]:
+    return {int(i) + coll.row_offsets[name] for name, ids in hot.items() for i in ids}
+
+
+@pytest.mark.parametrize("kind", ["sgd", "rowwise_adagrad", "adagrad", "adam"])
+def test_swap_moves_only_the_changed_rows_and_stays_exact(kind: str, monkeypatch) -> None:
+    tables = tables_fixture()
+    kjts = [random_kjt(FEATURES, rows_of(tables), batch=10, max_len=3, seed=s) for s in range(4)]
+    ups = [torch.randn(10, 16, generator=torch.Generator().manual_seed(s)) for s in range(4)]
+    a, b = _sets(tables, kjts)
+    ref = LocalEmbeddingCollection(tables, make_sparse_optimizer(kind), fused=False, seed=3)
+    coll = HotlineEmbeddingCollection(tables, profile_of(tables, a), make_sparse_optimizer(kind),
+                                      fused=False, seed=3)
+    moved: dict[str, set[int]] = {"read": set(), "write": set()}
+    tier = coll.tier
+    read, write = tier.read_rows, tier.write_rows
+    monkeypatch.setattr(tier, "read_rows", lambda ids, dev: moved["read"].update(ids.tolist()) or read(ids, dev))
+    monkeypatch.setattr(tier, "write_rows",
+                        lambda ids, w, s: moved["write"].update(ids.tolist()) or write(ids, w, s))
+    for i, (kjt, up) in enumerate(zip(kjts, ups)):
+        for c in (ref, coll):
+            c.set_lr(LR)
+            (c(kjt) * up).sum().backward()
+            c.step()
+        if i == 1:
+            before = coll.export_tables()
+            moved["read"].clear()
+            moved["write"].clear()
+            plan = coll.plan_refresh(profile_of(tables, b))
+            coll.refresh(plan)
+            old, new = _stacked(coll, a), _stacked(coll, b)
+            assert moved == {"read": new - old, "write": old - new}  # not the rows that stay
+            assert plan.moved_rows == len(old ^ new) > 0
+            assert set(coll.hot_ids.tolist()) == new
+            assert_same_tables(coll.export_tables(), before)  # nothing changed by the swap
+            host = coll.host.weight.detach()
+            torch.testing.assert_close(coll.hot_weight.detach(), host.index_select(0, coll.hot_ids), rtol=0, atol=0)
+    assert_same_tables(coll.export_tables(), ref.export_tables())
+
+
+@pytest.mark.parametrize("kind", ["rowwise_adagrad", "adam"])
+def test_entering_rows_read_ahead_and_the_touched_ones_again(kind: str, monkeypatch) -> None:
+    """The plan's entering rows are read at step 1's boundary; step 2 trains (its cold
+    update writes some of them); the swap at step 2's boundary reads again exactly
+    the entering rows step 2 touched, and training stays exact."""
+    tables = tables_fixture()
+    kjts = [random_kjt(FEATURES, rows_of(tables), batch=10, max_len=3, seed=s) for s in range(4)]
+    ups = [torch.randn(10, 16, generator=torch.Generator().manual_seed(s)) for s in range(4)]
+    a, b = _sets(tables, kjts)
+    ref = LocalEmbeddingCollection(tables, make_sparse_optimizer(kind), fused=False, seed=3)
+    coll = HotlineEmbeddingCollection(tables, profile_of(tables, a), make_sparse_optimizer(kind),
+                                      fused=False, seed=3)
+    table_of = {f: t.name for t in tables for f in t.features}
+    reads: list[set[int]] = []
+    read = coll.tier.read_rows
+    monkeypatch.setattr(coll.tier, "read_rows", lambda ids, dev: reads.append(set(ids.tolist())) or read(ids, dev))
+    plan = None
+    for i, (kjt, up) in enumerate(zip(kjts, ups)):
+        for c in (ref, coll):
+            c.set_lr(LR)
+            (c(kjt) * up).sum().backward()
+            c.step()
+        if i == 1:
+            plan = coll.plan_refresh(profile_of(tables, b))
+            coll.prefetch_entering(plan)
+            assert reads[-1] == set(plan.enter_ids.tolist())
+        if i == 2:
+            touched = torch.cat([kjt[f].values() + coll.row_offsets[table_of[f]] for f in FEATURES])
+            stale = set(plan.enter_ids.tolist()) & set(touched.tolist())
+            reads.clear()
+            coll.refresh(plan, touched)
+            assert stale and reads == [stale]  # only the entering rows step 2 wrote
+    assert_same_tables(coll.export_tables(), ref.export_tables())
+
+
+def test_a_plan_from_another_hot_set_is_refused() -> None:
+    tables = tables_fixture()
+    kjts = [random_kjt(FEATURES, rows_of(tables), batch=10, max_len=3, seed=0)]
+    a, b = _sets(tables, kjts)
+    coll = HotlineEmbeddingCollection(tables, profile_of(tables, a), make_sparse_optimizer("sgd"))
+    stale = coll.plan_refresh(profile_of(tables, b))
+    coll.refresh(profile_of(tables, {n: ids[:1] for n, ids in b.items()}))
+    with pytest.raises(RuntimeError, match="another hot set"):
+        coll.refresh(stale)
+
+
+def test_trainer_plans_in_the_background_and_swaps_at_the_next_boundary(monkeypatch) -> None:
+    tables = tables_fixture()
+    kjts = [random_kjt(FEATURES, rows_of(tables), batch=10, max_len=3, seed=s) for s in range(2)]
+    a, _ = _sets(tables, kjts)
+    coll = HotlineEmbeddingCollection(tables, profile_of(tables, a), make_sparse_optimizer("adam"), fused=False)
+    cfg = load_config(TINY, ["hotline.refresh_every=2", "hotline.budget=1KB", "optim.sparse=adam"])
+    steps = HotlineSteps(SimpleNamespace(embeddings=coll), cfg)
+    planned_on: list[str] = []
+    plan_refresh = coll.plan_refresh
+
+    def spy(profile):
+        planned_on.append(threading.current_thread().name)
+        return plan_refresh(profile)
+
+    monkeypatch.setattr(coll, "plan_refresh", spy)
+    steps.counts = count_accesses(kjts, tables)
+    first = coll.hot_ids.clone()
+    steps.after_step(2)  # a refresh step: the plan starts
+    assert torch.equal(coll.hot_ids, first)  # not swapped yet
+    plan = steps._next_hot.result()
+    assert planned_on and planned_on[0].startswith("hotline-refresh")
+    steps.after_step(3)  # the next boundary: swapped in
+    assert torch.equal(coll.hot_ids, plan.ids) and not torch.equal(plan.ids, first)
+    assert steps.stats()["refreshes"] == 1
+    steps.close()
