@@ -17,6 +17,7 @@ may leave a row with no id (a multi-hot bag, or an identity feature under
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -94,9 +95,9 @@ class Rows:
         order = perm if self.order is None else self.order[perm]
         return Rows(self.layout, self.rec, self.bags, self.keep, order)
 
-    def batch(self, a: int, b: int) -> Batch:
+    def batch(self, a: int, b: int, alloc: Alloc | None = None) -> Batch:
         """Rows [a, b) (of ``order`` if set) as a Batch with feature-major
-        JaggedFeatures, kept rows only."""
+        JaggedFeatures, kept rows only, its arrays from ``alloc`` (default: fresh ones)."""
         idx = None if self.order is None else self.order[a:b]
         if self.keep is not None:
             kept = self.keep[a:b] if idx is None else self.keep[idx]
@@ -109,16 +110,36 @@ class Rows:
             records = np.dtype((np.void, self.layout.width))  # one whole record per index
             np.take(self.rec.view(records)[:, 0], idx, out=rec.view(records)[:, 0], mode="clip")
             bags = {j: _gather_bag(v, o, idx) for j, (v, o) in self.bags.items()}
-        return _split(self.layout, rec, bags)
+        return _split(self.layout, rec, bags, alloc or fresh_arrays)
 
 
-def _split(layout: Layout, rec: np.ndarray, bags: dict[int, tuple[np.ndarray, np.ndarray]]
-           ) -> Batch:
-    """A batch out of its records [n, width] and its bags {feature: (values, lengths [n])}."""
+Alloc = Callable[[list[tuple[tuple[int, ...], np.dtype]]], list[np.ndarray]]
+"""Makes empty arrays of the given (shape, dtype)s: where a batch is written (a decode
+worker passes one that carves them out of shared memory: data/shm_batch.py)."""
+
+
+def fresh_arrays(specs: list[tuple[tuple[int, ...], np.dtype]]) -> list[np.ndarray]:
+    return [np.empty(shape, dtype) for shape, dtype in specs]
+
+
+def batch_specs(n: int, n_dense: int, n_values: int, n_features: int
+                ) -> list[tuple[tuple[int, ...], np.dtype]]:
+    """(shape, dtype) of a batch's dense, labels, values and lengths, in that order."""
+    f32, i64 = np.dtype(np.float32), np.dtype(np.int64)
+    return [((n, n_dense), f32), ((n,), f32), ((n_values,), i64), ((n_features * n,), i64)]
+
+
+def _split(layout: Layout, rec: np.ndarray, bags: dict[int, tuple[np.ndarray, np.ndarray]],
+           alloc: Alloc) -> Batch:
+    """A batch out of its records [n, width] and its bags {feature: (values, lengths [n])},
+    written into arrays from ``alloc``."""
     n, ids = len(rec), layout.ids(rec)
     sizes = [n if p else len(bags[j][0]) for j, p in enumerate(layout.packed)]
-    values = np.empty(sum(sizes), np.int64)
-    lengths = np.ones(len(sizes) * n, np.int64)
+    dense, labels, values, lengths = alloc(batch_specs(n, layout.n_dense, sum(sizes), len(sizes)))
+    # copies (C order): the window's buffer is reused for the next window
+    dense[:] = layout.dense(rec)
+    labels[:] = layout.labels(rec)
+    lengths.fill(1)
     at = 0
     for packed, j0, j1 in layout.runs:
         if packed:  # consecutive packed features: one transposed copy
@@ -132,9 +153,7 @@ def _split(layout: Layout, rec: np.ndarray, bags: dict[int, tuple[np.ndarray, np
             at += sizes[j]
     sparse = JaggedFeatures(keys=layout.keys, values=torch.from_numpy(values),
                             lengths=torch.from_numpy(lengths), stride=n)
-    # copies (C order): the window's buffer is reused for the next window
-    return Batch(dense=torch.from_numpy(layout.dense(rec).copy()), sparse=sparse,
-                 labels=torch.from_numpy(layout.labels(rec).copy()))
+    return Batch(dense=torch.from_numpy(dense), sparse=sparse, labels=torch.from_numpy(labels))
 
 
 def _slice_bag(values: np.ndarray, offsets: np.ndarray, a: int, b: int
