@@ -16,14 +16,15 @@ The workers live as long as their :class:`DecodePool` (one per reader): started 
 first epoch, they take each epoch as a task (its arguments and their windows), so an
 epoch costs no process start. Each task carries a generation number; an epoch left
 early (a break, an error, a resume) moves the generation on, the workers drop the rest
-of that task, and the consumer skips any message of an older generation.
+of that task, and the consumer skips any message of an older generation (freeing its
+slot); a worker frees the slots of what it decoded for a dropped task itself.
 
 Errors: a worker's exception (a DataError under ``on_error="fail"``) is sent to the
 consumer and raised there when it reaches that window, exactly where the one-thread
 reader raises it. A worker that dies (killed, out of memory) is a
 :class:`DecodeWorkerError`, one line, as soon as the consumer waits on it; the next
-epoch starts a fresh pool. Workers stay alive until the pool closes, because the
-consumer maps the shared memory they own.
+epoch starts a fresh pool. The batches already handed out stay valid: the consumer's
+mappings of a worker's shared memory outlive the worker.
 """
 
 from __future__ import annotations

@@ -97,11 +97,16 @@ class SlotRing:
         self.blocks: list = [None] * len(state)  # type: ignore[arg-type]
         self.base = [0] * len(self.blocks)  # each block's address here
         self.alive: Callable[[], bool] = lambda: True
-        self.next = 0
+        # slots allocated and not yet packed, in order: the decoder makes the items in
+        # the order they are packed, one alloc each (found by order, not by address: a
+        # tensor of no elements does not keep its array's address)
+        self.written: collections.deque[int] = collections.deque()
+        self.retired: list = []  # blocks replaced while a view of them was still alive
 
     def start(self, alive: Callable[[], bool]) -> None:
         """A new task (``alive()`` false once it is dropped): slots written for an
         earlier task but never sent are free again."""
+        self.written.clear()
         for i in range(len(self.blocks)):
             if self.state[i] == WRITING:  # type: ignore[index]
                 self.state[i] = FREE  # type: ignore[index]
@@ -117,15 +122,15 @@ class SlotRing:
         if shm is None or shm.size < need:
             self._replace(i, need + need // 4)
         self.state[i] = WRITING  # type: ignore[index]
+        self.written.append(i)
         return _lay_out(np.frombuffer(self.blocks[i].buf, np.uint8), specs)
 
     def _free_slot(self) -> int:
-        n = len(self.blocks)
+        """The first free slot: the lowest ones are reused while they come back in time,
+        so a batch is written where the last few were (in cache), not across the ring."""
         while True:
-            for j in range(n):
-                i = (self.next + j) % n
+            for i in range(len(self.blocks)):
                 if self.state[i] == FREE:  # type: ignore[index]
-                    self.next = (i + 1) % n
                     return i
             if not self.alive():
                 raise Abandoned
@@ -135,8 +140,8 @@ class SlotRing:
         from multiprocessing import shared_memory
 
         if self.blocks[i] is not None:
-            self.blocks[i].close()
             self.blocks[i].unlink()
+            self._close(self.blocks[i])
         # registered with the job's resource tracker: unlinked at the end even if this
         # worker is killed before close()
         shm = shared_memory.SharedMemory(create=True, size=size)
@@ -144,16 +149,16 @@ class SlotRing:
         self.base[i] = np.frombuffer(shm.buf, np.uint8).ctypes.data
 
     def pack(self, batch: Batch) -> SharedBatch:
-        """The handle of ``batch``, whose slot is now the trainer's. A batch not made by
-        ``alloc`` is copied into a slot first."""
+        """The handle of ``batch`` (written by the oldest ``alloc`` not yet packed), whose
+        slot is now the trainer's."""
         arrays = [batch.dense.numpy(), batch.labels.numpy(), batch.sparse.values().numpy(),
                   batch.sparse.lengths().numpy()]
-        i = self._slot_of(arrays[0])
-        if i is None:
-            copies = self.alloc([(a.shape, a.dtype) for a in arrays])
-            for c, a in zip(copies, arrays):
-                c[...] = a
-            i = self._slot_of(copies[0])
+        i = self.written.popleft()
+        lo = self.base[i]
+        for a in arrays:
+            at = a.__array_interface__["data"][0]
+            if a.size and not lo <= at < lo + self.blocks[i].size:
+                raise RuntimeError("a decoded batch is not in the shared-memory slot allocated for it")
         self.state[i] = SENT  # type: ignore[index]
         return SharedBatch(self.blocks[i].name, i, list(batch.sparse.keys()),
                            batch.sparse.stride(), [a.shape for a in arrays],
@@ -163,19 +168,17 @@ class SlotRing:
         """``handle`` was never queued: its slot is free."""
         self.state[handle.slot] = FREE  # type: ignore[index]
 
-    def _slot_of(self, first: np.ndarray) -> int | None:
-        """The slot being written whose block begins where ``first`` does."""
-        at = first.__array_interface__["data"][0]
-        for i, base in enumerate(self.base):
-            if base == at and self.state[i] == WRITING:  # type: ignore[index]
-                return i
-        return None
+    def _close(self, shm: object) -> None:
+        try:
+            shm.close()  # type: ignore[attr-defined]
+        except BufferError:  # the last batch written there is still referenced here
+            self.retired.append(shm)
 
     def close(self) -> None:
         for shm in self.blocks:
             if shm is not None:
-                shm.close()
                 shm.unlink()
+                self._close(shm)
         self.blocks = [None] * len(self.blocks)
 
 

@@ -48,7 +48,7 @@ def test_format_workers_ratios() -> None:
     sweep = {"bench": {"0": {"rows_per_s": 100.0, "steady": 110.0, "startup_s": 0.01},
                        "4": {"rows_per_s": 300.0, "steady": 330.0, "startup_s": 0.5}}}
     assert format_workers(sweep).splitlines() == [
-        "reader bench first epoch: 0 workers 100 (1.00x, first batch 0.01 s), "
-        "4 workers 300 (3.00x, first batch 0.50 s) rows/s",
-        "reader bench steady (workers running): 0 workers 110, 4 workers 330 rows/s; "
-        "4 workers 3.00x = 94% of 0.8·N"]  # 3 / 3.2
+        ("reader bench first epoch: 0 workers 100 (1.00x, first batch 0.01 s), "
+         "4 workers 300 (3.00x, first batch 0.50 s) rows/s"),
+        ("reader bench steady (workers running): 0 workers 110, 4 workers 330 rows/s; "
+         "4 workers 3.00x = 94% of 0.8·N")]  # 3 / 3.2
