@@ -23,6 +23,7 @@ trainer's mappings (and the views in them) stay valid after that.
 from __future__ import annotations
 
 import collections
+import math
 import mmap
 import os
 import time
@@ -74,7 +75,7 @@ def _lay_out(block: np.ndarray, specs: list[tuple[tuple[int, ...], np.dtype]]
     each starting on a cache line (int64 values after float32 ones stay aligned)."""
     out = []
     for (shape, dtype), at in zip(specs, _offsets(specs)):
-        size = int(np.prod(shape)) * dtype.itemsize
+        size = math.prod(shape) * dtype.itemsize
         out.append(block[at : at + size].view(dtype).reshape(shape))
     return out
 
@@ -83,7 +84,7 @@ def _offsets(specs: list[tuple[tuple[int, ...], np.dtype]]) -> list[int]:
     """Byte offset of each array of ``specs``, then the end."""
     at = [0]
     for shape, dtype in specs:
-        at.append(-(-(at[-1] + int(np.prod(shape)) * dtype.itemsize) // _ALIGN) * _ALIGN)
+        at.append(-(-(at[-1] + math.prod(shape) * dtype.itemsize) // _ALIGN) * _ALIGN)
     return at
 
 
