@@ -9,8 +9,10 @@
                     steady     rows/s of the later epochs (median of STEADY_EPOCHS), the workers
                                already running, as they are for every epoch after a run's first
 
-Workers split an epoch by shuffle windows (data.shuffle_buffer rows each): a set of
-fewer windows than workers leaves some idle, so sweep on sets of many windows.
+Workers split an epoch by shuffle windows (data.shuffle_buffer rows each, the config's):
+a set of fewer windows than workers leaves some idle, so sweep on sets of many windows;
+a row group that straddles two windows is decoded by both their workers, so windows of
+several row groups waste less.
 
 Each count starts a fresh reader after a warm-up epoch (page cache, imports, the
 forkserver); vocabularies are fitted once, untimed. pyarrow is held to one thread, as in
@@ -31,20 +33,21 @@ STEADY_EPOCHS = 3  # epochs timed per count once its workers run (median: a shar
 
 
 def reader_sweep(files: list[str], schema: Any, batch_size: int, workers: list[int],
-                 out: Path) -> dict[str, Any]:
-    """{"bench": {count: rates}, "avazu": {count: rates}} for each count in ``workers``."""
+                 out: Path, shuffle_buffer: int = 65536) -> dict[str, Any]:
+    """{"bench": {count: rates}, "avazu": {count: rates}} for each count in ``workers``,
+    shuffling in windows of ``shuffle_buffer`` rows (the run's data.shuffle_buffer)."""
     import pyarrow as pa
 
     threads = pa.cpu_count()
     pa.set_cpu_count(1)  # one core per count's decoder: the workers hold themselves to one
     try:
-        return _sweep(files, schema, batch_size, workers, out)
+        return _sweep(files, schema, batch_size, workers, out, shuffle_buffer)
     finally:
         pa.set_cpu_count(threads)
 
 
 def _sweep(files: list[str], schema: Any, batch_size: int, workers: list[int],
-           out: Path) -> dict[str, Any]:
+           out: Path, shuffle_buffer: int) -> dict[str, Any]:
     from data import preprocess
 
     strings = avazu_files(files, out / "avazu")
@@ -53,19 +56,21 @@ def _sweep(files: list[str], schema: Any, batch_size: int, workers: list[int],
     cases = {"bench": (files, schema, None), "avazu": (strings, prep.apply(avazu_schema), prep)}
     result: dict[str, Any] = {}
     for name, (paths, sch, p) in cases.items():
-        epoch_rate(paths, sch, batch_size, 0, p)  # warm-up
-        result[name] = {str(w): epoch_rate(paths, sch, batch_size, w, p) for w in workers}
+        epoch_rate(paths, sch, batch_size, 0, p, shuffle_buffer=shuffle_buffer)  # warm-up
+        result[name] = {str(w): epoch_rate(paths, sch, batch_size, w, p,
+                                           shuffle_buffer=shuffle_buffer) for w in workers}
     return result
 
 
 def epoch_rate(files: list[str], schema: Any, batch_size: int, workers: int,
-               prep: Any = None, steady_epochs: int = STEADY_EPOCHS) -> dict[str, float]:
+               prep: Any = None, steady_epochs: int = STEADY_EPOCHS,
+               shuffle_buffer: int = 65536) -> dict[str, float]:
     """Shuffled epochs of one fresh reader at ``workers``: the first one's rows/s and
     start-up seconds, then the steady rows/s of ``steady_epochs`` more."""
     from data.reader import ParquetReader
 
     reader = ParquetReader(files, schema, batch_size, shuffle=True, prefetch=4,
-                           preprocess=prep, workers=workers)
+                           preprocess=prep, workers=workers, shuffle_buffer=shuffle_buffer)
     try:
         t0 = time.perf_counter()
         it = reader.epoch(0)
