@@ -8,21 +8,23 @@ A window (``data/reader.py``: S rows of the rank's range, shuffled as one) is th
 of work, so a worker does exactly what the one-thread reader does for it: the batches,
 and the records of dropped rows, are the same and come out in the same order, at any
 worker count. Each worker's queue holds at most ``depth`` batches, so a worker runs at
-most that far ahead. Items travel as the reader's :class:`Transport` says: a batch in
-one shared-memory block (data/shm_batch.py), only its handle through the queue.
+most that far ahead. Items travel as the reader's :class:`Transport` says: a worker
+decodes each batch straight into a slot of its shared memory, the trainer gets tensors
+viewing that slot (data/shm_batch.py), and only a small handle goes through the queue.
 
 The workers live as long as their :class:`DecodePool` (one per reader): started at the
 first epoch, they take each epoch as a task (its arguments and their windows), so an
 epoch costs no process start. Each task carries a generation number; an epoch left
 early (a break, an error, a resume) moves the generation on, the workers drop the rest
-of that task, and the consumer skips any message of an older generation.
+of that task, and the consumer skips any message of an older generation (freeing its
+slot); a worker frees the slots of what it decoded for a dropped task itself.
 
 Errors: a worker's exception (a DataError under ``on_error="fail"``) is sent to the
 consumer and raised there when it reaches that window, exactly where the one-thread
 reader raises it. A worker that dies (killed, out of memory) is a
 :class:`DecodeWorkerError`, one line, as soon as the consumer waits on it; the next
-epoch starts a fresh pool. Workers stay alive until the pool closes, because the
-consumer maps the shared memory they own.
+epoch starts a fresh pool. The batches already handed out stay valid: the consumer's
+mappings of a worker's shared memory outlive the worker.
 """
 
 from __future__ import annotations
@@ -35,10 +37,14 @@ from typing import Any, TypeVar
 
 from data.background import in_background
 from data.errors import UserError
+from data.shm_batch import Abandoned
 
 T = TypeVar("T")
 _ITEM, _END, _ERROR = range(3)
 _POLL_S = 0.1  # how often a waiting consumer checks that its worker is alive
+# slots a worker's items occupy beyond the queue and the consumer's: two decoded ahead
+# (in_background), one being decoded, one being put, one being received
+_IN_FLIGHT = 5
 
 
 class DecodeWorkerError(UserError):
@@ -61,20 +67,27 @@ def available_cores() -> int:
 
 @dataclass(frozen=True)
 class Transport:
-    """How an item crosses from a worker to the consumer: ``packer(depth)`` makes, in
-    the worker, its ``(pack, close)``: pack turns an item into something small to pickle
-    (a shared-memory handle) that stays valid while at most ``depth`` more items are
-    queued; close runs when the worker exits. ``unpack`` runs in the consumer.
-    Module-level functions: they are pickled to the workers."""
+    """How an item crosses from a worker to the consumer, through shared slots whose
+    states both map (``state``: a byte array, one per slot; data/shm_batch.py).
 
-    packer: Callable[[int], tuple[Callable[[Any], Any], Callable[[], None]]]
-    unpack: Callable[[Any], Any]
+    ``ring(state)`` makes, in the worker, an object with ``start(alive)`` at each task,
+    ``alloc`` (handed to the factory: where items are written), ``pack(item)`` (something
+    small to pickle), ``unsent(message)`` (a packed item that was not sent after all) and
+    ``close()`` at exit. ``receiver(state)`` makes, in the consumer,
+    one with ``unpack(message)`` and ``discard(message)`` (a message never handed out).
+    The consumer keeps at most ``hold`` items of a worker in its slots (it copies past
+    that). Module-level functions: they are pickled to the workers."""
+
+    ring: Callable[[Any], Any]
+    receiver: Callable[[Any], Any]
+    hold: int
 
 
 class DecodePool:
     """``workers`` processes, each holding the ``factory`` of the epoch that started
-    them (pickled once, then): ``factory(*args)`` makes, in the worker, the window
-    function of one epoch. The pool keeps no reference to the factory (the reader)."""
+    them (pickled once, then): ``factory(*args, alloc)`` makes, in the worker, the window
+    function of one epoch, writing its items with ``alloc`` (the transport's). The pool
+    keeps no reference to the factory (the reader)."""
 
     def __init__(self, workers: int, depth: int, transport: Transport) -> None:
         self.workers, self.depth, self.transport = workers, depth, transport
@@ -93,9 +106,12 @@ class DecodePool:
         self.generation = ctx.RawValue("q", 0)
         self.tasks = [ctx.Queue() for _ in range(self.workers)]
         self.queues = [ctx.Queue(maxsize=self.depth) for _ in range(self.workers)]
+        states = [ctx.RawArray("b", self.depth + self.transport.hold + _IN_FLIGHT)
+                  for _ in range(self.workers)]
+        self.receivers = [self.transport.receiver(state) for state in states]
         self.procs = [ctx.Process(target=_serve, name=f"ParquetDecode-{i}", daemon=True,
                                   args=(factory, self.tasks[i], self.queues[i], self.stop,
-                                        self.generation, self.transport.packer, self.depth))
+                                        self.generation, self.transport.ring, states[i]))
                       for i in range(self.workers)]
         for p in self.procs:
             p.start()
@@ -122,18 +138,21 @@ class DecodePool:
                         break
                     if kind == _ERROR:
                         raise item
-                    yield self.transport.unpack(item)
+                    yield self.receivers[j % n].unpack(item)
             yield from tail
         finally:
             if n:
                 self.generation.value += 1  # left early or not: the workers drop the task
 
     def _get(self, i: int, gen: int) -> tuple[int, object]:
-        """Worker i's next message of generation ``gen`` (older ones are skipped)."""
+        """Worker i's next message of generation ``gen`` (older ones are skipped, their
+        slots freed)."""
         while True:
             message = _get(self.queues[i], self.procs[i], i)
             if message[0] == gen:
                 return message[1:]
+            if message[1] == _ITEM:
+                self.receivers[i].discard(message[2])
 
     def close(self) -> None:
         """Stop the workers (they unlink their shared memory) and wait for them."""
@@ -176,9 +195,8 @@ def _died(proc: object, i: int) -> DecodeWorkerError:
 
 
 def _serve(factory: Callable[..., Callable[[int], Iterable[T]]], tasks: object, q: object,
-           stop: object, generation: object,
-           packer: Callable[[int], tuple[Callable[[Any], Any], Callable[[], None]]],
-           depth: int) -> None:
+           stop: object, generation: object, make_ring: Callable[[Any], Any],
+           state: object) -> None:
     """A worker's life: task after task (an epoch's windows) until ``stop``; then it
     unlinks its shared memory."""
     import pyarrow as pa
@@ -186,25 +204,31 @@ def _serve(factory: Callable[..., Callable[[int], Iterable[T]]], tasks: object, 
 
     torch.set_num_threads(1)
     pa.set_cpu_count(1)  # N workers on N cores: no pool of decode threads in each of them
-    pack, close = packer(depth)
+    ring = make_ring(state)
     try:
         while not stop.is_set():  # type: ignore[attr-defined]
             try:
                 gen, args, ks = tasks.get(timeout=_POLL_S)  # type: ignore[attr-defined]
             except queue.Empty:
                 continue
-            _work(factory(*args), ks, gen, q, stop, generation, pack)
+
+            def alive(gen: int = gen) -> bool:
+                return not stop.is_set() and generation.value == gen  # type: ignore[attr-defined]
+
+            ring.start(alive)
+            _work(factory(*args, ring.alloc), ks, gen, q, alive, ring)
     finally:
-        close()
+        ring.close()
 
 
 def _work(window: Callable[[int], Iterable[T]], ks: list[int], gen: int, q: object,
-          stop: object, generation: object, pack: Callable[[Any], Any]) -> None:
+          alive: Callable[[], bool], ring: Any) -> None:
     """One task: each of its windows' items, then an end mark, in order, each tagged
-    ``gen``; an exception goes to the consumer. Dropped when the generation moves on."""
+    ``gen``; an exception goes to the consumer. Dropped once ``alive()`` is false (the
+    generation moved on)."""
 
     def put(message: tuple) -> bool:
-        while not stop.is_set() and generation.value == gen:  # type: ignore[attr-defined]
+        while alive():
             try:
                 q.put((gen, *message), timeout=_POLL_S)  # type: ignore[attr-defined]
                 return True
@@ -216,8 +240,13 @@ def _work(window: Callable[[int], Iterable[T]], ks: list[int], gen: int, q: obje
     items = in_background(_stream(window, ks), 2)
     try:
         for kind, item in items:
-            if not put((kind, pack(item) if kind == _ITEM else None)):
+            message = ring.pack(item) if kind == _ITEM else None
+            if not put((kind, message)):
+                if kind == _ITEM:
+                    ring.unsent(message)  # its slot: never to be received
                 break  # the consumer left this epoch
+    except Abandoned:
+        pass  # waited for a slot while the consumer left this epoch
     except Exception as e:  # noqa: BLE001 - raised in the consumer, at this window
         put((_ERROR, e if _picklable(e) else RuntimeError(f"{type(e).__name__}: {e}")))
     finally:

@@ -65,9 +65,9 @@ from data.decode_workers import DecodePool, Transport
 from data.errors import DataError, UserError
 from data.files import open_parquet
 from data.hashing import splitmix64
-from data.rows import Layout, Rows, WindowBuilder, offsets_of
+from data.rows import Alloc, Layout, Rows, WindowBuilder, offsets_of
 from data.schema import Schema, SparseFeature, allowed_kinds, column_kind, screen_files, type_name
-from data.shm_batch import BlockRing, SharedBatch
+from data.shm_batch import Receiver, SlotRing
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -272,9 +272,10 @@ class _Windows:
     some; this object is pickled to them and reads its row groups where it runs."""
 
     def __init__(self, reader: ParquetReader, epoch: int, start_step: int,
-                 unseen: bool = False) -> None:
+                 unseen: bool = False, alloc: Alloc | None = None) -> None:
         self.reader, self.epoch, self.start_step = reader, epoch, start_step
         self.unseen = unseen  # items carry the window's dropped-id counts (in a worker)
+        self.alloc = alloc  # where batches are written (a worker's shared memory)
         order = np.arange(len(reader._units.rows))
         if reader.shuffle:
             order = np.random.default_rng([reader.seed, epoch]).permutation(order)
@@ -283,7 +284,7 @@ class _Windows:
         self._source: _RowGroups | None = None
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_source": None}
+        return {**self.__dict__, "_source": None, "alloc": None}
 
     def _span(self) -> tuple[int, int]:
         """[first, end) steps holding rows: batches t >= end are empty."""
@@ -322,7 +323,7 @@ class _Windows:
         per = r._window // b
         for t in range(max(first, k * per), min(end, (k + 1) * per)):
             a = t * b - k * r._window
-            yield window.batch(a, a + min(b, size - t * b)), found
+            yield window.batch(a, a + min(b, size - t * b), self.alloc), found
             found = []
 
     def empties(self) -> Iterator[tuple[Batch, list[BadRecord]]]:
@@ -333,18 +334,34 @@ class _Windows:
             yield (*item, {}) if self.unseen else item
 
 
-def _packer(depth: int) -> tuple[Callable, Callable[[], None]]:
-    """In a decode worker: (batch, records) → (shared-memory handle, records)."""
-    ring = BlockRing(depth + 2)
-    return (lambda item: (ring.pack(item[0]), *item[1:])), ring.close
+class _WorkerSlots(SlotRing):
+    """In a decode worker: items (batch, records, unseen ids) → (handle, records, ...)."""
+
+    def pack(self, item: tuple) -> tuple:  # type: ignore[override]
+        return (super().pack(item[0]), *item[1:])
+
+    def unsent(self, message: tuple) -> None:
+        self.free(message[0])
 
 
-def _unpack(item: tuple[SharedBatch, list[BadRecord], dict[str, int]]
-            ) -> tuple[Batch, list[BadRecord], dict[str, int]]:
-    return item[0].take(pin=torch.cuda.is_available()), *item[1:]  # pinned: async H2D
+class _TrainerSlots(Receiver):
+    """In the trainer: (handle, records, unseen ids) → (batch viewing its slot, ...);
+    with CUDA a pinned copy (the H2D copy is then async)."""
+
+    def __init__(self, state: object) -> None:
+        super().__init__(state, _HELD_BATCHES, pin=torch.cuda.is_available())
+
+    def unpack(self, message: tuple) -> tuple:
+        return (self.take(message[0]), *message[1:])
+
+    def discard(self, message: tuple) -> None:
+        self.free(message[0])
 
 
-_SHARED = Transport(_packer, _unpack)  # decode workers' batches: shared memory
+# the trainer holds the batch of the step and the prefetcher's next one; beyond this
+# many per worker, batches are copied out of the slots
+_HELD_BATCHES = 4
+_SHARED = Transport(_WorkerSlots, _TrainerSlots, _HELD_BATCHES)  # decode workers' batches
 
 
 # --------------------------------------------------------------------------- layout

@@ -17,6 +17,7 @@ may leave a row with no id (a multi-hot bag, or an identity feature under
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -77,6 +78,7 @@ class Rows:
     bags: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
     keep: np.ndarray | None = None
     order: np.ndarray | None = None  # row i of the rows is stored row order[i] (lazy shuffle)
+    scratch: Scratch = field(default_factory=lambda: Scratch())  # a shuffled batch's records
 
     @property
     def size(self) -> int:
@@ -92,11 +94,11 @@ class Rows:
         """The rows in the order ``perm`` [n], applied lazily: ``batch`` gathers each
         batch's records straight out of the window (one copy per batch)."""
         order = perm if self.order is None else self.order[perm]
-        return Rows(self.layout, self.rec, self.bags, self.keep, order)
+        return Rows(self.layout, self.rec, self.bags, self.keep, order, self.scratch)
 
-    def batch(self, a: int, b: int) -> Batch:
+    def batch(self, a: int, b: int, alloc: Alloc | None = None) -> Batch:
         """Rows [a, b) (of ``order`` if set) as a Batch with feature-major
-        JaggedFeatures, kept rows only."""
+        JaggedFeatures, kept rows only, its arrays from ``alloc`` (default: fresh ones)."""
         idx = None if self.order is None else self.order[a:b]
         if self.keep is not None:
             kept = self.keep[a:b] if idx is None else self.keep[idx]
@@ -105,20 +107,56 @@ class Rows:
         if idx is None:
             rec, bags = self.rec[a:b], {j: _slice_bag(v, o, a, b) for j, (v, o) in self.bags.items()}
         else:
-            rec = np.empty((len(idx), self.layout.width), np.uint8)
+            rec = self.scratch.records(len(idx), self.layout.width)
             records = np.dtype((np.void, self.layout.width))  # one whole record per index
             np.take(self.rec.view(records)[:, 0], idx, out=rec.view(records)[:, 0], mode="clip")
             bags = {j: _gather_bag(v, o, idx) for j, (v, o) in self.bags.items()}
-        return _split(self.layout, rec, bags)
+        return _split(self.layout, rec, bags, alloc or fresh_arrays)
 
 
-def _split(layout: Layout, rec: np.ndarray, bags: dict[int, tuple[np.ndarray, np.ndarray]]
-           ) -> Batch:
-    """A batch out of its records [n, width] and its bags {feature: (values, lengths [n])}."""
+Alloc = Callable[[list[tuple[tuple[int, ...], np.dtype]]], list[np.ndarray]]
+"""Makes empty arrays of the given (shape, dtype)s: where a batch is written (a decode
+worker passes one that carves them out of shared memory: data/shm_batch.py)."""
+
+
+def fresh_arrays(specs: list[tuple[tuple[int, ...], np.dtype]]) -> list[np.ndarray]:
+    return [np.empty(shape, dtype) for shape, dtype in specs]
+
+
+def batch_specs(n: int, n_dense: int, n_values: int, n_features: int
+                ) -> list[tuple[tuple[int, ...], np.dtype]]:
+    """(shape, dtype) of a batch's dense, labels, values and lengths, in that order."""
+    f32, i64 = np.dtype(np.float32), np.dtype(np.int64)
+    return [((n, n_dense), f32), ((n,), f32), ((n_values,), i64), ((n_features * n,), i64)]
+
+
+class Scratch:
+    """Where a shuffled batch's records are gathered before they are split into its
+    tensors (which copy them): one buffer reused batch after batch. A fresh one per batch
+    costs its page faults again wherever malloc hands the memory back to the system
+    (in a decode worker it doubled the gather's time)."""
+
+    def __init__(self) -> None:
+        self.buffer = np.zeros((0, 0), np.uint8)
+
+    def records(self, n: int, width: int) -> np.ndarray:
+        """[n, width] uint8, overwritten by the next call."""
+        if self.buffer.shape[0] < n or self.buffer.shape[1] != width:
+            self.buffer = np.empty((n, width), np.uint8)
+        return self.buffer[:n]
+
+
+def _split(layout: Layout, rec: np.ndarray, bags: dict[int, tuple[np.ndarray, np.ndarray]],
+           alloc: Alloc) -> Batch:
+    """A batch out of its records [n, width] and its bags {feature: (values, lengths [n])},
+    written into arrays from ``alloc``."""
     n, ids = len(rec), layout.ids(rec)
     sizes = [n if p else len(bags[j][0]) for j, p in enumerate(layout.packed)]
-    values = np.empty(sum(sizes), np.int64)
-    lengths = np.ones(len(sizes) * n, np.int64)
+    dense, labels, values, lengths = alloc(batch_specs(n, layout.n_dense, sum(sizes), len(sizes)))
+    # copies (C order): the window's buffer is reused for the next window
+    dense[:] = layout.dense(rec)
+    labels[:] = layout.labels(rec)
+    lengths.fill(1)
     at = 0
     for packed, j0, j1 in layout.runs:
         if packed:  # consecutive packed features: one transposed copy
@@ -132,9 +170,7 @@ def _split(layout: Layout, rec: np.ndarray, bags: dict[int, tuple[np.ndarray, np
             at += sizes[j]
     sparse = JaggedFeatures(keys=layout.keys, values=torch.from_numpy(values),
                             lengths=torch.from_numpy(lengths), stride=n)
-    # copies (C order): the window's buffer is reused for the next window
-    return Batch(dense=torch.from_numpy(layout.dense(rec).copy()), sparse=sparse,
-                 labels=torch.from_numpy(layout.labels(rec).copy()))
+    return Batch(dense=torch.from_numpy(dense), sparse=sparse, labels=torch.from_numpy(labels))
 
 
 def _slice_bag(values: np.ndarray, offsets: np.ndarray, a: int, b: int
@@ -169,6 +205,7 @@ class WindowBuilder:
     def __init__(self, layout: Layout) -> None:
         self.layout = layout
         self._buffer = np.zeros((0, layout.width), np.uint8)
+        self.scratch = Scratch()  # reused by the batches of every window
 
     def start(self, n: int) -> None:
         """A window of ``n`` rows: chunks follow with ``at`` from 0 up to n."""
@@ -204,4 +241,4 @@ class WindowBuilder:
                 lengths = np.concatenate([np.diff(o) for _, o in chunks]) if chunks else np.zeros(0, np.int64)
                 bags[j] = (np.concatenate([v for v, _ in chunks]) if chunks else np.zeros(0, np.int64),
                            offsets_of(lengths))
-        return Rows(self.layout, self.rec, bags, self.keep)
+        return Rows(self.layout, self.rec, bags, self.keep, scratch=self.scratch)

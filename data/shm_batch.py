@@ -1,18 +1,34 @@
-"""A Batch handed from a decode worker to the trainer through one shared-memory block.
+"""Batches handed from a decode worker to the trainer in shared-memory slots, no copy.
 
-    worker    Batch ──pack──► /dev/shm block [dense | labels | values | lengths] + a small handle
-    queue     the handle (block name, shapes; a few hundred bytes pickled)
-    trainer   handle ──take──► Batch: one copy out of the block (into pinned memory where
-              CUDA is present, so the H2D copy can be async); the worker reuses the block
+    worker    decodes each batch straight into a free slot of its ring (:class:`SlotRing`:
+              one /dev/shm block per slot, [dense | labels | values | lengths])
+    queue     a small handle (:class:`SharedBatch`: block name, slot, shapes)
+    trainer   handle ──:class:`Receiver`──► Batch of tensors viewing the slot; the slot is
+              free again when the last of them is garbage (a finalizer writes its state)
 
-A worker writes into a ring of blocks it reuses (:class:`BlockRing`; fresh blocks
-would cost a page fault per 4 KiB on both sides); the trainer maps each block once.
-One copy on each side: far cheaper than torch's tensor sharing, which passes a file
-descriptor over a socket per tensor.
+Each slot's state lives in a byte array both sides map (``multiprocessing.RawArray``):
+FREE → WRITING (the worker allocates it) → SENT (its handle is queued) → FREE (the
+trainer dropped the batch, or it was never handed out). The trainer holds at most
+``hold`` batches as views per worker; past that (a trainer that keeps batches, e.g.
+``data.in_memory``) it copies the batch out and frees the slot at once, so the worker
+always gets a slot back and never waits for ever. With CUDA the batch is copied into
+pinned memory (the H2D copy is then async) and the slot freed at once: that copy is
+the one the device needs anyway.
+
+Fresh blocks would cost a page fault per 4 KiB on both sides; slots are reused, and
+the trainer maps each block once. The worker unlinks its blocks when it exits; the
+trainer's mappings (and the views in them) stay valid after that.
 """
 
 from __future__ import annotations
 
+import collections
+import math
+import mmap
+import os
+import time
+import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,97 +37,208 @@ import torch
 from data.batch import Batch
 from data.jagged import JaggedFeatures
 
-_FIELDS = ("dense", "labels", "values", "lengths")
+FREE, WRITING, SENT = 0, 1, 2
+_WAIT_S = 0.0005  # a worker with no free slot looks again after this long
+_ALIGN = 64  # bytes: each array of a slot starts on a cache line
+
+
+class Abandoned(Exception):
+    """The task a worker waited for a slot for was dropped (data/decode_workers.py)."""
 
 
 @dataclass
 class SharedBatch:
-    """Where a batch's four arrays lie in the block ``name`` (picklable, small)."""
+    """Where a batch's four arrays (dense, labels, values, lengths) lie: slot ``slot``,
+    block ``name`` (picklable, small)."""
 
     name: str
+    slot: int
     keys: list[str]
     stride: int
     shapes: list[tuple[int, ...]]
     dtypes: list[str]
 
-    def take(self, pin: bool = False) -> Batch:
-        """The batch, copied out of the block (into pinned memory if ``pin``)."""
-        buf = _ATTACHED.get(self.name)
-        out, at = [], 0
-        for shape, dtype in zip(self.shapes, self.dtypes):
-            dt = np.dtype(dtype)
-            n = int(np.prod(shape))
-            t = torch.empty(shape, dtype=torch.from_numpy(np.empty(0, dt)).dtype, pin_memory=pin)
-            t.numpy().reshape(-1)[:] = np.frombuffer(buf, dt, n, at)
-            out.append(t)
-            at += n * dt.itemsize
-        dense, labels, values, lengths = out
+    def arrays(self, block: np.ndarray) -> list[np.ndarray]:
+        """The four arrays, viewing ``block`` (the block mapped here, as uint8)."""
+        return _lay_out(block, [(s, np.dtype(d)) for s, d in zip(self.shapes, self.dtypes)])
+
+    def batch(self, arrays: list[torch.Tensor]) -> Batch:
+        dense, labels, values, lengths = arrays
         return Batch(dense=dense, labels=labels,
                      sparse=JaggedFeatures(keys=self.keys, values=values, lengths=lengths,
                                            stride=self.stride))
 
 
-class BlockRing:
-    """A worker's ``slots`` blocks, used in turn and grown when a batch needs more.
+def _lay_out(block: np.ndarray, specs: list[tuple[tuple[int, ...], np.dtype]]
+             ) -> list[np.ndarray]:
+    """Arrays of ``specs`` one after the other in ``block`` (uint8), as views of it,
+    each starting on a cache line (int64 values after float32 ones stay aligned)."""
+    out = []
+    for (shape, dtype), at in zip(specs, _offsets(specs)):
+        size = math.prod(shape) * dtype.itemsize
+        out.append(block[at : at + size].view(dtype).reshape(shape))
+    return out
 
-    Reuse is safe without a message back: the queue holds at most ``depth`` items and
-    the consumer copies an item out before it takes the next, so when item n + depth + 2
-    is written, item n was copied out long ago (``slots = depth + 2``). The worker
-    unlinks its blocks when it exits (:meth:`close`); the consumer only maps them.
-    """
 
-    def __init__(self, slots: int) -> None:
-        self.blocks: list = [None] * slots
-        self.next = 0
+def _offsets(specs: list[tuple[tuple[int, ...], np.dtype]]) -> list[int]:
+    """Byte offset of each array of ``specs``, then the end."""
+    at = [0]
+    for shape, dtype in specs:
+        at.append(-(-(at[-1] + math.prod(shape) * dtype.itemsize) // _ALIGN) * _ALIGN)
+    return at
 
-    def pack(self, batch: Batch) -> SharedBatch:
-        from multiprocessing import shared_memory
 
-        arrays = [batch.dense.numpy(), batch.labels.numpy(), batch.sparse.values().numpy(),
-                  batch.sparse.lengths().numpy()]
-        need = max(1, sum(a.nbytes for a in arrays))
-        i, self.next = self.next, (self.next + 1) % len(self.blocks)
+class SlotRing:
+    """A worker's slots (as many as ``state`` has; each block made when first needed and
+    grown when a batch needs more). ``alloc`` is the decoder's ``Alloc``
+    (data/rows.py): the batch is written in place; ``pack`` then queues its slot."""
+
+    def __init__(self, state: object) -> None:
+        self.state = state  # RawArray("b", slots), shared with the Receiver
+        self.blocks: list = [None] * len(state)  # type: ignore[arg-type]
+        self.base = [0] * len(self.blocks)  # each block's address here
+        self.alive: Callable[[], bool] = lambda: True
+        # slots allocated and not yet packed, in order: the decoder makes the items in
+        # the order they are packed, one alloc each (found by order, not by address: a
+        # tensor of no elements does not keep its array's address)
+        self.written: collections.deque[int] = collections.deque()
+        self.retired: list = []  # blocks replaced while a view of them was still alive
+
+    def start(self, alive: Callable[[], bool]) -> None:
+        """A new task (``alive()`` false once it is dropped): slots written for an
+        earlier task but never sent are free again."""
+        self.written.clear()
+        for i in range(len(self.blocks)):
+            if self.state[i] == WRITING:  # type: ignore[index]
+                self.state[i] = FREE  # type: ignore[index]
+        self.alive = alive
+
+    def alloc(self, specs: list[tuple[tuple[int, ...], np.dtype]]) -> list[np.ndarray]:
+        """Empty arrays of ``specs`` in a free slot (waits for one; :class:`Abandoned`
+        if the task is dropped meanwhile)."""
+        specs = [(shape, np.dtype(dtype)) for shape, dtype in specs]
+        need = max(1, _offsets(specs)[-1])
+        i = self._free_slot()
         shm = self.blocks[i]
         if shm is None or shm.size < need:
-            if shm is not None:
-                shm.close()
-                shm.unlink()
-            # registered with the job's resource tracker: unlinked at the end even if
-            # this worker is killed before close()
-            shm = shared_memory.SharedMemory(create=True, size=need + need // 4)
-            self.blocks[i] = shm
-        at = 0
+            self._replace(i, need + need // 4)
+        self.state[i] = WRITING  # type: ignore[index]
+        self.written.append(i)
+        return _lay_out(np.frombuffer(self.blocks[i].buf, np.uint8), specs)
+
+    def _free_slot(self) -> int:
+        """The first free slot: the lowest ones are reused while they come back in time,
+        so a batch is written where the last few were (in cache), not across the ring."""
+        while True:
+            for i in range(len(self.blocks)):
+                if self.state[i] == FREE:  # type: ignore[index]
+                    return i
+            if not self.alive():
+                raise Abandoned
+            time.sleep(_WAIT_S)
+
+    def _replace(self, i: int, size: int) -> None:
+        from multiprocessing import shared_memory
+
+        if self.blocks[i] is not None:
+            self.blocks[i].unlink()
+            self._close(self.blocks[i])
+        # registered with the job's resource tracker: unlinked at the end even if this
+        # worker is killed before close()
+        shm = shared_memory.SharedMemory(create=True, size=size)
+        self.blocks[i] = shm
+        self.base[i] = np.frombuffer(shm.buf, np.uint8).ctypes.data
+
+    def pack(self, batch: Batch) -> SharedBatch:
+        """The handle of ``batch`` (written by the oldest ``alloc`` not yet packed), whose
+        slot is now the trainer's."""
+        arrays = [batch.dense.numpy(), batch.labels.numpy(), batch.sparse.values().numpy(),
+                  batch.sparse.lengths().numpy()]
+        i = self.written.popleft()
+        lo = self.base[i]
         for a in arrays:
-            np.frombuffer(shm.buf, a.dtype, a.size, at)[:] = a.reshape(-1)
-            at += a.nbytes
-        return SharedBatch(shm.name, list(batch.sparse.keys()), batch.sparse.stride(),
-                           [a.shape for a in arrays], [a.dtype.str for a in arrays])
+            at = a.__array_interface__["data"][0]
+            if a.size and not lo <= at < lo + self.blocks[i].size:
+                raise RuntimeError("a decoded batch is not in the shared-memory slot allocated for it")
+        self.state[i] = SENT  # type: ignore[index]
+        return SharedBatch(self.blocks[i].name, i, list(batch.sparse.keys()),
+                           batch.sparse.stride(), [a.shape for a in arrays],
+                           [a.dtype.str for a in arrays])
+
+    def free(self, handle: SharedBatch) -> None:
+        """``handle`` was never queued: its slot is free."""
+        self.state[handle.slot] = FREE  # type: ignore[index]
+
+    def _close(self, shm: object) -> None:
+        try:
+            shm.close()  # type: ignore[attr-defined]
+        except BufferError:  # the last batch written there is still referenced here
+            self.retired.append(shm)
 
     def close(self) -> None:
         for shm in self.blocks:
             if shm is not None:
-                shm.close()
                 shm.unlink()
+                self._close(shm)
         self.blocks = [None] * len(self.blocks)
 
 
-class _Attached:
-    """The consumer's mappings of workers' blocks, by name (at most ``keep``; the oldest
-    are unmapped first: their workers replaced or unlinked them)."""
+class Receiver:
+    """The trainer's side of one worker's slots: a handle becomes a Batch viewing its
+    slot (at most ``hold`` at a time; a copy past that, or pinned copies if ``pin``)."""
 
-    def __init__(self, keep: int = 256) -> None:
-        self.keep, self.maps = keep, {}
+    def __init__(self, state: object, hold: int, pin: bool) -> None:
+        self.state, self.hold, self.pin = state, hold, pin
+        self.held = 0  # batches handed out as views, less those in ``released``
+        # finalizers run in whichever thread drops a batch, at any point (a garbage
+        # collection): they only append here (atomic) and free the slot, no lock
+        self.released: collections.deque = collections.deque()
 
-    def get(self, name: str) -> memoryview:
-        shm = self.maps.get(name)
-        if shm is None:
-            from multiprocessing import shared_memory
+    def take(self, handle: SharedBatch) -> Batch:
+        while self.released:
+            self.released.popleft()
+            self.held -= 1
+        # a fresh array over the whole block: the four views' base, so when the last of
+        # them is garbage, so is it, and its finalizer frees the slot
+        block = np.frombuffer(_attach(handle.name), np.uint8)
+        arrays = handle.arrays(block)
+        if not self.pin and self.held < self.hold:
+            self.held += 1
+            weakref.finalize(block, _release, self.state, handle.slot, self.released)
+            return handle.batch([torch.from_numpy(a) for a in arrays])
+        out = [torch.empty(a.shape, dtype=torch.from_numpy(a[:0]).dtype, pin_memory=self.pin)
+               for a in arrays]
+        for t, a in zip(out, arrays):
+            t.numpy()[...] = a
+        self.free(handle)
+        return handle.batch(out)
 
-            shm = shared_memory.SharedMemory(name=name)
-            self.maps[name] = shm
-            while len(self.maps) > self.keep:
-                self.maps.pop(next(iter(self.maps))).close()
-        return shm.buf
+    def free(self, handle: SharedBatch) -> None:
+        """The slot of a batch not (or no longer) handed out is free."""
+        self.state[handle.slot] = FREE  # type: ignore[index]
 
 
-_ATTACHED = _Attached()
+def _release(state: object, slot: int, released: collections.deque) -> None:
+    state[slot] = FREE  # type: ignore[index]
+    released.append(slot)
+
+
+_MAPS: dict[str, mmap.mmap] = {}  # the trainer's mappings of workers' blocks, by name
+_KEEP_MAPS = 256
+
+
+def _attach(name: str) -> mmap.mmap:
+    """Block ``name`` mapped here (once). Past ``_KEEP_MAPS`` mappings the oldest are
+    let go (their workers replaced or unlinked them): a mapping is never closed, it
+    goes when the last array viewing it does."""
+    mm = _MAPS.get(name)
+    if mm is None:
+        fd = os.open(f"/dev/shm/{name}", os.O_RDWR)  # where Linux keeps POSIX shared memory
+        try:
+            mm = mmap.mmap(fd, 0)
+        finally:
+            os.close(fd)
+        _MAPS[name] = mm
+        for old in list(_MAPS)[: max(0, len(_MAPS) - _KEEP_MAPS)]:
+            del _MAPS[old]
+    return mm

@@ -36,14 +36,19 @@ def test_avazu_strings_rename_the_ids_one_to_one(tmp_path: Path) -> None:
 @pytest.mark.parametrize("workers", [0, 2])
 def test_epoch_rate_counts_every_row(tmp_path: Path, workers: int) -> None:
     files, schema = tiny_dataset(tmp_path)
-    rate = epoch_rate(files, schema, 16, workers)
+    rate = epoch_rate(files, schema, 16, workers, steady_epochs=2)
     assert rate["rows"] == 170 and rate["rows_per_s"] > 0 and rate["startup_s"] >= 0
+    assert rate["steady"] > 0
 
 
 def test_format_workers_ratios() -> None:
     sweep = {"bench": {"0": {"rows_per_s": 100.0}, "2": {"rows_per_s": 150.0}}}
-    assert format_workers(sweep) == "reader bench: 0 workers 100 (1.00x), 2 workers 150 (1.50x) rows/s"
-    sweep = {"bench": {"0": {"rows_per_s": 100.0, "steady": 110.0},
-                       "4": {"rows_per_s": 300.0, "steady": 330.0}}}
-    assert format_workers(sweep).splitlines()[1] == (
-        "reader bench steady scaling: 4 workers 3.00x = 94% of 0.8·N")  # 3 / 3.2
+    assert format_workers(sweep) == ("reader bench first epoch: 0 workers 100 (1.00x), "
+                                     "2 workers 150 (1.50x) rows/s")
+    sweep = {"bench": {"0": {"rows_per_s": 100.0, "steady": 110.0, "startup_s": 0.01},
+                       "4": {"rows_per_s": 300.0, "steady": 330.0, "startup_s": 0.5}}}
+    assert format_workers(sweep).splitlines() == [
+        ("reader bench first epoch: 0 workers 100 (1.00x, first batch 0.01 s), "
+         "4 workers 300 (3.00x, first batch 0.50 s) rows/s"),
+        ("reader bench steady (workers running): 0 workers 110, 4 workers 330 rows/s; "
+         "4 workers 3.00x = 94% of 0.8·N")]  # 3 / 3.2

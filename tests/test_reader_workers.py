@@ -10,6 +10,7 @@ start is the slow part of this file.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import os
 import signal
 from pathlib import Path
@@ -23,6 +24,7 @@ from data.decode_workers import DecodeWorkerError, auto_workers
 from data.errors import DataError
 from data.reader import ParquetReader
 from data.schema import Schema
+from data.shm_batch import FREE
 from tests.data_helpers import tiny_dataset, within
 from tests.test_bad_data import SCHEMA, columns, smash_row_group, write
 
@@ -100,6 +102,71 @@ def test_workers_live_across_epochs(tiny) -> None:
     assert reader.worker_pids() == pids
     reader.close()
     assert reader.worker_pids() == []
+
+
+def test_held_batches_stay_intact_while_the_workers_reuse_their_slots(tiny) -> None:
+    """Batches come as views of the workers' shared memory: while the trainer holds some
+    (here the last 6: past 4 per worker they are copies) the workers write the next ones
+    into other slots, and every slot is free again once the batches are dropped."""
+    files, schema = tiny
+    kw = {"shuffle": True, "seed": 3, "shuffle_buffer": 8}
+    reference = list(ParquetReader(files, schema, 4, workers=0, **kw).epoch(0))
+    reader = ParquetReader(files, schema, 4, workers=1, prefetch=1, **kw)
+
+    def read_holding_six() -> int:
+        held: list[tuple[int, Batch]] = []
+        for t, batch in enumerate(reader.epoch(0)):
+            held = [*held[-5:], (t, batch)]
+            for u, b in held:
+                assert_same([b], [reference[u]])
+        return t + 1
+
+    assert within(120, read_holding_six) == len(reference) > 3 * 13  # many times the slots
+    gc.collect()
+    state = reader._pool.receivers[0].state
+    assert list(state) == [FREE] * len(state)
+    reader.close()
+
+
+def test_no_dense_columns_and_empty_batches(tmp_path: Path) -> None:
+    """Batches with no dense values, and batches of no rows (every row of theirs bad,
+    on_error=skip), cross the shared memory like any other."""
+    a = write(tmp_path / "a.parquet", columns(0, 24) | {"I2": [float("nan")] * 12 + [1.0] * 12})
+    no_dense = dataclasses.replace(SCHEMA, dense=())
+    for schema in (no_dense, SCHEMA):
+        got = [batches([a], schema, workers, shuffle=False, shuffle_buffer=8, on_error="skip")
+               for workers in (0, 2)]
+        assert_same(got[1], got[0])
+        assert any(b.size == 0 for b in got[0]) == (schema is SCHEMA)
+        assert got[0][0].dense.shape[1] == len(schema.dense)
+
+
+def test_batches_outlive_the_workers(tiny) -> None:
+    files, schema = tiny
+    kw = {"shuffle": True, "seed": 3, "shuffle_buffer": 8}
+    reference = list(ParquetReader(files, schema, 4, workers=0, **kw).epoch(1))
+    reader = ParquetReader(files, schema, 4, workers=2, prefetch=1, **kw)
+    it = reader.epoch(1)
+    first = within(120, lambda: [next(it) for _ in range(3)])
+    it.close()
+    reader.close()  # the workers exit and unlink their shared memory
+    assert reader.worker_pids() == []
+    assert_same(first, reference[:3])
+
+
+def test_slots_left_by_an_epoch_left_early_come_back(tiny) -> None:
+    files, schema = tiny
+    reader = ParquetReader(files, schema, 4, workers=2, prefetch=1, shuffle_buffer=8)
+    for start in (0, 5):
+        it = reader.epoch(0, start_step=start)
+        within(120, lambda it=it: [next(it) for _ in range(3)])
+        it.close()
+    whole = within(120, lambda: len(list(reader.epoch(1))))
+    assert whole == reader.steps_per_epoch()
+    gc.collect()
+    for receiver in reader._pool.receivers:
+        assert list(receiver.state) == [FREE] * len(receiver.state)
+    reader.close()
 
 
 def test_after_a_killed_worker_the_next_epoch_starts_fresh_workers(tiny) -> None:

@@ -3,16 +3,21 @@
     schema          bench      the bench set (cfg.generate: dense, int64 ids), shuffled, identity ids
                     avazu      Avazu-shaped: label and 22 string columns (generated from the
                                bench set's ids, 8-12 characters), shuffled, through vocabularies
-    per count       rows_per_s the epoch's rows over its seconds, startup included
-                    startup_s  seconds to the first batch (worker processes starting, first window)
-                    steady     rows/s after the first batch
+    per count       rows_per_s the reader's first epoch: its rows over its seconds, start-up included
+                    startup_s  seconds to that epoch's first batch (worker processes starting,
+                               the first window decoded)
+                    steady     rows/s of the later epochs (median of STEADY_EPOCHS), the workers
+                               already running, as they are for every epoch after a run's first
 
-Workers split an epoch by shuffle windows (data.shuffle_buffer rows each): a set of
-fewer windows than workers leaves some idle, so sweep on sets of many windows.
+Workers split an epoch by shuffle windows (data.shuffle_buffer rows each, the config's):
+a set of fewer windows than workers leaves some idle, so sweep on sets of many windows;
+a row group that straddles two windows is decoded by both their workers, so windows of
+several row groups waste less.
 
-Each count reads one whole epoch after a warm-up epoch (page cache, imports, the
-forkserver); vocabularies are fitted once, untimed. The counts run one after the other
-in this process, so their ratios come from one run of one machine.
+Each count starts a fresh reader after a warm-up epoch (page cache, imports, the
+forkserver); vocabularies are fitted once, untimed. pyarrow is held to one thread, as in
+each worker, so 0 workers is the one-core rate. The counts run one after the other in
+this process, so their ratios come from one run of one machine.
 """
 
 from __future__ import annotations
@@ -21,12 +26,28 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 AVAZU_COLUMNS = 22  # Avazu's categorical columns (C1, banner_pos, site_id, ... C21)
+STEADY_EPOCHS = 3  # epochs timed per count once its workers run (median: a shared machine)
 
 
 def reader_sweep(files: list[str], schema: Any, batch_size: int, workers: list[int],
-                 out: Path) -> dict[str, Any]:
-    """{"bench": {count: rates}, "avazu": {count: rates}} for each count in ``workers``."""
+                 out: Path, shuffle_buffer: int = 65536) -> dict[str, Any]:
+    """{"bench": {count: rates}, "avazu": {count: rates}} for each count in ``workers``,
+    shuffling in windows of ``shuffle_buffer`` rows (the run's data.shuffle_buffer)."""
+    import pyarrow as pa
+
+    threads = pa.cpu_count()
+    pa.set_cpu_count(1)  # one core per count's decoder: the workers hold themselves to one
+    try:
+        return _sweep(files, schema, batch_size, workers, out, shuffle_buffer)
+    finally:
+        pa.set_cpu_count(threads)
+
+
+def _sweep(files: list[str], schema: Any, batch_size: int, workers: list[int],
+           out: Path, shuffle_buffer: int) -> dict[str, Any]:
     from data import preprocess
 
     strings = avazu_files(files, out / "avazu")
@@ -35,27 +56,37 @@ def reader_sweep(files: list[str], schema: Any, batch_size: int, workers: list[i
     cases = {"bench": (files, schema, None), "avazu": (strings, prep.apply(avazu_schema), prep)}
     result: dict[str, Any] = {}
     for name, (paths, sch, p) in cases.items():
-        epoch_rate(paths, sch, batch_size, 0, p)  # warm-up
-        result[name] = {str(w): epoch_rate(paths, sch, batch_size, w, p) for w in workers}
+        epoch_rate(paths, sch, batch_size, 0, p, shuffle_buffer=shuffle_buffer)  # warm-up
+        result[name] = {str(w): epoch_rate(paths, sch, batch_size, w, p,
+                                           shuffle_buffer=shuffle_buffer) for w in workers}
     return result
 
 
 def epoch_rate(files: list[str], schema: Any, batch_size: int, workers: int,
-               prep: Any = None) -> dict[str, float]:
-    """One shuffled epoch at ``workers``: rows/s, startup seconds, steady rows/s."""
+               prep: Any = None, steady_epochs: int = STEADY_EPOCHS,
+               shuffle_buffer: int = 65536) -> dict[str, float]:
+    """Shuffled epochs of one fresh reader at ``workers``: the first one's rows/s and
+    start-up seconds, then the steady rows/s of ``steady_epochs`` more."""
     from data.reader import ParquetReader
 
     reader = ParquetReader(files, schema, batch_size, shuffle=True, prefetch=4,
-                           preprocess=prep, workers=workers)
-    t0 = time.perf_counter()
-    it = reader.epoch(0)
-    first = next(it)
-    t1 = time.perf_counter()
-    rest = sum(batch.size for batch in it)
-    t2 = time.perf_counter()
-    rows = rest + first.size
+                           preprocess=prep, workers=workers, shuffle_buffer=shuffle_buffer)
+    try:
+        t0 = time.perf_counter()
+        it = reader.epoch(0)
+        first = next(it)
+        t1 = time.perf_counter()
+        rows = first.size + sum(batch.size for batch in it)
+        t2 = time.perf_counter()
+        steady = []
+        for epoch in range(1, 1 + steady_epochs):
+            t3 = time.perf_counter()
+            n = sum(batch.size for batch in reader.epoch(epoch))
+            steady.append(n / (time.perf_counter() - t3))
+    finally:
+        reader.close()
     return {"rows_per_s": rows / (t2 - t0), "startup_s": t1 - t0,
-            "steady": rest / (t2 - t1) if t2 > t1 else 0.0, "rows": rows}
+            "steady": float(np.median(steady)) if steady else 0.0, "rows": rows}
 
 
 def avazu_files(files: list[str], out: Path) -> list[str]:
@@ -106,20 +137,28 @@ def _string_schema(files: list[str]) -> Any:
 
 
 def format_workers(sweep: dict[str, Any]) -> str:
-    """One line per schema: rows/s at each worker count and the ratio to 0 workers; then,
-    for N >= 1 workers, the steady rate's ratio to 0 workers' steady rate against the
-    target 0.8·N (issue 23: N workers on N cores)."""
+    """Per schema: the first epoch's rows/s at each worker count, its ratio to 0 workers
+    and its seconds to the first batch; then, for N >= 1 workers, the steady rate's ratio
+    to 0 workers' steady rate against the target 0.8·N (issue 23: N workers on N cores)."""
     lines = []
     for name, by_count in sweep.items():
         base = by_count.get("0", {}).get("rows_per_s")
         cells = []
         for count, r in by_count.items():
-            ratio = f" ({r['rows_per_s'] / base:.2f}x)" if base else ""
-            cells.append(f"{count} workers {r['rows_per_s']:,.0f}{ratio}")
-        lines.append(f"reader {name}: " + ", ".join(cells) + " rows/s")
+            notes = [f"{r['rows_per_s'] / base:.2f}x"] if base else []
+            if "startup_s" in r:
+                notes.append(f"first batch {r['startup_s']:.2f} s")
+            cells.append(f"{count} workers {r['rows_per_s']:,.0f}"
+                         + (f" ({', '.join(notes)})" if notes else ""))
+        lines.append(f"reader {name} first epoch: " + ", ".join(cells) + " rows/s")
         steady0 = by_count.get("0", {}).get("steady")
-        scaling = [f"{n} workers {r['steady'] / steady0:.2f}x = {r['steady'] / steady0 / (0.8 * int(n)):.0%}"
-                   " of 0.8·N" for n, r in by_count.items() if int(n) > 0 and steady0 and "steady" in r]
-        if scaling:
-            lines.append(f"reader {name} steady scaling: " + ", ".join(scaling))
+        if not steady0:
+            continue
+        scaling = [f"{n} workers {r['steady'] / steady0:.2f}x = "
+                   f"{r['steady'] / steady0 / (0.8 * int(n)):.0%} of 0.8·N"
+                   for n, r in by_count.items() if int(n) > 0 and "steady" in r]
+        lines.append(f"reader {name} steady (workers running): "
+                     + ", ".join(f"{n} workers {r['steady']:,.0f}" for n, r in by_count.items()
+                                 if "steady" in r)
+                     + " rows/s" + ("; " + ", ".join(scaling) if scaling else ""))
     return "\n".join(lines)
