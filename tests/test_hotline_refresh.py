@@ -40,8 +40,16 @@ def _stacked(coll, hot: dict[str, torch.Tensor]) -> set[int]:
     return {int(i) + coll.row_offsets[name] for name, ids in hot.items() for i in ids}
 
 
-@pytest.mark.parametrize("kind", ["sgd", "rowwise_adagrad", "adagrad", "adam"])
-def test_swap_moves_only_the_changed_rows_and_stays_exact(kind: str, monkeypatch) -> None:
+def _step(colls: tuple, kjt, up: torch.Tensor) -> None:
+    for c in colls:
+        c.set_lr(LR)
+        (c(kjt) * up).sum().backward()
+        c.step()
+
+
+def _two_collections(kind: str) -> tuple:
+    """Tables, 4 batches and upstream gradients, hot sets a and b, and the reference
+    collection beside a Hotline one hot on a (same seed)."""
     tables = tables_fixture()
     kjts = [random_kjt(FEATURES, rows_of(tables), batch=10, max_len=3, seed=s) for s in range(4)]
     ups = [torch.randn(10, 16, generator=torch.Generator().manual_seed(s)) for s in range(4)]
@@ -49,6 +57,12 @@ def test_swap_moves_only_the_changed_rows_and_stays_exact(kind: str, monkeypatch
     ref = LocalEmbeddingCollection(tables, make_sparse_optimizer(kind), fused=False, seed=3)
     coll = HotlineEmbeddingCollection(tables, profile_of(tables, a), make_sparse_optimizer(kind),
                                       fused=False, seed=3)
+    return tables, kjts, ups, a, b, ref, coll
+
+
+@pytest.mark.parametrize("kind", ["sgd", "rowwise_adagrad", "adagrad", "adam"])
+def test_swap_moves_only_the_changed_rows_and_stays_exact(kind: str, monkeypatch) -> None:
+    tables, kjts, ups, a, b, ref, coll = _two_collections(kind)
     moved: dict[str, set[int]] = {"read": set(), "write": set()}
     tier = coll.tier
     read, write = tier.read_rows, tier.write_rows
@@ -56,10 +70,7 @@ def test_swap_moves_only_the_changed_rows_and_stays_exact(kind: str, monkeypatch
     monkeypatch.setattr(tier, "write_rows",
                         lambda ids, w, s: moved["write"].update(ids.tolist()) or write(ids, w, s))
     for i, (kjt, up) in enumerate(zip(kjts, ups)):
-        for c in (ref, coll):
-            c.set_lr(LR)
-            (c(kjt) * up).sum().backward()
-            c.step()
+        _step((ref, coll), kjt, up)
         if i == 1:
             before = coll.export_tables()
             moved["read"].clear()
@@ -81,23 +92,14 @@ def test_entering_rows_read_ahead_and_the_touched_ones_again(kind: str, monkeypa
     """The plan's entering rows are read at step 1's boundary; step 2 trains (its cold
     update writes some of them); the swap at step 2's boundary reads again exactly
     the entering rows step 2 touched, and training stays exact."""
-    tables = tables_fixture()
-    kjts = [random_kjt(FEATURES, rows_of(tables), batch=10, max_len=3, seed=s) for s in range(4)]
-    ups = [torch.randn(10, 16, generator=torch.Generator().manual_seed(s)) for s in range(4)]
-    a, b = _sets(tables, kjts)
-    ref = LocalEmbeddingCollection(tables, make_sparse_optimizer(kind), fused=False, seed=3)
-    coll = HotlineEmbeddingCollection(tables, profile_of(tables, a), make_sparse_optimizer(kind),
-                                      fused=False, seed=3)
+    tables, kjts, ups, _, b, ref, coll = _two_collections(kind)
     table_of = {f: t.name for t in tables for f in t.features}
     reads: list[set[int]] = []
     read = coll.tier.read_rows
     monkeypatch.setattr(coll.tier, "read_rows", lambda ids, dev: reads.append(set(ids.tolist())) or read(ids, dev))
     plan = None
     for i, (kjt, up) in enumerate(zip(kjts, ups)):
-        for c in (ref, coll):
-            c.set_lr(LR)
-            (c(kjt) * up).sum().backward()
-            c.step()
+        _step((ref, coll), kjt, up)
         if i == 1:
             plan = coll.plan_refresh(profile_of(tables, b))
             coll.prefetch_entering(plan)
