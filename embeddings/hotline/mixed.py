@@ -50,7 +50,6 @@ from embeddings.hotline.refresh import RefreshPlan
 from embeddings.hotline.split import JointSizes, JointSplit, MicroLookups, split_jointly
 from embeddings.hotline.tiers import HotlineEmbeddingCollection
 from embeddings.interface import Prefetched, TableState
-from embeddings.jagged import in_feature_order
 from embeddings.optim import SparseOptimizer
 from embeddings.plan.types import ShardingPlan
 from embeddings.table import TableSpec
@@ -198,21 +197,28 @@ class MixedHotlineCollection(EmbeddingCollection):
 
     # ------------------------------------------------------------------ routing
     def _parts(self, sparse: KeyedJagged, host: KeyedJagged | None = None) -> list[KeyedJagged]:
-        """Each group's bags: one permutation into group order on ``sparse``'s device,
-        then static slices. Their value counts come from ``host``, the same batch in
-        host memory (the trainer's copy: no device sync); without it from ``sparse``
-        (on CUDA a sync: for callers outside the trainer's step)."""
+        """Each group's bags: static slices of ``sparse``'s values and lengths on its
+        device (a feature's ids are one run of the values), put together per group.
+        The runs' lengths come from ``host``, the same batch in host memory (the
+        trainer's copy: no device sync); without it from ``sparse`` (on CUDA a sync:
+        for callers outside the trainer's step)."""
         from data.jagged import JaggedFeatures
 
         host = sparse if host is None else host
         keys, batch = host.keys(), host.stride()
-        per_feature = host.lengths().cpu().numpy().reshape(len(keys), batch).sum(axis=1)
-        count = dict(zip(keys, per_feature.tolist(), strict=True))
-        names = [g.features for g in self.groups]
-        values, lengths, _ = in_feature_order(sparse, [f for fs in names for f in fs])
-        counts = [sum(count[f] for f in fs) for fs in names]
-        bags = lengths.split([len(fs) * batch for fs in names])
-        return [JaggedFeatures(fs, v, n, batch) for fs, v, n in zip(names, values.split(counts), bags, strict=True)]
+        per_feature = host.lengths().cpu().numpy().reshape(len(keys), batch).sum(axis=1).tolist()
+        starts = [0]
+        for n in per_feature:
+            starts.append(starts[-1] + n)
+        place = {f: i for i, f in enumerate(keys)}
+        values, lengths = sparse.values(), sparse.lengths()
+        parts = []
+        for g in self.groups:
+            at = [place[f] for f in g.features]
+            ids = torch.cat([values[starts[i]:starts[i + 1]] for i in at])
+            bags = torch.cat([lengths[i * batch:(i + 1) * batch] for i in at])
+            parts.append(JaggedFeatures(list(g.features), ids, bags, batch))
+        return parts
 
     def split_on_device(self, sparse: KeyedJagged, by_popularity: bool = True,
                         host: KeyedJagged | None = None) -> JointSplit:
