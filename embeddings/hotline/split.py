@@ -17,6 +17,11 @@ The header is the only thing the host must read before it can cut (the micro-bat
 shapes depend on it): 56 bytes, copied on the side stream that classified. Then every
 micro-batch is static slices and ``index_select``s of these tensors
 (``micro_lookups``), and only the U cold ids go to the host for its gather.
+
+Tables of several dtypes (hotline/mixed.py: a collection per dtype): ``split_jointly``
+splits each group's lookups with one popular mask, the AND of the groups' (a sample
+is popular only if every lookup of it, in every group, is hot); the groups' headers
+are one tensor [7 * groups], read once (``JointSplit.read_sizes``).
 """
 
 from __future__ import annotations
