@@ -164,12 +164,9 @@ def generated_tables(cfg: Any) -> Broken:
 
 
 def table_dtypes(cfg: Any) -> Broken:
-    """Per-table dtypes and half optimizer state are the native engine's; tables of
-    several dtypes are stacked apart, and Hotline's hot tier is one stack (one dtype)."""
+    """Per-table dtypes and half optimizer state are the native engine's (every placement:
+    tables of several dtypes are stacked apart, Hotline keeps one collection per dtype)."""
     e = cfg.embeddings
-    if e.placement == "hotline" and len({e.dtype, *e.dtypes.values()}) > 1:
-        why = f"one dtype for every table with embeddings.placement=hotline (embeddings.dtype={e.dtype}; one hot stack)"
-        return "embeddings.dtypes", e.dtypes, why
     if e.backend != "native" and (e.dtypes or e.state_dtype != "fp32"):
         key, value = ("embeddings.dtypes", e.dtypes) if e.dtypes else ("embeddings.state_dtype", e.state_dtype)
         return key, value, "needs embeddings.backend=native"

@@ -38,8 +38,9 @@ def test_half_tables_and_state_are_capturable() -> None:
         assert why_not(cfg, torch.device("cuda"), 2).startswith("more than one process")
     torch_kernels = load_config(TINY, ["embeddings.kernels=torch", "optim.dense=sgd", "embeddings.dtypes.C1=bf16"])
     assert why_not(torch_kernels, torch.device("cuda"), 1).startswith("embeddings.kernels=torch")
-    hotline = load_config(TINY, [*base, "embeddings.dtype=bf16", "embeddings.placement=hotline"])
-    assert why_not(hotline, torch.device("cuda"), 1).startswith("placement=hotline")
+    for dtypes in (["embeddings.dtype=bf16"], ["embeddings.dtypes.C1=bf16"]):  # one dtype; per-table dtypes
+        hotline = load_config(TINY, [*base, *dtypes, "embeddings.placement=hotline"])
+        assert why_not(hotline, torch.device("cuda"), 1).startswith("placement=hotline")
 
 
 def test_auto_on_cpu_trains_eager_and_says_so(tiny_data, tmp_path: Path, capsys) -> None:

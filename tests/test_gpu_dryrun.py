@@ -123,3 +123,5 @@ def test_half_tables_bodies(tiny_data, tmp_path: Path) -> None:
     cases.device_equals_cpu(tiny_data, tmp_path / "state", "cpu", "embeddings.state_dtype=bf16", "optim.sparse=adam")
     cases.hotline_equals_plain(tiny_data, tmp_path / "hot", "cpu", "optim.sparse=rowwise_adagrad",
                                "embeddings.dtype=bf16")
+    cases.hotline_equals_plain(tiny_data, tmp_path / "hot-mixed", "cpu", "embeddings.dtypes.C1=fp32",
+                               "embeddings.dtypes.C2=fp16", "embeddings.dtype=bf16", "optim.sparse=rowwise_adagrad")

@@ -13,6 +13,7 @@ over steady-state steps.
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -108,6 +109,45 @@ def test_hotline_step_on_the_cuda_path_waits_only_for_its_header(
     if os.environ.get("TRITON_INTERPRET") == "1":  # launches counted where interpreted
         assert triton.ops["triton._pooled_kernel"] == 2 and triton.ops["triton._runs_kernel"] == 1
     assert torch_path.violations == ["aten.unique_consecutive"] * 3
+
+
+
+@pytest.mark.slow
+def test_mixed_dtype_hotline_step_waits_only_for_its_joint_header(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Per-table dtypes under Hotline (one collection per dtype, embeddings/hotline/
+    mixed.py): the mini-batch split jointly on the device, every group's header read
+    in one read per step (``JointSplit.read_sizes``), the groups' lookups cut by value
+    counts from the batch's host copy: no sync of its own. What remains is each
+    group's hot tier's own, as a Hotline run of one half dtype has them (reference:
+    that run's audit has the last): the torch path's KV-gradient coalesce, one per
+    micro-batch backward and one in the step (the groups count the rounding step, so
+    none takes the Triton kernels), and a half group's read of its rounding step in
+    the update (hot_tier.py ``_round_rows``)."""
+    from collections import Counter
+
+    from embeddings.hotline.split import JointSplit, Sizes
+
+    reads, single = [], []
+    read = JointSplit.read_sizes
+    monkeypatch.setattr(JointSplit, "read_sizes", lambda self, h: reads.append(1) or read(self, h))
+    one = Sizes.read.__func__
+    monkeypatch.setattr(Sizes, "read", classmethod(lambda cls, h: single.append(1) or one(cls, h)))
+    dtypes = ("embeddings.dtypes.C1=bf16", "embeddings.dtypes.C2=fp16", "embeddings.dtypes.C3=bf16")
+    mixed = audited_step(tmp_path, monkeypatch, "triton", (*HOTLINE, *dtypes))
+    assert len(reads) == 2 and single == []  # one joint read per step, two steps
+    shutil.rmtree(tmp_path / "run_triton")  # the same data, a fresh run
+    bf16 = audited_step(tmp_path, monkeypatch, "triton", (*HOTLINE, "embeddings.dtype=bf16"))
+    print(f"mixed hotline ops per step: {mixed.compute_ops} (syncs: {mixed.violations}); "
+          f"bf16 alone: {bf16.compute_ops} (syncs: {bf16.violations})")
+    alone = Counter(bf16.violations)  # the half hot tier's own read of its rounding step
+    assert set(alone) <= {"aten.unique_consecutive", "aten._local_scalar_dense"}
+    assert alone["aten._local_scalar_dense"] == 1
+    # three groups (fp32, bf16, fp16), each on the torch path with both micro-batches:
+    # three coalesces each (as tests the fp32 run's torch path above); the two half ones
+    # read their rounding step
+    assert Counter(mixed.violations) == {"aten.unique_consecutive": 3 * 3, "aten._local_scalar_dense": 2}
 
 
 BENCH = REPO / "configs" / "bench.yaml"

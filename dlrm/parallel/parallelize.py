@@ -170,7 +170,7 @@ def hotline_embeddings(
     """Hot rows on ``device``, the rest in host memory (several ranks: the cold rows
     sharded over the ranks' host memory by the plan, reached on a gloo group of their
     own, since their all-to-alls run on the host)."""
-    from embeddings.hotline.tiers import HotlineEmbeddingCollection
+    from embeddings.hotline.mixed import hotline_collection
 
     if hot_profile is None:
         raise ValueError("hotline placement needs a hot profile (dlrm.train.hotline.make_profile)")
@@ -180,7 +180,7 @@ def hotline_embeddings(
         group = new_group(info, backend="gloo")
     # Kept (not fused) gradients: the popular and the non-popular micro-batch of a
     # mini-batch add up to one optimizer step.
-    collection = HotlineEmbeddingCollection(
+    collection = hotline_collection(
         run_tables(cfg, schema), hot_profile, sparse_optimizer(cfg), fused=False, seed=seed,
         device=device, plan=plan, group=group, gather_threads=cfg.hotline.gather_threads, rounding_seed=cfg.seed,
         kernels=cfg.embeddings.kernels,

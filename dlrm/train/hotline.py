@@ -34,14 +34,13 @@ from dlrm.parallel.distributed import DistInfo, all_reduce_sum
 from embeddings.hotline.profile import HotProfile, count_accesses, default_max_batches
 from embeddings.hotline.refresh import RefreshPlan
 from embeddings.hotline.split import (
-    HEADER,
     DeviceSplit,
-    MicroLookups,
+    JointSplit,
     Sizes,
     samples_of,
     split_tensors,
 )
-from embeddings.hotline.tiers import HOT_ONLY, ColdRows
+from embeddings.hotline.tiers import HOT_ONLY
 from embeddings.optim import make_sparse_optimizer
 from embeddings.plan.sizes import parse_size
 from embeddings.table import TableSpec
@@ -104,7 +103,7 @@ class HotlineSteps:
         self.info = info or DistInfo()
         self.tables: list[TableSpec] = self.embeddings.tables
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hotline-gather")
-        self.device = self.embeddings.hot_weight.device
+        self.device = self.embeddings.hot_device
         # CUDA: the side stream that copies each mini-batch in and classifies it
         self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self._hot_changed = True
@@ -145,11 +144,12 @@ class HotlineSteps:
             t0 = time.perf_counter()  # waiting for the gather (all of it without the pipeline)
             cold = future.result() if future is not None else self._gather(rest.sparse)
             self._window["wait"] += time.perf_counter() - t0
-            if self._next_hot is not None and isinstance(cold, ColdRows):
-                self._touched.append(cold.host_ids)  # this step's cold update writes them
+            host_ids = getattr(cold, "host_ids", None)  # one process: ColdRows (or per-dtype GroupCold)
+            if self._next_hot is not None and host_ids is not None:
+                self._touched.append(host_ids)  # this step's cold update writes them
             yield rest, cold, True
 
-    def _split(self, batch: Batch) -> tuple[Batch, DeviceSplit, Sizes, torch.cuda.Event | None]:
+    def _split(self, batch: Batch) -> tuple[Batch, DeviceSplit | JointSplit, Sizes, torch.cuda.Event | None]:
         """The mini-batch on the device (copied once), classified there, and the
         split's header read by the host: the step's one wait for the device, and on
         CUDA a wait for the split stream only (classification of this batch), not for
@@ -157,8 +157,8 @@ class HotlineSteps:
         emb, stream = self.embeddings, self._stream
         if stream is None:
             dev = batch.to(self.device)
-            split = emb.split_on_device(dev.sparse)
-            return dev, split, Sizes.read(split.header), None
+            split = emb.split_on_device(dev.sparse, host=batch.sparse)
+            return dev, split, split.read_sizes(split.header), None
         current = torch.cuda.current_stream(self.device)
         if self._hot_changed:  # new hot ids (built, or refreshed) were written on this stream
             stream.wait_stream(current)
@@ -167,8 +167,8 @@ class HotlineSteps:
             # page-locked first (a host copy of a few hundred KB): the H2D copy is then
             # queued DMA, not a staged copy the host waits for
             dev = batch.pin_memory().to(self.device, non_blocking=True)
-            split = emb.split_on_device(dev.sparse)
-            header = torch.empty(len(HEADER), dtype=torch.int64, pin_memory=True)
+            split = emb.split_on_device(dev.sparse, host=batch.sparse)
+            header = torch.empty(split.header.numel(), dtype=torch.int64, pin_memory=True)
             header.copy_(split.header, non_blocking=True)
             ready = torch.cuda.Event()
             ready.record(stream)
@@ -177,14 +177,14 @@ class HotlineSteps:
         dev.record_stream(current)  # made on the split stream, freed after the compute stream's use
         for t in split_tensors(split):
             t.record_stream(current)
-        return dev, split, Sizes.read(header), ready
+        return dev, split, split.read_sizes(header), ready
 
-    def _part(self, dev: Batch, split: DeviceSplit, sizes: Sizes, group: int) -> Batch:
+    def _part(self, dev: Batch, split: DeviceSplit | JointSplit, sizes: Sizes, group: int) -> Batch:
         samples = samples_of(split, sizes, group)
         micro = self.embeddings.micro_batch(split, sizes, group)
         return Batch(dev.dense.index_select(0, samples), micro, dev.labels.index_select(0, samples))
 
-    def _gather(self, micro: MicroLookups) -> Any:
+    def _gather(self, micro: Any) -> Any:  # MicroLookups (or mixed.py's MixedMicro)
         cold = self.embeddings.gather_cold(micro)
         self._window["gather"] += cold.gather_s
         self._window["transfer"] += cold.transfer_s
@@ -251,9 +251,9 @@ class HotlineSteps:
             "transfer_ms": 1000 * transfer / steps,
             "gather_wait_ms": 1000 * wait / steps,
             "gather_hidden": max(0.0, 1 - wait / busy) if busy > 0 else 1.0,
-            "gather_threads": float(getattr(self.embeddings.tier, "gather_threads", 1)),
+            "gather_threads": float(self.embeddings.gather_threads),
             # embeddings.kernels: 1 where the hot tier runs on the Triton kernels
-            "hot_tier_triton": float(self.embeddings.hot.on_triton()),
+            "hot_tier_triton": float(self.embeddings.on_triton()),
             # hotline.refresh_every: re-profiles and the mean pause each cost the step loop
             "refreshes": w["refreshes"],
             "refresh_pause_ms": 1000 * w["refresh"] / w["refreshes"] if w["refreshes"] else 0.0,

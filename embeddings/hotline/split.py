@@ -17,11 +17,16 @@ The header is the only thing the host must read before it can cut (the micro-bat
 shapes depend on it): 56 bytes, copied on the side stream that classified. Then every
 micro-batch is static slices and ``index_select``s of these tensors
 (``micro_lookups``), and only the U cold ids go to the host for its gather.
+
+Tables of several dtypes (hotline/mixed.py: a collection per dtype): ``split_jointly``
+splits each group's lookups with one popular mask, the AND of the groups' (a sample
+is popular only if every lookup of it, in every group, is hot); the groups' headers
+are one tensor [7 * groups], read once (``JointSplit.read_sizes``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 import torch
 
@@ -44,6 +49,10 @@ class DeviceSplit:
     unique_cold: torch.Tensor  # [N], first U valid
     cold_local: torch.Tensor  # [N], meaningful where cold
     header: torch.Tensor  # [7] int64, see HEADER
+
+    def read_sizes(self, header: torch.Tensor) -> Sizes:
+        """``header`` (the host's copy of ``self.header``) read."""
+        return Sizes.read(header)
 
 
 @dataclass
@@ -96,17 +105,33 @@ class MicroLookups:
         return self.hot_slots.numel() + self.cold_local.numel()
 
 
-def split_on_device(lookups: Lookups, mean: bool, by_popularity: bool = True) -> DeviceSplit:
-    """Classify ``lookups`` (already located in the hot tier) into groups and segments,
-    and compact the unique cold ids; every size static (see the module docstring)."""
-    ids, lengths, is_hot = lookups.ids, lookups.lengths, lookups.is_hot
-    n, features, batch = ids.numel(), lookups.num_features, lookups.batch
-    device = ids.device
-    bags = torch.arange(features * batch, device=device)
+def _cold_lengths(lookups: Lookups) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(each lookup's bag [N], whether cold [N] int64, each bag's cold lookups [F*B])."""
+    lengths, n = lookups.lengths, lookups.ids.numel()
+    bags = torch.arange(lookups.num_features * lookups.batch, device=lengths.device)
     bag = torch.repeat_interleave(bags, lengths, output_size=n)
-    cold = (~is_hot).to(torch.int64)
-    cold_lengths = torch.zeros_like(lengths).index_add_(0, bag, cold.to(lengths.dtype))
-    popular = cold_lengths.view(features, batch).sum(dim=0) == 0
+    cold = (~lookups.is_hot).to(torch.int64)
+    return bag, cold, torch.zeros_like(lengths).index_add_(0, bag, cold.to(lengths.dtype))
+
+
+def popular_samples(lookups: Lookups) -> torch.Tensor:
+    """[B] bool: samples none of whose lookups is cold."""
+    cold_lengths = _cold_lengths(lookups)[2]
+    return cold_lengths.view(lookups.num_features, lookups.batch).sum(dim=0) == 0
+
+
+def split_on_device(lookups: Lookups, mean: bool, by_popularity: bool = True,
+                    popular: torch.Tensor | None = None) -> DeviceSplit:
+    """Classify ``lookups`` (already located in the hot tier) into groups and segments,
+    and compact the unique cold ids; every size static (see the module docstring).
+    ``popular`` [B]: the popular samples, where other lookups than these decide too
+    (``split_jointly``); by default those of ``lookups``."""
+    ids, lengths, is_hot = lookups.ids, lookups.lengths, lookups.is_hot
+    features, batch = lookups.num_features, lookups.batch
+    device = ids.device
+    bag, cold, cold_lengths = _cold_lengths(lookups)
+    if popular is None:
+        popular = cold_lengths.view(features, batch).sum(dim=0) == 0
     group = (~popular).to(torch.int64) if by_popularity else torch.zeros(batch, dtype=torch.int64, device=device)
     sample = bag % batch if batch else bag
     segment = 2 * group.index_select(0, sample) + cold
@@ -123,6 +148,44 @@ def split_on_device(lookups: Lookups, mean: bool, by_popularity: bool = True) ->
                         popular.sum().view(1)])
     return DeviceSplit(lookups, group, sample_order, perm, lengths - cold_lengths, cold_lengths, scale,
                        unique_cold, cold_local, header)
+
+
+@dataclass
+class JointSizes(Sizes):
+    """A joint split's header read: the parts' sizes summed (``group0`` and ``popular``
+    are every part's), and each part's own (``parts``)."""
+
+    parts: list[Sizes] = field(default_factory=list)
+
+
+@dataclass
+class JointSplit:
+    """Lookups of several collections (one per table dtype) split with one popular
+    mask: a sample is popular only if every lookup of it, in every part, is hot. Each
+    part is a ``DeviceSplit`` of its own lookups; the header is theirs end to end."""
+
+    parts: list[DeviceSplit]
+    sample_order: torch.Tensor  # [B] every part's (same groups, so the same order)
+    header: torch.Tensor  # [7 * parts] int64
+
+    def read_sizes(self, header: torch.Tensor) -> JointSizes:
+        """``header`` (the host's copy of ``self.header``) read: one ``tolist``."""
+        width = len(HEADER)
+        values = header.tolist()
+        parts = [Sizes(*values[i:i + width]) for i in range(0, len(values), width)]
+        summed = [sum(getattr(p, name) for p in parts) for name in HEADER]
+        summed[0], summed[-1] = parts[0].group0, parts[0].popular
+        return JointSizes(*summed, parts=parts)
+
+
+def split_jointly(parts: list[Lookups], mean: bool, by_popularity: bool = True) -> JointSplit:
+    """Each part classified on its own, then split by the popular mask they make
+    together (the AND of theirs): no size read, no wait, as ``split_on_device``."""
+    popular = popular_samples(parts[0])
+    for lookups in parts[1:]:
+        popular = popular & popular_samples(lookups)
+    splits = [split_on_device(lookups, mean, by_popularity, popular) for lookups in parts]
+    return JointSplit(splits, splits[0].sample_order, torch.cat([s.header for s in splits]))
 
 
 def compact_cold(ids: torch.Tensor, is_hot: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -169,9 +232,11 @@ def micro_lookups(split: DeviceSplit, sizes: Sizes, group: int) -> MicroLookups:
     )
 
 
-def split_tensors(split: DeviceSplit) -> list[torch.Tensor]:
+def split_tensors(split: DeviceSplit | JointSplit) -> list[torch.Tensor]:
     """Every tensor of ``split`` (with its lookups'): what another stream must
     ``record_stream`` when it reads them."""
+    if isinstance(split, JointSplit):
+        return [t for part in split.parts for t in split_tensors(part)]
     found = [split.lookups.ids, split.lookups.values, split.lookups.lengths, split.lookups.is_hot,
              split.lookups.slot]
     for f in fields(split):
@@ -181,8 +246,9 @@ def split_tensors(split: DeviceSplit) -> list[torch.Tensor]:
     return found
 
 
-def samples_of(split: DeviceSplit, sizes: Sizes, group: int) -> torch.Tensor:
-    """``group``'s samples [b], in batch order (rows of the mini-batch's dense and labels)."""
+def samples_of(split: DeviceSplit | JointSplit, sizes: Sizes, group: int) -> torch.Tensor:
+    """``group``'s samples [b], in batch order (rows of the mini-batch's dense and labels;
+    a joint split's parts share them)."""
     return split.sample_order[:sizes.group0] if group == 0 else split.sample_order[sizes.group0:]
 
 

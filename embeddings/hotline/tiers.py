@@ -147,6 +147,19 @@ class HotlineEmbeddingCollection(EmbeddingCollection):
         return self.tier.collective
 
     @property
+    def hot_device(self) -> torch.device:
+        return self.hot.device
+
+    @property
+    def gather_threads(self) -> int:
+        """Host threads of one cold gather (several ranks: 1, the owners' lookups)."""
+        return int(getattr(self.tier, "gather_threads", 1))
+
+    def on_triton(self) -> bool:
+        """Whether the hot tier's lookups take the Triton kernels."""
+        return self.hot.on_triton()
+
+    @property
     def hot_ids(self) -> torch.Tensor:
         return self.hot.ids
 
@@ -233,9 +246,12 @@ class HotlineEmbeddingCollection(EmbeddingCollection):
             cached = self._offsets_cache[device] = self.feature_offsets.to(device)
         return cached
 
-    def split_on_device(self, sparse: KeyedJagged, by_popularity: bool = True) -> DeviceSplit:
+    def split_on_device(self, sparse: KeyedJagged, by_popularity: bool = True,
+                        host: KeyedJagged | None = None) -> DeviceSplit:
         """``sparse`` classified once where its ids are (the device, in training) and
-        cut into static-size parts (split.py); nothing here waits for the device."""
+        cut into static-size parts (split.py); nothing here waits for the device.
+        ``host`` (the batch's host copy) is for collections that route by value counts
+        (mixed.py); one stack needs none."""
         return split_on_device(self._lookups(sparse), self.mean, by_popularity)
 
     def micro_batch(self, split: DeviceSplit, sizes: Sizes, group: int) -> MicroLookups:
