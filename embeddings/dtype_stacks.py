@@ -31,7 +31,7 @@ from torch import nn
 
 from embeddings.collection import EmbeddingCollection, LocalEmbeddingCollection
 from embeddings.interface import TableState
-from embeddings.jagged import columns_in_order, in_feature_order, split_features
+from embeddings.jagged import in_feature_order, split_features
 from embeddings.optim import SparseOptimizer
 from embeddings.table import TableSpec
 
@@ -43,7 +43,63 @@ if TYPE_CHECKING:
 ROUTE_PARTS = ("row_base", "keys", "row_shift", "col0")
 
 
-class DtypeStacks(EmbeddingCollection):
+class PerDtype(EmbeddingCollection):
+    """What a collection of one part per table dtype (``parts()``, each a collection of
+    its dtype's tables, in the order the dtypes first appear) does the same way, whatever
+    the parts are: DtypeStacks here, Hotline's MixedHotlineCollection. Pooled columns
+    come back in feature order through ``column_order`` (a buffer: made once, it
+    follows ``.to(device)``; a tensor made per step would be a host-to-device copy)."""
+
+    tables: list[TableSpec]
+    features: list[str]
+    dim: int
+
+    def parts(self) -> list[EmbeddingCollection]:
+        raise NotImplementedError
+
+    def _order_columns(self, device: torch.device | str) -> None:
+        """Register ``column_order`` on ``device`` (where the pooled columns are made):
+        each feature's column among the parts' columns."""
+        concat = [f for part in self.parts() for f in part.features]
+        order = torch.tensor([concat.index(f) for f in self.features], device=device)
+        self.register_buffer("column_order", order, persistent=False)
+
+    def columns_in_feature_order(self, pooled: list[torch.Tensor]) -> torch.Tensor:
+        """Each part's pooled [B, len(part.features)*D] as one [B, F*D], feature order."""
+        batch = pooled[0].shape[0]
+        columns = torch.cat([p.view(batch, len(part.features), self.dim)
+                             for p, part in zip(pooled, self.parts(), strict=True)], dim=1)
+        return columns.index_select(1, self.column_order).reshape(batch, len(self.features) * self.dim)
+
+    def set_lr(self, lr: float) -> None:
+        for part in self.parts():
+            part.set_lr(lr)
+
+    def step(self) -> None:
+        for part in self.parts():
+            part.step()
+
+    def kv_gradients(self) -> dict[str, KVGradient]:
+        return {name: grad for part in self.parts() for name, grad in part.kv_gradients().items()}
+
+    def export_tables(self) -> dict[str, torch.Tensor]:
+        return {key: t for part in self.parts() for key, t in part.export_tables().items()}
+
+    def import_tables(self, tensors: dict[str, torch.Tensor]) -> None:
+        for part in self.parts():  # each takes its own tables' keys
+            part.import_tables(tensors)
+
+    def _held(self) -> tuple[list, dict]:
+        """The parts' held tables and their sharding, as one ``TableState`` lists them."""
+        held, sharding = [], {}
+        for part in self.parts():
+            state = part.table_state()
+            held += state.held
+            sharding.update(state.sharding)
+        return held, sharding
+
+
+class DtypeStacks(PerDtype):
     """``LocalEmbeddingCollection``'s interface over tables of several dtypes: one
     stack per dtype (``stacks``, in the order the dtypes first appear)."""
 
@@ -67,6 +123,10 @@ class DtypeStacks(EmbeddingCollection):
             route = stack.route_among(self.features)
             for part in ROUTE_PARTS:
                 self.register_buffer(f"route{i}_{part}", getattr(route, part), persistent=False)
+        self._order_columns(device)
+
+    def parts(self) -> list[EmbeddingCollection]:
+        return list(self.stacks)
 
     def _route(self, i: int) -> FeatureRoute:
         from embeddings.kernels.lookup import FeatureRoute
@@ -82,39 +142,15 @@ class DtypeStacks(EmbeddingCollection):
         is split by stack."""
         groups = [s.features for s in self.stacks]
         if not self.on_triton():
-            pooled = [s(part) for s, part in zip(self.stacks, split_features(sparse, groups), strict=True)]
-            return columns_in_order(pooled, groups, self.features, self.dim)
+            return self.columns_in_feature_order(
+                [s(part) for s, part in zip(self.stacks, split_features(sparse, groups), strict=True)])
         values, lengths, batch = in_feature_order(sparse, self.features)
         out = self.stacks[0].pooled_among(values, lengths, batch, self._route(0))
         for i in range(1, len(self.stacks)):
             out = out + self.stacks[i].pooled_among(values, lengths, batch, self._route(i))
         return out
 
-    # ------------------------------------------------------------------ updates
-    def set_lr(self, lr: float) -> None:
-        for s in self.stacks:
-            s.set_lr(lr)
-
-    def step(self) -> None:
-        for s in self.stacks:
-            s.step()
-
-    def kv_gradients(self) -> dict[str, KVGradient]:
-        return {name: grad for s in self.stacks for name, grad in s.kv_gradients().items()}
-
     # ------------------------------------------------------------------ state
-    def export_tables(self) -> dict[str, torch.Tensor]:
-        return {key: t for s in self.stacks for key, t in s.export_tables().items()}
-
-    def import_tables(self, tensors: dict[str, torch.Tensor]) -> None:
-        for s in self.stacks:  # each takes its own tables' keys
-            s.import_tables(tensors)
-
     def table_state(self) -> TableState:
         """Every table whole, each in its stack's type (tables in their run order)."""
-        held, sharding = [], {}
-        for s in self.stacks:
-            state = s.table_state()
-            held += state.held
-            sharding.update(state.sharding)
-        return TableState(self.tables, held, sharding, self.optimizer)
+        return TableState(self.tables, *self._held(), self.optimizer)

@@ -117,11 +117,3 @@ def split_features(sparse: KeyedJagged, groups: list[list[str]]) -> list[KeyedJa
     counts = [int(n) for n in torch.stack([p.sum() for p in parts]).tolist()] if parts else []
     return [JaggedFeatures(g, v, n, batch) for g, v, n in zip(groups, values.split(counts), parts, strict=True)]
 
-
-def columns_in_order(pooled: list[torch.Tensor], groups: list[list[str]], features: list[str],
-                     dim: int) -> torch.Tensor:
-    """Pooled [B, len(g)*D] of each group put together as [B, F*D] in ``features``' order."""
-    concat = [f for g in groups for f in g]
-    order = torch.tensor([concat.index(f) for f in features], device=pooled[0].device)
-    batch = pooled[0].shape[0]
-    return torch.cat([p.view(batch, -1, dim) for p in pooled], dim=1).index_select(1, order).reshape(batch, -1)

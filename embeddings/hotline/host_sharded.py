@@ -41,6 +41,7 @@ class ShardedHostTier:
     """``HostTier`` of several ranks (see host_tier.py); gradients are always kept."""
 
     collective = True
+    gather_threads = 1  # a cold lookup is the owners' lookups, one collective
 
     def __init__(
         self,

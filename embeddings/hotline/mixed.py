@@ -45,6 +45,7 @@ import torch
 from torch import nn
 
 from embeddings.collection import EmbeddingCollection
+from embeddings.dtype_stacks import PerDtype
 from embeddings.hotline.lookups import HOT_ONLY, ColdRows
 from embeddings.hotline.refresh import RefreshPlan
 from embeddings.hotline.split import JointSizes, JointSplit, MicroLookups, split_jointly
@@ -60,7 +61,6 @@ if TYPE_CHECKING:
     from data.jagged import KeyedJagged
     from embeddings.hotline.lookups import ColdPooled
     from embeddings.hotline.profile import HotProfile
-    from embeddings.kv import KVGradient
 
 
 @dataclass
@@ -119,7 +119,7 @@ def hotline_collection(tables: list[TableSpec], profile: HotProfile, optimizer: 
     return HotlineEmbeddingCollection(tables, profile, optimizer, **kwargs)  # type: ignore[arg-type]
 
 
-class MixedHotlineCollection(EmbeddingCollection):
+class MixedHotlineCollection(PerDtype):
     """``HotlineEmbeddingCollection``'s interface over tables of several dtypes: a
     Hotline collection per dtype (``groups``, in the order the dtypes first appear)."""
 
@@ -159,7 +159,10 @@ class MixedHotlineCollection(EmbeddingCollection):
             self.bases.append(rows)
             rows += sum(t.rows for t in mine)
         self.optimizer = self.groups[0].optimizer
-        self._order: dict[torch.device, torch.Tensor] = {}
+        self._order_columns(device)
+
+    def parts(self) -> list[EmbeddingCollection]:
+        return list(self.groups)
 
     # ------------------------------------------------------------------ what the trainer asks
     @property
@@ -270,32 +273,9 @@ class MixedHotlineCollection(EmbeddingCollection):
                 assert isinstance(cold, GroupCold)
                 arg = Prefetched(part, cold.parts[i])
             pooled.append(g(arg))
-        batch = pooled[0].shape[0]
-        columns = torch.cat([p.view(batch, len(g.features), self.dim) for p, g in zip(pooled, self.groups, strict=True)],
-                            dim=1)
-        return columns.index_select(1, self._order_on(columns.device)).reshape(batch, len(self.features) * self.dim)
+        return self.columns_in_feature_order(pooled)
 
-    def _order_on(self, device: torch.device) -> torch.Tensor:
-        """Each feature's column among the groups' pooled columns, copied to ``device``
-        once (made there on every step, it would be a host-to-device copy a step)."""
-        order = self._order.get(device)
-        if order is None:
-            concat = [f for g in self.groups for f in g.features]
-            order = self._order[device] = torch.tensor([concat.index(f) for f in self.features], device=device)
-        return order
-
-    # ------------------------------------------------------------------ updates
-    def set_lr(self, lr: float) -> None:
-        for g in self.groups:
-            g.set_lr(lr)
-
-    def step(self) -> None:
-        for g in self.groups:
-            g.step()
-
-    def kv_gradients(self) -> dict[str, KVGradient]:
-        return {name: grad for g in self.groups for name, grad in g.kv_gradients().items()}
-
+    # ------------------------------------------------------------------ refresh
     def plan_refresh(self, profile: HotProfile) -> MixedRefreshPlan:
         """Each group's plan to ``profile``'s hot set (host arithmetic: any thread)."""
         return MixedRefreshPlan(profile, [g.plan_refresh(profile) for g in self.groups])
@@ -321,21 +301,9 @@ class MixedHotlineCollection(EmbeddingCollection):
             g.sync_to_host()
 
     # ------------------------------------------------------------------ state
-    def export_tables(self) -> dict[str, torch.Tensor]:
-        return {key: t for g in self.groups for key, t in g.export_tables().items()}
-
-    def import_tables(self, tensors: dict[str, torch.Tensor]) -> None:
-        for g in self.groups:  # each takes its own tables' keys
-            g.import_tables(tensors)
-
     def table_state(self) -> TableState:
         """The groups' host tiers as one ``TableState`` (tables in their run order)."""
-        held, sharding = [], {}
-        for g in self.groups:
-            state = g.table_state()
-            held += state.held
-            sharding.update(state.sharding)
-        return TableState(self.tables, held, sharding, self.optimizer, plan=self._plan, group=self._group)
+        return TableState(self.tables, *self._held(), self.optimizer, plan=self._plan, group=self._group)
 
     def tables_loaded(self) -> None:
         for g in self.groups:

@@ -114,24 +114,25 @@ def _cold_lengths(lookups: Lookups) -> tuple[torch.Tensor, torch.Tensor, torch.T
     return bag, cold, torch.zeros_like(lengths).index_add_(0, bag, cold.to(lengths.dtype))
 
 
-def popular_samples(lookups: Lookups) -> torch.Tensor:
+def _popular(cold_lengths: torch.Tensor, lookups: Lookups) -> torch.Tensor:
     """[B] bool: samples none of whose lookups is cold."""
-    cold_lengths = _cold_lengths(lookups)[2]
     return cold_lengths.view(lookups.num_features, lookups.batch).sum(dim=0) == 0
 
 
 def split_on_device(lookups: Lookups, mean: bool, by_popularity: bool = True,
-                    popular: torch.Tensor | None = None) -> DeviceSplit:
+                    popular: torch.Tensor | None = None,
+                    counted: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> DeviceSplit:
     """Classify ``lookups`` (already located in the hot tier) into groups and segments,
     and compact the unique cold ids; every size static (see the module docstring).
     ``popular`` [B]: the popular samples, where other lookups than these decide too
-    (``split_jointly``); by default those of ``lookups``."""
+    (``split_jointly``, which passes its ``_cold_lengths`` as ``counted``); by default
+    those of ``lookups``."""
     ids, lengths, is_hot = lookups.ids, lookups.lengths, lookups.is_hot
-    features, batch = lookups.num_features, lookups.batch
+    batch = lookups.batch
     device = ids.device
-    bag, cold, cold_lengths = _cold_lengths(lookups)
+    bag, cold, cold_lengths = counted if counted is not None else _cold_lengths(lookups)
     if popular is None:
-        popular = cold_lengths.view(features, batch).sum(dim=0) == 0
+        popular = _popular(cold_lengths, lookups)
     group = (~popular).to(torch.int64) if by_popularity else torch.zeros(batch, dtype=torch.int64, device=device)
     sample = bag % batch if batch else bag
     segment = 2 * group.index_select(0, sample) + cold
@@ -181,10 +182,11 @@ class JointSplit:
 def split_jointly(parts: list[Lookups], mean: bool, by_popularity: bool = True) -> JointSplit:
     """Each part classified on its own, then split by the popular mask they make
     together (the AND of theirs): no size read, no wait, as ``split_on_device``."""
-    popular = popular_samples(parts[0])
-    for lookups in parts[1:]:
-        popular = popular & popular_samples(lookups)
-    splits = [split_on_device(lookups, mean, by_popularity, popular) for lookups in parts]
+    counted = [_cold_lengths(lookups) for lookups in parts]
+    popular = _popular(counted[0][2], parts[0])
+    for lookups, (_, _, cold_lengths) in zip(parts[1:], counted[1:]):
+        popular = popular & _popular(cold_lengths, lookups)
+    splits = [split_on_device(lookups, mean, by_popularity, popular, c) for lookups, c in zip(parts, counted)]
     return JointSplit(splits, splits[0].sample_order, torch.cat([s.header for s in splits]))
 
 

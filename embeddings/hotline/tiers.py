@@ -153,7 +153,7 @@ class HotlineEmbeddingCollection(EmbeddingCollection):
     @property
     def gather_threads(self) -> int:
         """Host threads of one cold gather (several ranks: 1, the owners' lookups)."""
-        return int(getattr(self.tier, "gather_threads", 1))
+        return self.tier.gather_threads
 
     def on_triton(self) -> bool:
         """Whether the hot tier's lookups take the Triton kernels."""
