@@ -215,3 +215,31 @@ def test_half_table_lines_pair_rows_of_a_rank_count() -> None:
     assert "vs_fp32_tables" not in rows[2] and "vs_fp32_tables" not in rows[3]  # no native row at 2 ranks
     assert lines == [("native_bf16_tables@1 / native@1: samples/s 1.100x, table bytes 0.500x "
                       "(issue 24: >= 1.0x at 0.5x +- 2% of the bytes)")]
+
+
+def test_a_failed_run_is_reported_and_the_others_still_run(monkeypatch, tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """--keep-going (the default): a run that exits non-zero is listed, the runs after it
+    still run and print their line as each ends; --no-keep-going stops at it."""
+    import argparse
+
+    from dlrm.bench import run as bench_run
+
+    def fake_run(config, overrides, engine, ranks, steps, data_dir, runs, round_=0):
+        if engine == "hotline":
+            raise bench_run.RunFailed(f"{engine} on {ranks} rank(s) exited 3; log x.log", 3, Path("x.log"))
+        return {"engine": engine, "ranks": ranks, "samples_per_s": 1000.0 * (1 + len(engine)),
+                "sections_ms": {"lookup": 1.5, "mlp": None}, "wall_s": 2.0}
+
+    monkeypatch.setattr(bench_run, "run_engine", fake_run)
+    a = argparse.Namespace(repeat=1, ranks=[1], engines=["native", "hotline", "host_embedding"],
+                           config="c.yaml", overrides=[], keep_going=True)
+    runs, failed = bench_run.run_all(a, 5, tmp_path, tmp_path)
+    assert [r["engine"] for r in runs] == ["native", "host_embedding"]
+    assert [(f["engine"], f["code"]) for f in failed] == [("hotline", 3)]
+    out = capsys.readouterr().out
+    assert "native@1: 7,000 samples/s (ms/step: lookup 1.5), 2 s wall" in out
+    assert out.index("FAILED hotline") < out.index("host_embedding@1: 15,000 samples/s")
+    a.keep_going = False
+    with pytest.raises(bench_run.RunFailed):
+        bench_run.run_all(a, 5, tmp_path, tmp_path)

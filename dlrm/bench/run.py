@@ -72,7 +72,16 @@ STAMP = "generate.json"
 
 
 class BenchError(UserError):
-    """A benchmark run that failed; names the run and its log."""
+    """A benchmark that cannot go on; names what failed."""
+
+
+class RunFailed(BenchError):
+    """One training run that exited non-zero: its message names the run and its log."""
+
+    def __init__(self, message: str, code: int, log: Path) -> None:
+        super().__init__(message)
+        self.code = code
+        self.log = log
 
 
 # ------------------------------------------------------------------ command
@@ -98,11 +107,9 @@ def cmd_bench(argv: list[str]) -> int:
     a.overrides = [stated_rows_override(cfg), *a.overrides]
     # Rounds interleave the engines (A B A B, not A A B B), so a slow spell of a
     # shared machine falls on every engine rather than on one.
-    runs = [
-        run_engine(a.config, a.overrides, engine, n, steps, data_dir, out / "runs", round_=r)
-        for r in range(a.repeat) for n in a.ranks for engine in a.engines
-        if not (engine == "torch_baseline" and n > 1)  # one process by design
-    ]
+    runs, failed = run_all(a, steps, data_dir, out / "runs")
+    if not runs:
+        raise BenchError("every run failed:\n" + "\n".join(f["error"] for f in failed))
     rows = merge_rounds(runs)
     for row in rows:
         settings = [o for o in [*engine_overrides(row["engine"]), *a.overrides]
@@ -143,11 +150,47 @@ def cmd_bench(argv: list[str]) -> int:
     if "h2d_pinned_gb_s" in limit:
         print(format_gpu(limit, rows))
     report = {"config": a.config, "steps": steps, "rows": rows, "limit": limit,
-              **({"hotline_budgets": sweep} if sweep else {})}
+              **({"hotline_budgets": sweep} if sweep else {}), **({"failed": failed} if failed else {})}
     write_json(out / "bench.json", report)
     write_png(out / "bench.png", rows, limit)
     print(f"wrote {out / 'bench.json'} and {out / 'bench.png'}")
-    return 0
+    for f in failed:
+        print(f"FAILED {f['engine']}@{f['ranks']}: exit {f['code']}, log {f['log']}")
+    return 1 if failed else 0
+
+
+def run_all(a: argparse.Namespace, steps: int, data_dir: Path, runs_dir: Path
+            ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Every (round, ranks, engine) run: (their rows, the failed ones). Each row is
+    printed as it ends, so a bench cut short by a time limit still shows what it
+    measured; ``--keep-going`` (the default) goes on past a failed run, which is
+    reported and makes the exit code 1 (``--no-keep-going``: the first failure ends it)."""
+    runs: list[dict[str, Any]] = []
+    failed: list[dict[str, Any]] = []
+    for r in range(a.repeat):
+        for n in a.ranks:
+            for engine in a.engines:
+                if engine == "torch_baseline" and n > 1:  # one process by design
+                    continue
+                try:
+                    row = run_engine(a.config, a.overrides, engine, n, steps, data_dir, runs_dir, round_=r)
+                except RunFailed as e:
+                    if not a.keep_going:
+                        raise
+                    print(f"FAILED {e}", flush=True)
+                    failed.append({"engine": engine, "ranks": n, "round": r, "code": e.code,
+                                   "log": str(e.log), "error": str(e)})
+                    continue
+                print(row_line(row), flush=True)
+                runs.append(row)
+    return runs, failed
+
+
+def row_line(row: dict[str, Any]) -> str:
+    """One run's result as it ends: samples/s, step sections, wall time."""
+    sections = " / ".join(f"{k} {v:.1f}" for k, v in (row.get("sections_ms") or {}).items() if v is not None)
+    return (f"  {row['engine']}@{row['ranks']}: {row['samples_per_s']:,.0f} samples/s"
+            + (f" (ms/step: {sections})" if sections else "") + f", {row['wall_s']:.0f} s wall")
 
 
 def reader_only(a: argparse.Namespace, cfg: Config, out: Path, data_dir: Path) -> int:
@@ -215,7 +258,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--repeat", type=int, default=1,
                    help="rounds of every run, interleaved; each row is the median round")
     p.add_argument("--engines", default=",".join(ENGINES),
-                   help=f"comma-separated subset of {', '.join(ENGINES)} (default: all)")
+                   help=f"comma-separated subset of {', '.join(ENGINES)} (default: all; "
+                        "empty with --hotline-budgets: the sweep's rows alone)")
     p.add_argument("--hotline-budgets", default=None,
                    help="comma-separated hotline.budget sizes, one hotline row each (e.g. 64MB,2GB)")
     p.add_argument("--reader-only", action="store_true", help="only Parquet decode rate on one core")
@@ -231,6 +275,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--fit-workers", default="0", help="--fit-only: comma-separated worker counts")
     p.add_argument("--fit-memory", action=argparse.BooleanOptionalAction, default=True,
                    help="--fit-only: also the peak-memory runs (--no-fit-memory: rates only)")
+    p.add_argument("--keep-going", action=argparse.BooleanOptionalAction, default=True,
+                   help="go on past a failed run, report it and exit 1 (--no-keep-going: stop at it)")
     p.add_argument("overrides", nargs="*", help="key.sub=value config overrides")
     a = p.parse_args(argv)
     try:
@@ -241,7 +287,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
         raise BenchError(f"--ranks {a.ranks}: rank counts must be >= 1")
     a.engines = [e.strip() for e in a.engines.split(",") if e.strip()]
     unknown = [e for e in a.engines if e not in ENGINES]
-    if unknown or not a.engines:
+    if unknown or not (a.engines or a.hotline_budgets):  # --engines "" with budgets: the sweep alone
         raise BenchError(f"--engines {unknown or a.engines}: choose from {', '.join(ENGINES)}")
     a.engines += budget_engines(a.hotline_budgets)
     if a.repeat < 1:
@@ -361,7 +407,7 @@ def run_engine(config: str, overrides: list[str], engine: str, ranks: int, steps
         code = subprocess.run(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, check=False).returncode
     if code != 0:
         tail = log.read_text()[-2000:]
-        raise BenchError(f"{engine} on {ranks} rank(s) exited {code}; log {log}:\n{tail}")
+        raise RunFailed(f"{engine} on {ranks} rank(s) exited {code}; log {log}:\n{tail}", code, log)
     row = collect(run_dir / "metrics.jsonl")
     row.update(engine=engine, ranks=ranks, wall_s=time.perf_counter() - t0)
     # The run's final checkpoint (GBs for the bench tables) is of no use to the bench:
