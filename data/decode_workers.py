@@ -24,7 +24,9 @@ consumer and raised there when it reaches that window, exactly where the one-thr
 reader raises it. A worker that dies (killed, out of memory) is a
 :class:`DecodeWorkerError`, one line, as soon as the consumer waits on it; the next
 epoch starts a fresh pool. The batches already handed out stay valid: the consumer's
-mappings of a worker's shared memory outlive the worker.
+mappings of a worker's shared memory outlive the worker. The pool then closes: it stops
+the other workers and unlinks every block a worker made, named or half made (its names
+are the pool's, data/shm_batch.py), as ``close`` always does.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from typing import Any, TypeVar
 
 from data.background import in_background
 from data.errors import UserError
-from data.shm_batch import Abandoned
+from data.shm_batch import Abandoned, new_prefix, unlink_blocks
 
 T = TypeVar("T")
 _ITEM, _END, _ERROR = range(3)
@@ -70,10 +72,11 @@ class Transport:
     """How an item crosses from a worker to the consumer, through shared slots whose
     states both map (``state``: a byte array, one per slot; data/shm_batch.py).
 
-    ``ring(state)`` makes, in the worker, an object with ``start(alive)`` at each task,
+    ``ring(state, prefix)`` makes, in the worker, an object with ``start(alive)`` at each task,
     ``alloc`` (handed to the factory: where items are written), ``pack(item)`` (something
     small to pickle), ``unsent(message)`` (a packed item that was not sent after all) and
-    ``close()`` at exit. ``receiver(state)`` makes, in the consumer,
+    ``close()`` at exit, naming its shared memory ``{prefix}-...`` (what the pool
+    unlinks once the worker is gone). ``receiver(state)`` makes, in the consumer,
     one with ``unpack(message)`` and ``discard(message)`` (a message never handed out).
     The consumer keeps at most ``hold`` items of a worker in its slots (it copies past
     that). Module-level functions: they are pickled to the workers."""
@@ -109,9 +112,11 @@ class DecodePool:
         states = [ctx.RawArray("b", self.depth + self.transport.hold + _IN_FLIGHT)
                   for _ in range(self.workers)]
         self.receivers = [self.transport.receiver(state) for state in states]
+        self.prefix = new_prefix()  # of the workers' shared memory, unlinked by close()
         self.procs = [ctx.Process(target=_serve, name=f"ParquetDecode-{i}", daemon=True,
                                   args=(factory, self.tasks[i], self.queues[i], self.stop,
-                                        self.generation, self.transport.ring, states[i]))
+                                        self.generation, self.transport.ring, states[i],
+                                        f"{self.prefix}-w{i}"))
                       for i in range(self.workers)]
         for p in self.procs:
             p.start()
@@ -148,14 +153,19 @@ class DecodePool:
         """Worker i's next message of generation ``gen`` (older ones are skipped, their
         slots freed)."""
         while True:
-            message = _get(self.queues[i], self.procs[i], i)
+            try:
+                message = _get(self.queues[i], self.procs[i], i)
+            except DecodeWorkerError:
+                self.close()  # what the dead worker made, even half, is unlinked now
+                raise
             if message[0] == gen:
                 return message[1:]
             if message[1] == _ITEM:
                 self.receivers[i].discard(message[2])
 
     def close(self) -> None:
-        """Stop the workers (they unlink their shared memory) and wait for them."""
+        """Stop the workers (they unlink their shared memory) and wait for them; then
+        unlink what a worker that died or was killed left under the pool's prefix."""
         if not self.procs:
             return
         self.stop.set()
@@ -168,6 +178,7 @@ class DecodePool:
             q.cancel_join_thread()
             q.close()
         self.procs = []
+        unlink_blocks(self.prefix)  # every worker is gone: none is using them
 
 
 def _get(q: queue.Queue, proc: object, i: int) -> tuple[int, object]:
@@ -195,16 +206,16 @@ def _died(proc: object, i: int) -> DecodeWorkerError:
 
 
 def _serve(factory: Callable[..., Callable[[int], Iterable[T]]], tasks: object, q: object,
-           stop: object, generation: object, make_ring: Callable[[Any], Any],
-           state: object) -> None:
+           stop: object, generation: object, make_ring: Callable[[Any, str], Any],
+           state: object, prefix: str) -> None:
     """A worker's life: task after task (an epoch's windows) until ``stop``; then it
-    unlinks its shared memory."""
+    unlinks its shared memory (named under ``prefix``)."""
     import pyarrow as pa
     import torch
 
     torch.set_num_threads(1)
     pa.set_cpu_count(1)  # N workers on N cores: no pool of decode threads in each of them
-    ring = make_ring(state)
+    ring = make_ring(state, prefix)
     try:
         while not stop.is_set():  # type: ignore[attr-defined]
             try:

@@ -18,6 +18,12 @@ the one the device needs anyway.
 Fresh blocks would cost a page fault per 4 KiB on both sides; slots are reused, and
 the trainer maps each block once. The worker unlinks its blocks when it exits; the
 trainer's mappings (and the views in them) stay valid after that.
+
+Block names are made, not drawn: ``{prefix}-s{slot}-v{version}``, the prefix the
+pool's (``new_prefix``: trainer pid, a random token) and the worker's index. A worker
+killed anywhere, even between creating a block and registering it with the resource
+tracker, leaves only names under its prefix, which the trainer unlinks
+(``unlink_blocks``) when it finds the worker dead and when it closes the pool.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import collections
 import math
 import mmap
 import os
+import secrets
 import time
 import weakref
 from collections.abc import Callable
@@ -38,6 +45,7 @@ from data.batch import Batch
 from data.jagged import JaggedFeatures
 
 FREE, WRITING, SENT = 0, 1, 2
+_SHM_DIR = "/dev/shm"  # where Linux keeps POSIX shared memory
 _WAIT_S = 0.0005  # a worker with no free slot looks again after this long
 _ALIGN = 64  # bytes: each array of a slot starts on a cache line
 
@@ -93,9 +101,11 @@ class SlotRing:
     grown when a batch needs more). ``alloc`` is the decoder's ``Alloc``
     (data/rows.py): the batch is written in place; ``pack`` then queues its slot."""
 
-    def __init__(self, state: object) -> None:
+    def __init__(self, state: object, prefix: str) -> None:
         self.state = state  # RawArray("b", slots), shared with the Receiver
+        self.prefix = prefix  # of every block name: the trainer unlinks what a dead worker left
         self.blocks: list = [None] * len(state)  # type: ignore[arg-type]
+        self.versions = [0] * len(self.blocks)  # blocks made per slot (a grown one is a new name)
         self.base = [0] * len(self.blocks)  # each block's address here
         self.alive: Callable[[], bool] = lambda: True
         # slots allocated and not yet packed, in order: the decoder makes the items in
@@ -143,9 +153,12 @@ class SlotRing:
         if self.blocks[i] is not None:
             self.blocks[i].unlink()
             self._close(self.blocks[i])
-        # registered with the job's resource tracker: unlinked at the end even if this
-        # worker is killed before close()
-        shm = shared_memory.SharedMemory(create=True, size=size)
+        # a name under the worker's prefix: if the worker dies before close(), even before
+        # SharedMemory registers it with the job's resource tracker, the trainer finds it
+        # (a new version per block: the trainer's mappings are by name)
+        name = f"{self.prefix}-s{i}-v{self.versions[i]}"
+        self.versions[i] += 1
+        shm = shared_memory.SharedMemory(name=name, create=True, size=size)
         self.blocks[i] = shm
         self.base[i] = np.frombuffer(shm.buf, np.uint8).ctypes.data
 
@@ -181,6 +194,32 @@ class SlotRing:
                 shm.unlink()
                 self._close(shm)
         self.blocks = [None] * len(self.blocks)
+
+
+def new_prefix() -> str:
+    """A pool's block-name prefix: this (the trainer's) process and a random token, so
+    pools, readers and runs never share a name."""
+    return f"dlrm-{os.getpid()}-{secrets.token_hex(4)}"
+
+
+def unlink_blocks(prefix: str) -> list[str]:
+    """Unlink every block whose name starts with ``prefix-`` (those of workers that are
+    gone: a live one may still use them); the names unlinked. Each is also taken off the
+    resource tracker's list (registered first: a worker killed before registering it
+    left it off, and unregistering an unknown name makes the tracker print a traceback)."""
+    from multiprocessing import resource_tracker
+
+    gone = []
+    for name in sorted(os.listdir(_SHM_DIR)):
+        if name.startswith(f"{prefix}-"):
+            try:
+                os.unlink(os.path.join(_SHM_DIR, name))
+            except FileNotFoundError:  # unlinked already (another cleanup)
+                continue
+            resource_tracker.register(f"/{name}", "shared_memory")
+            resource_tracker.unregister(f"/{name}", "shared_memory")
+            gone.append(name)
+    return gone
 
 
 class Receiver:
@@ -233,7 +272,7 @@ def _attach(name: str) -> mmap.mmap:
     goes when the last array viewing it does."""
     mm = _MAPS.get(name)
     if mm is None:
-        fd = os.open(f"/dev/shm/{name}", os.O_RDWR)  # where Linux keeps POSIX shared memory
+        fd = os.open(os.path.join(_SHM_DIR, name), os.O_RDWR)
         try:
             mm = mmap.mmap(fd, 0)
         finally:

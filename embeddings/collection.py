@@ -29,7 +29,7 @@ from embeddings.jagged import bag_offsets, in_feature_order, permute_bags, stack
 from embeddings.kernels import KernelChoice, use_triton
 from embeddings.kv import KVGradient
 from embeddings.lookup import pooled_lookup
-from embeddings.narrow import fp16_overflow, warn_once
+from embeddings.narrow import fp16_overflow, fp16_overflow_line, warn_once
 from embeddings.optim import SparseOptimizer
 from embeddings.plan.sizes import format_bytes
 from embeddings.plan.types import Shard, ShardingPlan, ShardingType
@@ -214,6 +214,16 @@ class LocalEmbeddingCollection(EmbeddingCollection):
         for buf, values in (("_sr_starts", starts), ("_sr_keys", keys), ("_sr_rows0", rows0),
                             ("_sr_cols0", cols0), *by_feature.items()):
             self.register_buffer(buf, torch.tensor(values, dtype=torch.int64, device=device), persistent=False)
+        self._overflow_features: dict[str, list[str]] = {}  # counts buffer -> the features it counts
+        self._overflow_said: set[str] = set()  # tables warned of (the Triton path)
+        self._count_overflow_of("overflow_counts", self.features, device)
+
+    def _count_overflow_of(self, buffer: str, features: list[str], device: torch.device) -> None:
+        """The Triton update's fp16 overflow counts, per feature of its batches (``features``),
+        made here, not at the first step: a captured graph must not zero them per replay."""
+        self.register_buffer(buffer, torch.zeros(len(features), dtype=torch.int32, device=device),
+                             persistent=False)
+        self._overflow_features[buffer] = list(features)
 
     def _round_rows(self, ids: torch.Tensor) -> RowRounding:
         """Where stacked ``ids`` sit in their full tables: the stochastic rounding's
@@ -224,6 +234,25 @@ class LocalEmbeddingCollection(EmbeddingCollection):
                                      self._sr_keys[t], ids - self._sr_starts[t] + self._sr_rows0[t],
                                      self._sr_cols0[t])
         return self._rounding
+
+    def warn_fp16_overflow(self) -> None:
+        """The Triton path's fp16 overflow warning: one line per table whose update
+        rounded finite values to inf, said once, with the same text as the torch path
+        (which warns at its update). Reads the kernel's per-feature counts from the
+        device: call it where the host waits for the device anyway (the trainer's log,
+        checkpoint and end of training)."""
+        if self.weight_dtype != torch.float16 or not self.on_triton():
+            return
+        table_of = {f: t.name for t in self.tables for f in t.features}
+        per_table: dict[str, int] = {}
+        for buffer, features in self._overflow_features.items():
+            for feature, count in zip(features, self.get_buffer(buffer).tolist(), strict=True):
+                if count:  # another stack's features (a routed batch) never count
+                    per_table[table_of[feature]] = per_table.get(table_of[feature], 0) + count
+        for name, count in per_table.items():
+            if name not in self._overflow_said:
+                self._overflow_said.add(name)
+                warn_once(fp16_overflow_line(name, count))
 
     def _warn_overflow(self) -> None:
         """One line per fp16 table whose update overflowed (finite values became inf)."""
@@ -301,6 +330,7 @@ class LocalEmbeddingCollection(EmbeddingCollection):
         def pick(per_feature: torch.Tensor, other: int) -> torch.Tensor:
             return torch.where(known, per_feature[at], torch.full_like(per_feature[at], other))
 
+        self._count_overflow_of("overflow_counts_routed", features, self.feature_offsets.device)
         return FeatureRoute(pick(self.feature_offsets, -1), pick(self._sr_feature_keys, 0),
                             pick(self._sr_feature_row_shift, 0), pick(self._sr_feature_cols0, 0))
 
@@ -337,9 +367,9 @@ class LocalEmbeddingCollection(EmbeddingCollection):
         self.state["rounding_step"].add_(1)
         if route is not None:  # the batch's features, this stack's among others'
             return KernelRounding(self.rounding_seed, self.state["rounding_step"], route.keys, route.row_shift,
-                                  route.col0)
+                                  route.col0, self.overflow_counts_routed)
         return KernelRounding(self.rounding_seed, self.state["rounding_step"], self._sr_feature_keys,
-                              self._sr_feature_row_shift, self._sr_feature_cols0)
+                              self._sr_feature_row_shift, self._sr_feature_cols0, self.overflow_counts)
 
     def _device_scalars(self) -> None:
         """lr and per-table scalar state (Adam's step) on the weight's device, where the
@@ -453,6 +483,14 @@ class LocalEmbeddingCollection(EmbeddingCollection):
             held.append((whole, {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}))
             sharding[spec.name] = (ShardingType.TABLE_WISE, [whole])
         return TableState(self.tables, held, sharding, self.optimizer)
+
+
+def warn_fp16_overflow(model: nn.Module) -> None:
+    """``warn_fp16_overflow`` of every local collection in ``model`` (a stack, a shard
+    store, a dtype's stack): a host read of fp16 tables' overflow counts on the Triton path."""
+    for module in model.modules():
+        if isinstance(module, LocalEmbeddingCollection):
+            module.warn_fp16_overflow()
 
 
 def _one_layout(tables: list[TableSpec]) -> tuple[int, Pooling, torch.dtype]:

@@ -32,9 +32,13 @@ def fp16_overflow(table: str, values: torch.Tensor) -> str | None:
         over = int(torch.isinf(values).sum())
     else:
         over = int(((values.abs() > FP16_MAX) & torch.isfinite(values)).sum())
-    if not over:
-        return None
-    return (f"table {table}: {over:,} values overflow fp16 (|x| > {FP16_MAX:g}) and are stored as inf; "
+    return fp16_overflow_line(table, over) if over else None
+
+
+def fp16_overflow_line(table: str, count: int) -> str:
+    """The fp16 overflow warning for ``count`` values of ``table`` stored as inf (the
+    Triton update counts them on the device; the torch path counts the infs)."""
+    return (f"table {table}: {count:,} values overflow fp16 (|x| > {FP16_MAX:g}) and are stored as inf; "
             f"use embeddings.dtype=bf16 or fp32")
 
 

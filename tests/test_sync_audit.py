@@ -203,3 +203,27 @@ def test_cuda_steps_do_not_synchronise(tmp_path: Path) -> None:
         torch.cuda.set_sync_debug_mode("default")
     print(f"cuda bench step: {audit.compute_ops} compute ops; {dict(audit.ops.most_common(8))}")
     assert audit.violations == [], audit.violations
+
+
+@pytest.mark.slow
+def test_fp16_step_on_the_cuda_path_counts_overflow_on_the_device(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """fp16 tables on the Triton path with a learning rate that sends weights past
+    65504: the fused update counts the overflow on the device and the step reads
+    nothing; the run says it (embeddings/narrow.py's line) by its end, where the
+    trainer's final checkpoint waits for the device anyway. Reference: the torch path's
+    run, which warns at its update, names the same tables."""
+    from embeddings import narrow
+
+    named = {}
+    for kernels in ("triton", "torch"):
+        narrow._said.clear()
+        audit = audited_step(tmp_path, monkeypatch, kernels, ("embeddings.dtype=fp16", "optim.sparse_lr=1e9"))
+        lines = [line for line in capsys.readouterr().err.splitlines() if "overflow fp16" in line]
+        named[kernels] = sorted({line.split(":")[1].strip() for line in lines})
+        if kernels == "triton":
+            assert audit.violations == [], audit.violations
+            assert audit.ops["triton._runs_kernel"] == 1
+            assert len(lines) == len(named["triton"])  # one line a table (the torch path: one a step)
+    assert named["triton"] and named["triton"] == named["torch"], named

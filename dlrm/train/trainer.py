@@ -72,6 +72,7 @@ from dlrm.train.preemption import PREEMPTED, Preemption, signal_name
 from dlrm.train.profiling import StepProfiler
 from dlrm.train.staged import StagedBatches
 from dlrm.train.trace import RowTrace
+from embeddings.collection import warn_fp16_overflow
 from embeddings.hotline.lookups import HOT_ONLY
 from embeddings.interface import Prefetched
 from embeddings.narrow import bf16_small_lr
@@ -393,7 +394,8 @@ class Trainer:
         resumed run runs it first (``_eval_missed``)."""
         step, every = self.progress.global_step, self.cfg.train
         if every.log_every and step % every.log_every == 0:
-            window = self.meter.take_window()
+            window = self.meter.take_window()  # reads the loss: the host waits here anyway
+            warn_fp16_overflow(self.model)  # the Triton update's counts, read in that wait
             self.log.write({"event": "train", "step": step, **window})
             if self.hotline:
                 self.log.write({"event": "hotline", "step": step, **self.hotline.stats()})
@@ -426,6 +428,7 @@ class Trainer:
         return all_reduce_sum([missing], self.info)[0] > 0
 
     def save(self) -> None:
+        warn_fp16_overflow(self.model)  # a checkpoint waits for the device; the run's end saves too
         if self.schedule.saved_step == self.progress.global_step:
             return  # saved at this step already
         save_checkpoint(self.run_dir, self.model, self.dense_opt, self.progress, to_dict(self.cfg),

@@ -52,13 +52,16 @@ class KernelRounding:
     """What a fused update needs to round a half weight's rows: the seed's hash, the
     update count on the device ([1] int64, incremented before the launch) and, per
     feature of the batch, its table's key, the shift from stacked row to full-table
-    row, and the table's first column (all [F] int64 on the device)."""
+    row, and the table's first column (all [F] int64 on the device). ``overflow``
+    ([F] int32, optional): an fp16 weight's update adds there, per feature, the finite
+    values it rounded to inf (the host reads it where it waits anyway)."""
 
     seed: int
     step: torch.Tensor
     keys: torch.Tensor
     row_shift: torch.Tensor
     col0: torch.Tensor
+    overflow: torch.Tensor | None = None
 
 
 @triton.jit

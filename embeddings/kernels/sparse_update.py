@@ -20,7 +20,9 @@ sort after every row and no program applies them.
 
 Every shape is N, known before the step: no unique, no host sync. Each row is
 written by exactly one program (its run's head), so no atomics are needed, and the
-sum is taken in the same order as ``KVGradient.from_lookups``.
+sum is taken in the same order as ``KVGradient.from_lookups``. (One atomic add, rare:
+an fp16 row whose write made finite values inf counts them in a per-feature counter,
+``KernelRounding.overflow``, for the one-line warning of embeddings/narrow.py.)
 
 The optimizers are those of ``embeddings/optim.py``, with the same formulas:
 
@@ -44,6 +46,7 @@ import triton.language as tl
 
 from embeddings.kernels.pooled import block_d, warps
 from embeddings.kernels.rounding import (
+    FP16,
     NONE,
     KernelRounding,
     fmix32,
@@ -107,12 +110,25 @@ def _store_rounded(ptr, bits_ptr, at, x, in_row, feature, row, cols, key_xor,
     hash's table key is the table's xor ``key_xor``: 0 for the weight, crc32 of a state's
     name for that state's own stream (as embeddings/optim.py's put_state)."""
     if HALF == 0:
-        tl.store(ptr + at, x.to(ptr.dtype.element_ty), mask=in_row)
+        out = x.to(ptr.dtype.element_ty)
+        tl.store(ptr + at, out, mask=in_row)
     else:
         key = tl.load(keys_ptr + feature) ^ key_xor
         h_row = row_hash(seed_h, tl.load(rstep_ptr), key, row + tl.load(row_shift_ptr + feature))
         h = fmix32(h_row ^ (tl.load(col0_ptr + feature) + cols).to(tl.uint32))
-        tl.store(bits_ptr + at, rounded_bits(x, h, HALF), mask=in_row)
+        out = rounded_bits(x, h, HALF)
+        tl.store(bits_ptr + at, out, mask=in_row)
+    return out  # what was written (HALF: the int16 bits)
+
+
+@triton.jit
+def _count_overflow(overflow_ptr, feature, x, bits, in_row):
+    """Add to ``overflow_ptr[feature]`` the finite values of fp32 ``x`` whose fp16 ``bits``
+    are inf (the fp16 overflow warning, read by the host where it waits anyway). The
+    atomic runs only for a row that overflowed: the other rows touch no counter."""
+    finite = ((x.to(tl.uint32, bitcast=True) >> 23) & 0xFF) != 255
+    count = tl.sum((((bits & 0x7FFF) == 0x7C00) & finite & in_row).to(tl.int32), axis=0)
+    tl.atomic_add(overflow_ptr + feature, count, mask=count > 0)
 
 
 @triton.jit
@@ -157,9 +173,9 @@ def _runs_kernel(
     weight_ptr, state_ptr, state2_ptr, lr_ptr, step_ptr, out_ids_ptr, out_rows_ptr,
     n, batch, dim, stride_b, stride_f, eps, beta1, beta2, log_beta1, log_beta2,
     wbits_ptr, seed_h, rstep_ptr, keys_ptr, row_shift_ptr, col0_ptr,
-    sbits_ptr, s2bits_ptr, skey, s2key,
+    sbits_ptr, s2bits_ptr, skey, s2key, overflow_ptr,
     OPT: tl.constexpr, MEAN: tl.constexpr, BLOCK_D: tl.constexpr, HALF: tl.constexpr,
-    SHALF: tl.constexpr,
+    SHALF: tl.constexpr, OVERFLOW: tl.constexpr,
 ):
     i = tl.program_id(0)
     row = tl.load(sorted_ptr + i)
@@ -180,8 +196,10 @@ def _runs_kernel(
             w = _updated_row(g, w, at, in_row, row, dim, tl.load(lr_ptr), state_ptr, state2_ptr, step_ptr,
                              eps, beta1, beta2, log_beta1, log_beta2, sbits_ptr, s2bits_ptr, skey, s2key,
                              feature, cols, seed_h, rstep_ptr, keys_ptr, row_shift_ptr, col0_ptr, OPT, SHALF)
-            _store_rounded(weight_ptr, wbits_ptr, at, w, in_row, feature, row, cols, 0,
-                           seed_h, rstep_ptr, keys_ptr, row_shift_ptr, col0_ptr, HALF)
+            bits = _store_rounded(weight_ptr, wbits_ptr, at, w, in_row, feature, row, cols, 0,
+                                  seed_h, rstep_ptr, keys_ptr, row_shift_ptr, col0_ptr, HALF)
+            if OVERFLOW:  # fp16 weight with a counter: finite values made inf, per feature
+                _count_overflow(overflow_ptr, feature, w, bits, in_row)
 
 
 def optimizer_code(optimizer: SparseOptimizer) -> int:
@@ -224,6 +242,7 @@ def _launch_runs(grad_pooled, values, offsets, row_base, batch, mean, feature_ma
                rounding.keys, rounding.row_shift, rounding.col0) if rounding is not None
               else (dummy, 0, dummy, dummy, dummy, dummy))
     state_bits = [t.view(torch.int16) if half_state else dummy for t in (state, state2)]
+    overflow = rounding.overflow if rounding is not None and half == FP16 else None
     _runs_kernel[(n,)](
         sorted_ids, order, bag_of, offsets, grad_pooled.contiguous(),
         dummy if weight is None else weight, state, state2,
@@ -231,8 +250,9 @@ def _launch_runs(grad_pooled, values, offsets, row_base, batch, mean, feature_ma
         dummy if out_ids is None else out_ids, dummy if out_rows is None else out_rows,
         n, batch, dim, stride_b, stride_f, eps, betas[0], betas[1],
         math.log(betas[0]) if betas[0] > 0 else 0.0, math.log(betas[1]) if betas[1] > 0 else 0.0,
-        *rounds, *state_bits, *state_keys,
-        OPT=opt, MEAN=mean, BLOCK_D=block_d(dim), HALF=half, SHALF=half_state, num_warps=warps(dim),
+        *rounds, *state_bits, *state_keys, dummy if overflow is None else overflow,
+        OPT=opt, MEAN=mean, BLOCK_D=block_d(dim), HALF=half, SHALF=half_state, OVERFLOW=overflow is not None,
+        num_warps=warps(dim),
     )
 
 
