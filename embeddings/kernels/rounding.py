@@ -52,13 +52,18 @@ class KernelRounding:
     """What a fused update needs to round a half weight's rows: the seed's hash, the
     update count on the device ([1] int64, incremented before the launch) and, per
     feature of the batch, its table's key, the shift from stacked row to full-table
-    row, and the table's first column (all [F] int64 on the device)."""
+    row, and the table's first column (all [F] int64 on the device).
+
+    ``row_map`` [rows] int64 (a Hotline hot tier): the full-table row of each row of the
+    weight, used instead of ``row_shift``; a hot slot's row is ``ids[slot]`` minus its
+    table's start, no per-feature shift of the slot."""
 
     seed: int
     step: torch.Tensor
     keys: torch.Tensor
     row_shift: torch.Tensor
     col0: torch.Tensor
+    row_map: torch.Tensor | None = None
 
 
 @triton.jit
