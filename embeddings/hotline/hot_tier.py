@@ -194,8 +194,8 @@ class HotTier(nn.Module):
 
         step = self.state["rounding_step"]
         step.add_(1)
-        return KernelRounding(self.rounding_seed, step, self._sr_feature_keys, self._sr_feature_col0,
-                              self._sr_feature_col0, self._row_map)
+        zeros = self._sr_feature_col0  # column 0 per feature; the row shift, unread beside a row map
+        return KernelRounding(self.rounding_seed, step, self._sr_feature_keys, zeros, zeros, self._row_map)
 
     def set_lr(self, lr: float) -> None:
         self.lr = lr
