@@ -16,7 +16,8 @@ Half tensors and counters are compared bit for bit; fp32 ones within fp32 roundi
 The trainer's step is audited (``SyncAudit``): on the Triton path no op waits for the
 device, so neither the torch path's host read of the rounding step (``int(...)``:
 ``aten._local_scalar_dense``) nor its KV-gradient ``unique_consecutive`` is left
-(fused: the hot tiers' updates in the backward).
+(fused: the hot tiers' updates in the backward). And ``dlrm train`` (slow): bf16
+tables and Adam state on that path against ordinary training, and resumed bit-exact.
 """
 
 from __future__ import annotations
@@ -205,3 +206,39 @@ def test_held_half_gradients_by_stacked_id_are_the_torch_paths() -> None:
     for name in want:
         assert torch.equal(got[name].ids.cpu(), want[name].ids.cpu()), name
         torch.testing.assert_close(got[name].rows.cpu(), want[name].rows.cpu(), rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.slow
+def test_half_hotline_on_the_triton_kernels_trains_like_ordinary_and_resumes(tiny_data, tmp_path,
+                                                                            monkeypatch) -> None:
+    """``dlrm train`` with bf16 tables and bf16 Adam state, the hot tier on the Triton
+    kernels, against ordinary training (within fp32 rounding, norm-wise: a bag's hot
+    and cold parts are pooled apart, so the dense side's gradients may differ in their
+    last bits); stopped after 2 steps and resumed from its checkpoint, it equals the
+    uninterrupted run bit for bit (the rounding step and Adam's step come back)."""
+    from dlrm.train import trainer as trainer_module
+    from tests.run_state import RTOL, assert_states_close, run_state
+    from tests.test_hotline_train import HOTLINE, run
+
+    resumed_runs: list[bool] = []
+    resume = trainer_module.Trainer._resume
+    monkeypatch.setattr(trainer_module.Trainer, "_resume",
+                        lambda self: resumed_runs.append(resume(self)) or resumed_runs[-1])
+
+    common = ("optim.sparse=adam", "embeddings.dtype=bf16", "embeddings.state_dtype=bf16",
+              "data.batch_size=64", "train.max_steps=3")
+    triton = ("embeddings.kernels=triton", *HOTLINE)
+    run(tiny_data, tmp_path / "plain", *common)
+    summary = run(tiny_data, tmp_path / "hot", *common, *triton)
+    assert summary["hotline"]["hot_tier_triton"] == 1.0
+    assert 0.0 < summary["hotline"]["popular_share"] < 1.0  # both micro-batches ran
+    hot = run_state(tmp_path / "hot")
+    assert hot["tables.C1.weight"].dtype == torch.bfloat16
+    assert_states_close(hot, run_state(tmp_path / "plain"), "bf16 hotline triton", RTOL.get("adam", 1e-5))
+    run(tiny_data, tmp_path / "resumed", *common, "train.max_steps=2", *triton)
+    run(tiny_data, tmp_path / "resumed", *common, *triton)
+    assert resumed_runs == [False, False, False, True]  # the last one went on from step 2
+    resumed = run_state(tmp_path / "resumed")
+    assert resumed.keys() == hot.keys()
+    for key, value in hot.items():
+        assert torch.equal(resumed[key], value), key
