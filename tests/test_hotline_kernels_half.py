@@ -11,7 +11,9 @@ refreshes its hot set mid-run (slots move: a stale row map would round at the wr
 rows) and the Triton run is then resumed from its exported tables into a fresh
 collection of another seed (the rounding step comes back from the checkpoint).
 Half tensors and counters are compared bit for bit; fp32 ones within fp32 rounding
-(the torch path's update may fuse a multiply-add).
+(the torch path's update may fuse a multiply-add). Compiled on a GPU, where the
+kernel may contract a multiply-add too (a rounding moved with probability ~2^-13),
+half tensors are checked as the native path's GPU run checks them: nearly all bits.
 
 The trainer's step is audited (``SyncAudit``): on the Triton path no op waits for the
 device, so neither the torch path's host read of the rounding step (``int(...)``:
@@ -108,8 +110,11 @@ def assert_same(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], lab
     for key, value in want.items():
         other = got[key].to(value.device)
         assert other.dtype == value.dtype, f"{label} {key}"
-        if value.dtype in HALF or not value.is_floating_point():
+        if not value.is_floating_point() or (value.dtype in HALF and DEVICE.type == "cpu"):
             assert torch.equal(other, value), f"{label} {key}"
+        elif value.dtype in HALF:  # compiled, a contracted multiply-add may move a rounding
+            assert (other == value).float().mean() > 0.99, f"{label} {key}"
+            torch.testing.assert_close(other.float(), value.float(), rtol=2.0**-7, atol=1e-4)
         else:
             torch.testing.assert_close(other, value, rtol=1e-5, atol=1e-7, msg=f"{label} {key}")
 
