@@ -10,13 +10,18 @@ slots: device memory then grows with the hot set only (8 B per hot row) instead 
 log2(H) comparisons per lookup.
 
 Lookups: the torch path (``pooled_lookup``, KV gradients) or, with ``kernels``
-Triton (one process, fp32), the Triton kernels: ``hot_kernels.py``.
+Triton (one process; fp32, fp16 or bf16 rows and state), the Triton kernels:
+``hot_kernels.py``.
 
 fp16/bf16 tables: the hot rows are stored in the table's type and updated as the
 host tier (and a plain collection) updates them: computed in fp32, written back with
 stochastic rounding keyed by (seed, update count, full table, row, column), the row
 that of the full table (slot → stacked id → table, row): Hotline rounds every element
-as a single-process collection does, bit for bit.
+as a single-process collection does, bit for bit. The torch path finds a slot's table
+by a searchsorted and reads the update count on the host; the Triton update reads the
+count from the device (``rounding_step``, a [1] tensor incremented there before the
+launch) and the row from ``row_map`` [H] (int64, the full-table row of each slot,
+made at each load: 8 B per hot row), the table key from the lookup's feature.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from embeddings.table import TableSpec
 
 if TYPE_CHECKING:
     from embeddings.kernels.lookup import Bags
+    from embeddings.kernels.rounding import KernelRounding
 
 
 class HotTier(nn.Module):
@@ -48,8 +54,8 @@ class HotTier(nn.Module):
         """``tables`` (all of them, in stacking order) and ``rounding_seed``: where a
         stacked id's rounding coordinates come from (half tables or state).
         ``kernels``: the lookups' path (embeddings/kernels; ``auto``: Triton on CUDA),
-        taken by fp32 rows and state in one process (several ranks all-gather KV
-        gradients, which the torch path keeps)."""
+        taken in one process, rows and state of any table type (several ranks
+        all-gather KV gradients, which the torch path keeps)."""
         super().__init__()
         self.kernels = KernelChoice(kernels)
         self.one_process = one_process
@@ -65,6 +71,12 @@ class HotTier(nn.Module):
         self.register_buffer("_sr_starts", torch.tensor(starts, dtype=torch.int64), persistent=False)
         self.register_buffer("_sr_keys", torch.tensor([table_key(t.name) for t in tables or []],
                                                       dtype=torch.int64), persistent=False)
+        # per feature (the lookups' order: tables' features in stacking order), for the
+        # Triton update: its table's key; column 0 (a hot row is whole)
+        feature_keys = [table_key(t.name) for t in tables or [] for _ in t.features]
+        self.register_buffer("_sr_feature_keys", torch.tensor(feature_keys, dtype=torch.int64), persistent=False)
+        self.register_buffer("_sr_feature_col0", torch.zeros(len(feature_keys), dtype=torch.int64),
+                             persistent=False)
         self.fused = fused
         self.lr = 0.0
         self.kept: list[KVGradient] = []
@@ -72,16 +84,29 @@ class HotTier(nn.Module):
         self._ids_on: dict[torch.device, torch.Tensor] = {}
 
     def load(self, ids: torch.Tensor, weight: torch.Tensor, state: dict[str, torch.Tensor]) -> None:
-        """Hold rows ``weight`` [H, D] of stacked ``ids`` [H] (sorted), with ``state``."""
+        """Hold rows ``weight`` [H, D] of stacked ``ids`` [H] (sorted), with ``state``.
+        On the Triton path per-table scalars (Adam's step, the rounding step) move to the
+        weight's device, where the update kernel reads and counts them."""
         self.register_buffer("ids", ids, persistent=False)
         # Copies of the hot ids on other devices where ids may arrive (the trainer
         # classifies on the hot tier's device; callers may classify host batches):
         # one copy per refresh, not one per lookup.
         self._ids_on = {}
         self.weight = nn.Parameter(weight)
+        on_device = self.on_triton()
         for name, tensor in state.items():
-            self.register_buffer(f"optim_{name}", tensor)
+            self.register_buffer(f"optim_{name}", tensor.to(weight.device) if on_device else tensor)
         self._state_names = list(state)
+        self.register_buffer("_row_map", self._full_rows(ids), persistent=False)
+        for name in ("_sr_feature_keys", "_sr_feature_col0"):
+            self.register_buffer(name, self.get_buffer(name).to(weight.device), persistent=False)
+
+    def _full_rows(self, stacked: torch.Tensor) -> torch.Tensor:
+        """The full-table row of each stacked id (no tables given: one table from row 0)."""
+        if self._sr_starts.numel() == 0:
+            return stacked.clone()
+        starts = self._sr_starts.to(stacked.device)
+        return stacked - starts[torch.searchsorted(starts, stacked, right=True) - 1]
 
     @property
     def state(self) -> dict[str, torch.Tensor]:
@@ -103,8 +128,7 @@ class HotTier(nn.Module):
 
     def on_triton(self) -> bool:
         """Whether the lookups take the Triton kernels (see ``__init__``)."""
-        return (self.one_process and not self.optimizer.rounding and self.weight.dtype == torch.float32
-                and self.optimizer.state_dtype == torch.float32 and use_triton(self.kernels, self.device))
+        return self.one_process and use_triton(self.kernels, self.device)
 
     def lookup(
         self, slots: torch.Tensor, lengths: torch.Tensor, features: int,
@@ -157,7 +181,21 @@ class HotTier(nn.Module):
             grad, batch = self.weight.new_zeros(0, 0, self.weight.shape[1]), 0
             offsets = torch.zeros(1, dtype=torch.int64, device=self.device)
         backward_update(grad, slots, offsets, row_base, batch, False, True, self.weight.data,
-                        self.optimizer, self.state, self._lr_on_device)
+                        self.optimizer, self.state, self._lr_on_device, self._kernel_rounding())
+
+    def _kernel_rounding(self) -> KernelRounding | None:
+        """Half weight or state (or an fp32 group beside half ones: it counts too): the
+        update count goes up on the device, once per update as ``apply`` counts it (an
+        empty one too), so both paths and the host tier keep the same step; rows at
+        ``row_map``'s full-table coordinates."""
+        if not self.optimizer.rounding:
+            return None
+        from embeddings.kernels.rounding import KernelRounding
+
+        step = self.state["rounding_step"]
+        step.add_(1)
+        zeros = self._sr_feature_col0  # column 0 per feature; the row shift, unread beside a row map
+        return KernelRounding(self.rounding_seed, step, self._sr_feature_keys, zeros, zeros, self._row_map)
 
     def set_lr(self, lr: float) -> None:
         self.lr = lr

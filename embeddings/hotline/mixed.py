@@ -26,7 +26,8 @@ steps once per step, both of its tiers count the same update steps, and the
 stochastic rounding is keyed by (seed, step, full table, row, column), not by stack.
 Every group keeps the rounding step, its fp32 group too (as the sharded collection's
 fp32 stores do beside half ones): a checkpoint holds the same state for every table.
-(So no group's hot tier takes the Triton kernels: they run without a rounding step.)
+Each group's hot tier takes the Triton kernels where one fp32 collection's would (one
+process, ``kernels``): the fused update counts the rounding step on the device.
 
 One hot set (``HotProfile``) and one budget serve all groups: a row costs its weight in
 its own table's type (``profile.row_bytes``). Several ranks: each group's host tier is

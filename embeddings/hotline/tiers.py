@@ -95,7 +95,7 @@ class HotlineEmbeddingCollection(EmbeddingCollection):
     ) -> None:
         """``rounding_seed`` (default ``seed``): of fp16/bf16 tables' stochastic rounding,
         in both tiers (embeddings/rounding.py). ``kernels``: the hot tier's lookups
-        (embeddings/kernels; ``auto``: Triton on CUDA, one process, fp32)."""
+        (embeddings/kernels; ``auto``: Triton on CUDA, one process, any table type)."""
         super().__init__()
         device = torch.device(device)
         rounding_seed = (seed or 0) if rounding_seed is None else rounding_seed

@@ -52,9 +52,13 @@ class KernelRounding:
     """What a fused update needs to round a half weight's rows: the seed's hash, the
     update count on the device ([1] int64, incremented before the launch) and, per
     feature of the batch, its table's key, the shift from stacked row to full-table
-    row, and the table's first column (all [F] int64 on the device). ``overflow``
-    ([F] int32, optional): an fp16 weight's update adds there, per feature, the finite
-    values it rounded to inf (the host reads it where it waits anyway)."""
+    row, and the table's first column (all [F] int64 on the device).
+
+    ``overflow`` ([F] int32, optional): an fp16 weight's update adds there, per feature,
+    the finite values it rounded to inf (the host reads it where it waits anyway).
+    ``row_map`` [rows] int64 (a Hotline hot tier): the full-table row of each row of the
+    weight, used instead of ``row_shift``; a hot slot's row is ``ids[slot]`` minus its
+    table's start, no per-feature shift of the slot."""
 
     seed: int
     step: torch.Tensor
@@ -62,6 +66,7 @@ class KernelRounding:
     row_shift: torch.Tensor
     col0: torch.Tensor
     overflow: torch.Tensor | None = None
+    row_map: torch.Tensor | None = None
 
 
 @triton.jit

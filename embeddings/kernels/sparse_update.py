@@ -103,18 +103,34 @@ def _run_gradient(sorted_ptr, order_ptr, bag_of_ptr, offsets_ptr, grad_ptr, i, r
 
 
 @triton.jit
-def _store_rounded(ptr, bits_ptr, at, x, in_row, feature, row, cols, key_xor,
-                   seed_h, rstep_ptr, keys_ptr, row_shift_ptr, col0_ptr, HALF: tl.constexpr):
+def _full_row(row, feature, row_shift_ptr, row_map_ptr, ROUNDS: tl.constexpr, ROW_MAP: tl.constexpr):
+    """The row of the full table that stacked row ``row`` (of ``feature``'s table) is,
+    the rounding hash's row: ``row + row_shift[feature]``, or with ``ROW_MAP`` (a
+    Hotline hot tier, whose slots are no shift of their rows) ``row_map[row]``. Read
+    only where something is rounded (else the pointers may be placeholders)."""
+    full = row
+    if ROUNDS:
+        if ROW_MAP:
+            full = tl.load(row_map_ptr + row)
+        else:
+            full = row + tl.load(row_shift_ptr + feature)
+    return full
+
+
+@triton.jit
+def _store_rounded(ptr, bits_ptr, at, x, in_row, feature, full_row, cols, key_xor,
+                   seed_h, rstep_ptr, keys_ptr, col0_ptr, HALF: tl.constexpr):
     """Write the fp32 row ``x`` at ``at``: as the tensor's type, or (HALF) stochastically
-    rounded at its full-table coordinates (kernels/rounding.py), through int16 bits. The
-    hash's table key is the table's xor ``key_xor``: 0 for the weight, crc32 of a state's
-    name for that state's own stream (as embeddings/optim.py's put_state)."""
+    rounded at its full-table coordinates (kernels/rounding.py; ``full_row`` from
+    ``_full_row``), through int16 bits. The hash's table key is the table's xor
+    ``key_xor``: 0 for the weight, crc32 of a state's name for that state's own stream
+    (as embeddings/optim.py's put_state)."""
     if HALF == 0:
         out = x.to(ptr.dtype.element_ty)
         tl.store(ptr + at, out, mask=in_row)
     else:
         key = tl.load(keys_ptr + feature) ^ key_xor
-        h_row = row_hash(seed_h, tl.load(rstep_ptr), key, row + tl.load(row_shift_ptr + feature))
+        h_row = row_hash(seed_h, tl.load(rstep_ptr), key, full_row)
         h = fmix32(h_row ^ (tl.load(col0_ptr + feature) + cols).to(tl.uint32))
         out = rounded_bits(x, h, HALF)
         tl.store(bits_ptr + at, out, mask=in_row)
@@ -134,7 +150,7 @@ def _count_overflow(overflow_ptr, feature, x, bits, in_row):
 @triton.jit
 def _updated_row(g, w, at, in_row, row, dim, lr, state_ptr, state2_ptr, step_ptr,
                  eps, beta1, beta2, log_beta1, log_beta2, sbits_ptr, s2bits_ptr, skey, s2key,
-                 feature, cols, seed_h, rstep_ptr, keys_ptr, row_shift_ptr, col0_ptr,
+                 feature, full_row, cols, seed_h, rstep_ptr, keys_ptr, col0_ptr,
                  OPT: tl.constexpr, SHALF: tl.constexpr):
     """The row ``w`` after one optimizer step with gradient ``g``; its state updated in
     place, element-wise state (Adagrad's sum, Adam's moments) read in its type, computed
@@ -147,18 +163,18 @@ def _updated_row(g, w, at, in_row, row, dim, lr, state_ptr, state2_ptr, step_ptr
         w = w - g * (lr / (tl.sqrt(s) + eps))
     elif OPT == 3:
         s = tl.load(state_ptr + at, mask=in_row, other=0.0).to(tl.float32) + g * g
-        _store_rounded(state_ptr, sbits_ptr, at, s, in_row, feature, row, cols, skey,
-                       seed_h, rstep_ptr, keys_ptr, row_shift_ptr, col0_ptr, SHALF)
+        _store_rounded(state_ptr, sbits_ptr, at, s, in_row, feature, full_row, cols, skey,
+                       seed_h, rstep_ptr, keys_ptr, col0_ptr, SHALF)
         w = w - lr * (g / (tl.sqrt(s) + eps))
     else:
         m = tl.load(state_ptr + at, mask=in_row, other=0.0).to(tl.float32)
         v = tl.load(state2_ptr + at, mask=in_row, other=0.0).to(tl.float32)
         m = m + (1.0 - beta1) * (g - m)
         v = v + (1.0 - beta2) * (g * g - v)
-        _store_rounded(state_ptr, sbits_ptr, at, m, in_row, feature, row, cols, skey,
-                       seed_h, rstep_ptr, keys_ptr, row_shift_ptr, col0_ptr, SHALF)
-        _store_rounded(state2_ptr, s2bits_ptr, at, v, in_row, feature, row, cols, s2key,
-                       seed_h, rstep_ptr, keys_ptr, row_shift_ptr, col0_ptr, SHALF)
+        _store_rounded(state_ptr, sbits_ptr, at, m, in_row, feature, full_row, cols, skey,
+                       seed_h, rstep_ptr, keys_ptr, col0_ptr, SHALF)
+        _store_rounded(state2_ptr, s2bits_ptr, at, v, in_row, feature, full_row, cols, s2key,
+                       seed_h, rstep_ptr, keys_ptr, col0_ptr, SHALF)
         t = tl.load(step_ptr).to(tl.float64)
         bias2 = 1.0 - tl.exp(t * log_beta2)  # 1 - beta2^t
         bias1 = 1.0 - tl.exp(t * log_beta1)
@@ -172,10 +188,10 @@ def _runs_kernel(
     sorted_ptr, order_ptr, bag_of_ptr, offsets_ptr, grad_ptr,
     weight_ptr, state_ptr, state2_ptr, lr_ptr, step_ptr, out_ids_ptr, out_rows_ptr,
     n, batch, dim, stride_b, stride_f, eps, beta1, beta2, log_beta1, log_beta2,
-    wbits_ptr, seed_h, rstep_ptr, keys_ptr, row_shift_ptr, col0_ptr,
+    wbits_ptr, seed_h, rstep_ptr, keys_ptr, row_shift_ptr, col0_ptr, row_map_ptr,
     sbits_ptr, s2bits_ptr, skey, s2key, overflow_ptr,
     OPT: tl.constexpr, MEAN: tl.constexpr, BLOCK_D: tl.constexpr, HALF: tl.constexpr,
-    SHALF: tl.constexpr, OVERFLOW: tl.constexpr,
+    SHALF: tl.constexpr, ROW_MAP: tl.constexpr, OVERFLOW: tl.constexpr,
 ):
     i = tl.program_id(0)
     row = tl.load(sorted_ptr + i)
@@ -192,12 +208,13 @@ def _runs_kernel(
             tl.store(out_rows_ptr + i.to(tl.int64) * dim + cols, g, mask=in_row)
         else:
             feature = tl.load(bag_of_ptr + tl.load(order_ptr + i)) // batch
+            full_row = _full_row(row, feature, row_shift_ptr, row_map_ptr, HALF + SHALF > 0, ROW_MAP)
             w = tl.load(weight_ptr + at, mask=in_row, other=0.0).to(tl.float32)
             w = _updated_row(g, w, at, in_row, row, dim, tl.load(lr_ptr), state_ptr, state2_ptr, step_ptr,
                              eps, beta1, beta2, log_beta1, log_beta2, sbits_ptr, s2bits_ptr, skey, s2key,
-                             feature, cols, seed_h, rstep_ptr, keys_ptr, row_shift_ptr, col0_ptr, OPT, SHALF)
-            bits = _store_rounded(weight_ptr, wbits_ptr, at, w, in_row, feature, row, cols, 0,
-                                  seed_h, rstep_ptr, keys_ptr, row_shift_ptr, col0_ptr, HALF)
+                             feature, full_row, cols, seed_h, rstep_ptr, keys_ptr, col0_ptr, OPT, SHALF)
+            bits = _store_rounded(weight_ptr, wbits_ptr, at, w, in_row, feature, full_row, cols, 0,
+                                  seed_h, rstep_ptr, keys_ptr, col0_ptr, HALF)
             if OVERFLOW:  # fp16 weight with a counter: finite values made inf, per feature
                 _count_overflow(overflow_ptr, feature, w, bits, in_row)
 
@@ -238,9 +255,10 @@ def _launch_runs(grad_pooled, values, offsets, row_base, batch, mean, feature_ma
     state, state2 = (list(states) + [dummy, dummy])[:2]
     half = NONE if rounding is None else half_code(weight.dtype)
     half_state = NONE if rounding is None or not states else half_code(states[0].dtype)
+    row_map = None if rounding is None else rounding.row_map
     rounds = ((weight.view(torch.int16) if half else dummy, seed_hash(rounding.seed), rounding.step,
-               rounding.keys, rounding.row_shift, rounding.col0) if rounding is not None
-              else (dummy, 0, dummy, dummy, dummy, dummy))
+               rounding.keys, rounding.row_shift, rounding.col0, dummy if row_map is None else row_map)
+              if rounding is not None else (dummy, 0, dummy, dummy, dummy, dummy, dummy))
     state_bits = [t.view(torch.int16) if half_state else dummy for t in (state, state2)]
     overflow = rounding.overflow if rounding is not None and half == FP16 else None
     _runs_kernel[(n,)](
@@ -251,7 +269,8 @@ def _launch_runs(grad_pooled, values, offsets, row_base, batch, mean, feature_ma
         n, batch, dim, stride_b, stride_f, eps, betas[0], betas[1],
         math.log(betas[0]) if betas[0] > 0 else 0.0, math.log(betas[1]) if betas[1] > 0 else 0.0,
         *rounds, *state_bits, *state_keys, dummy if overflow is None else overflow,
-        OPT=opt, MEAN=mean, BLOCK_D=block_d(dim), HALF=half, SHALF=half_state, OVERFLOW=overflow is not None,
+        OPT=opt, MEAN=mean, BLOCK_D=block_d(dim), HALF=half, SHALF=half_state, ROW_MAP=row_map is not None,
+        OVERFLOW=overflow is not None,
         num_warps=warps(dim),
     )
 
