@@ -29,7 +29,7 @@ from embeddings.jagged import bag_offsets, in_feature_order, permute_bags, stack
 from embeddings.kernels import KernelChoice, use_triton
 from embeddings.kv import KVGradient
 from embeddings.lookup import pooled_lookup
-from embeddings.narrow import fp16_overflow, fp16_overflow_line, warn_once
+from embeddings.narrow import Fp16OverflowCounter, fp16_overflow, fp16_overflow_line, warn_once
 from embeddings.optim import SparseOptimizer
 from embeddings.plan.sizes import format_bytes
 from embeddings.plan.types import Shard, ShardingPlan, ShardingType
@@ -367,9 +367,9 @@ class LocalEmbeddingCollection(EmbeddingCollection):
         self.state["rounding_step"].add_(1)
         if route is not None:  # the batch's features, this stack's among others'
             return KernelRounding(self.rounding_seed, self.state["rounding_step"], route.keys, route.row_shift,
-                                  route.col0, self.overflow_counts_routed)
+                                  route.col0, overflow=self.overflow_counts_routed)
         return KernelRounding(self.rounding_seed, self.state["rounding_step"], self._sr_feature_keys,
-                              self._sr_feature_row_shift, self._sr_feature_cols0, self.overflow_counts)
+                              self._sr_feature_row_shift, self._sr_feature_cols0, overflow=self.overflow_counts)
 
     def _device_scalars(self) -> None:
         """lr and per-table scalar state (Adam's step) on the weight's device, where the
@@ -486,10 +486,11 @@ class LocalEmbeddingCollection(EmbeddingCollection):
 
 
 def warn_fp16_overflow(model: nn.Module) -> None:
-    """``warn_fp16_overflow`` of every local collection in ``model`` (a stack, a shard
-    store, a dtype's stack): a host read of fp16 tables' overflow counts on the Triton path."""
+    """``warn_fp16_overflow`` of every module of ``model`` that counts fp16 overflow (a
+    local collection: a stack, a shard store, a dtype's stack; a Hotline hot tier): a
+    host read of fp16 tables' overflow counts."""
     for module in model.modules():
-        if isinstance(module, LocalEmbeddingCollection):
+        if isinstance(module, Fp16OverflowCounter):
             module.warn_fp16_overflow()
 
 

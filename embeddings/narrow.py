@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import sys
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -40,6 +41,15 @@ def fp16_overflow_line(table: str, count: int) -> str:
     Triton update counts them on the device; the torch path counts the infs)."""
     return (f"table {table}: {count:,} values overflow fp16 (|x| > {FP16_MAX:g}) and are stored as inf; "
             f"use embeddings.dtype=bf16 or fp32")
+
+
+@runtime_checkable
+class Fp16OverflowCounter(Protocol):
+    """A module that counts its fp16 tables' overflow where it updates them (on the
+    device, on the Triton path) and says it, one line per table, when asked: a host
+    read, done where the host waits anyway (the trainer's log, checkpoint and end)."""
+
+    def warn_fp16_overflow(self) -> None: ...
 
 
 def bf16_small_lr(lr: float, rows: dict[str, int], optimizer: str) -> str | None:

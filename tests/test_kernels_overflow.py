@@ -124,3 +124,45 @@ def test_dtype_stacks_warn_for_their_fp16_stack(capsys: pytest.CaptureFixture[st
     assert made.on_triton()
     assert len(lines["torch"]) == 1 and lines["torch"][0].startswith("warning: table b: 8 values"), lines
     assert lines["triton"] == lines["torch"]
+
+
+def hot_pushed_up(kernels: str, start: float, lr: float):
+    """A Hotline collection (every row hot) whose table b row 3 starts at ``start``, after
+    one fused SGD step of ``lr`` that pushes that row up (f1's lookup of it)."""
+    from embeddings.hotline.mixed import hotline_collection
+    from embeddings.hotline.profile import HotProfile
+
+    tabs = tables()
+    profile = HotProfile({t.name: torch.arange(t.rows) for t in tabs}, {f: t.name for t in tabs for f in t.features},
+                         budget_bytes=0)
+    coll = hotline_collection(tabs, profile, make_sparse_optimizer("sgd"), fused=True, seed=3, device=DEVICE,
+                              kernels=kernels, rounding_seed=5)
+    slot = int(torch.searchsorted(coll.hot.ids.cpu(), torch.tensor(50 + 3)))
+    with torch.no_grad():
+        coll.hot.weight[slot] = start
+    coll.set_lr(lr)
+    sparse = JaggedFeatures(["f0", "f1", "f2"], torch.tensor([3]), torch.tensor([0, 1, 0])).to(DEVICE)
+    (coll(sparse) * -1.0).sum().backward()
+    return coll, slot
+
+
+def test_hotline_hot_tier_warns_on_both_paths(capsys: pytest.CaptureFixture[str]) -> None:
+    """fp16 hot rows: the torch hot tier counts at its update, the Triton one on the
+    device; either says the collection's line for table b when asked, once."""
+    lines = {}
+    for kernels in ("torch", "triton"):
+        narrow._said.clear()
+        coll, slot = hot_pushed_up(kernels, 65000.0, 1000.0)
+        assert coll.hot.on_triton() == (kernels == "triton")
+        assert torch.isinf(coll.hot.weight[slot]).all()
+        assert warnings_of(capsys) == []  # nothing said at the update itself
+        warn_fp16_overflow(coll)
+        lines[kernels] = warnings_of(capsys)
+        warn_fp16_overflow(coll)
+        assert warnings_of(capsys) == []  # once
+    assert lines["torch"] == lines["triton"]
+    assert len(lines["triton"]) == 1 and lines["triton"][0].startswith("warning: table b: 8 values overflow fp16")
+    narrow._said.clear()
+    coll, _ = hot_pushed_up("triton", 60000.0, 1.0)  # no overflow: nothing to say
+    warn_fp16_overflow(coll)
+    assert warnings_of(capsys) == []

@@ -36,6 +36,7 @@ from embeddings.jagged import bag_offsets
 from embeddings.kernels import KernelChoice, use_triton
 from embeddings.kv import KVGradient
 from embeddings.lookup import pooled_lookup
+from embeddings.narrow import fp16_overflow_line, warn_once
 from embeddings.optim import SparseOptimizer
 from embeddings.rounding import RowRounding, table_key
 from embeddings.table import TableSpec
@@ -77,6 +78,16 @@ class HotTier(nn.Module):
         self.register_buffer("_sr_feature_keys", torch.tensor(feature_keys, dtype=torch.int64), persistent=False)
         self.register_buffer("_sr_feature_col0", torch.zeros(len(feature_keys), dtype=torch.int64),
                              persistent=False)
+        # fp16 rows: per feature, the finite values an update rounded to inf (the Triton
+        # update adds on the device; the torch path at its update), said by warn_fp16_overflow
+        self._feature_tables = [t.name for t in tables or [] for _ in t.features]
+        self._table_first_feature = [0]  # per table (stacking order): its first feature
+        for t in tables or []:
+            self._table_first_feature.append(self._table_first_feature[-1] + len(t.features))
+        self._rounded: tuple[RowRounding, torch.Tensor, torch.Tensor] | None = None  # the torch path's last
+        self.register_buffer("_overflow_counts", torch.zeros(len(feature_keys), dtype=torch.int32),
+                             persistent=False)
+        self._overflow_said: set[str] = set()
         self.fused = fused
         self.lr = 0.0
         self.kept: list[KVGradient] = []
@@ -98,7 +109,7 @@ class HotTier(nn.Module):
             self.register_buffer(f"optim_{name}", tensor.to(weight.device) if on_device else tensor)
         self._state_names = list(state)
         self.register_buffer("_row_map", self._full_rows(ids), persistent=False)
-        for name in ("_sr_feature_keys", "_sr_feature_col0"):
+        for name in ("_sr_feature_keys", "_sr_feature_col0", "_overflow_counts"):
             self.register_buffer(name, self.get_buffer(name).to(weight.device), persistent=False)
 
     def _full_rows(self, stacked: torch.Tensor) -> torch.Tensor:
@@ -195,7 +206,23 @@ class HotTier(nn.Module):
         step = self.state["rounding_step"]
         step.add_(1)
         zeros = self._sr_feature_col0  # column 0 per feature; the row shift, unread beside a row map
-        return KernelRounding(self.rounding_seed, step, self._sr_feature_keys, zeros, zeros, self._row_map)
+        overflow = self._overflow_counts if self.weight.dtype == torch.float16 else None
+        return KernelRounding(self.rounding_seed, step, self._sr_feature_keys, zeros, zeros,
+                              overflow=overflow, row_map=self._row_map)
+
+    def warn_fp16_overflow(self) -> None:
+        """fp16 hot rows: one line per table whose update rounded finite values to inf,
+        said once (embeddings/narrow.py's text). A host read of the [F] counts: call it
+        where the host waits anyway (the trainer's log, checkpoint and end)."""
+        if self.weight.dtype != torch.float16:
+            return
+        per_table: dict[str, int] = {}
+        for table, count in zip(self._feature_tables, self._overflow_counts.tolist(), strict=True):
+            per_table[table] = per_table.get(table, 0) + count
+        for table, count in per_table.items():
+            if count and table not in self._overflow_said:
+                self._overflow_said.add(table)
+                warn_once(fp16_overflow_line(table, count))
 
     def set_lr(self, lr: float) -> None:
         self.lr = lr
@@ -214,10 +241,13 @@ class HotTier(nn.Module):
     def apply(self, grad: KVGradient) -> None:
         """One optimizer step (an empty ``grad`` counts too), as the host tier takes it."""
         rounder = None
+        self._rounded = None
         if self.optimizer.rounding:  # half weight or state: rounded at full-table coordinates
             self.state["rounding_step"] += 1
             rounder = self._round_rows
         self.optimizer.apply(self.weight.data, self.state, grad, self.lr, rounder=rounder)
+        if self._rounded is not None and self.weight.dtype == torch.float16:
+            self._count_overflow(*self._rounded)
 
     def _round_rows(self, slots: torch.Tensor) -> RowRounding:
         """Where hot ``slots`` sit in their full tables: slot → stacked id → (table
@@ -226,8 +256,20 @@ class HotTier(nn.Module):
         starts, keys = self._sr_starts.to(stacked.device), self._sr_keys.to(stacked.device)
         t = torch.searchsorted(starts, stacked, right=True) - 1
         rows = stacked - starts[t]
-        return RowRounding(self.weight.dtype, self.rounding_seed, int(self.state["rounding_step"]), keys[t], rows,
-                           torch.zeros_like(rows))
+        rounding = RowRounding(self.weight.dtype, self.rounding_seed, int(self.state["rounding_step"]), keys[t],
+                               rows, torch.zeros_like(rows))
+        self._rounded = (rounding, slots, t)
+        return rounding
+
+    def _count_overflow(self, rounding: RowRounding, slots: torch.Tensor, table: torch.Tensor) -> None:
+        """The torch path's fp16 overflow (a host read, as the collection's torch path
+        reads it): the infs of the rows that overflowed, added to each table's first
+        feature's count (the warning sums a table's features)."""
+        if rounding.overflow is None or not bool(rounding.overflow.any()):
+            return
+        infs = torch.isinf(self.weight.data.index_select(0, slots[rounding.overflow])).sum(dim=1)
+        for i, count in zip(table[rounding.overflow].tolist(), infs.tolist(), strict=True):
+            self._overflow_counts[self._table_first_feature[i]] += count
 
     def take(self) -> KVGradient:
         """The kept gradients merged (empty if none), then forgotten."""

@@ -22,7 +22,7 @@ over [U, D] rows: the tests hold it against the torch recipe, bits equal.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import triton
@@ -65,8 +65,9 @@ class KernelRounding:
     keys: torch.Tensor
     row_shift: torch.Tensor
     col0: torch.Tensor
-    overflow: torch.Tensor | None = None
-    row_map: torch.Tensor | None = None
+    # keyword-only: two optional tensors of one type, never confused by position
+    overflow: torch.Tensor | None = field(default=None, kw_only=True)
+    row_map: torch.Tensor | None = field(default=None, kw_only=True)
 
 
 @triton.jit
