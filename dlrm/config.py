@@ -90,8 +90,9 @@ class DataConfig:
     # the ones it was fitted over (sha256 of their Parquet footers). "" = fit.
     preprocessing: str = ""
     # Processes that count the vocabulary pass's categorical columns, each over a
-    # disjoint share of the row groups (0 = in this process); the counts are exact and
-    # merged, so the vocabularies are the same bit for bit.
+    # disjoint share of the row groups (0 or 1 = in this process: one worker would only
+    # be waited for); the counts are exact and merged, so the vocabularies are the same
+    # bit for bit.
     fit_workers: int = 0
     # min_frequency > 1, or a vocabulary capped by max_rows / rows: a count-min sketch
     # pass first drops values that cannot reach it or the cap's top (data/fit_cap.py), so

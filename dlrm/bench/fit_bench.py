@@ -185,7 +185,7 @@ def fit_rates(files: list[str], rows: int, encodings: dict[str, str], ranks: lis
     for w in ranks:
         for n in workers:
             seconds, _, _, cpu = _measure(files, w, n, encodings=encodings)
-            start = startup_seconds(n) if n else 0.0
+            start = startup_seconds(n) if n > 1 else 0.0  # 0 or 1: no worker spawned
             rates.append({"ranks": w, "workers": n, "rows_per_s": rows / seconds,
                           "rows_per_cpu_s": rows / cpu if w == 1 else None,
                           "startup_s": start,
