@@ -42,6 +42,7 @@ from embeddings.optim import make_sparse_optimizer
 from embeddings.table import Pooling
 from tests.test_embeddings import random_kjt, tables_fixture
 from tests.test_hotline import FEATURES, LR, profile_of, rows_of, touched
+from tests.test_hotline_kernels import assert_held_kv_gradients_equal
 from tests.test_hotline_mixed import DTYPES, ordinary
 
 pytestmark = pytest.mark.kernels
@@ -198,19 +199,9 @@ def test_held_half_gradients_by_stacked_id_are_the_torch_paths() -> None:
     tables = [dataclasses.replace(t, dtype="bf16") for t in tables_fixture()]
     kjts = [random_kjt(FEATURES, rows_of(tables), batch=8, max_len=3, seed=5)]
     paths = [make(k, tables, "sgd", "fp32", False, hot_profile(tables, kjts, 0)) for k in ("torch", "triton")]
-    up = torch.randn(8, 16, generator=torch.Generator().manual_seed(1)).to(DEVICE)
     for coll in paths:
         coll.refresh(hot_profile(tables, kjts, 2))
-        kjt = kjts[0].to(device=DEVICE)
-        popular = coll.split(kjt)
-        for mask in (popular, ~popular):
-            rows = mask.nonzero().flatten()
-            (coll(kjt.select(rows)) * up[rows]).sum().backward()
-    want, got = paths[0].kv_gradients(), paths[1].kv_gradients()
-    assert sorted(got) == sorted(want) and want
-    for name in want:
-        assert torch.equal(got[name].ids.cpu(), want[name].ids.cpu()), name
-        torch.testing.assert_close(got[name].rows.cpu(), want[name].rows.cpu(), rtol=1e-6, atol=1e-7)
+    assert_held_kv_gradients_equal(paths, kjts[0], 8)
 
 
 @pytest.mark.slow
