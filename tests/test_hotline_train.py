@@ -49,6 +49,10 @@ def test_refresh_and_no_pipeline_stay_exact(tiny_data, tmp_path: Path, extra: tu
     refreshes = 2 if "hotline.refresh_every=5" in extra else 0
     assert stats["refreshes"] == refreshes
     assert (stats["refresh_pause_ms"] > 0) == bool(refreshes)
+    # each step's split was made a step ahead (dlrm/train/hotline.py), but the first's
+    # and the one after each swap's: made before the swap, so made again at its step
+    assert stats["resplits"] == refreshes
+    assert stats["split_ahead"] == (12 - 1 - refreshes) / 12
 
 
 def test_hotline_resume_equals_uninterrupted(tiny_data, tmp_path: Path) -> None:
