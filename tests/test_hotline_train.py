@@ -60,3 +60,14 @@ def test_hotline_resume_equals_uninterrupted(tiny_data, tmp_path: Path) -> None:
     run(tiny_data, tmp_path / "resumed", "optim.sparse=adam", "train.max_steps=5", *HOTLINE)
     run(tiny_data, tmp_path / "resumed", "optim.sparse=adam", *HOTLINE)
     assert_states_close(run_state(tmp_path / "resumed"), run_state(tmp_path / "straight"), "resume")
+
+
+@pytest.mark.slow
+def test_hotline_with_accumulated_batches_equals_ordinary_training(tiny_data, tmp_path: Path) -> None:
+    """train.accumulate=2: the second batch of a step is split during the first, the
+    next step's first during the second (dlrm/train/hotline.py); still ordinary training."""
+    run(tiny_data, tmp_path / "plain", "optim.sparse=adam", "train.accumulate=2")
+    summary = run(tiny_data, tmp_path / "hot", "optim.sparse=adam", "train.accumulate=2", *HOTLINE)
+    assert_states_close(run_state(tmp_path / "hot"), run_state(tmp_path / "plain"), "accumulate")
+    stats = summary["hotline"]
+    assert stats["resplits"] == 0 and stats["split_ahead"] == (2 * 12 - 1) / (2 * 12)
