@@ -18,7 +18,9 @@ One step's ordering (CUDA; kept gradients, as the trainer runs it):
                   the NEXT step's gather waits for this queue (``collection``): read after write.
 
 Host waits left in the main thread: the split's 56-byte header (the micro-batches'
-shapes depend on it; it waits for the split stream, not for the compute stream), the
+shapes depend on it; it waits for the split stream, not for the compute stream; the
+trainer splits each mini-batch a step ahead and reads its header at the end of the
+step before, dlrm/train/hotline.py), the
 torch path's KV-gradient ``unique_consecutive`` of the hot lookups (the Triton
 sorted backward has none; the cold side's ids are known: ``covers``), and the wait for
 the gather thread (a Python future, not a device sync).
