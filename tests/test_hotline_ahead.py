@@ -5,6 +5,7 @@
   never splits ahead), for one dtype and for several (``split_jointly``).
 - Order: batch t+1 is split before batch t's first micro-batch is handed out and its
   header is read after batch t's last one; at step t+1 nothing is split or read for it.
+  Its cold ids were copied to the host then too, and its gather uses that copy.
 - A refresh between the split and its step: the split is made again against the new
   hot set (the stale one's sizes differ: it would have cut other micro-batches);
   another batch than the one split ahead: split at its step.
@@ -71,7 +72,8 @@ def _assert_same(got, want, label: str) -> None:
     elif dataclasses.is_dataclass(want):
         assert type(got) is type(want), label
         for f in dataclasses.fields(want):
-            if f.name not in ("ready", "gather_s", "transfer_s"):  # events and timings
+            # events, timings, and the cold ids a split made ahead copied (checked apart)
+            if f.name not in ("ready", "gather_s", "transfer_s", "cold_host_ids", "cold_host_ready"):
                 _assert_same(getattr(got, f.name), getattr(want, f.name), f"{label}.{f.name}")
     else:
         assert got == want, label
@@ -90,6 +92,20 @@ def _assert_same_parts(got: list, want: list, label: str) -> None:
             got_parts = cold.parts if isinstance(cold, GroupCold) else [cold]
             _assert_same([(c.ids, c.rows, c.host_ids) for c in got_parts],
                          [(c.ids, c.rows, c.host_ids) for c in parts], f"{label} cold rows")
+
+
+def _assert_cold_ids_copied_ahead(handed: list, ahead: bool) -> None:
+    """The non-popular micro-batch of a split made ahead carries its cold ids, copied to
+    the host at the end of the step before, and its gather used those (not a copy of
+    its own); a split made at the step carries none."""
+    part, cold = handed[-1][0], handed[-1][1]
+    micros = part.sparse.parts if isinstance(part.sparse, MixedMicro) else [part.sparse]
+    colds = cold.parts if isinstance(cold, GroupCold) else [cold]
+    for micro, rows in zip(micros, colds, strict=True):
+        if ahead:
+            assert torch.equal(micro.cold_host_ids, micro.cold_ids) and rows.host_ids is micro.cold_host_ids
+        else:
+            assert micro.cold_host_ids is None
 
 
 def _spy(monkeypatch, coll, batches: list[Batch]) -> list[tuple[str, int]]:
@@ -127,6 +143,7 @@ def test_split_ahead_equals_a_split_at_the_step(mixed: bool, monkeypatch) -> Non
             events.append(("micro-batch", i))
             handed.append(item)
         _assert_same_parts(handed, want[i], f"batch {i} mixed={mixed}")
+        _assert_cold_ids_copied_ahead(handed, ahead=i > 0)
     # batch 0 at its step; every later one split during the step before, before that
     # step's first micro-batch, and its header read after that step's last one
     assert events == [("split", 0), ("read", 0),
@@ -150,6 +167,7 @@ def test_a_refresh_between_the_split_and_its_step_makes_it_again(mixed: bool) ->
     got = _run(steps, batches[1])
     want = _run(_steps(coll), batches[1])  # split at the step, against the new hot set
     _assert_same_parts(got, want, f"after the refresh mixed={mixed}")
+    _assert_cold_ids_copied_ahead(got, ahead=False)  # not the stale split's
     fresh = _steps(coll)
     assert fresh._issue(batches[1]).read() != stale.sizes  # the stale split would cut others
     assert steps.stats()["resplits"] == 1

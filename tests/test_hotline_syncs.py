@@ -192,6 +192,7 @@ def test_the_split_made_a_step_ahead_waits_for_nothing(monkeypatch) -> None:
     batches = [Batch(torch.zeros(16, 3), kjt, torch.zeros(16)) for _ in range(3)]  # three mini-batches
     steps = HotlineSteps(SimpleNamespace(embeddings=coll), load_config(TINY, ["hotline.budget=1KB"]))
     list(steps.micro_batches(batches[0], batches[1]))  # batch 1 split ahead, its header read
+    before = dict(coll.tier.copied)
     reads: list[Batch] = []
     read = AheadSplit.read
     monkeypatch.setattr(AheadSplit, "read",
@@ -201,4 +202,8 @@ def test_the_split_made_a_step_ahead_waits_for_nothing(monkeypatch) -> None:
     assert audit.violations == [], audit.violations
     assert handed == [HOT_ONLY, handed[1]] and handed[1] is not HOT_ONLY  # both micro-batches ran
     assert len(reads) == 1 and reads[0] is batches[2]  # the one host read: the next batch's header
+    # the cold ids (copied ahead, at the end of the step before) counted once, with the rows
+    u = handed[1].ids.numel()
+    assert u > 0 and coll.tier.copied["d2h"] - before["d2h"] == u * 8
+    assert coll.tier.copied["copies"] - before["copies"] == 2  # the ids, the rows
     steps.close()

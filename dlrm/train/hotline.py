@@ -47,14 +47,17 @@ import torch
 from data.batch import Batch
 from dlrm.config import Config
 from dlrm.parallel.distributed import DistInfo, all_reduce_sum
+from embeddings.hotline.mixed import MixedMicro
 from embeddings.hotline.profile import HotProfile, count_accesses, default_max_batches
 from embeddings.hotline.refresh import RefreshPlan
 from embeddings.hotline.split import (
     DeviceSplit,
     JointSplit,
+    MicroLookups,
     Sizes,
     samples_of,
     split_tensors,
+    unique_cold_ids,
 )
 from embeddings.hotline.tiers import HOT_ONLY
 from embeddings.optim import make_sparse_optimizer
@@ -123,6 +126,8 @@ class AheadSplit:
     header: torch.Tensor  # the host's copy of ``split.header`` (CPU: the header itself)
     ready: torch.cuda.Event | None = None  # CUDA: recorded on the split stream after the copy
     sizes: Sizes | None = None
+    # each part's U unique cold ids on the host, and the event after their copy (CUDA)
+    cold_ids: list[tuple[torch.Tensor, torch.cuda.Event | None]] | None = None
 
     def read(self) -> Sizes:
         """The header read by the host (once): on CUDA a wait for the split stream up
@@ -132,6 +137,29 @@ class AheadSplit:
                 self.ready.synchronize()
             self.sizes = self.split.read_sizes(self.header)
         return self.sizes
+
+    def copy_cold_ids(self, stream: torch.cuda.Stream | None) -> None:
+        """Each part's U unique cold ids to the host (U read from the header): on CUDA
+        one pinned D2H copy queued on the split ``stream``, after the classification,
+        that nothing here waits for; on CPU the ids are there already."""
+        ids = unique_cold_ids(self.split, self.read())
+        if stream is None:
+            self.cold_ids = [(t, None) for t in ids]
+            return
+        with torch.cuda.stream(stream):
+            host = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True)
+                    for t in ids]
+            copied = torch.cuda.Event()
+            copied.record(stream)
+        self.cold_ids = [(t, copied) for t in host]
+
+    def give_cold_ids(self, micro: MicroLookups | MixedMicro) -> None:
+        """Hand the copied cold ids to ``micro``'s gather (each dtype group its own)."""
+        if self.cold_ids is None:
+            return
+        parts = micro.parts if isinstance(micro, MixedMicro) else [micro]
+        for part, (ids, copied) in zip(parts, self.cold_ids, strict=True):
+            part.cold_host_ids, part.cold_host_ready = ids, copied
 
 
 class HotlineSteps:
@@ -187,6 +215,7 @@ class HotlineSteps:
         if rest_runs:
             rest = self._part(dev, split, sizes, 1)
             rest.sparse.ready = made.ready  # the gather's copy waits for the split stream
+            made.give_cold_ids(rest.sparse)  # made ahead: its cold ids are on the host already
             if self.cfg.hotline.pipeline:
                 future = self.pool.submit(self._gather, rest.sparse)
         if sizes.group0:
@@ -202,8 +231,11 @@ class HotlineSteps:
         if self._ahead is not None:
             # The next batch's header, read after this batch's work is queued. On CUDA
             # also the end of the split stream's reads of the hot ids: a refresh after
-            # this step may free them.
+            # this step may free them. Then its cold ids' copy to the host (one process:
+            # several ranks' cold lookups send values, not these ids).
             self._ahead.read()
+            if not emb.sharded:
+                self._ahead.copy_cold_ids(self._stream)
 
     def _made_for(self, batch: Batch) -> AheadSplit:
         """``batch``'s split: the one made a step ahead if it is this batch's and the hot
