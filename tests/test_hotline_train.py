@@ -71,3 +71,21 @@ def test_hotline_with_accumulated_batches_equals_ordinary_training(tiny_data, tm
     assert_states_close(run_state(tmp_path / "hot"), run_state(tmp_path / "plain"), "accumulate")
     stats = summary["hotline"]
     assert stats["resplits"] == 0 and stats["split_ahead"] == (2 * 12 - 1) / (2 * 12)
+
+
+@pytest.mark.slow
+def test_hotline_with_evals_between_steps_equals_ordinary_training(tiny_data, tmp_path: Path) -> None:
+    """Evaluations between steps (train.eval_every=5) run beside a split made ahead and
+    leave it alone: training equals ordinary training with the same evaluations, the
+    evaluations equal theirs, and every step's split but the first was made ahead."""
+    evals = ("optim.sparse=adam", "train.eval_every=5", f"data.eval={tiny_data['eval']}")
+    plain = run(tiny_data, tmp_path / "plain", *evals)
+    summary = run(tiny_data, tmp_path / "hot", *evals, *HOTLINE)
+    assert_states_close(run_state(tmp_path / "hot"), run_state(tmp_path / "plain"), "evals")
+    events = {name: [json.loads(x) for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+              for name in ("plain", "hot")}
+    aucs = {name: [e["auc"] for e in lines if e["event"] == "eval"] for name, lines in events.items()}
+    assert len(aucs["hot"]) == 3  # after steps 5 and 10, and at the end
+    assert aucs["hot"] == pytest.approx(aucs["plain"], rel=1e-5)
+    assert summary["eval_auc"] == pytest.approx(plain["eval_auc"], rel=1e-5)
+    assert summary["hotline"]["split_ahead"] == 11 / 12
