@@ -89,3 +89,23 @@ def test_hotline_with_evals_between_steps_equals_ordinary_training(tiny_data, tm
     assert aucs["hot"] == pytest.approx(aucs["plain"], rel=1e-5)
     assert summary["eval_auc"] == pytest.approx(plain["eval_auc"], rel=1e-5)
     assert summary["hotline"]["split_ahead"] == 11 / 12
+
+
+@pytest.mark.slow
+def test_hotline_across_epochs_equals_ordinary_training(tiny_data, tmp_path: Path) -> None:
+    """Batches of 8192 rows: 12 steps cross two epochs' ends. No split is made ahead past
+    an epoch's end (the trainer peeks within the epoch only), each epoch's first batch
+    is split at its step, and training equals ordinary training."""
+    from dlrm.train.inputs import make_reader, resolve_data
+
+    big = ("optim.sparse=rowwise_adagrad", "data.batch_size=8192")
+    run(tiny_data, tmp_path / "plain", *big)
+    summary = run(tiny_data, tmp_path / "hot", *big, *HOTLINE)
+    assert_states_close(run_state(tmp_path / "hot"), run_state(tmp_path / "plain"), "epochs")
+    cfg = load_config(TINY, tiny_overrides(**{"data.train": tiny_data["train"], "data.eval": ""}) + list(big))
+    data = resolve_data(cfg)
+    per_epoch = make_reader(cfg, data.train_files, data.schema, True).steps_per_epoch()
+    starts = len(range(0, 12, per_epoch))
+    assert starts >= 3  # two epochs' ends crossed
+    assert summary["hotline"]["split_ahead"] == (12 - starts) / 12
+    assert summary["hotline"]["resplits"] == 0
