@@ -182,3 +182,18 @@ def test_another_batch_than_the_one_split_ahead_is_split_at_its_step() -> None:
     _assert_same_parts(got, _run(_steps(coll), batches[2]), "another batch")
     assert steps.stats()["resplits"] == 1
     steps.close()
+
+
+def test_lookahead_shows_the_next_item_and_still_hands_it_out() -> None:
+    """The trainer's batch iterator (dlrm/train/lookahead.py): ``peek`` takes nothing
+    away; the items come out in their order, then ``peek`` is None."""
+    import itertools
+
+    from dlrm.train.lookahead import Lookahead
+
+    items = Lookahead(iter("abc"))
+    assert items.peek() == "a" and items.peek() == "a"
+    assert list(itertools.islice(items, 2)) == ["a", "b"]
+    assert items.peek() == "c"
+    assert list(items) == ["c"]
+    assert items.peek() is None and list(items) == []
