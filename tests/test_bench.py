@@ -41,6 +41,8 @@ def test_bench_rows_ratios_and_limit(bench: Path) -> None:
         rows["native", 1]["samples_per_s"] / rows["in_memory", 1]["samples_per_s"])
     assert rows["host_embedding", 1]["hotline"]["hot_hit_rate"] == 0.0  # nothing on the device
     assert rows["hotline", 1]["hotline"]["hot_hit_rate"] > 0.5
+    for engine in ("hotline", "host_embedding"):  # 20 steps: every split but the first made ahead
+        assert rows[engine, 1]["hotline"]["split_ahead"] == 19 / 20
     for r in rows.values():
         assert r["samples_per_s"] > 0
         assert r["steps"] == 20

@@ -49,6 +49,10 @@ def test_refresh_and_no_pipeline_stay_exact(tiny_data, tmp_path: Path, extra: tu
     refreshes = 2 if "hotline.refresh_every=5" in extra else 0
     assert stats["refreshes"] == refreshes
     assert (stats["refresh_pause_ms"] > 0) == bool(refreshes)
+    # each step's split was made a step ahead (dlrm/train/hotline.py), but the first's
+    # and the one after each swap's: made before the swap, so made again at its step
+    assert stats["resplits"] == refreshes
+    assert stats["split_ahead"] == (12 - 1 - refreshes) / 12
 
 
 def test_hotline_resume_equals_uninterrupted(tiny_data, tmp_path: Path) -> None:
@@ -56,3 +60,52 @@ def test_hotline_resume_equals_uninterrupted(tiny_data, tmp_path: Path) -> None:
     run(tiny_data, tmp_path / "resumed", "optim.sparse=adam", "train.max_steps=5", *HOTLINE)
     run(tiny_data, tmp_path / "resumed", "optim.sparse=adam", *HOTLINE)
     assert_states_close(run_state(tmp_path / "resumed"), run_state(tmp_path / "straight"), "resume")
+
+
+@pytest.mark.slow
+def test_hotline_with_accumulated_batches_equals_ordinary_training(tiny_data, tmp_path: Path) -> None:
+    """train.accumulate=2: the second batch of a step is split during the first, the
+    next step's first during the second (dlrm/train/hotline.py); still ordinary training."""
+    run(tiny_data, tmp_path / "plain", "optim.sparse=adam", "train.accumulate=2")
+    summary = run(tiny_data, tmp_path / "hot", "optim.sparse=adam", "train.accumulate=2", *HOTLINE)
+    assert_states_close(run_state(tmp_path / "hot"), run_state(tmp_path / "plain"), "accumulate")
+    stats = summary["hotline"]
+    assert stats["resplits"] == 0 and stats["split_ahead"] == (2 * 12 - 1) / (2 * 12)
+
+
+@pytest.mark.slow
+def test_hotline_with_evals_between_steps_equals_ordinary_training(tiny_data, tmp_path: Path) -> None:
+    """Evaluations between steps (train.eval_every=5) run beside a split made ahead and
+    leave it alone: training equals ordinary training with the same evaluations, the
+    evaluations equal theirs, and every step's split but the first was made ahead."""
+    evals = ("optim.sparse=adam", "train.eval_every=5", f"data.eval={tiny_data['eval']}")
+    plain = run(tiny_data, tmp_path / "plain", *evals)
+    summary = run(tiny_data, tmp_path / "hot", *evals, *HOTLINE)
+    assert_states_close(run_state(tmp_path / "hot"), run_state(tmp_path / "plain"), "evals")
+    events = {name: [json.loads(x) for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+              for name in ("plain", "hot")}
+    aucs = {name: [e["auc"] for e in lines if e["event"] == "eval"] for name, lines in events.items()}
+    assert len(aucs["hot"]) == 3  # after steps 5 and 10, and at the end
+    assert aucs["hot"] == pytest.approx(aucs["plain"], rel=1e-5)
+    assert summary["eval_auc"] == pytest.approx(plain["eval_auc"], rel=1e-5)
+    assert summary["hotline"]["split_ahead"] == 11 / 12
+
+
+@pytest.mark.slow
+def test_hotline_across_epochs_equals_ordinary_training(tiny_data, tmp_path: Path) -> None:
+    """Batches of 8192 rows: 12 steps cross two epochs' ends. No split is made ahead past
+    an epoch's end (the trainer peeks within the epoch only), each epoch's first batch
+    is split at its step, and training equals ordinary training."""
+    from dlrm.train.inputs import make_reader, resolve_data
+
+    big = ("optim.sparse=rowwise_adagrad", "data.batch_size=8192")
+    run(tiny_data, tmp_path / "plain", *big)
+    summary = run(tiny_data, tmp_path / "hot", *big, *HOTLINE)
+    assert_states_close(run_state(tmp_path / "hot"), run_state(tmp_path / "plain"), "epochs")
+    cfg = load_config(TINY, tiny_overrides(**{"data.train": tiny_data["train"], "data.eval": ""}) + list(big))
+    data = resolve_data(cfg)
+    per_epoch = make_reader(cfg, data.train_files, data.schema, True).steps_per_epoch()
+    starts = len(range(0, 12, per_epoch))
+    assert starts >= 3  # two epochs' ends crossed
+    assert summary["hotline"]["split_ahead"] == (12 - starts) / 12
+    assert summary["hotline"]["resplits"] == 0

@@ -78,8 +78,45 @@ def test_training_step_on_the_cuda_path_never_waits_for_the_device(
     assert triton.compute_ops < torch_path.compute_ops
 
 
-# Hotline at a budget where both micro-batches run (about a quarter of the samples popular)
-HOTLINE = ("embeddings.placement=hotline", "hotline.budget=4MB", "hotline.profile_fraction=1.0")
+# Hotline at a budget where both micro-batches run (about a quarter of the samples popular);
+# three steps: the audited one (step 1) has a step before it (which split it ahead) and after it
+HOTLINE = ("embeddings.placement=hotline", "hotline.budget=4MB", "hotline.profile_fraction=1.0",
+           "train.max_steps=3")
+
+
+def hotline_events(monkeypatch: pytest.MonkeyPatch, read: str) -> list[tuple[int, str]]:
+    """(step, what) for each step start, mini-batch split issued, micro-batch run and
+    header read (``read``: the method that reads it, ``Sizes.read`` or ``JointSplit.read_sizes``)."""
+    from dlrm.train.hotline import HotlineSteps
+    from embeddings.hotline.split import JointSplit, Sizes
+
+    events: list[tuple[int, str]] = []
+    at: list[int] = [-1]
+    step, issue, name_of = trainer_module.Trainer.step, HotlineSteps._issue, trainer_module.micro_batch_name
+
+    def stepping(self, batches):
+        at[0] = self.progress.global_step
+        events.append((at[0], "step"))
+        return step(self, batches)
+
+    monkeypatch.setattr(trainer_module.Trainer, "step", stepping)  # audited_step wraps this
+    monkeypatch.setattr(HotlineSteps, "_issue", lambda self, b: events.append((at[0], "split")) or issue(self, b))
+    monkeypatch.setattr(trainer_module, "micro_batch_name",
+                        lambda s: events.append((at[0], name_of(s))) or name_of(s))
+    if read == "sizes":
+        one = Sizes.read.__func__
+        monkeypatch.setattr(Sizes, "read", classmethod(lambda cls, h: events.append((at[0], "header")) or one(cls, h)))
+    else:
+        joint = JointSplit.read_sizes
+        monkeypatch.setattr(JointSplit, "read_sizes",
+                            lambda self, h: events.append((at[0], "header")) or joint(self, h))
+    return events
+
+
+# Step 1 of 3: the next mini-batch's split is issued before this one's micro-batches run
+# (so before anything of them waits), and its header, the step's one host read, is read
+# after them; step 1's own split was made (and its header read) during step 0.
+AHEAD = ["step", "split", "hotline.popular", "hotline.non_popular", "header"]
 
 
 @pytest.mark.slow
@@ -88,20 +125,16 @@ def test_hotline_step_on_the_cuda_path_waits_only_for_its_header(
 ) -> None:
     """The Hotline trainer step (split on the device, popular and non-popular micro-
     batches, the hot update, the host update queued): on the Triton path no op of the
-    main thread syncs; the host reads one thing, the split's header (``Sizes.read``:
-    the micro-batches' shapes depend on it), once per step. The gather and host-update
-    threads are not audited: their waits are theirs. The torch path's hot tier keeps
-    its KV-gradient coalesces: one per micro-batch backward, one in the step."""
-    from embeddings.hotline.split import Sizes
-
-    reads, names = [], []
-    read = Sizes.read.__func__
-    monkeypatch.setattr(Sizes, "read", classmethod(lambda cls, h: reads.append(1) or read(cls, h)))
-    name_of = trainer_module.micro_batch_name
-    monkeypatch.setattr(trainer_module, "micro_batch_name", lambda s: names.append(name_of(s)) or names[-1])
+    main thread syncs; the host reads one thing, a split's header (``Sizes.read``: the
+    micro-batches' shapes depend on it), once per step: the NEXT mini-batch's, split a
+    step ahead (dlrm/train/hotline.py). The gather and host-update threads are not
+    audited: their waits are theirs. The torch path's hot tier keeps its KV-gradient
+    coalesces: one per micro-batch backward, one in the step."""
+    events = hotline_events(monkeypatch, "sizes")
     triton = audited_step(tmp_path, monkeypatch, "triton", HOTLINE)
-    assert len(reads) == 2  # one per step, two steps
-    assert names == ["hotline.popular", "hotline.non_popular"] * 2  # both micro-batches ran
+    assert [what for step, what in events if step == 1] == AHEAD
+    assert [what for step, what in events if step == 0] == ["step", "split", "header", *AHEAD[1:]]
+    assert [what for step, what in events if step == 2] == ["step", "hotline.popular", "hotline.non_popular"]
     torch_path = audited_step(tmp_path, monkeypatch, "torch", HOTLINE)
     print(f"hotline ops per step: triton path {triton.compute_ops} (no sync), torch path "
           f"{torch_path.compute_ops} (syncs: {torch_path.violations})")
@@ -109,7 +142,6 @@ def test_hotline_step_on_the_cuda_path_waits_only_for_its_header(
     if os.environ.get("TRITON_INTERPRET") == "1":  # launches counted where interpreted
         assert triton.ops["triton._pooled_kernel"] == 2 and triton.ops["triton._runs_kernel"] == 1
     assert torch_path.violations == ["aten.unique_consecutive"] * 3
-
 
 
 @pytest.mark.slow
@@ -127,16 +159,15 @@ def test_mixed_dtype_hotline_step_waits_only_for_its_joint_header(
     and its host read of the rounding step (hot_tier.py ``_round_rows``)."""
     from collections import Counter
 
-    from embeddings.hotline.split import JointSplit, Sizes
+    from embeddings.hotline.split import Sizes
 
-    reads, single = [], []
-    read = JointSplit.read_sizes
-    monkeypatch.setattr(JointSplit, "read_sizes", lambda self, h: reads.append(1) or read(self, h))
+    events = hotline_events(monkeypatch, "joint")
+    single: list[int] = []
     one = Sizes.read.__func__
     monkeypatch.setattr(Sizes, "read", classmethod(lambda cls, h: single.append(1) or one(cls, h)))
     dtypes = ("embeddings.dtypes.C1=bf16", "embeddings.dtypes.C2=fp16", "embeddings.dtypes.C3=bf16")
     mixed = audited_step(tmp_path, monkeypatch, "triton", (*HOTLINE, *dtypes))
-    assert len(reads) == 2 and single == []  # one joint read per step, two steps
+    assert [what for step, what in events if step == 1] == AHEAD and single == []  # one joint read
     shutil.rmtree(tmp_path / "run_triton")  # the same data, a fresh run
     bf16 = audited_step(tmp_path, monkeypatch, "triton", (*HOTLINE, "embeddings.dtype=bf16"))
     bf16_torch = audited_step(tmp_path, monkeypatch, "torch", (*HOTLINE, "embeddings.dtype=bf16"))

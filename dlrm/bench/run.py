@@ -138,7 +138,8 @@ def cmd_bench(argv: list[str]) -> int:
                   f"{h['popular_share']:.1%}, host gather {h['gather_ms']:.1f} ms/step, "
                   f"transfer {h['transfer_ms']:.1f} ms/step, {h['gather_hidden']:.0%} of both "
                   f"hidden, {h.get('gather_threads', 1):.0f} gather thread(s), hot tier on "
-                  f"{'triton' if h.get('hot_tier_triton') else 'torch'}"
+                  f"{'triton' if h.get('hot_tier_triton') else 'torch'}, "
+                  f"{h.get('split_ahead', 0.0):.0%} of mini-batches split a step ahead"
                   + (f", {h['refreshes']:.0f} refreshes pausing {h['refresh_pause_ms']:.1f} ms each"
                      if h.get("refreshes") else "") + " "
                   f"({row['ranks']} rank{'s' if row['ranks'] > 1 else ''}, rank 0's view)")

@@ -7,8 +7,23 @@
                                                    forward/backward ◄─────────────────┘
     one optimizer step for both (kept KV gradients), so the math is ordinary training
 
+A step ahead: mini-batch t+1 is split while mini-batch t trains, so step t+1 starts
+with its header on the host and submits its gather at once (the trainer passes the
+next batch, ``upcoming``):
+
+    step t   | take split t | issue split t+1 (queued) | popular t | non-popular t | read header t+1 |
+    step t+1 | take split t+1 (made, read) | issue split t+2 | popular t+1 | ...
+
+What classifying ahead reads is the batch and the hot ids, never a host row. A
+split made against a hot set that a refresh (``after_step``) has since replaced is
+made again at its step (``hot_version``), as is one made for another batch than
+the one that comes (the split remembers its batch); the last step, an epoch's
+end and a stop have no next batch, and a split left over is dropped, never used.
+
 The host applies cold updates at the step's end, before the next step's gather
-reads them (read-after-write is ordered by the step boundary).
+reads them: the gather is still submitted at its own step, after the previous
+step's ``step()`` queued that update, and reads the host rows only after it
+(host_local.py ``collection``): read-after-write is ordered by the step boundary.
 
 Several ranks: every rank splits its own share of the global batch; the host
 thread's "gather" is then the sharded host tier's lookup (ids all-to-all, the
@@ -23,6 +38,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,14 +47,17 @@ import torch
 from data.batch import Batch
 from dlrm.config import Config
 from dlrm.parallel.distributed import DistInfo, all_reduce_sum
+from embeddings.hotline.mixed import MixedMicro
 from embeddings.hotline.profile import HotProfile, count_accesses, default_max_batches
 from embeddings.hotline.refresh import RefreshPlan
 from embeddings.hotline.split import (
     DeviceSplit,
     JointSplit,
+    MicroLookups,
     Sizes,
     samples_of,
     split_tensors,
+    unique_cold_ids,
 )
 from embeddings.hotline.tiers import HOT_ONLY
 from embeddings.optim import make_sparse_optimizer
@@ -94,6 +113,55 @@ def sum_counts(
     return dict(zip([t.name for t in tables], flat.cpu().split([t.rows for t in tables])))
 
 
+@dataclass
+class AheadSplit:
+    """One mini-batch copied to the device and classified (``split``), its header on its
+    way to the host (CUDA: a pinned copy, complete after ``ready``); made for ``batch``
+    against hot set ``version`` (``hot_version`` of the collection)."""
+
+    batch: Batch  # the host batch it was made from: only that batch may use it
+    version: object
+    dev: Batch
+    split: DeviceSplit | JointSplit
+    header: torch.Tensor  # the host's copy of ``split.header`` (CPU: the header itself)
+    ready: torch.cuda.Event | None = None  # CUDA: recorded on the split stream after the copy
+    sizes: Sizes | None = None
+    # each part's U unique cold ids on the host, and the event after their copy (CUDA)
+    cold_ids: list[tuple[torch.Tensor, torch.cuda.Event | None]] | None = None
+
+    def read(self) -> Sizes:
+        """The header read by the host (once): on CUDA a wait for the split stream up
+        to this split's event, not for the compute stream's queue."""
+        if self.sizes is None:
+            if self.ready is not None:
+                self.ready.synchronize()
+            self.sizes = self.split.read_sizes(self.header)
+        return self.sizes
+
+    def copy_cold_ids(self, stream: torch.cuda.Stream | None) -> None:
+        """Each part's U unique cold ids to the host (U read from the header): on CUDA
+        one pinned D2H copy queued on the split ``stream``, after the classification,
+        that nothing here waits for; on CPU the ids are there already."""
+        ids = unique_cold_ids(self.split, self.read())
+        if stream is None:
+            self.cold_ids = [(t, None) for t in ids]
+            return
+        with torch.cuda.stream(stream):
+            host = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True)
+                    for t in ids]
+            copied = torch.cuda.Event()
+            copied.record(stream)
+        self.cold_ids = [(t, copied) for t in host]
+
+    def give_cold_ids(self, micro: MicroLookups | MixedMicro) -> None:
+        """Hand the copied cold ids to ``micro``'s gather (each dtype group its own)."""
+        if self.cold_ids is None:
+            return
+        parts = micro.parts if isinstance(micro, MixedMicro) else [micro]
+        for part, (ids, copied) in zip(parts, self.cold_ids, strict=True):
+            part.cold_host_ids, part.cold_host_ready = ids, copied
+
+
 class HotlineSteps:
     """Micro-batches of each mini-batch, cold rows gathered ahead; stats as JSON."""
 
@@ -106,7 +174,8 @@ class HotlineSteps:
         self.device = self.embeddings.hot_device
         # CUDA: the side stream that copies each mini-batch in and classifies it
         self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
-        self._hot_changed = True
+        self._stream_version: object = None  # the hot set the split stream last waited for
+        self._ahead: AheadSplit | None = None  # the next mini-batch's split, made a step ahead
         # hotline.refresh_every: the next hot set, chosen in the background (see after_step)
         self._planner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hotline-refresh")
         self._next_hot: Future[RefreshPlan] | None = None
@@ -119,23 +188,34 @@ class HotlineSteps:
     def reset_window(self) -> None:
         """Close the current window: add it to the run's totals, keep it as the last."""
         self._last = dict(self._window)
-        for key in ("steps", "hit", "popular", "gather", "transfer", "wait", "refreshes", "refresh"):
+        for key in ("steps", "hit", "popular", "gather", "transfer", "wait", "refreshes", "refresh",
+                    "ahead", "resplits"):
             self._total[key] = self._total.get(key, 0.0) + self._window.get(key, 0.0)
             self._window[key] = 0.0
 
-    def micro_batches(self, batch: Batch) -> Iterator[tuple[Batch, Any, bool]]:
+    def micro_batches(self, batch: Batch, upcoming: Batch | None = None) -> Iterator[tuple[Batch, Any, bool]]:
         """(popular, HOT_ONLY, False), then (non-popular, its cold rows, True): the
         part on the device (its ``sparse`` a ``MicroLookups``), its ``cold`` argument,
         and whether it is the step's last micro-batch. An empty part is skipped, but
-        on several ranks the non-popular one never is."""
+        on several ranks the non-popular one never is.
+
+        ``upcoming``: the mini-batch that comes next (None: none, or not known). It is
+        split here, before this batch's micro-batches run (on CUDA on the split
+        stream, queued: nothing waits for it), and its header is read after them, so
+        the next call finds its sizes on the host and starts its gather at once."""
         emb = self.embeddings
-        dev, split, sizes, ready = self._split(batch)
+        made = self._made_for(batch)
+        sizes = made.read()  # made a step ahead: read at the end of the previous call
+        if upcoming is not None:
+            self._ahead = self._issue(upcoming)
+        dev, split = self._use(made)
         self._observe(batch, sizes)
         rest_runs = batch.size > sizes.group0 or emb.sharded  # several ranks: a collective
         future = rest = None
         if rest_runs:
             rest = self._part(dev, split, sizes, 1)
-            rest.sparse.ready = ready  # the gather's copy waits for the split stream
+            rest.sparse.ready = made.ready  # the gather's copy waits for the split stream
+            made.give_cold_ids(rest.sparse)  # made ahead: its cold ids are on the host already
             if self.cfg.hotline.pipeline:
                 future = self.pool.submit(self._gather, rest.sparse)
         if sizes.group0:
@@ -148,21 +228,41 @@ class HotlineSteps:
             if self._next_hot is not None and host_ids is not None:
                 self._touched.append(host_ids)  # this step's cold update writes them
             yield rest, cold, True
+        if self._ahead is not None:
+            # The next batch's header, read after this batch's work is queued. On CUDA
+            # also the end of the split stream's reads of the hot ids: a refresh after
+            # this step may free them. Then its cold ids' copy to the host (one process:
+            # several ranks' cold lookups send values, not these ids).
+            self._ahead.read()
+            if not emb.sharded:
+                self._ahead.copy_cold_ids(self._stream)
 
-    def _split(self, batch: Batch) -> tuple[Batch, DeviceSplit | JointSplit, Sizes, torch.cuda.Event | None]:
-        """The mini-batch on the device (copied once), classified there, and the
-        split's header read by the host: the step's one wait for the device, and on
-        CUDA a wait for the split stream only (classification of this batch), not for
-        the compute stream's queue of earlier work."""
+    def _made_for(self, batch: Batch) -> AheadSplit:
+        """``batch``'s split: the one made a step ahead if it is this batch's and the hot
+        set is still the one it was classified against; else one made now (a refresh
+        in between changes which lookups are hot, and their slots)."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            if ahead.batch is batch and ahead.version == self.embeddings.hot_version:
+                self._window["ahead"] += 1
+                return ahead
+            self._window["resplits"] += 1
+        return self._issue(batch)
+
+    def _issue(self, batch: Batch) -> AheadSplit:
+        """The mini-batch on the device (copied once) and classified there, its header
+        copied to the host; on CUDA all on the split stream, and nothing here waits
+        for it (``AheadSplit.read`` does)."""
         emb, stream = self.embeddings, self._stream
+        version = emb.hot_version
         if stream is None:
             dev = batch.to(self.device)
             split = emb.split_on_device(dev.sparse, host=batch.sparse)
-            return dev, split, split.read_sizes(split.header), None
+            return AheadSplit(batch, version, dev, split, split.header)
         current = torch.cuda.current_stream(self.device)
-        if self._hot_changed:  # new hot ids (built, or refreshed) were written on this stream
+        if version != self._stream_version:  # new hot ids (built, refreshed) were written on this stream
             stream.wait_stream(current)
-            self._hot_changed = False
+            self._stream_version = version
         with torch.cuda.stream(stream):
             # page-locked first (a host copy of a few hundred KB): the H2D copy is then
             # queued DMA, not a staged copy the host waits for
@@ -172,12 +272,19 @@ class HotlineSteps:
             header.copy_(split.header, non_blocking=True)
             ready = torch.cuda.Event()
             ready.record(stream)
-        ready.synchronize()
-        current.wait_event(ready)  # the compute stream reads the split after it, the host does not wait
-        dev.record_stream(current)  # made on the split stream, freed after the compute stream's use
-        for t in split_tensors(split):
-            t.record_stream(current)
-        return dev, split, split.read_sizes(header), ready
+        return AheadSplit(batch, version, dev, split, header, ready)
+
+    def _use(self, made: AheadSplit) -> tuple[Batch, DeviceSplit | JointSplit]:
+        """The split's tensors handed to the compute stream (CUDA: it waits for the
+        split stream's event, the host does not; each tensor is ``record_stream``-ed, so
+        its memory outlives the compute stream's reads)."""
+        if made.ready is not None:
+            current = torch.cuda.current_stream(self.device)
+            current.wait_event(made.ready)
+            made.dev.record_stream(current)
+            for t in split_tensors(made.split):
+                t.record_stream(current)
+        return made.dev, made.split
 
     def _part(self, dev: Batch, split: DeviceSplit | JointSplit, sizes: Sizes, group: int) -> Batch:
         samples = samples_of(split, sizes, group)
@@ -216,7 +323,6 @@ class HotlineSteps:
             touched = torch.cat(self._touched) if self._touched else torch.zeros(0, dtype=torch.int64)
             self.embeddings.refresh(self._next_hot.result(), touched)
             self._next_hot = None
-            self._hot_changed = True
             self._window["refreshes"] += 1
         if step % every == 0 and self.counts is not None:
             counts = sum_counts(self.counts, self.tables, self.info)  # a collective: here, on every rank
@@ -257,10 +363,16 @@ class HotlineSteps:
             # hotline.refresh_every: re-profiles and the mean pause each cost the step loop
             "refreshes": w["refreshes"],
             "refresh_pause_ms": 1000 * w["refresh"] / w["refreshes"] if w["refreshes"] else 0.0,
+            # mini-batches whose split was made a step ahead; those made again at their
+            # step (the hot set changed in between, or another batch came)
+            "split_ahead": w["ahead"] / steps,
+            "resplits": w["resplits"],
         }
         return out
 
     def close(self) -> None:
-        """A plan still pending (made at the last step) is dropped: no step needs it."""
+        """A plan still pending (made at the last step) is dropped: no step needs it;
+        so is a split made ahead for a batch that never came."""
+        self._ahead = None
         self.pool.shutdown(wait=True)
         self._planner.shutdown(wait=True)

@@ -65,6 +65,7 @@ from dlrm.train.header import header
 from dlrm.train.host_memory import reuse_freed_memory
 from dlrm.train.hotline import HotlineSteps, make_profile
 from dlrm.train.inputs import RunData, make_reader, resolve_data
+from dlrm.train.lookahead import Lookahead
 from dlrm.train.meter import JsonLog, Meter
 from dlrm.train.optim import build_dense_optimizer, lr_factor
 from dlrm.train.precision import decide_precision
@@ -196,6 +197,7 @@ class Trainer:
                                      info.rank, info.device)
         self.last_eval: dict[str, Any] | None = None
         self._batches: Iterator[Batch] | None = None
+        self._upcoming: Batch | None = None  # Hotline: the next step's first batch (``_peek_next``)
         self._staged: StagedBatches | None = None  # data.in_memory: batches read once
         self.graphs, self.step_mode = self._graphs()
 
@@ -283,12 +285,24 @@ class Trainer:
             if (self.info.device.type == "cuda" and self.hotline is None  # Hotline copies its own
                     and self._staged is None):
                 self._batches = DevicePrefetcher(self._batches, self.info.device)
+            if self.hotline is not None:  # it splits the next batch during this step
+                self._batches = Lookahead(self._batches)
         batches = list(itertools.islice(self._batches, self.cfg.train.accumulate))
         if not batches:
             self.progress.epoch += 1
             self.progress.step_in_epoch = 0
             self._batches = None
+        self._upcoming = self._peek_next()
         return batches
+
+    def _peek_next(self) -> Batch | None:
+        """Hotline: the batch after this step's (the next step's first), still to be
+        handed out by ``_next_batches``; None at an epoch's end and at the run's last
+        step (no split made for a batch no step trains)."""
+        if (not isinstance(self._batches, Lookahead)
+                or self.progress.global_step + 1 >= self.total_steps):
+            return None
+        return self._batches.peek()
 
     def step(self, batches: list[Batch]) -> StepDone:
         """One optimizer step over ``batches`` (see the module docstring)."""
@@ -309,8 +323,10 @@ class Trainer:
         self.model.begin_step(self.cfg.optim.sparse_lr * factor)
         self.dense_opt.zero_grad(set_to_none=True)
         embedding_before = sum(TIMER.totals[s] for s in EMBEDDING_SECTIONS)
+        after, self._upcoming = self._upcoming, None  # used once: by this step only
         for i, batch in enumerate(batches):
-            for part, sparse, last in self._micro_batches(batch):
+            upcoming = batches[i + 1] if i + 1 < len(batches) else after
+            for part, sparse, last in self._micro_batches(batch, upcoming):
                 # Named spans in a profile's trace (CPU and GPU): Hotline's popular and
                 # non-popular micro-batches can be told apart on the device timeline.
                 with torch.profiler.record_function(micro_batch_name(sparse)):
@@ -357,13 +373,14 @@ class Trainer:
         self.dense_opt.step()
         return bce.detach()
 
-    def _micro_batches(self, batch: Batch) -> Iterator[tuple[Batch, Any, bool]]:
-        """(part on the device, its sparse input, last micro-batch of the batch?)."""
+    def _micro_batches(self, batch: Batch, upcoming: Batch | None) -> Iterator[tuple[Batch, Any, bool]]:
+        """(part on the device, its sparse input, last micro-batch of the batch?);
+        ``upcoming``: the batch after it (Hotline splits it meanwhile), or None."""
         if self.hotline is None:
             part = batch.to(self.info.device, non_blocking=True)
             yield part, part.sparse, True
             return
-        for part, cold, last in self.hotline.micro_batches(batch):  # already on the device
+        for part, cold, last in self.hotline.micro_batches(batch, upcoming):  # already on the device
             yield part, Prefetched(part.sparse, cold), last
 
     def _forward_backward(self, part: Batch, sparse: Any, rows: int, sync: bool) -> None:

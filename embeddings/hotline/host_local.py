@@ -18,7 +18,9 @@ One step's ordering (CUDA; kept gradients, as the trainer runs it):
                   the NEXT step's gather waits for this queue (``collection``): read after write.
 
 Host waits left in the main thread: the split's 56-byte header (the micro-batches'
-shapes depend on it; it waits for the split stream, not for the compute stream), the
+shapes depend on it; it waits for the split stream, not for the compute stream; the
+trainer splits each mini-batch a step ahead and reads its header at the end of the
+step before, dlrm/train/hotline.py), the
 torch path's KV-gradient ``unique_consecutive`` of the hot lookups (the Triton
 sorted backward has none; the cold side's ids are known: ``covers``), and the wait for
 the gather thread (a Python future, not a device sync).
@@ -126,7 +128,8 @@ class LocalHostTier:
     # ------------------------------------------------------------------ cold rows
     def gather_cold(self, micro: MicroLookups, device: torch.device) -> ColdRows:
         """The mini-batch's unique cold rows (classified on the device: ``micro.cold_ids``),
-        copied to ``device``. CUDA: the ids come back in one D2H copy, the rows are
+        copied to ``device``. CUDA: the ids come back in one D2H copy (made a step
+        ahead by the trainer where ``micro.cold_host_ids`` holds them), the rows are
         gathered into a pinned buffer and go over in one H2D copy, both on a side
         stream ordered by events, so the trainer's compute goes on meanwhile. Runs on
         the gather thread: its host waits (the ids' copy) are not the trainer's."""
@@ -134,7 +137,12 @@ class LocalHostTier:
         source = self.collection.weight.data  # after the queued host updates
         ids = micro.cold_ids
         cuda = device.type == "cuda" and source.device.type == "cpu"
-        if cuda:
+        if cuda and micro.cold_host_ids is not None:  # copied a step ahead (dlrm/train/hotline.py)
+            if micro.cold_host_ready is not None:
+                micro.cold_host_ready.synchronize()  # this thread's wait; the copy was queued a step ago
+            host_ids = micro.cold_host_ids
+            rows = torch.empty(ids.numel(), source.shape[1], dtype=source.dtype, pin_memory=True)
+        elif cuda:
             caller = torch.cuda.current_stream(device)  # where ids classified outside the trainer were
             with torch.cuda.stream(self._copy_stream):
                 if micro.ready is not None:
@@ -149,7 +157,7 @@ class LocalHostTier:
             arrived.synchronize()  # this thread waits for U ids, the trainer does not
             rows = torch.empty(ids.numel(), source.shape[1], dtype=source.dtype, pin_memory=True)
         else:
-            host_ids = ids.to(source.device)
+            host_ids = ids.to(source.device) if micro.cold_host_ids is None else micro.cold_host_ids
             rows = source.new_empty(ids.numel(), source.shape[1])
         self._count("d2h", host_ids)
         self._gather_rows(source, host_ids, rows)

@@ -187,6 +187,11 @@ class MixedHotlineCollection(PerDtype):
         return all(g.on_triton() for g in self.groups)
 
     @property
+    def hot_version(self) -> tuple[int, ...]:
+        """Every group's hot-tier version: a joint split is stale if any changed."""
+        return tuple(g.hot_version for g in self.groups)
+
+    @property
     def grad_scale(self) -> float:
         return self.groups[0].grad_scale
 

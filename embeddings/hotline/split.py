@@ -83,7 +83,9 @@ class MicroLookups:
     the mini-batch's unique cold ids (``cold_ids`` [U], on the device), cold_values
     [Nc] table-local ids, bags ``cold_lengths``; lengths [F*b] whole bags; scales
     (mean pooling) 1 / whole bag length per lookup. ``ready``: CUDA, the event after
-    which the split stream's tensors may be read.
+    which the split stream's tensors may be read. ``cold_host_ids``: ``cold_ids``
+    already copied to the host (the trainer's split made a step ahead, ``unique_cold_ids``),
+    complete after ``cold_host_ready`` (CUDA); None: the gather copies them itself.
     """
 
     hot_slots: torch.Tensor
@@ -99,6 +101,8 @@ class MicroLookups:
     cold_ids: torch.Tensor
     popular: int  # samples of this micro-batch whose every lookup is hot
     ready: torch.cuda.Event | None = None
+    cold_host_ids: torch.Tensor | None = None
+    cold_host_ready: torch.cuda.Event | None = None
 
     @property
     def lookups(self) -> int:
@@ -232,6 +236,15 @@ def micro_lookups(split: DeviceSplit, sizes: Sizes, group: int) -> MicroLookups:
         num_features=features, cold_ids=split.unique_cold[:sizes.unique_cold],
         popular=sizes.popular if group == 0 else 0,
     )
+
+
+def unique_cold_ids(split: DeviceSplit | JointSplit, sizes: Sizes) -> list[torch.Tensor]:
+    """Each part's U unique cold ids (a joint split: one per part, in part order), where
+    the split is: static slices, given the header the host read."""
+    if isinstance(split, JointSplit):
+        assert isinstance(sizes, JointSizes)
+        return [part.unique_cold[:z.unique_cold] for part, z in zip(split.parts, sizes.parts, strict=True)]
+    return [split.unique_cold[:sizes.unique_cold]]
 
 
 def split_tensors(split: DeviceSplit | JointSplit) -> list[torch.Tensor]:

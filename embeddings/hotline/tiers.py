@@ -127,6 +127,9 @@ class HotlineEmbeddingCollection(EmbeddingCollection):
         self.hot = HotTier(optimizer, fused, self.tables, rounding_seed, kernels, one_process=plan is None)
         self._last: tuple[int, int, int, int, int] | None = None
         self.profile = profile
+        # Bumped whenever the hot tier is (re)loaded: a split made before classified
+        # against other hot ids (the trainer's split made a step ahead checks it).
+        self.hot_version = 0
         self._load_hot(self._stacked_hot_ids(profile), device)
 
     # ------------------------------------------------------------------ tiers
@@ -188,6 +191,7 @@ class HotlineEmbeddingCollection(EmbeddingCollection):
             weight, state = self.tier.read_rows(stacked, device)
             self.hot.load(stacked.to(device), weight, state)
         self._hot_ids_host = stacked.cpu()
+        self.hot_version += 1
 
     def _hot_bytes(self, rows: int, device: torch.device) -> tuple[str, int, torch.device]:
         itemsize = max(t.itemsize for t in self.tables)
@@ -227,6 +231,7 @@ class HotlineEmbeddingCollection(EmbeddingCollection):
             swap(self.tier, self.hot, plan, self.optimizer.per_row_state(), touched)
         self.profile = plan.profile
         self._hot_ids_host = plan.ids
+        self.hot_version += 1
 
     # ------------------------------------------------------------------ lookups
     def _lookups(self, sparse: KeyedJagged) -> Lookups:

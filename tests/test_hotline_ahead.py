@@ -1,0 +1,199 @@
+"""The trainer's Hotline step splits the next mini-batch a step ahead (dlrm/train/hotline.py).
+
+- The split made ahead gives the same micro-batches (lookups, dense rows, labels,
+  gathered cold rows) as a split made at the step (reference: a ``HotlineSteps`` that
+  never splits ahead), for one dtype and for several (``split_jointly``).
+- Order: batch t+1 is split before batch t's first micro-batch is handed out and its
+  header is read after batch t's last one; at step t+1 nothing is split or read for it.
+  Its cold ids were copied to the host then too, and its gather uses that copy.
+- A refresh between the split and its step: the split is made again against the new
+  hot set (the stale one's sizes differ: it would have cut other micro-batches);
+  another batch than the one split ahead: split at its step.
+- Training with a refresh stays equal to ordinary training: tests/test_hotline_train.py
+  (``resplits`` counted there).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from data.batch import Batch
+from dlrm.config import load_config
+from dlrm.train.hotline import AheadSplit, HotlineSteps
+from embeddings.hotline.lookups import HOT_ONLY
+from embeddings.hotline.mixed import GroupCold, MixedMicro, hotline_collection
+from embeddings.optim import make_sparse_optimizer
+from tests.conftest import TINY
+from tests.test_embeddings import random_kjt, tables_fixture
+from tests.test_hotline import FEATURES, profile_of, rows_of, touched
+
+BATCH = 16
+DTYPES = {"t0": "bf16", "t_shared": "fp32", "t2": "fp16"}
+
+
+def _setup(mixed: bool):
+    """A Hotline collection (several dtypes if ``mixed``), 4 batches, and a second hot set."""
+    tables = tables_fixture()
+    if mixed:
+        tables = [dataclasses.replace(t, dtype=DTYPES[t.name]) for t in tables]
+    kjts = [random_kjt(FEATURES, rows_of(tables), batch=BATCH, max_len=2, seed=3 + s) for s in range(4)]
+    g = torch.Generator().manual_seed(0)
+    batches = [Batch(torch.randn(BATCH, 3, generator=g), kjt, torch.rand(BATCH, generator=g)) for kjt in kjts]
+    seen = touched(tables, kjts)
+    first = {n: ids[ids % 5 != 0] for n, ids in seen.items()}
+    second = {n: ids[ids % 2 == 0] for n, ids in seen.items()}
+    coll = hotline_collection(tables, profile_of(tables, first), make_sparse_optimizer("adam"),
+                              fused=False, seed=1)
+    return coll, batches, profile_of(tables, second)
+
+
+def _steps(coll) -> HotlineSteps:
+    return HotlineSteps(SimpleNamespace(embeddings=coll), load_config(TINY, ["hotline.budget=1KB"]))
+
+
+def _run(steps: HotlineSteps, batch: Batch, upcoming: Batch | None = None) -> list:
+    return list(steps.micro_batches(batch, upcoming))
+
+
+def _assert_same(got, want, label: str) -> None:
+    """Tensors equal bit for bit, other values equal, dataclasses field by field."""
+    if isinstance(want, torch.Tensor):
+        assert torch.equal(got, want), label
+    elif isinstance(want, (list, tuple)):
+        assert len(got) == len(want), label
+        for i, (a, b) in enumerate(zip(got, want)):
+            _assert_same(a, b, f"{label}[{i}]")
+    elif isinstance(want, MixedMicro):
+        _assert_same(got.parts, want.parts, f"{label}.parts")
+    elif dataclasses.is_dataclass(want):
+        assert type(got) is type(want), label
+        for f in dataclasses.fields(want):
+            # events, timings, and the cold ids a split made ahead copied (checked apart)
+            if f.name not in ("ready", "gather_s", "transfer_s", "cold_host_ids", "cold_host_ready"):
+                _assert_same(getattr(got, f.name), getattr(want, f.name), f"{label}.{f.name}")
+    else:
+        assert got == want, label
+
+
+def _assert_same_parts(got: list, want: list, label: str) -> None:
+    assert len(got) == len(want) == 2, label  # the fixture runs both micro-batches
+    for (part, cold, last), (part_w, cold_w, last_w) in zip(got, want):
+        assert last == last_w, label
+        _assert_same([part.dense, part.labels], [part_w.dense, part_w.labels], f"{label} rows")
+        _assert_same(part.sparse, part_w.sparse, f"{label} lookups")
+        if cold_w is HOT_ONLY:
+            assert cold is HOT_ONLY, label
+        else:
+            parts = cold_w.parts if isinstance(cold_w, GroupCold) else [cold_w]
+            got_parts = cold.parts if isinstance(cold, GroupCold) else [cold]
+            _assert_same([(c.ids, c.rows, c.host_ids) for c in got_parts],
+                         [(c.ids, c.rows, c.host_ids) for c in parts], f"{label} cold rows")
+
+
+def _assert_cold_ids_copied_ahead(handed: list, ahead: bool) -> None:
+    """The non-popular micro-batch of a split made ahead carries its cold ids, copied to
+    the host at the end of the step before, and its gather used those (not a copy of
+    its own); a split made at the step carries none."""
+    part, cold = handed[-1][0], handed[-1][1]
+    micros = part.sparse.parts if isinstance(part.sparse, MixedMicro) else [part.sparse]
+    colds = cold.parts if isinstance(cold, GroupCold) else [cold]
+    for micro, rows in zip(micros, colds, strict=True):
+        if ahead:
+            assert torch.equal(micro.cold_host_ids, micro.cold_ids) and rows.host_ids is micro.cold_host_ids
+        else:
+            assert micro.cold_host_ids is None
+
+
+def _spy(monkeypatch, coll, batches: list[Batch]) -> list[tuple[str, int]]:
+    """Events: ("split", batch index) per classification, ("read", i) per header read."""
+    events: list[tuple[str, int]] = []
+    index = {id(b.sparse): i for i, b in enumerate(batches)}
+    split = coll.split_on_device
+
+    def splitting(sparse, by_popularity=True, host=None):
+        events.append(("split", index[id(host)]))
+        return split(sparse, by_popularity, host=host)
+
+    read = AheadSplit.read
+
+    def reading(self):
+        if self.sizes is None:
+            events.append(("read", index[id(self.batch.sparse)]))
+        return read(self)
+
+    monkeypatch.setattr(coll, "split_on_device", splitting)
+    monkeypatch.setattr(AheadSplit, "read", reading)
+    return events
+
+
+@pytest.mark.parametrize("mixed", [False, True])
+def test_split_ahead_equals_a_split_at_the_step(mixed: bool, monkeypatch) -> None:
+    coll, batches, _ = _setup(mixed)
+    want = [_run(_steps(coll), b) for b in batches]  # every batch split at its own step
+    ahead = _steps(coll)
+    events = _spy(monkeypatch, coll, batches)
+    for i, batch in enumerate(batches):
+        upcoming = batches[i + 1] if i + 1 < len(batches) else None
+        handed: list = []
+        for item in ahead.micro_batches(batch, upcoming):
+            events.append(("micro-batch", i))
+            handed.append(item)
+        _assert_same_parts(handed, want[i], f"batch {i} mixed={mixed}")
+        _assert_cold_ids_copied_ahead(handed, ahead=i > 0)
+    # batch 0 at its step; every later one split during the step before, before that
+    # step's first micro-batch, and its header read after that step's last one
+    assert events == [("split", 0), ("read", 0),
+                      ("split", 1), ("micro-batch", 0), ("micro-batch", 0), ("read", 1),
+                      ("split", 2), ("micro-batch", 1), ("micro-batch", 1), ("read", 2),
+                      ("split", 3), ("micro-batch", 2), ("micro-batch", 2), ("read", 3),
+                      ("micro-batch", 3), ("micro-batch", 3)]
+    stats = ahead.stats()
+    assert stats["split_ahead"] == 3 / 4 and stats["resplits"] == 0
+    ahead.close()
+
+
+@pytest.mark.parametrize("mixed", [False, True])
+def test_a_refresh_between_the_split_and_its_step_makes_it_again(mixed: bool) -> None:
+    coll, batches, second = _setup(mixed)
+    steps = _steps(coll)
+    _run(steps, batches[0], batches[1])
+    stale = steps._ahead
+    assert stale is not None and stale.sizes is not None  # split and read during step 0
+    coll.refresh(second)  # what after_step does at a refresh boundary
+    got = _run(steps, batches[1])
+    want = _run(_steps(coll), batches[1])  # split at the step, against the new hot set
+    _assert_same_parts(got, want, f"after the refresh mixed={mixed}")
+    _assert_cold_ids_copied_ahead(got, ahead=False)  # not the stale split's
+    fresh = _steps(coll)
+    assert fresh._issue(batches[1]).read() != stale.sizes  # the stale split would cut others
+    assert steps.stats()["resplits"] == 1
+    steps.close()
+
+
+def test_another_batch_than_the_one_split_ahead_is_split_at_its_step() -> None:
+    coll, batches, _ = _setup(False)
+    steps = _steps(coll)
+    _run(steps, batches[0], batches[1])
+    got = _run(steps, batches[2])  # not the batch split ahead
+    _assert_same_parts(got, _run(_steps(coll), batches[2]), "another batch")
+    assert steps.stats()["resplits"] == 1
+    steps.close()
+
+
+def test_lookahead_shows_the_next_item_and_still_hands_it_out() -> None:
+    """The trainer's batch iterator (dlrm/train/lookahead.py): ``peek`` takes nothing
+    away; the items come out in their order, then ``peek`` is None."""
+    import itertools
+
+    from dlrm.train.lookahead import Lookahead
+
+    items = Lookahead(iter("abc"))
+    assert items.peek() == "a" and items.peek() == "a"
+    assert list(itertools.islice(items, 2)) == ["a", "b"]
+    assert items.peek() == "c"
+    assert list(items) == ["c"]
+    assert items.peek() is None and list(items) == []
