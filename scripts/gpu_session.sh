@@ -25,8 +25,9 @@
 # of 4096), in order:
 #   1. the rows the open issues are judged by, each printed as it ends: native (fp32
 #      tables), hotline and host_embedding (issue 22: hotline / host_embedding >= 2x,
-#      hotline / native >= 0.8x), native_bf16_tables (issue 24), in_memory (issue 23:
-#      native / in_memory >= 0.95)                                   ($OUT/bench.json)
+#      hotline / native >= 0.8x), native_bf16_tables and hotline_bf16_tables (issue 24:
+#      each over its fp32 row; Hotline's budget then holds twice the rows), in_memory
+#      (issue 23: native / in_memory >= 0.95)                       ($OUT/bench.json)
 #   2. the hotline.budget sweep at 64MB, 512MB, 2GB (128MB is row 1's) (bench_budgets.json)
 #   3. native_fp16_tables, torch_baseline, native with cuda_graphs=off (bench_extra.json)
 #   4. the embedding kernels alone (python -m dlrm.bench.kernels: bytes/s per path)
@@ -101,15 +102,16 @@ bench_part() {
 
 bench() {
   local code
-  bench_part main 330 \
-    --engines native,hotline,host_embedding,native_bf16_tables,in_memory "$@" >"$OUT/bench.log" 2>&1
+  bench_part main 350 \
+    --engines native,hotline,host_embedding,native_bf16_tables,hotline_bf16_tables,in_memory "$@" \
+    >"$OUT/bench.log" 2>&1
   code=$?
   cp /tmp/bench_gpu/main/bench.json /tmp/bench_gpu/main/bench.png "$OUT"/ 2>/dev/null
   grep -E "^  [a-z_0-9]+@|FAILED|generated|hotline|from Parquet|tables:|steps:|gpu:|bound" \
     "$OUT/bench.log" | tail -30
   {
     echo "== hotline.budget sweep (128MB: the main rows)"
-    bench_part budgets 150 --engines "" --hotline-budgets 64MB,512MB,2GB "$@"
+    bench_part budgets 120 --engines "" --hotline-budgets 64MB,512MB,2GB "$@"
     cp /tmp/bench_gpu/budgets/bench.json "$OUT"/bench_budgets.json 2>/dev/null
     cp /tmp/bench_gpu/budgets/bench_budgets.png "$OUT"/ 2>/dev/null
     echo "== native_fp16_tables, torch_baseline"

@@ -36,7 +36,7 @@ def test_bench_rows_ratios_and_limit(bench: Path) -> None:
     assert set(rows) == {("native", 1), ("native_bf16", 1), ("torchrec", 1), ("torchrec_bf16", 1),
                          ("torch_baseline", 1), ("in_memory", 1), ("hotline", 1),
                          ("native_bf16_tables", 1), ("native_fp16_tables", 1),
-                         ("host_embedding", 1)}
+                         ("hotline_bf16_tables", 1), ("host_embedding", 1)}
     assert rows["native", 1]["vs_in_memory"] == pytest.approx(
         rows["native", 1]["samples_per_s"] / rows["in_memory", 1]["samples_per_s"])
     assert rows["host_embedding", 1]["hotline"]["hot_hit_rate"] == 0.0  # nothing on the device
@@ -66,7 +66,8 @@ def test_bench_rows_ratios_and_limit(bench: Path) -> None:
         assert limit[key] > 0, key
     tiny = load_config(TINY, SMALL).generate
     for (engine, _), r in rows.items():  # what each row trained, from its own summary
-        dtype = {"native_bf16_tables": "bf16", "native_fp16_tables": "fp16"}.get(engine, "fp32")
+        dtype = {"native_bf16_tables": "bf16", "native_fp16_tables": "fp16",
+                 "hotline_bf16_tables": "bf16"}.get(engine, "fp32")
         assert r["tables"] == {"count": tiny.sparse, "rows": tiny.sparse * tiny.table_rows[0],
                                "bytes": tiny.sparse * tiny.table_rows[0] * 16 * (4 if dtype == "fp32" else 2),
                                "dtype": dtype}, engine
@@ -211,11 +212,16 @@ def test_half_table_lines_pair_rows_of_a_rank_count() -> None:
         return {"engine": engine, "ranks": ranks, "samples_per_s": rate, "tables": {"bytes": nbytes}}
 
     rows = [row("native", 1, 100.0, 1000), row("native_bf16_tables", 1, 110.0, 500),
-            row("native_fp16_tables", 2, 90.0, 500), row("hotline", 1, 70.0, 1000)]
+            row("native_fp16_tables", 2, 90.0, 500), row("hotline", 1, 70.0, 1000),
+            row("hotline_bf16_tables", 1, 84.0, 500)]
     lines = half_table_lines(rows)
     assert rows[1]["vs_fp32_tables"] == {"samples_per_s": pytest.approx(1.1), "table_bytes": 0.5}
     assert "vs_fp32_tables" not in rows[2] and "vs_fp32_tables" not in rows[3]  # no native row at 2 ranks
+    # Hotline's half row against Hotline's, not native's
+    assert rows[4]["vs_fp32_tables"] == {"samples_per_s": pytest.approx(1.2), "table_bytes": 0.5}
     assert lines == [("native_bf16_tables@1 / native@1: samples/s 1.100x, table bytes 0.500x "
+                      "(issue 24: >= 1.0x at 0.5x +- 2% of the bytes)"),
+                     ("hotline_bf16_tables@1 / hotline@1: samples/s 1.200x, table bytes 0.500x "
                       "(issue 24: >= 1.0x at 0.5x +- 2% of the bytes)")]
 
 

@@ -179,3 +179,36 @@ def test_default_config_checkpoints_on_time_and_stops_on_sigint(straight, tmp_pa
     assert job.wait(timeout=120) == PREEMPTED, output(run)[-3000:]
     stopped = newest_step(run)
     assert f"stopped by SIGINT after step {stopped}" in output(run)
+
+
+@pytest.mark.slow
+def test_hotline_sigterm_mid_run_resumes_bit_equal(tmp_path: Path) -> None:
+    """One process, Hotline splitting each next mini-batch a step ahead and refreshing its
+    hot set: SIGTERM lands between steps, after a split was made ahead for a batch never
+    trained; the resumed run (no split carried over) ends with the parameters of a run
+    never stopped, bit for bit."""
+    from data.generate import generate_dataset
+
+    cfg = load_config(TINY, ["generate.row_group_rows=500", "generate.table_rows=[300]"])
+    generate_dataset(str(tmp_path / "train"), cfg.generate, seed=8, rows=2500)
+    steps = 300
+    hotline = ["embeddings.placement=hotline", "hotline.budget=8KB", "hotline.refresh_every=7",
+               f"train.max_steps={steps}"]
+
+    def job(out: Path) -> subprocess.Popen:
+        return start(train_cmd(tmp_path / "train", out, *hotline), out)
+
+    straight = tmp_path / "straight"
+    assert job(straight).wait(timeout=300) == 0, output(straight)[-3000:]
+    run = tmp_path / "run"
+    first = job(run)
+    wait_for_step(first, run, 10)
+    first.send_signal(signal.SIGTERM)
+    assert first.wait(timeout=120) == PREEMPTED, output(run)[-3000:]
+    stopped = newest_step(run)
+    assert 10 <= stopped < steps and f"stopped by SIGTERM after step {stopped}" in output(run)
+    ahead = [x for x in logged(run) if x.get("event") == "summary"][-1]["hotline"]
+    assert ahead["split_ahead"] > 0.5 and ahead["refreshes"] >= 1, ahead  # what the stop cuts across
+    assert job(run).wait(timeout=300) == 0, output(run)[-3000:]
+    assert f"at step {stopped}" in output(run) and newest_step(run) == steps
+    assert_bit_equal(run_state(run), run_state(straight))

@@ -63,6 +63,8 @@ ENGINES = {
     # bf16 / fp16, beside native's fp32 rows (``vs_fp32_tables``: rate and table bytes).
     "native_bf16_tables": ["embeddings.backend=native", "embeddings.dtype=bf16"],
     "native_fp16_tables": ["embeddings.backend=native", "embeddings.dtype=fp16"],
+    # Hotline with bf16 tables: twice the hot rows in the same hotline.budget (beside hotline)
+    "hotline_bf16_tables": ["embeddings.placement=hotline", "embeddings.dtype=bf16"],
     "host_embedding": ["embeddings.placement=hotline", "hotline.budget=1B", "hotline.pipeline=false"],
 }
 SECTIONS = ("data_wait", "input_alltoall", "lookup", "output_alltoall", "mlp",
@@ -494,20 +496,23 @@ def add_input_ratio(rows: list[dict[str, Any]]) -> None:
 
 
 def half_table_lines(rows: list[dict[str, Any]]) -> list[str]:
-    """``vs_fp32_tables`` on each half-table row: its samples/s and table bytes over the
-    native (fp32 tables) row's at the same rank count; one line each (none without a
-    native row)."""
-    native = {r["ranks"]: r for r in rows if r["engine"] == "native"}
+    """``vs_fp32_tables`` on each half-table row (``<engine>_bf16_tables``): its samples/s
+    and table bytes over its engine's fp32-table row (native, hotline) at the same rank
+    count; one line each (none without that row)."""
+    by = {(r["engine"], r["ranks"]): r for r in rows}
     lines = []
     for r in rows:
-        base = native.get(r["ranks"])
-        if not r["engine"].endswith("_tables") or base is None:
+        if not r["engine"].endswith("_tables"):
+            continue
+        engine = r["engine"].rsplit("_", 2)[0]  # native_bf16_tables -> native
+        base = by.get((engine, r["ranks"]))
+        if base is None:
             continue
         rate = r["samples_per_s"] / base["samples_per_s"] if base["samples_per_s"] else None
         mine, theirs = (x.get("tables") or {} for x in (r, base))
         size = mine["bytes"] / theirs["bytes"] if mine.get("bytes") and theirs.get("bytes") else None
         r["vs_fp32_tables"] = {"samples_per_s": rate, "table_bytes": size}
-        lines.append(f"{r['engine']}@{r['ranks']} / native@{r['ranks']}: samples/s {_fmt(rate, '.3f')}x, "
+        lines.append(f"{r['engine']}@{r['ranks']} / {engine}@{r['ranks']}: samples/s {_fmt(rate, '.3f')}x, "
                      f"table bytes {_fmt(size, '.3f')}x (issue 24: >= 1.0x at 0.5x +- 2% of the bytes)")
     return lines
 
