@@ -21,7 +21,7 @@ by a host thread while the previous micro-batch ran).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
 
@@ -101,3 +101,18 @@ class PooledEmbeddings(Protocol):
         ...
 
     def import_tables(self, tensors: dict[str, torch.Tensor]) -> None: ...
+
+
+@runtime_checkable
+class HotSetHolder(Protocol):
+    """A Hotline collection as a checkpoint sees it: its hot set (one sorted tensor of
+    stacked ids per dtype group), reloaded after its tables on resume, and
+    ``refresh_state``, the trainer's refresh inputs (dlrm/train/hotline.py), kept with
+    it. Both change a run's micro-batches, so a resume equal to a run never stopped
+    needs both."""
+
+    refresh_state: dict[str, Any] | None
+
+    def hot_ids_by_group(self) -> list[torch.Tensor]: ...
+
+    def load_hot_ids(self, ids: list[torch.Tensor]) -> None: ...

@@ -77,3 +77,26 @@ def test_torchrun_hotline_resumes_exactly(small_data, tmp_path: Path) -> None:
     train(config_for(small_data, case_overrides(1, "adam") + ["data.order_world_size=2"]), ref,
           echo=lambda s: None)
     assert_states_close(run_state(tmp_path / "run"), run_state(ref), "torchrun hotline resume")
+
+
+def test_torchrun_hotline_resume_across_a_refresh_is_bit_equal(small_data, tmp_path: Path) -> None:
+    """2 ranks, hotline.refresh_every=3, stopped after step 4 (each rank's counts since
+    step 3's re-profile: summed into rank 0's at the save) and resumed: bit for bit the
+    2-rank run never stopped."""
+    from tests.test_torchrun import torchrun
+
+    overrides = case_overrides(2, "adam", HOTLINE) + ["train.progress=false", "hotline.refresh_every=3",
+                                                      "train.max_steps=8"]
+
+    def args(out: str) -> list[str]:
+        return ["train", "--config", str(TINY), "--out", str(tmp_path / out),
+                f"data.train={small_data['train']}", f"data.eval={small_data['eval']}", *overrides]
+
+    torchrun(2, *args("straight"))
+    torchrun(2, *args("run"), "train.max_steps=4")
+    second = torchrun(2, *args("run"))
+    assert "resumed from" in second.stdout + second.stderr
+    want, got = run_state(tmp_path / "straight"), run_state(tmp_path / "run")
+    assert got.keys() == want.keys()
+    for key in want:
+        assert torch.equal(got[key], want[key]), key

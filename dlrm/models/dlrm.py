@@ -129,13 +129,29 @@ class DLRM(nn.Module):
         self.embeddings.import_tables(state["tables"])
 
     def state_for_checkpoint(self) -> tuple[dict[str, Any], TableState]:
-        """The MLPs for state.pt; the tables to write shard by shard."""
-        return {"dense": unwrap(self.dense_arch).state_dict()}, self.embeddings.table_state()
+        """The MLPs for state.pt (and a Hotline collection's hot set and refresh
+        inputs); the tables to write shard by shard."""
+        from embeddings.interface import HotSetHolder
+
+        state: dict[str, Any] = {"dense": unwrap(self.dense_arch).state_dict()}
+        if isinstance(self.embeddings, HotSetHolder):
+            state["hotline"] = {"hot_ids": self.embeddings.hot_ids_by_group(),
+                                "refresh": self.embeddings.refresh_state}
+        return state, self.embeddings.table_state()
 
     def restore(self, state: dict[str, Any], read_tables: Callable[[TableState], None]) -> None:
+        """The MLPs, then the tables, then (Hotline) the hot set the run had when it
+        saved: a refresh may have replaced the profile's (a checkpoint from before
+        the hot set was saved keeps the profile's)."""
+        from embeddings.interface import HotSetHolder
+
         self._import_dense(state["dense"])
         read_tables(self.embeddings.table_state())
         self.embeddings.tables_loaded()
+        hotline = state.get("hotline")
+        if hotline is not None and isinstance(self.embeddings, HotSetHolder):
+            self.embeddings.load_hot_ids(list(hotline["hot_ids"]))
+            self.embeddings.refresh_state = hotline["refresh"]
 
     def _import_dense(self, dense: dict[str, torch.Tensor]) -> None:
         missing, unexpected = unwrap(self.dense_arch).load_state_dict(dense, strict=False)

@@ -181,6 +181,7 @@ class HotlineSteps:
         self._next_hot: Future[RefreshPlan] | None = None
         self._touched: list[torch.Tensor] = []  # host rows cold updates wrote since the plan began
         self.counts: dict[str, torch.Tensor] | None = None
+        self._pending: dict[str, torch.Tensor] | None = None  # the counts _next_hot is planned from
         self._window: dict[str, float] = {}
         self._total: dict[str, float] = {}
         self.reset_window()
@@ -322,14 +323,45 @@ class HotlineSteps:
         if self._next_hot is not None:  # planned during this step: swap it in now
             touched = torch.cat(self._touched) if self._touched else torch.zeros(0, dtype=torch.int64)
             self.embeddings.refresh(self._next_hot.result(), touched)
-            self._next_hot = None
+            self._next_hot = self._pending = None
             self._window["refreshes"] += 1
         if step % every == 0 and self.counts is not None:
             counts = sum_counts(self.counts, self.tables, self.info)  # a collective: here, on every rank
             self.counts = None
             self._touched = []
-            self._next_hot = self._planner.submit(self._plan, counts)
+            self._submit(counts)
         self._window["refresh"] += time.perf_counter() - t0
+
+    def _submit(self, counts: dict[str, torch.Tensor]) -> None:
+        """Plan the hot set ``counts`` choose on the planner thread (swapped in by the
+        next ``after_step``)."""
+        self._pending = counts
+        self._next_hot = self._planner.submit(self._plan, counts)
+
+    def before_save(self) -> None:
+        """hotline.refresh_every: hand the refresh's inputs to the collection, which a
+        checkpoint saves with its hot set: the counts since the last refresh and those
+        a planned refresh was made from. Several ranks (a collective; every rank
+        saves): the counts are summed into rank 0's and the others' zeroed, which
+        leaves the next refresh's sum the same. A resume (``resume``) takes them back."""
+        if not self.cfg.hotline.refresh_every:
+            return
+        if self.info.world_size > 1:
+            mine = self.counts if self.counts is not None else count_accesses([], self.tables)
+            summed = sum_counts(mine, self.tables, self.info)
+            self.counts = summed if self.info.is_main else None
+        self.embeddings.refresh_state = {"counts": _sparse(self.counts), "pending": _sparse(self._pending)}
+
+    def resume(self) -> None:
+        """After a checkpoint loaded: the refresh's inputs it saved (``before_save``),
+        the counts on rank 0 (the sum of every rank's), a planned refresh planned again."""
+        saved = self.embeddings.refresh_state
+        if not saved or not self.cfg.hotline.refresh_every:
+            return
+        if self.info.is_main and saved["counts"] is not None:
+            self.counts = _dense(saved["counts"], self.tables)
+        if saved["pending"] is not None:
+            self._submit(_dense(saved["pending"], self.tables))
 
     def _plan(self, counts: dict[str, torch.Tensor]) -> RefreshPlan:
         """On the planner thread: the hot set the counts choose, and how to get there."""
@@ -376,3 +408,27 @@ class HotlineSteps:
         self._ahead = None
         self.pool.shutdown(wait=True)
         self._planner.shutdown(wait=True)
+
+
+def _sparse(counts: dict[str, torch.Tensor] | None) -> dict[str, torch.Tensor] | None:
+    """Per-table access counts as [2, n] (the rows seen, their counts): a checkpoint
+    holds the rows seen, not a count per row of every table."""
+    if counts is None:
+        return None
+    out = {}
+    for name, c in counts.items():
+        rows = c.nonzero().flatten()
+        out[name] = torch.stack([rows, c.index_select(0, rows)])
+    return out
+
+
+def _dense(counts: dict[str, torch.Tensor], tables: list[TableSpec]) -> dict[str, torch.Tensor]:
+    """``_sparse``'s inverse, a count per row of every table."""
+    out = {}
+    for t in tables:
+        full = torch.zeros(t.rows, dtype=torch.int64)
+        if t.name in counts:
+            rows, seen = counts[t.name]
+            full.index_put_((rows,), seen)
+        out[t.name] = full
+    return out

@@ -188,6 +188,8 @@ class Trainer:
         self.trace = (RowTrace(run_dir, cfg.train.trace_rows, self.schema, info.rank,
                                self.progress.global_step) if cfg.train.trace_rows else None)
         self.hotline = HotlineSteps(model, cfg, info) if cfg.embeddings.placement == "hotline" else None
+        if self.hotline is not None and resumed:
+            self.hotline.resume()
         # train.precision=bf16: matmuls of the dense arch in bf16 (embedding lookups and
         # all-to-alls are not autocast ops: they stay fp32), loss and updates in fp32.
         self.autocast = torch.autocast(info.device.type, dtype=torch.bfloat16,
@@ -448,6 +450,8 @@ class Trainer:
         warn_fp16_overflow(self.model)  # a checkpoint waits for the device; the run's end saves too
         if self.schedule.saved_step == self.progress.global_step:
             return  # saved at this step already
+        if self.hotline is not None:
+            self.hotline.before_save()  # its refresh inputs, saved with the hot set
         save_checkpoint(self.run_dir, self.model, self.dense_opt, self.progress, to_dict(self.cfg),
                         self.schema, self.info, keep=self.cfg.train.keep_checkpoints)
         self.schedule.saved(self.progress.global_step)

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -161,9 +161,19 @@ class MixedHotlineCollection(PerDtype):
             rows += sum(t.rows for t in mine)
         self.optimizer = self.groups[0].optimizer
         self._order_columns(device)
+        self.refresh_state: dict[str, Any] | None = None  # see embeddings/interface.py HotSetHolder
 
     def parts(self) -> list[EmbeddingCollection]:
         return list(self.groups)
+
+    def hot_ids_by_group(self) -> list[torch.Tensor]:
+        """Each group's hot set (stacked ids in the group's own stacking, sorted)."""
+        return [ids for g in self.groups for ids in g.hot_ids_by_group()]
+
+    def load_hot_ids(self, ids: list[torch.Tensor]) -> None:
+        """Each group's hot set from ``hot_ids_by_group``'s list."""
+        for g, own in zip(self.groups, ids, strict=True):
+            g.load_hot_ids([own])
 
     # ------------------------------------------------------------------ what the trainer asks
     @property

@@ -32,7 +32,7 @@ each micro-batch then one ``step()`` equals one step on the whole mini-batch
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -130,6 +130,7 @@ class HotlineEmbeddingCollection(EmbeddingCollection):
         # Bumped whenever the hot tier is (re)loaded: a split made before classified
         # against other hot ids (the trainer's split made a step ahead checks it).
         self.hot_version = 0
+        self.refresh_state: dict[str, Any] | None = None  # see embeddings/interface.py HotSetHolder
         self._load_hot(self._stacked_hot_ids(profile), device)
 
     # ------------------------------------------------------------------ tiers
@@ -192,6 +193,18 @@ class HotlineEmbeddingCollection(EmbeddingCollection):
             self.hot.load(stacked.to(device), weight, state)
         self._hot_ids_host = stacked.cpu()
         self.hot_version += 1
+
+    def hot_ids_by_group(self) -> list[torch.Tensor]:
+        """The hot set: its stacked ids, sorted (one group)."""
+        return [self._hot_ids_host.clone()]
+
+    def load_hot_ids(self, ids: list[torch.Tensor]) -> None:
+        """Make ``ids`` (``hot_ids_by_group``'s) the hot set, reading their rows from the
+        host tier, which must hold every row (after a load: ``tables_loaded``).
+        Several ranks: a collective, called by all with the same ids."""
+        (stacked,) = ids
+        if not torch.equal(stacked, self._hot_ids_host):
+            self._load_hot(stacked.to(torch.int64), self.hot.device)
 
     def _hot_bytes(self, rows: int, device: torch.device) -> tuple[str, int, torch.device]:
         itemsize = max(t.itemsize for t in self.tables)
