@@ -29,7 +29,7 @@ from embeddings.jagged import bag_offsets, in_feature_order, permute_bags, stack
 from embeddings.kernels import KernelChoice, use_triton
 from embeddings.kv import KVGradient
 from embeddings.lookup import pooled_lookup
-from embeddings.narrow import Fp16OverflowCounter, fp16_overflow, fp16_overflow_line, warn_once
+from embeddings.narrow import Fp16OverflowCounter, fp16_overflow, say_fp16_overflow, warn_once
 from embeddings.optim import SparseOptimizer
 from embeddings.plan.sizes import format_bytes
 from embeddings.plan.types import Shard, ShardingPlan, ShardingType
@@ -244,15 +244,13 @@ class LocalEmbeddingCollection(EmbeddingCollection):
         if self.weight_dtype != torch.float16 or not self.on_triton():
             return
         table_of = {f: t.name for t in self.tables for f in t.features}
-        per_table: dict[str, int] = {}
+        counts: list[int] = []
+        tables: list[str] = []
         for buffer, features in self._overflow_features.items():
-            for feature, count in zip(features, self.get_buffer(buffer).tolist(), strict=True):
-                if count:  # another stack's features (a routed batch) never count
-                    per_table[table_of[feature]] = per_table.get(table_of[feature], 0) + count
-        for name, count in per_table.items():
-            if name not in self._overflow_said:
-                self._overflow_said.add(name)
-                warn_once(fp16_overflow_line(name, count))
+            counts += self.get_buffer(buffer).tolist()
+            # another stack's features (a routed batch) never count: no table of ours
+            tables += [table_of.get(f, "") for f in features]
+        say_fp16_overflow(counts, tables, self._overflow_said)
 
     def _warn_overflow(self) -> None:
         """One line per fp16 table whose update overflowed (finite values became inf)."""

@@ -43,6 +43,21 @@ def fp16_overflow_line(table: str, count: int) -> str:
             f"use embeddings.dtype=bf16 or fp32")
 
 
+def say_fp16_overflow(counts: list[int], feature_tables: list[str], said: set[str]) -> None:
+    """One ``fp16_overflow_line`` per table among ``feature_tables`` (a feature's table,
+    one per count) whose features' ``counts`` (finite values rounded to inf) are not all
+    zero, summed over its features; each table said once (``said``: those said already,
+    updated)."""
+    per_table: dict[str, int] = {}
+    for table, count in zip(feature_tables, counts, strict=True):
+        if count:
+            per_table[table] = per_table.get(table, 0) + count
+    for table, count in per_table.items():
+        if table not in said:
+            said.add(table)
+            warn_once(fp16_overflow_line(table, count))
+
+
 @runtime_checkable
 class Fp16OverflowCounter(Protocol):
     """A module that counts its fp16 tables' overflow where it updates them (on the

@@ -20,6 +20,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from dlrm.config import ModelConfig
 from dlrm.models.interaction import CrossInteraction, DotInteraction
+from embeddings.interface import HotSetHolder
 
 if TYPE_CHECKING:
     from data.jagged import KeyedJagged
@@ -131,8 +132,6 @@ class DLRM(nn.Module):
     def state_for_checkpoint(self) -> tuple[dict[str, Any], TableState]:
         """The MLPs for state.pt (and a Hotline collection's hot set and refresh
         inputs); the tables to write shard by shard."""
-        from embeddings.interface import HotSetHolder
-
         state: dict[str, Any] = {"dense": unwrap(self.dense_arch).state_dict()}
         if isinstance(self.embeddings, HotSetHolder):
             state["hotline"] = {"hot_ids": self.embeddings.hot_ids_by_group(),
@@ -143,8 +142,6 @@ class DLRM(nn.Module):
         """The MLPs, then the tables, then (Hotline) the hot set the run had when it
         saved: a refresh may have replaced the profile's (a checkpoint from before
         the hot set was saved keeps the profile's)."""
-        from embeddings.interface import HotSetHolder
-
         self._import_dense(state["dense"])
         read_tables(self.embeddings.table_state())
         self.embeddings.tables_loaded()

@@ -36,7 +36,7 @@ from embeddings.jagged import bag_offsets
 from embeddings.kernels import KernelChoice, use_triton
 from embeddings.kv import KVGradient
 from embeddings.lookup import pooled_lookup
-from embeddings.narrow import fp16_overflow_line, warn_once
+from embeddings.narrow import say_fp16_overflow
 from embeddings.optim import SparseOptimizer
 from embeddings.rounding import RowRounding, table_key
 from embeddings.table import TableSpec
@@ -214,15 +214,8 @@ class HotTier(nn.Module):
         """fp16 hot rows: one line per table whose update rounded finite values to inf,
         said once (embeddings/narrow.py's text). A host read of the [F] counts: call it
         where the host waits anyway (the trainer's log, checkpoint and end)."""
-        if self.weight.dtype != torch.float16:
-            return
-        per_table: dict[str, int] = {}
-        for table, count in zip(self._feature_tables, self._overflow_counts.tolist(), strict=True):
-            per_table[table] = per_table.get(table, 0) + count
-        for table, count in per_table.items():
-            if count and table not in self._overflow_said:
-                self._overflow_said.add(table)
-                warn_once(fp16_overflow_line(table, count))
+        if self.weight.dtype == torch.float16:
+            say_fp16_overflow(self._overflow_counts.tolist(), self._feature_tables, self._overflow_said)
 
     def set_lr(self, lr: float) -> None:
         self.lr = lr
@@ -268,8 +261,9 @@ class HotTier(nn.Module):
         if rounding.overflow is None or not bool(rounding.overflow.any()):
             return
         infs = torch.isinf(self.weight.data.index_select(0, slots[rounding.overflow])).sum(dim=1)
-        for i, count in zip(table[rounding.overflow].tolist(), infs.tolist(), strict=True):
-            self._overflow_counts[self._table_first_feature[i]] += count
+        first = torch.tensor(self._table_first_feature, device=infs.device)[table[rounding.overflow]]
+        self._overflow_counts.index_add_(0, first.to(self._overflow_counts.device),
+                                         infs.to(self._overflow_counts))
 
     def take(self) -> KVGradient:
         """The kept gradients merged (empty if none), then forgotten."""
