@@ -82,6 +82,25 @@ def test_rows_on_a_cpu_keep_the_machine_bound() -> None:
     assert "hbm_gb_s" not in rows[0]
 
 
+def test_a_row_above_its_bound_is_named_as_a_wrong_measurement() -> None:
+    """The first H200 bench printed in_memory at 991% of its bound without a word (the
+    meter timed queued CUDA-graph replays): a row past a measured bound is an error."""
+    cfg = load_config(None, BY_HAND)
+    limit = {"samples_per_s_bound": 1000.0, "samples_per_s_bound_bf16": 2000.0,
+             "matmul_fp32_gflops": 1.0, "matmul_bf16_gflops": 2.0, "bandwidth_gb_s": 1.0,
+             "flops_per_sample": 1.0, "embedding_bytes_per_sample": 1.0, "tf32": True}
+    rows = [{"engine": "native", "ranks": 1, "samples_per_s": 900.0, "precision": "fp32"},
+            {"engine": "in_memory", "ranks": 1, "samples_per_s": 9910.0, "precision": "fp32"}]
+    bench.add_bounds(rows, cfg, limit)
+    text = bench.format_limit(limit, rows)
+    assert "mm fp32 (TF32)" in text and "in_memory@1 991.0%" in text
+    warnings = [line for line in text.splitlines() if line.startswith("warning")]
+    assert len(warnings) == 1 and "in_memory@1 above the bound" in warnings[0]
+    assert "native@1 above" not in warnings[0]
+    rows.pop()
+    assert "warning" not in bench.format_limit(limit, rows)
+
+
 @pytest.mark.slow
 def test_cpu_limit_unchanged_without_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
     """Where CUDA is not available the limit is the CPU's, with the keys it always had."""

@@ -1,15 +1,32 @@
-"""The run summary's data-wait share, and the warning naming the reader above 10%."""
+"""The run's meter: the data-wait share and the warning naming the reader above 10%;
+samples/s as wall time up to where the host waited for the device (a queued GPU step
+costs the host microseconds), warm-up and eval/checkpoint time left out."""
 
 from __future__ import annotations
+
+import pytest
 
 from dlrm.parallel.distributed import DistInfo
 from dlrm.train.meter import Meter
 
 
+class Clock:
+    """A clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def _meter(waits: list[float], seconds: float = 1.0, warmup: int = 2) -> Meter:
-    meter = Meter(DistInfo(), time_sections=False, warmup=warmup)
+    clock = Clock()
+    meter = Meter(DistInfo(), time_sections=False, warmup=warmup, clock=clock)
     for step, wait in enumerate(waits, start=1):
-        meter.add_step(step, 10, seconds, wait, 0.5, 0.1)
+        started = clock.now
+        clock.now += seconds
+        meter.add_step(step, 10, started, wait, 0.5, 0.1)
     return meter
 
 
@@ -19,5 +36,31 @@ def test_share_counts_timed_steps_only_and_warns_above_ten_percent() -> None:
     warning = meter.reader_warning()
     assert warning is not None and "reader" in warning and "20%" in warning
     quiet = _meter([0.9, 0.9, 0.1, 0.1])
+    quiet.close_span()
     assert quiet.data_wait_share == 0.1 and quiet.reader_warning() is None
     assert _meter([0.5]).data_wait_share == 0.0  # no timed step yet
+
+
+def test_rate_counts_the_wait_for_queued_work_not_the_steps_host_time() -> None:
+    """Steps queued in 1 ms each whose work ends 2 s later (the device's queue drained
+    when the log line reads the loss): 10 timed steps of 10 rows in ~2 s, 5 rows/s,
+    where summing the steps' host time gives 1,000 rows/s."""
+    clock = Clock()
+    meter = Meter(DistInfo(), time_sections=False, warmup=1, clock=clock)
+    for step in range(1, 12):
+        started = clock.now
+        clock.now += 0.001
+        meter.add_step(step, 10, started, 0.0, 0.001, 0.0)
+        if step == 1:
+            clock.now += 5.0  # after the warm-up's span closed, before the next fetch: no span's
+    first_timed = 100.0 + 0.001 + 5.0
+    clock.now = first_timed + 2.0
+    window = meter.take_window()
+    assert meter.rate == pytest.approx(100 / 2.0)
+    assert window["window_samples_per_s"] == pytest.approx(110 / (0.001 + 2.0))
+    clock.now += 60.0  # an eval: the trainer closes the span before it, nothing open
+    meter.close_span()
+    started = clock.now
+    clock.now += 1.0
+    meter.add_step(12, 10, started, 0.0, 1.0, 0.0)
+    assert meter.summary()["samples_per_s"] == pytest.approx(110 / 3.0)

@@ -187,12 +187,19 @@ def cuda_seconds(fn: Callable[[], object], rounds: int = 5, min_round_s: float =
     return min(timed(calls) for _ in range(rounds))
 
 
-def cuda_matmul_rate(m: int, k: int, n: int, dtype: torch.dtype = torch.float32) -> float:
-    """FLOP/s of torch.mm [m, k] x [k, n] in ``dtype`` on the current GPU (fp32 at
-    torch's matmul precision setting: IEEE fp32 unless TF32 was allowed)."""
+def cuda_matmul_rate(m: int, k: int, n: int, dtype: torch.dtype = torch.float32,
+                     tf32: bool = False) -> float:
+    """FLOP/s of torch.mm [m, k] x [k, n] in ``dtype`` on the current GPU; fp32 with
+    TF32 products where ``tf32`` (as training runs with train.tf32, the default: the
+    first H200 bench timed IEEE fp32, 49 TFLOP/s, and native's row passed 100%)."""
     a = torch.randn(m, k, device="cuda").to(dtype)
     b = torch.randn(k, n, device="cuda").to(dtype)
-    return 2.0 * m * k * n / cuda_seconds(lambda: torch.mm(a, b))
+    before = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    try:
+        return 2.0 * m * k * n / cuda_seconds(lambda: torch.mm(a, b))
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
 
 
 def cuda_copy_rates(mbytes: int = 512) -> dict[str, float]:
@@ -256,7 +263,8 @@ def cuda_limit(cfg: Config) -> dict[str, Any]:
         "device": torch.cuda.get_device_name(),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
-        "matmul_fp32_gflops": cuda_matmul_rate(m, k, n) / 1e9,
+        "matmul_fp32_gflops": cuda_matmul_rate(m, k, n, tf32=cfg.train.tf32) / 1e9,
+        "tf32": cfg.train.tf32,
         "matmul_bf16_gflops": cuda_matmul_rate(m, k, n, torch.bfloat16) / 1e9,
         "hbm_gb_s": copies["hbm"] / 1e9,
         "h2d_pinned_gb_s": copies["h2d"] / 1e9,

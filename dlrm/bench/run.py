@@ -613,13 +613,17 @@ def _tables_cell(tables: dict[str, Any] | None) -> str:
 def format_limit(limit: dict[str, float], rows: list[dict[str, Any]]) -> str:
     """The measured machine, the model's cost and each row's fraction of the bound."""
     fractions = ", ".join(f"{r['engine']}@{r['ranks']} {100 * r['fraction_of_bound']:.1f}%" for r in rows)
+    above = [f"{r['engine']}@{r['ranks']}" for r in rows if r["fraction_of_bound"] > 1.0]
+    warning = (f"\nwarning: {', '.join(above)} above the bound: the row's timing or the bound's "
+               "model is wrong (a bound is measured; no run can pass it)") if above else ""
     return (
-        f"machine: mm fp32 {limit['matmul_fp32_gflops']:.1f} GFLOP/s, "
+        f"machine: mm fp32{' (TF32)' if limit.get('tf32') else ''} {limit['matmul_fp32_gflops']:.1f} GFLOP/s, "
         f"mm bf16 {limit['matmul_bf16_gflops']:.1f} GFLOP/s, copy {limit['bandwidth_gb_s']:.1f} GB/s\n"
         f"model: {limit['flops_per_sample'] / 1e6:.2f} MFLOP/sample (fwd+bwd), "
         f"{limit['embedding_bytes_per_sample'] / 1e3:.1f} kB embedding traffic/sample\n"
         f"limit: {limit['samples_per_s_bound']:,.0f} samples/s with fp32 matmuls, "
         f"{limit['samples_per_s_bound_bf16']:,.0f} with bf16; fraction of its own reached: {fractions}"
+        + warning
     )
 
 

@@ -3,12 +3,23 @@ the timed steps (after a warm-up), time by section, peak memory; JSON lines out.
 
     step ─► add_loss (per micro-batch, a device tensor: no sync) ─► add_step ─►
     every train.log_every steps: take_window() ─► {"event": "train", loss, samples_per_s}
+
+Rates are wall time between points where the host has waited for the device, never
+the sum of the steps' host times: a GPU step (a replayed CUDA graph above all) is
+queued in microseconds and runs later, so the host's per-step clock measures how fast
+work is queued. The first GPU bench (H200, 781912d) reported 34M samples/s that way.
+
+    step 1 .. warmup      │ timed steps ....................│ eval/save │ steps ...
+    span (not timed) ─────┤sync  span ──────────── take_window: sync ┤ close_span ...
+                                 seconds += wall time from the span's first fetch
 """
 
 from __future__ import annotations
 
 import json
 import resource
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -56,13 +67,17 @@ class Meter:
     The first ``warmup`` steps are left out of the rate and the sections (caches,
     allocator and thread pools are still filling)."""
 
-    def __init__(self, info: DistInfo, time_sections: bool, warmup: int = 5) -> None:
-        self.info, self.warmup = info, warmup
+    def __init__(self, info: DistInfo, time_sections: bool, warmup: int = 5,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self.info, self.warmup, self.clock = info, warmup, clock
         self.loss = torch.zeros((), device=info.device)  # BCE sum of this rank's rows
         self.local_rows = 0
         self.window_rows, self.window_seconds = 0, 0.0  # global rows, wall time
         self.timed_rows, self.timed_seconds, self.timed_steps = 0, 0.0, 0
         self.timed_wait = 0.0  # seconds of the timed steps spent waiting for a batch
+        # the open span: the clock at its first step's fetch, and whether it is timed
+        self.span_start: float | None = None
+        self.span_timed, self.span_rows = False, 0
         TIMER.enabled = time_sections
         TIMER.reset()
 
@@ -70,32 +85,50 @@ class Meter:
         self.loss += bce.detach()
         self.local_rows += rows
 
-    def add_step(self, step: int, global_rows: int, seconds: float, wait: float, inside: float,
+    def add_step(self, step: int, global_rows: int, started: float, wait: float, inside: float,
                  dense_update: float) -> None:
-        """After ``step`` (counted from 1): its rows and wall time; ``wait`` for data,
-        ``inside``: forward and backward, ``dense_update``: the dense optimizer."""
+        """After ``step`` (counted from 1): its rows, the clock when its fetch began;
+        ``wait`` for data, ``inside``: forward and backward, ``dense_update``: the dense
+        optimizer (host seconds, for the sections)."""
+        if self.span_start is None:
+            self.span_start, self.span_timed = started, step > self.warmup
         self.window_rows += global_rows
-        self.window_seconds += seconds
         if step == self.warmup:
             TIMER.reset()  # sections count timed steps only
+            self.close_span()  # the warm-up's queued work ends outside the timed steps
         if step <= self.warmup:
             return
-        self.timed_rows += global_rows
-        self.timed_seconds += seconds
+        self.span_rows += global_rows
         self.timed_steps += 1
         self.timed_wait += wait
         TIMER.totals["data_wait"] += wait
         TIMER.totals["mlp"] += inside
         TIMER.totals["dense_update"] += dense_update
 
+    def close_span(self) -> None:
+        """Waits for the device, then counts the wall time since the open span's first
+        fetch; called where the host waits anyway (a log line reads the loss, an eval
+        or a checkpoint reads the device) and at the end. The next step opens a span."""
+        if self.span_start is None:
+            return
+        if self.info.device.type == "cuda":
+            torch.cuda.synchronize(self.info.device)
+        seconds = self.clock() - self.span_start
+        self.window_seconds += seconds
+        if self.span_timed:
+            self.timed_seconds += seconds
+            self.timed_rows += self.span_rows
+        self.span_start, self.span_rows = None, 0
+
     @property
     def rate(self) -> float:
-        """Samples/s over the timed steps so far."""
+        """Samples/s over the timed steps in closed spans (``close_span``)."""
         return self.timed_rows / self.timed_seconds if self.timed_seconds else 0.0
 
     @property
     def data_wait_share(self) -> float:
-        """This rank's time waiting for input batches over its timed steps' wall time."""
+        """This rank's time waiting for input batches over its timed steps' wall time
+        (in closed spans)."""
         return self.timed_wait / self.timed_seconds if self.timed_seconds else 0.0
 
     def reader_warning(self) -> str | None:
@@ -108,6 +141,7 @@ class Meter:
 
     def take_window(self) -> dict[str, float]:
         """The window's mean loss (all ranks) and samples/s; a new window starts."""
+        self.close_span()
         loss_sum, rows = all_reduce_sum([float(self.loss), self.local_rows], self.info)
         out = {"loss": loss_sum / max(rows, 1), "samples_per_s": self.rate,
                "window_samples_per_s": self.window_rows / max(self.window_seconds, 1e-9)}
@@ -117,6 +151,7 @@ class Meter:
 
     def summary(self) -> dict[str, Any]:
         """Samples/s, peak memory of every rank, and ms per step by section if timed."""
+        self.close_span()
         out: dict[str, Any] = {"samples_per_s": self.rate, "world_size": self.info.world_size,
                                "peak_memory_mb": peak_memory_mb(self.info),
                                "data_wait_share": self.data_wait_share}

@@ -266,7 +266,7 @@ class Trainer:
             self.progress.step_in_epoch = first + len(batches)
             if self.trace:
                 self.trace.write(self.progress, first, batches)
-            self.meter.add_step(self.progress.global_step, done.rows, time.perf_counter() - t_fetch,
+            self.meter.add_step(self.progress.global_step, done.rows, t_fetch,
                                 wait, done.inside_s, done.dense_update_s)
             bar.update(1)
             stop = self._on_schedule(bar, preemption.signum)
@@ -423,6 +423,7 @@ class Trainer:
         if verdict.stop:
             return verdict.stop
         if every.eval_every and step % every.eval_every == 0 and step < self.total_steps:
+            self.meter.close_span()  # the eval's time is not the steps'
             self.last_eval = self.run_eval()
         if verdict.save:
             self.save()
@@ -450,6 +451,7 @@ class Trainer:
         warn_fp16_overflow(self.model)  # a checkpoint waits for the device; the run's end saves too
         if self.schedule.saved_step == self.progress.global_step:
             return  # saved at this step already
+        self.meter.close_span()  # the checkpoint's time is not the steps'
         if self.hotline is not None:
             self.hotline.before_save()  # its refresh inputs, saved with the hot set
         save_checkpoint(self.run_dir, self.model, self.dense_opt, self.progress, to_dict(self.cfg),
