@@ -170,6 +170,8 @@ class DecodePool:
             return
         self.stop.set()
         for p in self.procs:
+            if p.pid is None:  # never started: a start cut short (a signal, a failed fork)
+                continue
             p.join(timeout=5)
             if p.is_alive():
                 p.kill()

@@ -7,6 +7,8 @@ that compare with TorchRec skip there)."""
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
 from pathlib import Path
 
 import pytest
@@ -35,6 +37,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         skip = pytest.mark.skip(reason="needs CUDA")
         for item in gpu:
             item.add_marker(skip)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """With DLRM_TEST_RECORD=PATH, one JSON line per test phase that failed and per
+    test's call, appended as each ends: a run cut by a time limit (the GPU session's)
+    still names what failed and why, and what took the time (under pytest-xdist the
+    controller gets every worker's reports here)."""
+    path = os.environ.get("DLRM_TEST_RECORD")
+    if not path or os.environ.get("PYTEST_XDIST_WORKER") or (report.when != "call" and not report.failed):
+        return
+    record = {"test": report.nodeid, "when": report.when, "outcome": report.outcome,
+              "seconds": round(report.duration, 2)}
+    if report.failed:
+        record["error"] = report.longreprtext[-4000:]  # the traceback's end: the assertion
+    with open(path, "a") as fh:
+        fh.write(json.dumps(record) + "\n")
 
 
 def tiny_overrides(**extra: object) -> list[str]:

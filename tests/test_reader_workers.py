@@ -264,3 +264,27 @@ def test_training_with_workers_equals_training_without(tiny_data, tmp_path: Path
         states.append(run_state(tmp_path / f"w{workers}"))
     assert states[0].keys() == states[1].keys()
     assert all(torch.equal(states[0][k], states[1][k]) for k in states[0])
+
+
+def test_a_pool_whose_start_was_cut_short_closes(tiny, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A start cut short (the GPU session's pytest time limit hit one) leaves workers that
+    never started: close() stops the started one and skips the other, no
+    AssertionError ('can only join a started process') at close or at exit."""
+    import multiprocessing.context as context
+
+    files, schema = tiny
+    real_start, started = context.ForkServerProcess.start, []
+
+    def start_once(self: Any) -> None:
+        if started:
+            raise KeyboardInterrupt  # the signal arrives while the second one starts
+        real_start(self)
+        started.append(self)
+
+    monkeypatch.setattr(context.ForkServerProcess, "start", start_once)
+    reader = ParquetReader(files, schema, 4, workers=2, prefetch=1, shuffle_buffer=8)
+    with pytest.raises(KeyboardInterrupt):
+        within(120, lambda: next(reader.epoch(0)))
+    assert reader.worker_pids() == [started[0].pid]
+    reader.close()
+    assert not started[0].is_alive() and reader.worker_pids() == []
