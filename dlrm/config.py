@@ -216,6 +216,9 @@ class TrainConfig:
     # fp32 = train in fp32 with a warning; error = stop; none = keep bf16 (benchmarks)
     precision_fallback: Literal["fp32", "error", "none"] = "fp32"
     time_sections: bool = False  # ms per step by section in the summary (dlrm bench)
+    # Steps left out of samples/s and the sections (allocator, caches, compiles and
+    # CUDA-graph capture settle in them); dlrm bench also skips Hotline's profile window.
+    timing_warmup: int = 5
     # torch.profiler over steps profile_start .. +profile_steps-1: RUN/profile/rank-R.txt
     # (operators by time) and .json (Chrome trace); 0 steps = off
     profile_start: int = 10

@@ -122,6 +122,7 @@ RULES: dict[str, Rule] = {
     "train.max_steps": OFF_OR_MORE,
     "train.eval_every": OFF_OR_MORE,
     "train.log_every": OFF_OR_MORE,
+    "train.timing_warmup": OFF_OR_MORE,
     "train.checkpoint_every": OFF_OR_MORE,
     "train.checkpoint_seconds": number(open_low=False),
     "train.keep_checkpoints": POSITIVE,

@@ -41,11 +41,15 @@ def test_bench_rows_ratios_and_limit(bench: Path) -> None:
         rows["native", 1]["samples_per_s"] / rows["in_memory", 1]["samples_per_s"])
     assert rows["host_embedding", 1]["hotline"]["hot_hit_rate"] == 0.0  # nothing on the device
     assert rows["hotline", 1]["hotline"]["hot_hit_rate"] > 0.5
-    for engine in ("hotline", "host_embedding"):  # 20 steps: every split but the first made ahead
-        assert rows[engine, 1]["hotline"]["split_ahead"] == 19 / 20
+    # 20 timed steps after the same untimed ones (Hotline's profile window, the warm-up)
+    untimed = rows["native", 1]["untimed_steps"]
+    assert untimed > 5
+    for engine in ("hotline", "host_embedding"):  # every split but the first made ahead
+        steps = 20 + untimed
+        assert rows[engine, 1]["hotline"]["split_ahead"] == (steps - 1) / steps
     for r in rows.values():
         assert r["samples_per_s"] > 0
-        assert r["steps"] == 20
+        assert r["steps"] == 20 and r["untimed_steps"] == untimed
         assert r["fraction_of_bound"] > 0
     assert rows["torchrec", 1]["vs_torchrec"] == 1.0
     bf16 = rows["native_bf16", 1]  # measured against the bf16 bound
@@ -233,7 +237,7 @@ def test_a_failed_run_is_reported_and_the_others_still_run(monkeypatch, tmp_path
 
     from dlrm.bench import run as bench_run
 
-    def fake_run(config, overrides, engine, ranks, steps, data_dir, runs, round_=0):
+    def fake_run(config, overrides, engine, ranks, steps, data_dir, runs, round_=0, untimed=5):
         if engine == "hotline":
             raise bench_run.RunFailed(f"{engine} on {ranks} rank(s) exited 3; log x.log", 3, Path("x.log"))
         return {"engine": engine, "ranks": ranks, "samples_per_s": 1000.0 * (1 + len(engine)),

@@ -151,3 +151,21 @@ def test_torchrec_found_missing_where_it_cannot_be_imported() -> None:
     skip = ("skipping torchrec: torchrec is not installed (the native rows need neither "
             "torchrec nor fbgemm)")
     assert lines == [skip, "['native', 'hotline', 'host_embedding']"]
+
+
+def test_rows_time_the_batches_after_hotline_s_profile_window(tmp_path) -> None:
+    """configs/bench_gpu.yaml: 1M rows in batches of 4096 are 244 batches; a quarter
+    (61) are Hotline's profile, then the 5 warm-up steps: 66 untimed steps for every
+    row. A row's rate is the median of the log windows that start after them."""
+    import json
+
+    cfg = load_config(REPO / "configs" / "bench_gpu.yaml", [])
+    assert bench.untimed_steps(cfg) == 1_000_000 // 4096 // 4 + 5 == 66
+    events = [{"event": "train", "step": s, "window_samples_per_s": 1e6 if s <= 70 else float(s)}
+              for s in range(10, 110, 10)]  # windows 61-70 and before: the all-hot profile's
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text("\n".join(json.dumps(e) for e in [*events, {"event": "summary", "steps": 100}]))
+    row = bench.collect(metrics, untimed=60)
+    assert row["windows"] == 4 and row["samples_per_s"] == 95.0  # 61-70 .. 91-100: 1e6, 80, 90, 100
+    row = bench.collect(metrics, untimed=66)
+    assert row["windows"] == 3 and row["samples_per_s"] == 90.0

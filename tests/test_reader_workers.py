@@ -270,7 +270,7 @@ def test_a_pool_whose_start_was_cut_short_closes(tiny, monkeypatch: pytest.Monke
     """A start cut short (the GPU session's pytest time limit hit one) leaves workers that
     never started: close() stops the started one and skips the other, no
     AssertionError ('can only join a started process') at close or at exit."""
-    import multiprocessing.context as context
+    from multiprocessing import context
 
     files, schema = tiny
     real_start, started = context.ForkServerProcess.start, []

@@ -71,6 +71,7 @@ SECTIONS = ("data_wait", "input_alltoall", "lookup", "output_alltoall", "mlp",
             "embedding_update", "dense_update")
 SECTION_HEADS = ("wait", "in a2a", "lookup", "out a2a", "mlp", "emb upd", "dense upd")
 STAMP = "generate.json"
+TIMING_WARMUP = 5  # the trainer's default train.timing_warmup
 
 
 class BenchError(UserError):
@@ -109,7 +110,10 @@ def cmd_bench(argv: list[str]) -> int:
     a.overrides = [stated_rows_override(cfg), *a.overrides]
     # Rounds interleave the engines (A B A B, not A A B B), so a slow spell of a
     # shared machine falls on every engine rather than on one.
-    runs, failed = run_all(a, steps, data_dir, out / "runs")
+    untimed = untimed_steps(cfg)
+    print(f"timing {steps} steps a row, after {untimed} untimed ones (Hotline's profile window, "
+          "the warm-up): every row the same batches", flush=True)
+    runs, failed = run_all(a, steps, data_dir, out / "runs", untimed)
     if not runs:
         raise BenchError("every run failed:\n" + "\n".join(f["error"] for f in failed))
     rows = merge_rounds(runs)
@@ -162,7 +166,7 @@ def cmd_bench(argv: list[str]) -> int:
     return 1 if failed else 0
 
 
-def run_all(a: argparse.Namespace, steps: int, data_dir: Path, runs_dir: Path
+def run_all(a: argparse.Namespace, steps: int, data_dir: Path, runs_dir: Path, untimed: int = TIMING_WARMUP
             ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Every (round, ranks, engine) run: (their rows, the failed ones). Each row is
     printed as it ends, so a bench cut short by a time limit still shows what it
@@ -176,7 +180,8 @@ def run_all(a: argparse.Namespace, steps: int, data_dir: Path, runs_dir: Path
                 if engine == "torch_baseline" and n > 1:  # one process by design
                     continue
                 try:
-                    row = run_engine(a.config, a.overrides, engine, n, steps, data_dir, runs_dir, round_=r)
+                    row = run_engine(a.config, a.overrides, engine, n, steps, data_dir, runs_dir,
+                                     round_=r, untimed=untimed)
                 except RunFailed as e:
                     if not a.keep_going:
                         raise
@@ -392,13 +397,14 @@ def stated_rows_override(cfg: Config) -> str:
 
 
 def run_engine(config: str, overrides: list[str], engine: str, ranks: int, steps: int,
-               data_dir: Path, runs: Path, round_: int = 0) -> dict[str, Any]:
-    """Train ``engine`` on ``ranks`` torchrun processes for ``steps``; return its row."""
+               data_dir: Path, runs: Path, round_: int = 0, untimed: int = TIMING_WARMUP) -> dict[str, Any]:
+    """Train ``engine`` on ``ranks`` torchrun processes for ``untimed`` + ``steps``
+    steps; return its row (timed over ``steps``)."""
     run_dir = runs / (f"{engine}_{ranks}" + (f"_round{round_}" if round_ else ""))
     if run_dir.exists():
         shutil.rmtree(run_dir)  # a run dir with a checkpoint would resume
     run_dir.mkdir(parents=True)
-    cmd = launch_command(config, overrides, engine, ranks, steps, data_dir, run_dir)
+    cmd = launch_command(config, overrides, engine, ranks, steps, data_dir, run_dir, untimed)
     env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // ranks)),
            "PYTHONUNBUFFERED": "1",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
@@ -411,7 +417,9 @@ def run_engine(config: str, overrides: list[str], engine: str, ranks: int, steps
     if code != 0:
         tail = log.read_text()[-2000:]
         raise RunFailed(f"{engine} on {ranks} rank(s) exited {code}; log {log}:\n{tail}", code, log)
-    row = collect(run_dir / "metrics.jsonl")
+    row = collect(run_dir / "metrics.jsonl", untimed)
+    if row["steps"] is not None:  # the timed steps; the untimed ones apart
+        row.update(steps=row["steps"] - untimed, untimed_steps=untimed)
     row.update(engine=engine, ranks=ranks, wall_s=time.perf_counter() - t0)
     # The run's final checkpoint (GBs for the bench tables) is of no use to the bench:
     # a --repeat 3 bench would otherwise leave 36 of them behind.
@@ -425,24 +433,38 @@ def engine_overrides(engine: str) -> list[str]:
     return [*ENGINES[base], *extra]
 
 
+def untimed_steps(cfg: Config) -> int:
+    """Steps every row runs untimed before its ``--steps``: Hotline's profile window
+    (its batches are the profiled ones, every row they touch is hot: on the first H200
+    bench, 61 of 100 steps at a 100% hit rate, against 94% after) and the warm-up.
+    Every row skips the same steps, so all time the same batches."""
+    from embeddings.hotline.profile import default_max_batches
+
+    batches = cfg.generate.rows // max(cfg.data.batch_size, 1)
+    return default_max_batches(batches, cfg.hotline.profile_fraction) + TIMING_WARMUP
+
+
 def launch_command(config: str, overrides: list[str], engine: str, ranks: int, steps: int,
-                   data_dir: Path, run_dir: Path) -> list[str]:
-    """``python -m torch.distributed.run ... -m dlrm train`` for one bench row."""
-    log_every = max(1, min(10, steps // 5))  # at least a few windows after the warm-up one
-    train = [*engine_overrides(engine), f"train.max_steps={steps}", "train.progress=false",
+                   data_dir: Path, run_dir: Path, untimed: int = TIMING_WARMUP) -> list[str]:
+    """``python -m torch.distributed.run ... -m dlrm train`` for one bench row: ``untimed``
+    steps, then ``steps`` timed ones."""
+    log_every = max(1, min(10, steps // 5))  # at least a few windows after the warm-up
+    train = [*engine_overrides(engine), f"train.max_steps={untimed + steps}", "train.progress=false",
              "train.time_sections=true", f"train.log_every={log_every}", "train.checkpoint_every=0",
-             "train.eval_every=0", f"data.train={data_dir}", "data.eval="]
+             f"train.timing_warmup={untimed}", "train.eval_every=0", f"data.train={data_dir}", "data.eval="]
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
             "-m", "dlrm", "train", "--config", str(Path(config).resolve()), "--out", str(run_dir),
             *overrides, *train]
 
 
-def collect(metrics: Path) -> dict[str, Any]:
-    """Samples/s (median of windows after the first), sections and peak memory of a run."""
+def collect(metrics: Path, untimed: int = TIMING_WARMUP) -> dict[str, Any]:
+    """Samples/s (median of the log windows after the ``untimed`` steps), sections and
+    peak memory of a run."""
     events = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
     summary = next((e for e in reversed(events) if e.get("event") == "summary"), {})
-    windows = [e["window_samples_per_s"] for e in events
-               if e.get("event") == "train" and "window_samples_per_s" in e][1:]
+    train = [e for e in events if e.get("event") == "train" and "window_samples_per_s" in e]
+    every = train[0]["step"] if train else 1  # the first window ends at step log_every
+    windows = [e["window_samples_per_s"] for e in train if e["step"] - every >= untimed]
     rate = statistics.median(windows) if windows else float(summary.get("samples_per_s", 0.0))
     sections = summary.get("sections_ms") or {}
     return {

@@ -194,7 +194,7 @@ class Trainer:
         # all-to-alls are not autocast ops: they stay fp32), loss and updates in fp32.
         self.autocast = torch.autocast(info.device.type, dtype=torch.bfloat16,
                                        enabled=cfg.train.precision == "bf16")
-        self.meter = Meter(info, cfg.train.time_sections)
+        self.meter = Meter(info, cfg.train.time_sections, warmup=cfg.train.timing_warmup)
         self.profiler = StepProfiler(cfg.train.profile_start, cfg.train.profile_steps, run_dir,
                                      info.rank, info.device)
         self.last_eval: dict[str, Any] | None = None
