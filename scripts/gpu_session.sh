@@ -18,7 +18,7 @@
 #      12 pytest-xdist processes where xdist is installed (the image has it): the
 #      kernels' compiles are most of the time; then the failures alone, again, one
 #      process, so a failure caused by the sharing is told from a real one
-#      ($OUT/test_gpu.log, .xml; test_gpu_rerun.log)
+#      ($OUT/test_gpu.log, test_gpu_rerun.log)
 #      Each test's outcome and time go to $OUT/test_gpu.jsonl as it ends (a cut run still
 #      names its failures: the first GPU session's 150 s ran out at 34% with ~20 F's
 #      and no names), summed up in the output
@@ -31,9 +31,12 @@
 #      hotline / native >= 0.8x), native_bf16_tables and hotline_bf16_tables (issue 24:
 #      each over its fp32 row; Hotline's budget then holds twice the rows), in_memory
 #      (issue 23: native / in_memory >= 0.95)                       ($OUT/bench.json)
-#   2. the hotline.budget sweep at 64MB, 512MB, 2GB (128MB is row 1's) (bench_budgets.json)
-#   3. native_fp16_tables, torch_baseline, native with cuda_graphs=off (bench_extra.json)
-#   4. the embedding kernels alone (python -m dlrm.bench.kernels: bytes/s per path)
+#   2. hotline with 3 steps under torch.profiler (operators' CPU and CUDA time: the first
+#      H200 bench found an eager Hotline step at ~12 ms where the GPU's work is ~1 ms)
+#   3. native with cuda_graphs=off (the main rows replay a captured step where they can)
+#   4. the hotline.budget sweep at 64MB, 512MB, 2GB (128MB is row 1's)
+#   5. native_fp16_tables, torch_baseline (each part's bench.json in runs.tgz)
+#   6. the embedding kernels alone (python -m dlrm.bench.kernels: bytes/s per path)
 # Rows that fail are listed and the others still run (dlrm bench --keep-going).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -87,7 +90,7 @@ tests() {
   "$PY" -c 'import xdist' 2>/dev/null && xdist=(-n 12 --dist load)
   rm -f "$OUT/test_gpu.jsonl"
   DLRM_TEST_RECORD="$OUT/test_gpu.jsonl" timeout -k 5 "$(upto 140)" "$PY" -m pytest tests \
-    -m "gpu or kernels" "${xdist[@]}" -rfE --durations=15 --junitxml="$OUT/test_gpu.xml" \
+    -m "gpu or kernels" "${xdist[@]}" -rfE --durations=15 \
     >"$OUT/test_gpu.log" 2>&1
   code=$?
   grep -E "worst relative|hotline timeline|ops per step| passed| failed" "$OUT/test_gpu.log" | tail -10
@@ -131,19 +134,21 @@ bench() {
     --engines native,hotline,host_embedding,native_bf16_tables,hotline_bf16_tables,in_memory "$@" \
     >"$OUT/bench.log" 2>&1
   code=$?
-  cp /tmp/bench_gpu/main/bench.json /tmp/bench_gpu/main/bench.png "$OUT"/ 2>/dev/null
+  cp /tmp/bench_gpu/main/bench.json "$OUT"/ 2>/dev/null  # the rest in runs.tgz: 8 files come back
   grep -E "^  [a-z_0-9]+@|FAILED|generated|hotline|from Parquet|tables:|steps:|gpu:|bound" \
     "$OUT/bench.log" | tail -30
   {
-    echo "== hotline.budget sweep (128MB: the main rows)"
-    bench_part budgets 120 --engines "" --hotline-budgets 64MB,512MB,2GB "$@"
-    cp /tmp/bench_gpu/budgets/bench.json "$OUT"/bench_budgets.json 2>/dev/null
-    cp /tmp/bench_gpu/budgets/bench_budgets.png "$OUT"/ 2>/dev/null
-    echo "== native_fp16_tables, torch_baseline"
-    bench_part extra 90 --engines native_fp16_tables,torch_baseline "$@"
-    cp /tmp/bench_gpu/extra/bench.json "$OUT"/bench_extra.json 2>/dev/null
+    # where a Hotline step's time goes: torch.profiler over 3 timed steps (CPU and CUDA
+    # time per operator, the Chrome trace), in runs.tgz: prof/runs/hotline_1/profile/
+    echo "== hotline, 3 steps under torch.profiler"
+    bench_part prof 50 --engines hotline "$@" train.profile_start=90 train.profile_steps=3
+    cp /tmp/bench_gpu/prof/runs/hotline_1/profile/rank-0.txt "$OUT"/hotline_profile.txt 2>/dev/null
     echo "== native, train.cuda_graphs=off (the rows above replay a captured step where they can)"
     bench_part eager 45 --engines native "$@" train.cuda_graphs=off
+    echo "== hotline.budget sweep (128MB: the main rows)"
+    bench_part budgets 120 --engines "" --hotline-budgets 64MB,512MB,2GB "$@"
+    echo "== native_fp16_tables, torch_baseline"
+    bench_part extra 90 --engines native_fp16_tables,torch_baseline "$@"
     echo "== embedding kernels alone"
     timeout -k 5 "$(upto 60)" "$PY" -m dlrm.bench.kernels --config "$CONFIG"
   } >"$OUT/bench_extra.log" 2>&1
