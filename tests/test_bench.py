@@ -3,6 +3,8 @@ reader-only mode, and the model cost formula of dlrm/bench/limits.py against a h
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 from pathlib import Path
 
@@ -20,12 +22,21 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.fixture(scope="module")
-def bench(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def full_bench(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """Every engine's row, once for the module (a torchrun per row): its out dir and
+    what it printed (the tests of single rows read them, not a bench of their own)."""
     out = tmp_path_factory.mktemp("bench")
-    code = main(["bench", "--config", str(TINY), "--ranks", "1", "--steps", "20", "--out", str(out),
-                 *SMALL])
-    assert code == 0
-    return out
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        code = main(["bench", "--config", str(TINY), "--ranks", "1", "--steps", "20", "--out", str(out),
+                     *SMALL])
+    assert code == 0, printed.getvalue()[-3000:]
+    return out, printed.getvalue()
+
+
+@pytest.fixture
+def bench(full_bench: tuple[Path, str]) -> Path:
+    return full_bench[0]
 
 
 @pytest.mark.distributed
@@ -168,15 +179,13 @@ def test_bench_configs_train_the_stated_table_sizes(tmp_path: Path, config: str)
 
 @pytest.mark.distributed
 @pytest.mark.slow
-def test_in_memory_row_beside_native(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(["bench", "--config", str(TINY), "--engines", "native,in_memory", "--steps", "10",
-                 "--out", str(tmp_path), *SMALL])
-    assert code == 0
-    rows = {r["engine"]: r for r in json.loads((tmp_path / "bench.json").read_text())["rows"]}
-    assert rows["in_memory"]["steps"] == rows["native"]["steps"] == 10
+def test_in_memory_row_beside_native(full_bench: tuple[Path, str]) -> None:
+    out, printed = full_bench
+    rows = {r["engine"]: r for r in json.loads((out / "bench.json").read_text())["rows"]}
+    assert rows["in_memory"]["steps"] == rows["native"]["steps"] == 20
     ratio = rows["native"]["samples_per_s"] / rows["in_memory"]["samples_per_s"]
     assert rows["native"]["vs_in_memory"] == pytest.approx(ratio)
-    assert f"from Parquet / in memory = {ratio:.3f}" in capsys.readouterr().out
+    assert f"from Parquet / in memory = {ratio:.3f}" in printed
 
 
 def test_input_ratio_pairs_native_with_in_memory_of_its_rank_count() -> None:
@@ -192,14 +201,11 @@ def test_input_ratio_pairs_native_with_in_memory_of_its_rank_count() -> None:
 
 @pytest.mark.distributed
 @pytest.mark.slow
-def test_half_table_rows_beside_native(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_half_table_rows_beside_native(full_bench: tuple[Path, str]) -> None:
     """native_bf16_tables / native_fp16_tables train the same model with every table in
     that type: the tables cell and bench.json say so, at half the bytes of native's."""
-    code = main(["bench", "--config", str(TINY), "--engines", "native,native_bf16_tables,native_fp16_tables",
-                 "--steps", "10", "--out", str(tmp_path), *SMALL])
-    assert code == 0
-    rows = {r["engine"]: r for r in json.loads((tmp_path / "bench.json").read_text())["rows"]}
-    out = capsys.readouterr().out
+    bench, out = full_bench
+    rows = {r["engine"]: r for r in json.loads((bench / "bench.json").read_text())["rows"]}
     for dtype in ("bf16", "fp16"):
         row = rows[f"native_{dtype}_tables"]
         assert row["tables"]["dtype"] == dtype and rows["native"]["tables"]["dtype"] == "fp32"

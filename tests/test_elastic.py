@@ -1,5 +1,5 @@
-"""Elastic restart: SIGKILL one rank of a 2-rank torchrun job mid-run (at three
-different steps); torchrun restarts the group (--max-restarts), training resumes
+"""Elastic restart: SIGKILL one rank of a 2-rank torchrun job mid-run (before the
+first checkpoint and after one); torchrun restarts the group (--max-restarts), training resumes
 from the latest complete checkpoint and ends with exactly the parameters of a run
 never interrupted."""
 
@@ -64,7 +64,10 @@ def straight(tmp_path_factory) -> tuple[Path, dict[str, torch.Tensor]]:
     return root / "train", run_state(root / "straight")
 
 
-@pytest.mark.parametrize("kill_at", [2, 6, 10])
+# Killed before the first checkpoint (the job restarts from scratch) and after one
+# (it resumes from the newest; 6 is itself a checkpoint step, so the kill may also land
+# in that save). A kill later in the run (10, resumed from 9) took the second path again.
+@pytest.mark.parametrize("kill_at", [2, 6])
 def test_killed_rank_restarts_and_ends_bit_equal(straight, tmp_path: Path, kill_at: int) -> None:
     data, want = straight
     job = launch(data, tmp_path / "killed", restarts=1)

@@ -38,20 +38,34 @@ def _rank_fit(rank: int, world: int, files: list[str], kw: dict, out: str,
             if p.is_file()}
 
 
+# (min_frequency, max_rows): every id kept; the sketch pre-filter on, rows capped
+LIMITS = [(1, 0), (3, 12)]
+
+
+def _rank_fits(rank: int, world: int, files: list[str], fits: list[tuple[dict, bool]],
+               out: str) -> list[dict[str, bytes]]:
+    """Each of ``fits`` (options, by_range) in turn, in one launch: a group's processes
+    cost more to start than the fits do."""
+    return [_rank_fit(rank, world, files, kw, f"{out}/{i}", by_range)
+            for i, (kw, by_range) in enumerate(fits)]
+
+
 @pytest.mark.slow
 @pytest.mark.distributed
-@pytest.mark.parametrize("min_frequency,max_rows", [(1, 0), (3, 12)])
-def test_rank_split_equals_one_process(tmp_path: Path, min_frequency, max_rows) -> None:
+def test_rank_split_equals_one_process(tmp_path: Path) -> None:
     files = _files(tmp_path)
-    kw = {"encoding": "vocabulary", "min_frequency": min_frequency, "max_rows": max_rows,
-          "dense_transform": "standardize"}
-    one = _saved(files, preprocess.Options(**kw, sketch=False), tmp_path / "one")
-    assert len(one) == 4
-    for world, by_range in ((1, True), (2, True), (3, True), (3, False)):
-        results = run_ranks(world, _rank_fit, files, kw, str(tmp_path / f"w{world}{by_range}"),
-                            by_range)
+    kws = [{"encoding": "vocabulary", "min_frequency": min_frequency, "max_rows": max_rows,
+            "dense_transform": "standardize"} for min_frequency, max_rows in LIMITS]
+    ones = [_saved(files, preprocess.Options(**kw, sketch=False), tmp_path / f"one{i}")
+            for i, kw in enumerate(kws)]
+    assert all(len(one) == 4 for one in ones)
+    for world, modes in ((1, (True,)), (2, (True,)), (3, (True, False))):
+        fits = [(kw, by_range) for kw in kws for by_range in modes]
+        results = run_ranks(world, _rank_fits, files, fits, str(tmp_path / f"w{world}"))
         for rank, got in enumerate(results):
-            assert got == one, (world, by_range, rank)
+            for (kw, by_range), fit in zip(fits, got, strict=True):
+                one = ones[kws.index(kw)]
+                assert fit == one, (world, by_range, rank, kw["min_frequency"], kw["max_rows"])
 
 
 def test_unreadable_share_stops_every_rank_with_one_line(tmp_path: Path) -> None:
