@@ -55,7 +55,6 @@ from embeddings.hotline.split import (
     JointSplit,
     MicroLookups,
     Sizes,
-    samples_of,
     split_tensors,
     unique_cold_ids,
 )
@@ -211,16 +210,19 @@ class HotlineSteps:
             self._ahead = self._issue(upcoming)
         dev, split = self._use(made)
         self._observe(batch, sizes)
+        # dense and labels in the split's sample order once: each micro-batch's a slice
+        ordered = (dev.dense.index_select(0, split.sample_order),
+                   dev.labels.index_select(0, split.sample_order))
         rest_runs = batch.size > sizes.group0 or emb.sharded  # several ranks: a collective
         future = rest = None
         if rest_runs:
-            rest = self._part(dev, split, sizes, 1)
+            rest = self._part(ordered, split, sizes, 1)
             rest.sparse.ready = made.ready  # the gather's copy waits for the split stream
             made.give_cold_ids(rest.sparse)  # made ahead: its cold ids are on the host already
             if self.cfg.hotline.pipeline:
                 future = self.pool.submit(self._gather, rest.sparse)
         if sizes.group0:
-            yield self._part(dev, split, sizes, 0), HOT_ONLY, not rest_runs
+            yield self._part(ordered, split, sizes, 0), HOT_ONLY, not rest_runs
         if rest is not None:
             t0 = time.perf_counter()  # waiting for the gather (all of it without the pipeline)
             cold = future.result() if future is not None else self._gather(rest.sparse)
@@ -287,10 +289,13 @@ class HotlineSteps:
                 t.record_stream(current)
         return made.dev, made.split
 
-    def _part(self, dev: Batch, split: DeviceSplit | JointSplit, sizes: Sizes, group: int) -> Batch:
-        samples = samples_of(split, sizes, group)
-        micro = self.embeddings.micro_batch(split, sizes, group)
-        return Batch(dev.dense.index_select(0, samples), micro, dev.labels.index_select(0, samples))
+    def _part(self, ordered: tuple[torch.Tensor, torch.Tensor], split: DeviceSplit | JointSplit,
+              sizes: Sizes, group: int) -> Batch:
+        """Micro-batch ``group``: its rows of ``ordered`` (dense and labels in the split's
+        sample order: static slices) and its lookups."""
+        rows = slice(0, sizes.group0) if group == 0 else slice(sizes.group0, None)
+        dense, labels = ordered
+        return Batch(dense[rows], self.embeddings.micro_batch(split, sizes, group), labels[rows])
 
     def _gather(self, micro: Any) -> Any:  # MicroLookups (or mixed.py's MixedMicro)
         cold = self.embeddings.gather_cold(micro)

@@ -74,6 +74,7 @@ class LocalHostTier:
         # Host updates (cold gradients, lr) run in order on one thread, off the step.
         self._updates = ThreadPoolExecutor(1, thread_name_prefix="hotline-host-update")
         self._pending: Future[None] | None = None
+        self._lr: float | None = None  # the last lr queued for the host tables
         self._copy_stream = torch.cuda.Stream(hot_device) if hot_device.type == "cuda" else None
         self.optimizer = optimizer
         self.fused = fused
@@ -195,7 +196,7 @@ class LocalHostTier:
         popular micro-batch, no cold side at all (no empty embedding_bag, no backward
         for it; ``step`` still applies the host tier once)."""
         hot_part = hot.lookup(micro.hot_slots, micro.hot_lengths, micro.num_features, micro.hot_scale,
-                              micro.lengths)
+                              micro.lengths, micro.source)
         if cold is None:
             return self._pooled(micro, hot_part), 0
         assert isinstance(cold, ColdRows)
@@ -257,7 +258,11 @@ class LocalHostTier:
         return out
 
     def set_lr(self, lr: float) -> None:
-        self._later(self._tables.set_lr, lr)  # after the updates queued before it
+        """Queued after the updates queued before it; an unchanged lr not at all (the
+        trainer sets it every step: a hand-off to the update thread each time)."""
+        if lr != self._lr:
+            self._lr = lr
+            self._later(self._tables.set_lr, lr)
 
     def step(self) -> None:
         """Queue the kept cold gradients' update on the host-update thread: the

@@ -26,12 +26,13 @@ made at each load: 8 B per hot row), the table key from the lookup's feature.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
-from embeddings.hotline.hot_kernels import join
+from embeddings.hotline.hot_kernels import in_split_order, join
 from embeddings.jagged import bag_offsets
 from embeddings.kernels import KernelChoice, use_triton
 from embeddings.kv import KVGradient
@@ -42,6 +43,7 @@ from embeddings.rounding import RowRounding, table_key
 from embeddings.table import TableSpec
 
 if TYPE_CHECKING:
+    from embeddings.hotline.split import DeviceSplit
     from embeddings.kernels.lookup import Bags
     from embeddings.kernels.rounding import KernelRounding
 
@@ -61,6 +63,7 @@ class HotTier(nn.Module):
         self.kernels = KernelChoice(kernels)
         self.one_process = one_process
         self._parts: list[tuple[torch.Tensor, Bags]] = []  # Triton, kept: held micro-batches
+        self._sources: list[tuple[DeviceSplit, int] | None] = []  # the split and group of each
         self._lr_on_device: torch.Tensor | None = None
         self._row_base: dict[int, torch.Tensor] = {}
         self.optimizer = optimizer
@@ -144,49 +147,57 @@ class HotTier(nn.Module):
     def lookup(
         self, slots: torch.Tensor, lengths: torch.Tensor, features: int,
         scale: torch.Tensor | None = None, whole_lengths: torch.Tensor | None = None,
+        source: tuple[DeviceSplit, int] | None = None,
     ) -> torch.Tensor:
         """Pooled [F*b, D] of bags ``lengths`` [F*b] (feature-major) over hot ``slots``;
         ``scale`` [N] (mean pooling): 1 / ``whole_lengths`` of each lookup's bag.
-        Gradients come back to ``receive`` (torch) or ``_held`` (Triton)."""
+        Gradients come back to ``receive`` (torch) or ``_held`` (Triton). ``source``:
+        the split and group the micro-batch was cut from (``MicroLookups.source``)."""
         if self.on_triton():
-            return self._triton_lookup(slots, lengths, features, scale is not None, whole_lengths)
+            return self._triton_lookup(slots, lengths, features, scale is not None, whole_lengths, source)
         return pooled_lookup(self.weight, slots, bag_offsets(lengths), self.receive, scale)
 
     def _triton_lookup(self, slots: torch.Tensor, lengths: torch.Tensor, features: int, mean: bool,
-                       whole_lengths: torch.Tensor | None) -> torch.Tensor:
+                       whole_lengths: torch.Tensor | None, source: tuple[DeviceSplit, int] | None
+                       ) -> torch.Tensor:
         from embeddings.kernels.lookup import Bags, triton_pooled_lookup  # imports triton
 
         row_base = self._row_base.get(features)
         if row_base is None or row_base.device != self.device:
             row_base = self._row_base[features] = torch.zeros(features, dtype=torch.int64, device=self.device)
         bags = Bags(slots, bag_offsets(lengths), row_base, lengths.numel() // max(features, 1), False, True)
-        pooled = triton_pooled_lookup(self.weight, bags, self._held).view(-1, self.weight.shape[1])
+        held = partial(self._held, source)
+        pooled = triton_pooled_lookup(self.weight, bags, held).view(-1, self.weight.shape[1])
         if mean:  # a bag's hot part over its whole length: the cold lookups count too
             assert whole_lengths is not None
             pooled = pooled * (1.0 / whole_lengths.clamp(min=1).to(torch.float32)).unsqueeze(1)
         return pooled
 
-    def _held(self, grad_pooled: torch.Tensor, bags: Bags) -> None:
+    def _held(self, source: tuple[DeviceSplit, int] | None, grad_pooled: torch.Tensor, bags: Bags) -> None:
         """Triton backward: fused, update now; kept, hold it for ``update_held``."""
         if self.fused:
             self._update([(grad_pooled, bags)])
         else:
             self._parts.append((grad_pooled, bags))
+            self._sources.append(source)
 
     def update_held(self) -> None:
         """Triton, kept: one fused backward + update over every held micro-batch (one
         sort, one launch), applied once even when none was held (Adam counts steps)."""
         parts, self._parts = self._parts, []
-        self._update(parts)
+        sources, self._sources = self._sources, []
+        self._update(parts, sources)
 
-    def _update(self, parts: list[tuple[torch.Tensor, Bags]]) -> None:
+    def _update(self, parts: list[tuple[torch.Tensor, Bags]],
+                sources: list[tuple[DeviceSplit, int] | None] | None = None) -> None:
         from embeddings.kernels.sparse_update import backward_update
 
         if self._lr_on_device is None or self._lr_on_device.device != self.device:
             self._lr_on_device = torch.full((1,), self.lr, dtype=torch.float32, device=self.device)
         if parts:
             row_base = parts[0][1].row_base
-            grad, slots, offsets, batch = join(parts, row_base.numel())
+            joined = in_split_order(parts, sources or [])
+            grad, slots, offsets, batch = joined if joined is not None else join(parts, row_base.numel())
         else:  # no hot lookup this step: the optimizer still counts it (Adam's step)
             row_base = slots = torch.zeros(0, dtype=torch.int64, device=self.device)
             grad, batch = self.weight.new_zeros(0, 0, self.weight.shape[1]), 0
@@ -218,6 +229,8 @@ class HotTier(nn.Module):
             say_fp16_overflow(self._overflow_counts.tolist(), self._feature_tables, self._overflow_said)
 
     def set_lr(self, lr: float) -> None:
+        if lr == self.lr:  # the trainer sets it every step; most steps keep it
+            return
         self.lr = lr
         if self._lr_on_device is not None:
             self._lr_on_device.fill_(lr)  # a device-side fill: no host wait

@@ -25,7 +25,8 @@ class Lookups:
     """A batch's lookups in the collection's feature order.
 
     ids [N] stacked ids; values [N] the same, table-local; lengths [F*B]; is_hot
-    [N] bool; slot [N] hot-tier slot (meaningless where not hot).
+    [N] bool; slot [N] hot-tier slot (meaningless where not hot); bag [N] each
+    lookup's bag f*B + b (None: not made yet; the split makes it).
     """
 
     ids: torch.Tensor
@@ -35,6 +36,7 @@ class Lookups:
     num_features: int
     is_hot: torch.Tensor
     slot: torch.Tensor
+    bag: torch.Tensor | None = None
 
     def check_hot_only(self) -> None:
         """For a popular micro-batch: it must have no cold lookup (a pipeline bug,

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field, fields
 import torch
 
 from embeddings.hotline.lookups import Lookups
+from embeddings.jagged import bag_offsets
 
 HEADER = ("group0", "hot0", "cold0", "hot1", "cold1", "unique_cold", "popular")
 
@@ -49,10 +50,26 @@ class DeviceSplit:
     unique_cold: torch.Tensor  # [N], first U valid
     cold_local: torch.Tensor  # [N], meaningful where cold
     header: torch.Tensor  # [7] int64, see HEADER
+    # What the micro-batches slice, gathered once here rather than once per micro-batch:
+    slot_local: torch.Tensor  # [2, N] slot and cold_local, in ``perm`` order
+    values_sorted: torch.Tensor  # [N] table-local ids, in ``perm`` order
+    scale_sorted: torch.Tensor | None  # [N] ``scale`` in ``perm`` order
+    bag_lengths: torch.Tensor  # [3, F, B] whole, hot and cold lookups of each bag
+    _hot_in_order: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, repr=False, compare=False)
 
     def read_sizes(self, header: torch.Tensor) -> Sizes:
         """``header`` (the host's copy of ``self.header``) read."""
         return Sizes.read(header)
+
+    def hot_in_batch_order(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the hot lookups' slots in the mini-batch's own order, feature-major and sample
+        by sample [N], the first hot0 + hot1 valid; offsets [F*B + 1] of the bags' hot
+        lookups): both micro-batches' hot lookups as one batch, what the Triton update
+        reads (hot_tier.py). Made once, by the first to ask: a stable sort, no data size."""
+        if self._hot_in_order is None:
+            order = torch.sort(self.lookups.is_hot, stable=True, descending=True).indices
+            self._hot_in_order = (self.lookups.slot.index_select(0, order), bag_offsets(self.hot_lengths))
+        return self._hot_in_order
 
 
 @dataclass
@@ -103,6 +120,9 @@ class MicroLookups:
     ready: torch.cuda.Event | None = None
     cold_host_ids: torch.Tensor | None = None
     cold_host_ready: torch.cuda.Event | None = None
+    # (the split it was cut from, its group): the Triton update joins a split's two
+    # micro-batches back into the split's order (``DeviceSplit.hot_in_batch_order``)
+    source: tuple[DeviceSplit, int] | None = None
 
     @property
     def lookups(self) -> int:
@@ -112,8 +132,9 @@ class MicroLookups:
 def _cold_lengths(lookups: Lookups) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(each lookup's bag [N], whether cold [N] int64, each bag's cold lookups [F*B])."""
     lengths, n = lookups.lengths, lookups.ids.numel()
-    bags = torch.arange(lookups.num_features * lookups.batch, device=lengths.device)
-    bag = torch.repeat_interleave(bags, lengths, output_size=n)
+    bag = lookups.bag
+    if bag is None:
+        bag = torch.repeat_interleave(lengths, output_size=n)
     cold = (~lookups.is_hot).to(torch.int64)
     return bag, cold, torch.zeros_like(lengths).index_add_(0, bag, cold.to(lengths.dtype))
 
@@ -145,14 +166,19 @@ def split_on_device(lookups: Lookups, mean: bool, by_popularity: bool = True,
     sizes = torch.zeros(4, dtype=torch.int64, device=device).index_add_(0, segment, torch.ones_like(segment))
     sample_order = torch.sort(group, stable=True).indices
     unique_cold, cold_local, unique_count = compact_cold(ids, is_hot)
-    scale = None
+    scale = scale_sorted = None
     if mean:
         inv = 1.0 / lengths.clamp(min=1).to(torch.float32)  # pooled in fp32 whatever the tables
         scale = inv.index_select(0, bag)
+        scale_sorted = scale.index_select(0, perm)
     header = torch.cat([(batch - group.sum()).view(1), sizes, unique_count.view(1),
                         popular.sum().view(1)])
-    return DeviceSplit(lookups, group, sample_order, perm, lengths - cold_lengths, cold_lengths, scale,
-                       unique_cold, cold_local, header)
+    hot_lengths = lengths - cold_lengths
+    slot_local = torch.stack([lookups.slot, cold_local]).index_select(1, perm)
+    bag_lengths = torch.stack([lengths, hot_lengths, cold_lengths]).view(3, lookups.num_features, batch)
+    return DeviceSplit(lookups, group, sample_order, perm, hot_lengths, cold_lengths, scale,
+                       unique_cold, cold_local, header, slot_local, lookups.values.index_select(0, perm),
+                       scale_sorted, bag_lengths)
 
 
 @dataclass
@@ -200,41 +226,40 @@ def compact_cold(ids: torch.Tensor, is_hot: torch.Tensor) -> tuple[torch.Tensor,
     scatter into a buffer of the input's size, where ``unique`` would size its
     output by the data."""
     n = ids.numel()
+    if n == 0:
+        return ids.new_zeros(0), ids.new_zeros(0), ids.new_zeros(())
     last = torch.iinfo(torch.int64).max  # hot ids sort after every cold one
-    key, order = torch.sort(torch.where(is_hot, last, ids))
-    first = key != last
-    first[1:] &= key[1:] != key[:-1]
-    place = torch.cumsum(first.to(torch.int64), 0) - 1  # in the sorted order
-    target = torch.where(first, place, n)  # not a first occurrence: the spare slot n
-    unique = torch.zeros(n + 1, dtype=ids.dtype, device=ids.device).scatter_(0, target, key)[:n]
-    local = torch.zeros_like(place).scatter_(0, order, place.clamp(min=0))
-    return unique, local, first.sum()
+    key, order = torch.sort(ids.masked_fill(is_hot, last))
+    # Each sorted key's place among the distinct keys (the hot ones, all ``last``, one
+    # more after the cold ones): equal keys share a place, so scattering every key to
+    # its place writes each distinct key once (its copies write the same value).
+    first = torch.empty(n, dtype=torch.bool, device=ids.device)
+    first[:1].fill_(True)
+    torch.ne(key[1:], key[:-1], out=first[1:])
+    place = torch.cumsum(first, 0).sub_(1)
+    unique = torch.zeros(n, dtype=ids.dtype, device=ids.device).scatter_(0, place, key)
+    local = torch.empty(n, dtype=place.dtype, device=place.device).scatter_(0, order, place)
+    # U: the last key's place + 1, less one where that key is the hot ones' ``last``
+    return unique, local, place[-1] + (key[-1] != last)
 
 
 def micro_lookups(split: DeviceSplit, sizes: Sizes, group: int) -> MicroLookups:
     """The lookups of ``group``'s samples (0: popular, or all without the popularity
     split; 1: the rest), from the split and the header the host read: static slices."""
-    lookups = split.lookups
-    features, batch = lookups.num_features, lookups.batch
     start = 0 if group == 0 else sizes.hot0 + sizes.cold0
     hot_n, cold_n = (sizes.hot0, sizes.cold0) if group == 0 else (sizes.hot1, sizes.cold1)
-    hot = split.perm[start:start + hot_n]
-    cold = split.perm[start + hot_n:start + hot_n + cold_n]
+    hot, cold = slice(start, start + hot_n), slice(start + hot_n, start + hot_n + cold_n)
     samples = samples_of(split, sizes, group)
-
-    def bags(lengths: torch.Tensor) -> torch.Tensor:
-        return lengths.view(features, batch).index_select(1, samples).reshape(-1)
-
-    def scale(part: torch.Tensor) -> torch.Tensor | None:
-        return None if split.scale is None else split.scale.index_select(0, part)
-
+    bags = split.lookups.num_features * samples.numel()
+    whole, hot_lengths, cold_lengths = split.bag_lengths.index_select(2, samples).view(3, bags)
+    scale = split.scale_sorted
     return MicroLookups(
-        hot_slots=lookups.slot.index_select(0, hot), hot_lengths=bags(split.hot_lengths),
-        hot_scale=scale(hot), cold_local=split.cold_local.index_select(0, cold),
-        cold_values=lookups.values.index_select(0, cold), cold_lengths=bags(split.cold_lengths),
-        cold_scale=scale(cold), lengths=bags(lookups.lengths), batch=samples.numel(),
-        num_features=features, cold_ids=split.unique_cold[:sizes.unique_cold],
-        popular=sizes.popular if group == 0 else 0,
+        hot_slots=split.slot_local[0, hot], hot_lengths=hot_lengths,
+        hot_scale=None if scale is None else scale[hot], cold_local=split.slot_local[1, cold],
+        cold_values=split.values_sorted[cold], cold_lengths=cold_lengths,
+        cold_scale=None if scale is None else scale[cold], lengths=whole, batch=samples.numel(),
+        num_features=split.lookups.num_features, cold_ids=split.unique_cold[:sizes.unique_cold],
+        popular=sizes.popular if group == 0 else 0, source=(split, group),
     )
 
 

@@ -53,7 +53,7 @@ from embeddings.hotline.split import (
     split_on_device,
 )
 from embeddings.interface import Prefetched, TableState
-from embeddings.jagged import in_feature_order, stacked_ids
+from embeddings.jagged import in_feature_order
 from embeddings.kernels import KernelChoice
 from embeddings.kv import KVGradient
 from embeddings.optim import SparseOptimizer
@@ -123,7 +123,7 @@ class HotlineEmbeddingCollection(EmbeddingCollection):
         table_of = {f: t.name for t in tables for f in t.features}
         offsets = torch.tensor([self.row_offsets[table_of[f]] for f in self.features], dtype=torch.int64)
         self.register_buffer("feature_offsets", offsets.to(device), persistent=False)
-        self._offsets_cache: dict[torch.device, torch.Tensor] = {}
+        self._offsets_cache: dict[object, torch.Tensor] = {}  # per device; per (device, batch)
         self.hot = HotTier(optimizer, fused, self.tables, rounding_seed, kernels, one_process=plan is None)
         self._last: tuple[int, int, int, int, int] | None = None
         self.profile = profile
@@ -250,9 +250,21 @@ class HotlineEmbeddingCollection(EmbeddingCollection):
     def _lookups(self, sparse: KeyedJagged) -> Lookups:
         """``sparse``'s lookups in the collection's feature order, split hot/cold."""
         values, lengths, batch = in_feature_order(sparse, self.features)
-        ids = stacked_ids(values, lengths, self._offsets_on(values.device), batch)
+        # Each lookup's bag, one op; the stacked ids are then one gather of each bag's
+        # table offset (``stacked_ids`` sums lengths and expands the offsets: 4 ops).
+        bag = torch.repeat_interleave(lengths, output_size=values.numel())
+        ids = values + self._bag_offsets(values.device, batch).index_select(0, bag)
         is_hot, slot = self.hot.locate(ids)
-        return Lookups(ids, values, lengths, batch, len(self.features), is_hot, slot)
+        return Lookups(ids, values, lengths, batch, len(self.features), is_hot, slot, bag)
+
+    def _bag_offsets(self, device: torch.device, batch: int) -> torch.Tensor:
+        """[F*B] each bag's table offset (its feature's), made once per (device, batch):
+        a mini-batch's shape repeats every step."""
+        key = (device, batch)
+        cached = self._offsets_cache.get(key)
+        if cached is None:
+            cached = self._offsets_cache[key] = torch.repeat_interleave(self._offsets_on(device), batch)
+        return cached
 
     def _offsets_on(self, device: torch.device) -> torch.Tensor:
         """``feature_offsets`` on ``device``, copied once per device (ids classified on
