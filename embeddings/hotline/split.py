@@ -67,7 +67,9 @@ class DeviceSplit:
         lookups): both micro-batches' hot lookups as one batch, what the Triton update
         reads (hot_tier.py). Made once, by the first to ask: a stable sort, no data size."""
         if self._hot_in_order is None:
-            order = torch.sort(self.lookups.is_hot, stable=True, descending=True).indices
+            # as uint8: CUDA's sort took no bool before torch 2.6 (pytorch#139409)
+            hot = self.lookups.is_hot.to(torch.uint8)
+            order = torch.sort(hot, stable=True, descending=True).indices
             self._hot_in_order = (self.lookups.slot.index_select(0, order), bag_offsets(self.hot_lengths))
         return self._hot_in_order
 
