@@ -71,8 +71,8 @@ upto() { local l; l=$(left); echo $(($1 < l ? $1 : l)); }
 # a run cut by its time limit still says what failed and what took the time)
 record_summary() {
   "$PY" - "$1" <<'PYEOF'
-import json, sys
-rows = [json.loads(line) for line in open(sys.argv[1])] if __import__("os").path.exists(sys.argv[1]) else []
+import json, os, sys
+rows = [json.loads(line) for line in open(sys.argv[1])] if os.path.exists(sys.argv[1]) else []
 calls = [r for r in rows if r["when"] == "call"]
 failed = [r for r in rows if r["outcome"] == "failed"]
 print(f"record: {sum(r['outcome'] == 'passed' for r in calls)} passed, {len(failed)} failed, "

@@ -123,7 +123,8 @@ class HotlineEmbeddingCollection(EmbeddingCollection):
         table_of = {f: t.name for t in tables for f in t.features}
         offsets = torch.tensor([self.row_offsets[table_of[f]] for f in self.features], dtype=torch.int64)
         self.register_buffer("feature_offsets", offsets.to(device), persistent=False)
-        self._offsets_cache: dict[object, torch.Tensor] = {}  # per device; per (device, batch)
+        self._offsets_cache: dict[torch.device, torch.Tensor] = {}  # feature_offsets per device
+        self._bag_offsets_cache: dict[tuple[torch.device, int], torch.Tensor] = {}
         self.hot = HotTier(optimizer, fused, self.tables, rounding_seed, kernels, one_process=plan is None)
         self._last: tuple[int, int, int, int, int] | None = None
         self.profile = profile
@@ -261,9 +262,9 @@ class HotlineEmbeddingCollection(EmbeddingCollection):
         """[F*B] each bag's table offset (its feature's), made once per (device, batch):
         a mini-batch's shape repeats every step."""
         key = (device, batch)
-        cached = self._offsets_cache.get(key)
+        cached = self._bag_offsets_cache.get(key)
         if cached is None:
-            cached = self._offsets_cache[key] = torch.repeat_interleave(self._offsets_on(device), batch)
+            cached = self._bag_offsets_cache[key] = torch.repeat_interleave(self._offsets_on(device), batch)
         return cached
 
     def _offsets_on(self, device: torch.device) -> torch.Tensor:
