@@ -173,7 +173,12 @@ class HotlineConfig:
     profile_fraction: float = 0.05  # share of the training batches profiled at start
     profile_seconds: float = 60.0  # profiling time bound
     refresh_every: int = 0  # steps; re-choose the hot rows from the batches since (0 = never)
-    pipeline: bool = True  # gather cold rows on a host thread during the popular micro-batch
+    pipeline: bool = True  # gather cold rows on a host thread while the step's hot side runs
+    # once: the dense model (MLPs, interaction, loss) runs once per mini-batch, the cold
+    # rows gathered while the hot lookups and the bottom MLP run; per_micro_batch: the
+    # mini-batch is cut into a popular and a non-popular micro-batch, each a forward and
+    # backward (the Hotline paper's step: the dense model's ops dispatched twice)
+    dense_pass: Literal["once", "per_micro_batch"] = "once"
     # host threads gathering cold rows (each a slice of the ids into the pinned
     # buffer); 0 = min(4, CPU cores). host_embedding uses the same gather
     gather_threads: int = 0

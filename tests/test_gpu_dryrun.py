@@ -105,14 +105,20 @@ def test_gpu_timeline_reads_a_trace(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_trainer_names_hotline_micro_batches_in_a_trace(tiny_data, tmp_path: Path) -> None:
+@pytest.mark.parametrize("dense_pass", ["once", "per_micro_batch"])
+def test_trainer_names_hotline_micro_batches_in_a_trace(tiny_data, tmp_path: Path, dense_pass: str) -> None:
     """The timeline test finds the popular micro-batch by the name the trainer gives
-    it (record_function); on the CPU the names show as user annotations."""
+    it (record_function), one pass over the mini-batch its own name; on the CPU the
+    names show as user annotations."""
     cases.run(tiny_data, tmp_path, "cpu", *cases.HOTLINE, "hotline.budget=1500KB",
-              "hotline.profile_fraction=1.0", "train.profile_start=2", "train.profile_steps=2", steps=4)
+              "hotline.profile_fraction=1.0", "train.profile_start=2", "train.profile_steps=2",
+              f"hotline.dense_pass={dense_pass}", steps=4)
     events = json.loads((tmp_path / "profile" / "rank-0.json").read_text())["traceEvents"]
     names = [e.get("name") for e in events if e.get("cat") == "user_annotation"]
-    assert names.count("hotline.popular") == 2 and names.count("hotline.non_popular") == 2, names
+    if dense_pass == "once":
+        assert names.count("hotline.mini_batch") == 2 and "hotline.popular" not in names, names
+    else:
+        assert names.count("hotline.popular") == 2 and names.count("hotline.non_popular") == 2, names
 
 
 @pytest.mark.slow

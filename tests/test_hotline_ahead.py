@@ -1,8 +1,9 @@
 """The trainer's Hotline step splits the next mini-batch a step ahead (dlrm/train/hotline.py).
 
-- The split made ahead gives the same micro-batches (lookups, dense rows, labels,
-  gathered cold rows) as a split made at the step (reference: a ``HotlineSteps`` that
-  never splits ahead), for one dtype and for several (``split_jointly``).
+- The split made ahead gives the same passes (lookups, dense rows, labels, gathered
+  cold rows) as a split made at the step (reference: a ``HotlineSteps`` that never
+  splits ahead), for one dtype and for several (``split_jointly``), with one pass per
+  mini-batch (``hotline.dense_pass=once``) and with two micro-batches.
 - Order: batch t+1 is split before batch t's first micro-batch is handed out and its
   header is read after batch t's last one; at step t+1 nothing is split or read for it.
   Its cold ids were copied to the host then too, and its gather uses that copy.
@@ -24,7 +25,7 @@ import torch
 from data.batch import Batch
 from dlrm.config import load_config
 from dlrm.train.hotline import AheadSplit, HotlineSteps
-from embeddings.hotline.lookups import HOT_ONLY
+from embeddings.hotline.lookups import HOT_ONLY, ColdInFlight
 from embeddings.hotline.mixed import GroupCold, MixedMicro, hotline_collection
 from embeddings.optim import make_sparse_optimizer
 from tests.conftest import TINY
@@ -51,8 +52,12 @@ def _setup(mixed: bool):
     return coll, batches, profile_of(tables, second)
 
 
-def _steps(coll) -> HotlineSteps:
-    return HotlineSteps(SimpleNamespace(embeddings=coll), load_config(TINY, ["hotline.budget=1KB"]))
+PASSES = {"once": 1, "per_micro_batch": 2}  # passes per mini-batch (the fixture's has cold lookups)
+
+
+def _steps(coll, dense_pass: str = "once") -> HotlineSteps:
+    cfg = load_config(TINY, ["hotline.budget=1KB", f"hotline.dense_pass={dense_pass}"])
+    return HotlineSteps(SimpleNamespace(embeddings=coll), cfg)
 
 
 def _run(steps: HotlineSteps, batch: Batch, upcoming: Batch | None = None) -> list:
@@ -79,9 +84,10 @@ def _assert_same(got, want, label: str) -> None:
         assert got == want, label
 
 
-def _assert_same_parts(got: list, want: list, label: str) -> None:
-    assert len(got) == len(want) == 2, label  # the fixture runs both micro-batches
+def _assert_same_parts(got: list, want: list, label: str, passes: int) -> None:
+    assert len(got) == len(want) == passes, label  # the fixture runs both micro-batches
     for (part, cold, last), (part_w, cold_w, last_w) in zip(got, want):
+        cold, cold_w = (c.result() if isinstance(c, ColdInFlight) else c for c in (cold, cold_w))
         assert last == last_w, label
         _assert_same([part.dense, part.labels], [part_w.dense, part_w.labels], f"{label} rows")
         _assert_same(part.sparse, part_w.sparse, f"{label} lookups")
@@ -99,6 +105,8 @@ def _assert_cold_ids_copied_ahead(handed: list, ahead: bool) -> None:
     the host at the end of the step before, and its gather used those (not a copy of
     its own); a split made at the step carries none."""
     part, cold = handed[-1][0], handed[-1][1]
+    if isinstance(cold, ColdInFlight):
+        cold = cold.result()
     micros = part.sparse.parts if isinstance(part.sparse, MixedMicro) else [part.sparse]
     colds = cold.parts if isinstance(cold, GroupCold) else [cold]
     for micro, rows in zip(micros, colds, strict=True):
@@ -130,11 +138,13 @@ def _spy(monkeypatch, coll, batches: list[Batch]) -> list[tuple[str, int]]:
     return events
 
 
+@pytest.mark.parametrize("dense_pass", list(PASSES))
 @pytest.mark.parametrize("mixed", [False, True])
-def test_split_ahead_equals_a_split_at_the_step(mixed: bool, monkeypatch) -> None:
+def test_split_ahead_equals_a_split_at_the_step(mixed: bool, dense_pass: str, monkeypatch) -> None:
     coll, batches, _ = _setup(mixed)
-    want = [_run(_steps(coll), b) for b in batches]  # every batch split at its own step
-    ahead = _steps(coll)
+    want = [_run(_steps(coll, dense_pass), b) for b in batches]  # every batch split at its own step
+    ahead = _steps(coll, dense_pass)
+    passes = PASSES[dense_pass]
     events = _spy(monkeypatch, coll, batches)
     for i, batch in enumerate(batches):
         upcoming = batches[i + 1] if i + 1 < len(batches) else None
@@ -142,33 +152,35 @@ def test_split_ahead_equals_a_split_at_the_step(mixed: bool, monkeypatch) -> Non
         for item in ahead.micro_batches(batch, upcoming):
             events.append(("micro-batch", i))
             handed.append(item)
-        _assert_same_parts(handed, want[i], f"batch {i} mixed={mixed}")
+        _assert_same_parts(handed, want[i], f"batch {i} mixed={mixed}", passes)
         _assert_cold_ids_copied_ahead(handed, ahead=i > 0)
     # batch 0 at its step; every later one split during the step before, before that
-    # step's first micro-batch, and its header read after that step's last one
+    # step's first pass, and its header read after that step's last one
+    runs = [[("micro-batch", i)] * passes for i in range(4)]
     assert events == [("split", 0), ("read", 0),
-                      ("split", 1), ("micro-batch", 0), ("micro-batch", 0), ("read", 1),
-                      ("split", 2), ("micro-batch", 1), ("micro-batch", 1), ("read", 2),
-                      ("split", 3), ("micro-batch", 2), ("micro-batch", 2), ("read", 3),
-                      ("micro-batch", 3), ("micro-batch", 3)]
+                      ("split", 1), *runs[0], ("read", 1),
+                      ("split", 2), *runs[1], ("read", 2),
+                      ("split", 3), *runs[2], ("read", 3),
+                      *runs[3]]
     stats = ahead.stats()
     assert stats["split_ahead"] == 3 / 4 and stats["resplits"] == 0
     ahead.close()
 
 
+@pytest.mark.parametrize("dense_pass", list(PASSES))
 @pytest.mark.parametrize("mixed", [False, True])
-def test_a_refresh_between_the_split_and_its_step_makes_it_again(mixed: bool) -> None:
+def test_a_refresh_between_the_split_and_its_step_makes_it_again(mixed: bool, dense_pass: str) -> None:
     coll, batches, second = _setup(mixed)
-    steps = _steps(coll)
+    steps = _steps(coll, dense_pass)
     _run(steps, batches[0], batches[1])
     stale = steps._ahead
     assert stale is not None and stale.sizes is not None  # split and read during step 0
     coll.refresh(second)  # what after_step does at a refresh boundary
     got = _run(steps, batches[1])
-    want = _run(_steps(coll), batches[1])  # split at the step, against the new hot set
-    _assert_same_parts(got, want, f"after the refresh mixed={mixed}")
+    want = _run(_steps(coll, dense_pass), batches[1])  # split at the step, against the new hot set
+    _assert_same_parts(got, want, f"after the refresh mixed={mixed}", PASSES[dense_pass])
     _assert_cold_ids_copied_ahead(got, ahead=False)  # not the stale split's
-    fresh = _steps(coll)
+    fresh = _steps(coll, dense_pass)
     assert fresh._issue(batches[1]).read() != stale.sizes  # the stale split would cut others
     assert steps.stats()["resplits"] == 1
     steps.close()
@@ -179,7 +191,7 @@ def test_another_batch_than_the_one_split_ahead_is_split_at_its_step() -> None:
     steps = _steps(coll)
     _run(steps, batches[0], batches[1])
     got = _run(steps, batches[2])  # not the batch split ahead
-    _assert_same_parts(got, _run(_steps(coll), batches[2]), "another batch")
+    _assert_same_parts(got, _run(_steps(coll), batches[2]), "another batch", 1)
     assert steps.stats()["resplits"] == 1
     steps.close()
 

@@ -80,8 +80,8 @@ def test_training_step_on_the_cuda_path_never_waits_for_the_device(
     assert triton.compute_ops < torch_path.compute_ops
 
 
-# Hotline at a budget where both micro-batches run (about a quarter of the samples popular,
-# a third with the mixed dtypes; bf16 alone: every sample), as 4MB did at 26 tables, batch 256;
+# Hotline at a budget where hot and cold lookups both run (about a quarter of the samples
+# popular, a third with the mixed dtypes; bf16 alone: every sample), as 4MB did at 26 tables, batch 256;
 # three steps: the audited one (step 1) has a step before it (which split it ahead) and after it
 HOTLINE = ("embeddings.placement=hotline", "hotline.budget=768KB", "hotline.profile_fraction=1.0",
            "train.max_steps=3")
@@ -116,35 +116,37 @@ def hotline_events(monkeypatch: pytest.MonkeyPatch, read: str) -> list[tuple[int
     return events
 
 
-# Step 1 of 3: the next mini-batch's split is issued before this one's micro-batches run
-# (so before anything of them waits), and its header, the step's one host read, is read
-# after them; step 1's own split was made (and its header read) during step 0.
-AHEAD = ["step", "split", "hotline.popular", "hotline.non_popular", "header"]
+# Step 1 of 3: the next mini-batch's split is issued before this one's pass runs (so
+# before anything of it waits), and its header, the step's one host read, is read after
+# it; step 1's own split was made (and its header read) during step 0. One pass over
+# the mini-batch (hotline.dense_pass=once, the default).
+AHEAD = ["step", "split", "hotline.mini_batch", "header"]
 
 
 @pytest.mark.slow
 def test_hotline_step_on_the_cuda_path_waits_only_for_its_header(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The Hotline trainer step (split on the device, popular and non-popular micro-
-    batches, the hot update, the host update queued): on the Triton path no op of the
-    main thread syncs; the host reads one thing, a split's header (``Sizes.read``: the
-    micro-batches' shapes depend on it), once per step: the NEXT mini-batch's, split a
-    step ahead (dlrm/train/hotline.py). The gather and host-update threads are not
-    audited: their waits are theirs. The torch path's hot tier keeps its KV-gradient
-    coalesces: one per micro-batch backward, one in the step."""
+    """The Hotline trainer step (split on the device, one pass over the mini-batch: hot
+    lookups, cold rows from the gather thread, the dense model once; the hot update,
+    the host update queued): on the Triton path no op of the main thread syncs; the
+    host reads one thing, a split's header (``Sizes.read``: the pass's shapes depend on
+    it), once per step: the NEXT mini-batch's, split a step ahead
+    (dlrm/train/hotline.py). The gather and host-update threads are not audited: their
+    waits are theirs. The torch path's hot tier keeps its KV-gradient coalesce, one in
+    the backward."""
     events = hotline_events(monkeypatch, "sizes")
     triton = audited_step(tmp_path, monkeypatch, "triton", HOTLINE)
     assert [what for step, what in events if step == 1] == AHEAD
     assert [what for step, what in events if step == 0] == ["step", "split", "header", *AHEAD[1:]]
-    assert [what for step, what in events if step == 2] == ["step", "hotline.popular", "hotline.non_popular"]
+    assert [what for step, what in events if step == 2] == ["step", "hotline.mini_batch"]
     torch_path = audited_step(tmp_path, monkeypatch, "torch", HOTLINE)
     print(f"hotline ops per step: triton path {triton.compute_ops} (no sync), torch path "
           f"{torch_path.compute_ops} (syncs: {torch_path.violations})")
     assert triton.violations == []
     if os.environ.get("TRITON_INTERPRET") == "1":  # launches counted where interpreted
-        assert triton.ops["triton._pooled_kernel"] == 2 and triton.ops["triton._runs_kernel"] == 1
-    assert torch_path.violations == ["aten.unique_consecutive"] * 3
+        assert triton.ops["triton._pooled_kernel"] == 1 and triton.ops["triton._runs_kernel"] == 1
+    assert torch_path.violations == ["aten.unique_consecutive"]
 
 
 @pytest.mark.slow
@@ -158,8 +160,8 @@ def test_mixed_dtype_hotline_step_waits_only_for_its_joint_header(
     fp32 one too, which counts the rounding step) takes the Triton kernels with half
     rows and state, so none is left in the groups either, as in a Hotline run of one
     half dtype on that path. Reference: that bf16 run with ``kernels=torch`` keeps its
-    hot tier's KV-gradient coalesces (one per micro-batch backward, one merging them)
-    and its host read of the rounding step (hot_tier.py ``_round_rows``)."""
+    hot tier's KV-gradient coalesce (in the backward) and its host read of the rounding
+    step (hot_tier.py ``_round_rows``)."""
     from collections import Counter
 
     from embeddings.hotline.split import Sizes
@@ -178,10 +180,10 @@ def test_mixed_dtype_hotline_step_waits_only_for_its_joint_header(
           f"on the torch path {bf16_torch.compute_ops} (syncs: {bf16_torch.violations})")
     assert mixed.violations == [] and bf16.violations == []
     if os.environ.get("TRITON_INTERPRET") == "1":  # launches counted where interpreted
-        # three groups (fp32, bf16, fp16): a pooled launch per micro-batch, one update each
-        assert mixed.ops["triton._pooled_kernel"] == 3 * 2 and mixed.ops["triton._runs_kernel"] == 3
-        assert bf16.ops["triton._runs_kernel"] == 1  # one update for the step's micro-batches
-    # (bf16 rows: twice as many hot in the budget; this step may run its popular part only)
+        # three groups (fp32, bf16, fp16): a pooled launch and an update each
+        assert mixed.ops["triton._pooled_kernel"] == 3 and mixed.ops["triton._runs_kernel"] == 3
+        assert bf16.ops["triton._runs_kernel"] == 1  # one update for the step
+    # (bf16 rows: twice as many hot in the budget; this step's lookups may all be hot)
     syncs = Counter(bf16_torch.violations)
     assert set(syncs) == {"aten.unique_consecutive", "aten._local_scalar_dense"}
     assert syncs["aten._local_scalar_dense"] == 1  # the rounding step, read once by the step's update

@@ -1,18 +1,27 @@
 """Hotline mode in the trainer: profile the hot rows, split and pipeline each step.
 
-    mini-batch ──to the device once, classified there (split stream; embeddings/hotline/split.py)
-        │ the host reads the 56-byte header: the micro-batches' sizes
-        ├──► popular (every lookup hot) ──► forward/backward on the device
-        └──► non-popular ──host thread: its U cold ids D2H, their rows gathered, H2D──┐
-                                                   forward/backward ◄─────────────────┘
-    one optimizer step for both (kept KV gradients), so the math is ordinary training
+One pass per mini-batch (``hotline.dense_pass=once``, the default):
+
+    mini-batch ──to the device once, classified there (split stream; embeddings/hotline/split.py):
+        │      its lookups hot first, then cold, each in batch order; the host reads
+        │      the 56-byte header (the parts' sizes)
+        ├──► hot lookups (one launch), bottom MLP ─┐ forward (collection start / finish):
+        │                                          ├─► + cold part ─► interaction, top MLP,
+        └──► host thread: U cold ids D2H, rows ───┘    loss, ONE backward on every sample
+             gathered, H2D (a ``ColdInFlight``)
+    one optimizer step (kept KV gradients), so the math is ordinary training
+
+``per_micro_batch`` (the Hotline paper's step): the mini-batch cut into a popular
+micro-batch (every lookup hot: no host row) and the rest; the popular one's forward
+and backward run while the host gathers the rest's cold rows. The dense model's ops
+are then dispatched twice a step, which a host-bound eager step pays for.
 
 A step ahead: mini-batch t+1 is split while mini-batch t trains, so step t+1 starts
 with its header on the host and submits its gather at once (the trainer passes the
 next batch, ``upcoming``):
 
-    step t   | take split t | issue split t+1 (queued) | popular t | non-popular t | read header t+1 |
-    step t+1 | take split t+1 (made, read) | issue split t+2 | popular t+1 | ...
+    step t   | take split t | issue split t+1 (queued) | pass(es) of t | read header t+1 |
+    step t+1 | take split t+1 (made, read) | issue split t+2 | pass(es) of t+1 | ...
 
 What classifying ahead reads is the batch and the hot ids, never a host row. A
 split made against a hot set that a refresh (``after_step``) has since replaced is
@@ -27,8 +36,9 @@ step's ``step()`` queued that update, and reads the host rows only after it
 
 Several ranks: every rank splits its own share of the global batch; the host
 thread's "gather" is then the sharded host tier's lookup (ids all-to-all, the
-owners' host lookups, pooled all-to-all), which runs while the popular
-micro-batch computes. The non-popular micro-batch runs on every rank, empty or
+owners' host lookups, pooled all-to-all), which runs while the hot side (one
+pass) or the popular micro-batch computes. The pass with cold lookups (the one pass,
+or the non-popular micro-batch) runs on every rank, empty or
 not (its lookup is a collective, and it is the micro-batch DDP syncs on); the
 profile's counts are summed over the ranks, so every rank has the same hot rows.
 """
@@ -47,6 +57,7 @@ import torch
 from data.batch import Batch
 from dlrm.config import Config
 from dlrm.parallel.distributed import DistInfo, all_reduce_sum
+from embeddings.hotline.lookups import ColdInFlight
 from embeddings.hotline.mixed import MixedMicro
 from embeddings.hotline.profile import HotProfile, count_accesses, default_max_batches
 from embeddings.hotline.refresh import RefreshPlan
@@ -171,6 +182,8 @@ class HotlineSteps:
         self.tables: list[TableSpec] = self.embeddings.tables
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hotline-gather")
         self.device = self.embeddings.hot_device
+        # hotline.dense_pass=once: the split is not by popularity (one pass, batch order)
+        self.once = cfg.hotline.dense_pass == "once"
         # CUDA: the side stream that copies each mini-batch in and classifies it
         self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self._stream_version: object = None  # the hot set the split stream last waited for
@@ -194,22 +207,68 @@ class HotlineSteps:
             self._window[key] = 0.0
 
     def micro_batches(self, batch: Batch, upcoming: Batch | None = None) -> Iterator[tuple[Batch, Any, bool]]:
-        """(popular, HOT_ONLY, False), then (non-popular, its cold rows, True): the
-        part on the device (its ``sparse`` a ``MicroLookups``), its ``cold`` argument,
-        and whether it is the step's last micro-batch. An empty part is skipped, but
-        on several ranks the non-popular one never is.
+        """The mini-batch's passes through the model: (part on the device, its ``sparse``
+        a ``MicroLookups``; its ``cold`` argument; whether it is the step's last).
+
+        ``hotline.dense_pass=once``: one pass, the whole mini-batch in its own order,
+        its cold rows a ``ColdInFlight`` the gather thread is filling (or ``HOT_ONLY``:
+        none). ``per_micro_batch``: (popular, HOT_ONLY, False), then (non-popular, its
+        cold rows, True); an empty part is skipped, but on several ranks the
+        non-popular one never is.
 
         ``upcoming``: the mini-batch that comes next (None: none, or not known). It is
-        split here, before this batch's micro-batches run (on CUDA on the split
-        stream, queued: nothing waits for it), and its header is read after them, so
-        the next call finds its sizes on the host and starts its gather at once."""
-        emb = self.embeddings
+        split here, before this batch's passes run (on CUDA on the split stream,
+        queued: nothing waits for it), and its header is read after them, so the next
+        call finds its sizes on the host and starts its gather at once."""
         made = self._made_for(batch)
         sizes = made.read()  # made a step ahead: read at the end of the previous call
         if upcoming is not None:
             self._ahead = self._issue(upcoming)
         dev, split = self._use(made)
         self._observe(batch, sizes)
+        if self.once:
+            yield from self._one_pass(batch, made, dev, split, sizes)
+        else:
+            yield from self._two_passes(batch, made, dev, split, sizes)
+        if self._ahead is not None:
+            # The next batch's header, read after this batch's work is queued. On CUDA
+            # also the end of the split stream's reads of the hot ids: a refresh after
+            # this step may free them. Then its cold ids' copy to the host (one process:
+            # several ranks' cold lookups send values, not these ids).
+            self._ahead.read()
+            if not self.embeddings.sharded:
+                self._ahead.copy_cold_ids(self._stream)
+
+    def _one_pass(self, batch: Batch, made: AheadSplit, dev: Batch, split: DeviceSplit | JointSplit,
+                  sizes: Sizes) -> Iterator[tuple[Batch, Any, bool]]:
+        """The whole mini-batch, once: its lookups in batch order (a split not by
+        popularity, so hot ones first, then cold ones), the dense model over every
+        sample once. The gather thread fills the cold rows while the hot lookups and
+        the bottom MLP are dispatched (the collection's ``start``); ``finish`` waits."""
+        emb = self.embeddings
+        whole = emb.micro_batch(split, sizes, 0)
+        if not (sizes.unique_cold or emb.sharded):  # every lookup hot: no gather at all
+            yield Batch(dev.dense, whole, dev.labels), HOT_ONLY, True
+            return
+        whole.ready = made.ready  # the gather's copy waits for the split stream
+        made.give_cold_ids(whole)  # made ahead: its cold ids are on the host already
+        if self.cfg.hotline.pipeline:
+            cold = ColdInFlight(self.pool.submit(self._gather, whole))
+        else:
+            t0 = time.perf_counter()  # without the pipeline the step waits for all of it
+            cold = self._gather(whole)
+            self._window["wait"] += time.perf_counter() - t0
+        yield Batch(dev.dense, whole, dev.labels), cold, True
+        if isinstance(cold, ColdInFlight):
+            self._window["wait"] += cold.waited
+            cold = cold.result()  # taken by the forward already: no wait
+        self._touch(cold)
+
+    def _two_passes(self, batch: Batch, made: AheadSplit, dev: Batch, split: DeviceSplit | JointSplit,
+                    sizes: Sizes) -> Iterator[tuple[Batch, Any, bool]]:
+        """Popular, then non-popular micro-batch (``hotline.dense_pass=per_micro_batch``):
+        the gather runs while the popular one trains."""
+        emb = self.embeddings
         # dense and labels in the split's sample order once: each micro-batch's a slice
         ordered = (dev.dense.index_select(0, split.sample_order),
                    dev.labels.index_select(0, split.sample_order))
@@ -227,18 +286,15 @@ class HotlineSteps:
             t0 = time.perf_counter()  # waiting for the gather (all of it without the pipeline)
             cold = future.result() if future is not None else self._gather(rest.sparse)
             self._window["wait"] += time.perf_counter() - t0
-            host_ids = getattr(cold, "host_ids", None)  # one process: ColdRows (or per-dtype GroupCold)
-            if self._next_hot is not None and host_ids is not None:
-                self._touched.append(host_ids)  # this step's cold update writes them
+            self._touch(cold)
             yield rest, cold, True
-        if self._ahead is not None:
-            # The next batch's header, read after this batch's work is queued. On CUDA
-            # also the end of the split stream's reads of the hot ids: a refresh after
-            # this step may free them. Then its cold ids' copy to the host (one process:
-            # several ranks' cold lookups send values, not these ids).
-            self._ahead.read()
-            if not emb.sharded:
-                self._ahead.copy_cold_ids(self._stream)
+
+    def _touch(self, cold: Any) -> None:
+        """hotline.refresh_every with a plan in flight: the host rows this step's cold
+        update writes (one process: ``ColdRows``' or ``GroupCold``'s ids)."""
+        host_ids = getattr(cold, "host_ids", None)
+        if self._next_hot is not None and host_ids is not None:
+            self._touched.append(host_ids)
 
     def _made_for(self, batch: Batch) -> AheadSplit:
         """``batch``'s split: the one made a step ahead if it is this batch's and the hot
@@ -260,7 +316,7 @@ class HotlineSteps:
         version = emb.hot_version
         if stream is None:
             dev = batch.to(self.device)
-            split = emb.split_on_device(dev.sparse, host=batch.sparse)
+            split = emb.split_on_device(dev.sparse, not self.once, host=batch.sparse)
             return AheadSplit(batch, version, dev, split, split.header)
         current = torch.cuda.current_stream(self.device)
         if version != self._stream_version:  # new hot ids (built, refreshed) were written on this stream
@@ -270,7 +326,7 @@ class HotlineSteps:
             # page-locked first (a host copy of a few hundred KB): the H2D copy is then
             # queued DMA, not a staged copy the host waits for
             dev = batch.pin_memory().to(self.device, non_blocking=True)
-            split = emb.split_on_device(dev.sparse, host=batch.sparse)
+            split = emb.split_on_device(dev.sparse, not self.once, host=batch.sparse)
             header = torch.empty(split.header.numel(), dtype=torch.int64, pin_memory=True)
             header.copy_(split.header, non_blocking=True)
             ready = torch.cuda.Event()

@@ -138,8 +138,11 @@ def narrow_type_warning(cfg: Config, schema: Any, say: Callable[[str], None]) ->
 
 
 def micro_batch_name(sparse: Any) -> str:
-    """``hotline.popular`` / ``hotline.non_popular`` / ``micro_batch``."""
+    """``hotline.mini_batch`` (one pass over the whole mini-batch) / ``hotline.popular``
+    / ``hotline.non_popular`` / ``micro_batch``."""
     if isinstance(sparse, Prefetched):
+        if getattr(sparse.sparse, "whole", False):
+            return "hotline.mini_batch"
         return "hotline.popular" if sparse.rows is HOT_ONLY else "hotline.non_popular"
     return "micro_batch"
 

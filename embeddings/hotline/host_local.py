@@ -189,14 +189,21 @@ class LocalHostTier:
         parts = zip(ids.tensor_split(self.gather_threads), out.tensor_split(self.gather_threads))
         list(self._gather_pool.map(lambda p: torch.index_select(source, 0, p[0], out=p[1]), parts))
 
+    def hot_part(self, micro: MicroLookups, hot: HotTier) -> torch.Tensor:
+        """Σ hot part per bag, [F*B, D] (mean: over the whole bag's length)."""
+        return hot.lookup(micro.hot_slots, micro.hot_lengths, micro.num_features, micro.hot_scale,
+                          micro.lengths, micro.source)
+
     def pool(
-        self, micro: MicroLookups, hot: HotTier, cold: ColdRows | ColdPooled | None
+        self, micro: MicroLookups, hot: HotTier, cold: ColdRows | ColdPooled | None,
+        hot_part: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, int]:
         """Σ hot part + Σ cold part per bag, [B, F*D]; cold rows used. ``cold`` None: a
         popular micro-batch, no cold side at all (no empty embedding_bag, no backward
-        for it; ``step`` still applies the host tier once)."""
-        hot_part = hot.lookup(micro.hot_slots, micro.hot_lengths, micro.num_features, micro.hot_scale,
-                              micro.lengths, micro.source)
+        for it; ``step`` still applies the host tier once). ``hot_part``: made already
+        (``hot_part``: before the cold rows arrived)."""
+        if hot_part is None:
+            hot_part = self.hot_part(micro, hot)
         if cold is None:
             return self._pooled(micro, hot_part), 0
         assert isinstance(cold, ColdRows)

@@ -97,13 +97,21 @@ class ShardedHostTier:
         pooled = pooled.to(device, non_blocking=True)
         return ColdPooled(pooled, t1 - t0, time.perf_counter() - t1)
 
+    def hot_part(self, micro: MicroLookups, hot: HotTier) -> torch.Tensor:
+        """Σ hot part per bag (the local replica), [F*B, D]; mean pooling divides after
+        the cold part is added (``pool``)."""
+        return hot.lookup(micro.hot_slots, micro.hot_lengths, micro.num_features)
+
     def pool(
-        self, micro: MicroLookups, hot: HotTier, cold: ColdRows | ColdPooled | None
+        self, micro: MicroLookups, hot: HotTier, cold: ColdRows | ColdPooled | None,
+        hot_part: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, int]:
         """Σ hot part (local replica) + Σ cold part (sharded), [B, F*D]; cold lookups.
-        ``cold`` None: a popular micro-batch (every lookup hot, no collective)."""
+        ``cold`` None: a popular micro-batch (every lookup hot, no collective);
+        ``hot_part``: made already (``hot_part``)."""
         batch, features, dim = micro.batch, micro.num_features, self.collection.dim
-        hot_part = hot.lookup(micro.hot_slots, micro.hot_lengths, features)
+        if hot_part is None:
+            hot_part = self.hot_part(micro, hot)
         pooled = hot_part.view(features, batch, dim).transpose(0, 1)  # [B, F, D]
         if cold is not None:
             assert isinstance(cold, ColdPooled)

@@ -52,11 +52,18 @@ class HostTier(Protocol):
         """What ``micro``'s cold part needs from the host, on ``device``."""
         ...
 
+    def hot_part(self, micro: MicroLookups, hot: HotTier) -> torch.Tensor:
+        """``micro``'s hot lookups pooled, [F*B, D] (what ``pool`` adds the cold part
+        to): it needs no host row, so it may run before the cold rows arrive."""
+        ...
+
     def pool(
-        self, micro: MicroLookups, hot: HotTier, cold: ColdRows | ColdPooled | None
+        self, micro: MicroLookups, hot: HotTier, cold: ColdRows | ColdPooled | None,
+        hot_part: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, int]:
         """(pooled [B, F*D] of hot and cold parts, cold rows used); ``cold`` None: the
-        batch has no cold lookup. Cold gradients go home through autograd."""
+        batch has no cold lookup; ``hot_part``: ``hot_part(micro, hot)``, made
+        already. Cold gradients go home through autograd."""
         ...
 
     def share_hot_gradient(self, grad: KVGradient) -> KVGradient:

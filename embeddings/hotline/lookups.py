@@ -13,11 +13,41 @@ every bag, looked up by the sharded host tier).
 
 from __future__ import annotations
 
+import time
+from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 HOT_ONLY = "hot-only"  # ``cold`` of a popular micro-batch: no cold lookup at all (no collective)
+
+
+class ColdInFlight:
+    """Cold rows still being gathered on another thread (``future``): the collection
+    looks up the hot rows first and takes these only when it needs them (``result``,
+    a wait for the thread, timed in ``waited``). ``pick``: one dtype group's share
+    (``GroupCold.parts[pick]``), waited for through its parent (``part``)."""
+
+    def __init__(self, future: Future[Any], pick: int | None = None,
+                 parent: ColdInFlight | None = None) -> None:
+        self.future = future
+        self.pick = pick
+        self.parent = parent
+        self.waited = 0.0  # seconds ``result`` waited (a part's wait counts in its parent's)
+
+    def result(self) -> Any:
+        """The gathered cold rows (``ColdRows``, ``ColdPooled``, a group's share of a
+        ``GroupCold``), after the gather thread ends; its error raises here."""
+        t0 = time.perf_counter()
+        value = self.future.result()
+        root = self if self.parent is None else self.parent
+        root.waited += time.perf_counter() - t0
+        return value if self.pick is None else value.parts[self.pick]
+
+    def part(self, pick: int) -> ColdInFlight:
+        """Dtype group ``pick``'s cold rows, from the same gather."""
+        return ColdInFlight(self.future, pick, self)
 
 
 @dataclass

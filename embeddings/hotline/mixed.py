@@ -47,10 +47,10 @@ from torch import nn
 
 from embeddings.collection import EmbeddingCollection
 from embeddings.dtype_stacks import PerDtype
-from embeddings.hotline.lookups import HOT_ONLY, ColdRows
+from embeddings.hotline.lookups import HOT_ONLY, ColdInFlight, ColdRows
 from embeddings.hotline.refresh import RefreshPlan
 from embeddings.hotline.split import JointSizes, JointSplit, MicroLookups, split_jointly
-from embeddings.hotline.tiers import HotlineEmbeddingCollection
+from embeddings.hotline.tiers import HotlineEmbeddingCollection, HotStarted
 from embeddings.interface import Prefetched, TableState
 from embeddings.optim import SparseOptimizer
 from embeddings.plan.types import ShardingPlan
@@ -96,6 +96,11 @@ class MixedMicro:
     def ready(self, event: torch.cuda.Event | None) -> None:
         for part in self.parts:
             part.ready = event
+
+    @property
+    def whole(self) -> bool:
+        """Every sample of the mini-batch, in its own order (one pass)."""
+        return self.parts[0].whole
 
 
 @dataclass
@@ -271,25 +276,37 @@ class MixedHotlineCollection(PerDtype):
         parts = [g.gather_cold(p) for g, p in zip(self.groups, micro.parts, strict=True)]
         return GroupCold(parts, self.bases, sum(p.gather_s for p in parts), sum(p.transfer_s for p in parts))
 
-    def forward(self, sparse: KeyedJagged | MixedMicro | Prefetched) -> torch.Tensor:
-        """[B, F*D]; a ``Prefetched`` input carries ``GroupCold`` or ``HOT_ONLY``, its
-        ``sparse`` a ``MixedMicro`` (the trainer's) or a batch."""
+    def start(self, sparse: KeyedJagged | MixedMicro | Prefetched) -> list[HotStarted]:
+        """Each group's lookup begun (its hot side launched; tiers.py ``start``), in
+        group order; a ``Prefetched`` input carries ``GroupCold`` (or a ``ColdInFlight``
+        of one, still being gathered) or ``HOT_ONLY``, its ``sparse`` a ``MixedMicro``
+        (the trainer's) or a batch."""
         cold = None
         if isinstance(sparse, Prefetched):
             sparse, cold = sparse.sparse, sparse.rows
         parts = sparse.parts if isinstance(sparse, MixedMicro) else self._parts(sparse)
         if isinstance(sparse, MixedMicro) and cold is None:
             cold = self.gather_cold(sparse)
-        pooled = []
+        started = []
         for i, (g, part) in enumerate(zip(self.groups, parts, strict=True)):
             arg: KeyedJagged | MicroLookups | Prefetched = part
             if cold is HOT_ONLY:
                 arg = Prefetched(part, HOT_ONLY)
+            elif isinstance(cold, ColdInFlight):
+                arg = Prefetched(part, cold.part(i))
             elif cold is not None:
                 assert isinstance(cold, GroupCold)
                 arg = Prefetched(part, cold.parts[i])
-            pooled.append(g(arg))
-        return self.columns_in_feature_order(pooled)
+            started.append(g.start(arg))
+        return started
+
+    def finish(self, started: list[HotStarted]) -> torch.Tensor:
+        """[B, F*D]: each group's lookup finished, the columns in feature order."""
+        return self.columns_in_feature_order([g.finish(s) for g, s in zip(self.groups, started, strict=True)])
+
+    def forward(self, sparse: KeyedJagged | MixedMicro | Prefetched) -> torch.Tensor:
+        """[B, F*D] (``start`` then ``finish``)."""
+        return self.finish(self.start(sparse))
 
     # ------------------------------------------------------------------ refresh
     def plan_refresh(self, profile: HotProfile) -> MixedRefreshPlan:

@@ -125,6 +125,7 @@ class MicroLookups:
     # (the split it was cut from, its group): the Triton update joins a split's two
     # micro-batches back into the split's order (``DeviceSplit.hot_in_batch_order``)
     source: tuple[DeviceSplit, int] | None = None
+    whole: bool = False  # every sample of the mini-batch, in its own order (one pass)
 
     @property
     def lookups(self) -> int:
@@ -160,9 +161,13 @@ def split_on_device(lookups: Lookups, mean: bool, by_popularity: bool = True,
     bag, cold, cold_lengths = counted if counted is not None else _cold_lengths(lookups)
     if popular is None:
         popular = _popular(cold_lengths, lookups)
-    group = (~popular).to(torch.int64) if by_popularity else torch.zeros(batch, dtype=torch.int64, device=device)
-    sample = bag % batch if batch else bag
-    segment = 2 * group.index_select(0, sample) + cold
+    if by_popularity:
+        group = (~popular).to(torch.int64)
+        sample = bag % batch if batch else bag
+        segment = 2 * group.index_select(0, sample) + cold
+    else:  # one group: the segments are hot and cold (the trainer's one pass)
+        group = torch.zeros(batch, dtype=torch.int64, device=device)
+        segment = cold
     # Stable: the lookups are feature-major already, so each segment stays feature-major.
     perm = torch.sort(segment, stable=True).indices
     sizes = torch.zeros(4, dtype=torch.int64, device=device).index_add_(0, segment, torch.ones_like(segment))
@@ -253,7 +258,13 @@ def micro_lookups(split: DeviceSplit, sizes: Sizes, group: int) -> MicroLookups:
     hot, cold = slice(start, start + hot_n), slice(start + hot_n, start + hot_n + cold_n)
     samples = samples_of(split, sizes, group)
     bags = split.lookups.num_features * samples.numel()
-    whole, hot_lengths, cold_lengths = split.bag_lengths.index_select(2, samples).view(3, bags)
+    whole_batch = group == 0 and sizes.group0 == split.lookups.batch
+    if whole_batch:
+        # every sample (a split not by popularity: the trainer's one pass over the
+        # mini-batch): the bags in batch order already, no gather
+        whole, hot_lengths, cold_lengths = split.bag_lengths.view(3, bags)
+    else:
+        whole, hot_lengths, cold_lengths = split.bag_lengths.index_select(2, samples).view(3, bags)
     scale = split.scale_sorted
     return MicroLookups(
         hot_slots=split.slot_local[0, hot], hot_lengths=hot_lengths,
@@ -261,7 +272,7 @@ def micro_lookups(split: DeviceSplit, sizes: Sizes, group: int) -> MicroLookups:
         cold_values=split.values_sorted[cold], cold_lengths=cold_lengths,
         cold_scale=None if scale is None else scale[cold], lengths=whole, batch=samples.numel(),
         num_features=split.lookups.num_features, cold_ids=split.unique_cold[:sizes.unique_cold],
-        popular=sizes.popular if group == 0 else 0, source=(split, group),
+        popular=sizes.popular if group == 0 else 0, source=(split, group), whole=whole_batch,
     )
 
 

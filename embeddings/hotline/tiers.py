@@ -32,6 +32,7 @@ each micro-batch then one ``step()`` equals one step on the whole mini-batch
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -41,7 +42,7 @@ from embeddings.hotline.host_local import LocalHostTier
 from embeddings.hotline.host_sharded import ShardedHostTier
 from embeddings.hotline.host_tier import HostTier
 from embeddings.hotline.hot_tier import HotTier
-from embeddings.hotline.lookups import HOT_ONLY, ColdPooled, ColdRows, Lookups
+from embeddings.hotline.lookups import HOT_ONLY, ColdInFlight, ColdPooled, ColdRows, Lookups
 from embeddings.hotline.profile import HotProfile
 from embeddings.hotline.refresh import RefreshPlan, plan_refresh, prefetch_entering, swap
 from embeddings.hotline.split import (
@@ -68,6 +69,16 @@ if TYPE_CHECKING:
     from embeddings.plan.types import ShardingPlan
 
 __all__ = ["HOT_ONLY", "ColdPooled", "ColdRows", "HotlineEmbeddingCollection"]
+
+
+@dataclass
+class HotStarted:
+    """A lookup begun by ``start``: its lookups, the cold rows that came with them (or
+    are on their way), and the hot part already launched [F*B, D]."""
+
+    micro: MicroLookups
+    cold: Any
+    hot: torch.Tensor
 
 
 class HotlineEmbeddingCollection(EmbeddingCollection):
@@ -317,28 +328,47 @@ class HotlineEmbeddingCollection(EmbeddingCollection):
         return self.tier.gather_cold(micro, self.hot.device)
 
     # ------------------------------------------------------------------ forward
+    def start(self, sparse: KeyedJagged | Prefetched) -> HotStarted:
+        """The hot side of a lookup, launched: it needs no host row, so the model's
+        bottom MLP runs after it while the cold rows (``ColdInFlight``: still being
+        gathered by the trainer's thread) arrive; ``finish`` adds them."""
+        micro, cold = self._micro_and_cold(sparse)
+        return HotStarted(micro, cold, self.tier.hot_part(micro, self.hot))
+
+    def finish(self, started: HotStarted) -> torch.Tensor:
+        """[B, F*D] of a started lookup: its cold rows taken (waited for if in flight,
+        gathered here if none came), the cold part added to the hot one."""
+        micro, cold = started.micro, started.cold
+        if isinstance(cold, ColdInFlight):
+            cold = cold.result()
+        elif cold is None:
+            cold = self.tier.gather_cold(micro, self.hot.device)
+        pooled, cold_rows = self.tier.pool(micro, self.hot, None if cold is HOT_ONLY else cold, started.hot)
+        self._last = (micro.hot_slots.numel(), micro.lookups, micro.popular, micro.batch, cold_rows)
+        return scale_grad(pooled, self.grad_scale)
+
     def forward(self, sparse: KeyedJagged | Prefetched) -> torch.Tensor:
         """[B, F*D]. A ``Prefetched`` input carries its cold rows, from
-        ``gather_cold(sparse)`` (or ``HOT_ONLY`` for a popular micro-batch: no host
-        tier, no collective); its ``sparse`` may be a ``MicroLookups`` (the trainer's
-        micro-batches, classified once per mini-batch). Otherwise the cold rows are
-        looked up here."""
-        cold: ColdRows | ColdPooled | str | None = None
+        ``gather_cold(sparse)`` (a ``ColdInFlight`` while the trainer's thread gathers
+        them, or ``HOT_ONLY`` for a popular micro-batch: no host tier, no
+        collective); its ``sparse`` may be a ``MicroLookups`` (the trainer's step,
+        classified once per mini-batch). Otherwise the cold rows are looked up here."""
+        return self.finish(self.start(sparse))
+
+    def _micro_and_cold(self, sparse: KeyedJagged | Prefetched) -> tuple[MicroLookups, Any]:
+        """``sparse``'s lookups (classified here unless they come classified) and the
+        cold rows that came with them (None: none came)."""
+        cold: Any = None
         if isinstance(sparse, Prefetched):
             sparse, cold = sparse.sparse, sparse.rows
         if isinstance(sparse, MicroLookups):
-            micro = sparse
-        elif cold is HOT_ONLY:
-            micro = all_hot(self._lookups(sparse), self.mean)
-        else:
-            micro = self._whole(sparse)
-            if cold is None:
-                cold = self.tier.gather_cold(micro, self.hot.device)
-            elif isinstance(cold, ColdRows) and not torch.equal(cold.ids, micro.cold_ids):
-                raise ValueError("ColdRows were gathered for another batch")
-        pooled, cold_rows = self.tier.pool(micro, self.hot, None if cold is HOT_ONLY else cold)
-        self._last = (micro.hot_slots.numel(), micro.lookups, micro.popular, micro.batch, cold_rows)
-        return scale_grad(pooled, self.grad_scale)
+            return sparse, cold
+        if cold is HOT_ONLY:
+            return all_hot(self._lookups(sparse), self.mean), cold
+        micro = self._whole(sparse)
+        if isinstance(cold, ColdRows) and not torch.equal(cold.ids, micro.cold_ids):
+            raise ValueError("ColdRows were gathered for another batch")
+        return micro, cold
 
     @property
     def mean(self) -> bool:
