@@ -22,6 +22,7 @@ import torch.distributed as dist
 from torch import nn
 
 from data.errors import UserError
+from embeddings import rounding_cpu
 from embeddings.huge_pages import advise_huge_pages
 from embeddings.init import init_rows
 from embeddings.interface import Prefetched, TableState
@@ -178,6 +179,7 @@ class LocalEmbeddingCollection(EmbeddingCollection):
             self.register_buffer(f"optim_{name}", tensor)
         self._kept: list[KVGradient] = []
         self._rounding_keys(table_origin, device)
+        rounding_cpu.compile_for(device, self.weight_dtype, [t.dtype for t in initial_state.values()])
 
     def _initial_rows(self, weight: torch.Tensor, seed: int, table_origin: dict[str, tuple[str, int, int, int]],
                       init_dim: dict[str, int]) -> None:

@@ -18,11 +18,23 @@ Same bits as ``rounding.stochastic_round`` for every input (tests/test_rounding_
 compares the two on random, tiny, huge, subnormal and non-finite values). numba is
 an ordinary dependency on CPU machines; where it is missing (the GPU machine's
 image), ``available()`` is False and callers keep the torch recipe.
+
+A kernel compiles at its first call (0.3-2 s each; the update kernel ~1-2 s), and
+numba's on-disk cache (``cache=True``) keeps only the kernels without closures
+(pool_bags, widen_rows): the rounding kernels close over the inlined helpers, whose
+pickled dispatchers carry a per-process id, so their cache key never matches (a miss
+in every process). A first call in the middle of training stalls that step: a Hotline
+host tier updates no row until its first cold one. ``compile_for`` compiles what a
+CPU table will call when it is built (``LocalEmbeddingCollection``), each kernel once
+per process, on a tiny input through the same wrapper as a step, so with the same
+argument types; the wrappers pass ids and coordinates as contiguous int64, so no
+caller brings a type that was not compiled then.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from functools import cache
 
 import numpy as np
@@ -191,7 +203,7 @@ def stochastic_round_cpu(
     out = np.empty(xs.shape, dtype=np.uint16)
     if xs.size:
         round_rows(xs, xs.view(np.uint32), out, np.uint64(_seed_step_hash(seed, step)),
-                   tables.numpy(), rows.numpy(), col0.numpy())
+                   _int64(tables), _int64(rows), _int64(col0))
     return torch.from_numpy(out).view(dtype)
 
 
@@ -212,9 +224,9 @@ def add_rows_rounded(
     old = np.empty((0, 0), np.float32) if bf16 else weight.index_select(0, ids).float().numpy()
     overflow = np.zeros(ids.numel(), dtype=np.bool_)
     if ids.numel():
-        add_round_rows(weight.view(torch.uint16).numpy(), ids.numpy(), old, grad.numpy(),
+        add_round_rows(weight.view(torch.uint16).numpy(), _int64(ids), old, grad.numpy(),
                        np.float32(alpha), np.uint64(_seed_step_hash(seed, step)),
-                       tables.numpy(), rows.numpy(), col0.numpy(), overflow, threads)
+                       _int64(tables), _int64(rows), _int64(col0), overflow, threads)
     return torch.from_numpy(overflow)
 
 
@@ -229,7 +241,7 @@ def pool_bf16_bags(weight: torch.Tensor, ids: torch.Tensor, offsets: torch.Tenso
     weights = (scale.float().contiguous().numpy() if scale is not None
                else np.empty(0, dtype=np.float32))
     if out.size:
-        pool_bags(weight.view(torch.uint16).numpy(), ids.numpy(), offsets.numpy(), weights, out, threads)
+        pool_bags(weight.view(torch.uint16).numpy(), _int64(ids), _int64(offsets), weights, out, threads)
     return torch.from_numpy(out)
 
 
@@ -240,8 +252,45 @@ def widen_bf16_rows(weight: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     _match_torch_threads()
     out = torch.empty(ids.numel(), weight.shape[1], dtype=torch.float32)
     if out.numel():
-        widen_rows(weight.view(torch.uint16).numpy(), ids.numpy(), out.view(torch.int32).numpy().view(np.uint32))
+        widen_rows(weight.view(torch.uint16).numpy(), _int64(ids), out.view(torch.int32).numpy().view(np.uint32))
     return out
+
+
+def _int64(index: torch.Tensor) -> np.ndarray:
+    """Ids and coordinates as the kernels were compiled for: contiguous int64 (no copy
+    when they already are; another type or a strided view would compile anew)."""
+    return index.to(torch.int64).contiguous().numpy()
+
+
+def compile_for(device: torch.device, weight: torch.dtype, states: Iterable[torch.dtype] = ()) -> None:
+    """Compile now the kernels a table on ``device`` with ``weight`` rows and optimizer
+    state of ``states`` calls in training (lookup, update, half state's rounding), so
+    that no step compiles one. Once per process and type; nothing off the CPU or
+    without numba."""
+    if device.type != "cpu" or not available():
+        return
+    if weight in (torch.bfloat16, torch.float16):
+        _compile_weight(weight)
+    for dtype in set(states) & {torch.bfloat16, torch.float16}:
+        _compile_state(dtype)
+
+
+@cache
+def _compile_weight(dtype: torch.dtype) -> None:
+    """The update of ``dtype`` rows, and for bf16 the lookups (pooled bags, single ids)."""
+    weight = torch.zeros(2, 1, dtype=dtype)
+    one = torch.zeros(1, dtype=torch.int64)
+    add_rows_rounded(weight, one, torch.zeros(1, 1), 1.0, 0, 1, one, one, one)
+    if dtype == torch.bfloat16:
+        pool_bf16_bags(weight, one, torch.tensor([0, 1]), None)
+        widen_bf16_rows(weight, one)
+
+
+@cache
+def _compile_state(dtype: torch.dtype) -> None:
+    """The rounding of fp32 rows into a ``dtype`` state tensor (optim.put_state)."""
+    one = torch.zeros(1, dtype=torch.int64)
+    stochastic_round_cpu(torch.zeros(1, 1), dtype, 0, 1, one, one, one)
 
 
 def _match_torch_threads() -> int:

@@ -73,3 +73,64 @@ def test_half_bags_equal_embedding_bag_of_the_widened_rows(dtype: torch.dtype, m
     torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
     one = lengths == 1  # a bag of one row is that row, widened exactly (mean: x 1.0)
     assert torch.equal(got[one], weight.float()[ids[offsets[:-1][one]]])
+
+
+# Run in a fresh interpreter with an empty numba cache, as on a fresh machine: two CPU
+# collections (bf16 weight + fp16 Adagrad state, fp16 weight + bf16 Adam state) are
+# built, then trained a step on multi-hot bags and one on single ids, then called
+# with int32 and strided coordinates; printed: the compiled signatures per kernel
+# after building and after the rest.
+FIRST_STEPS = """
+import json, torch
+from data.jagged import JaggedFeatures
+from embeddings import rounding_cpu
+from embeddings.collection import LocalEmbeddingCollection
+from embeddings.optim import make_sparse_optimizer
+from embeddings.table import TableSpec
+
+def compiled():
+    return {f"{bf16}.{k.py_func.__name__}": len(k.signatures)
+            for bf16 in (True, False) for k in rounding_cpu._kernels(bf16)}
+
+cases = [("bf16", "adagrad", "fp16"), ("fp16", "adam", "bf16")]
+tables = [[TableSpec("t0", rows=40, dim=8, features=("a",), dtype=w),
+           TableSpec("t1", rows=30, dim=8, features=("b",), dtype=w)] for w, _, _ in cases]
+colls = [LocalEmbeddingCollection(t, make_sparse_optimizer(kind, state_dtype=s), seed=1)
+         for t, (_, kind, s) in zip(tables, cases)]
+before = compiled()
+g = torch.Generator().manual_seed(0)
+for lengths in (torch.randint(0, 4, (2 * 64,), generator=g), torch.ones(2 * 64, dtype=torch.int64)):
+    kjt = JaggedFeatures(keys=["a", "b"], values=torch.randint(0, 30, (int(lengths.sum()),), generator=g),
+                         lengths=lengths)
+    for coll in colls:
+        coll.set_lr(0.1)
+        coll(kjt).square().sum().backward()
+        coll.step()
+# ids and coordinates of another type or strided reach the kernels as they were compiled
+odd = torch.arange(4, dtype=torch.int32)[::2]
+rounding_cpu.stochastic_round_cpu(torch.ones(2, 3), torch.bfloat16, 0, 1, odd, odd, odd)
+rounding_cpu.add_rows_rounded(colls[1].weight.data, odd, torch.ones(2, 8), 0.1, 0, 1, odd, odd, odd)
+print(json.dumps({"before": before, "after": compiled()}))
+"""
+
+
+@pytest.mark.slow  # a fresh interpreter compiling every kernel: ~10 s here
+def test_building_a_half_cpu_collection_compiles_what_its_steps_call(tmp_path) -> None:
+    """A fresh process's first steps compile nothing: building the collections did
+    (rounding_cpu.compile_for); without it each first call compiled mid-training."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba")}
+    proc = subprocess.run([sys.executable, "-c", FIRST_STEPS], cwd=Path(__file__).resolve().parents[1],
+                          env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    counts = json.loads(proc.stdout.strip().splitlines()[-1])
+    used = {name for name, n in counts["after"].items() if n}
+    # the kernels these tables and states call (fp16 bags are pooled by torch)
+    assert used == {"True.round_rows", "True.add_round_rows", "True.pool_bags", "True.widen_rows",
+                    "False.round_rows", "False.add_round_rows"}
+    assert counts["after"] == counts["before"]

@@ -80,6 +80,27 @@ def test_resume_equals_uninterrupted(tiny_data, tmp_path: Path) -> None:
         assert torch.equal(a[key], b[key]), key
 
 
+@pytest.mark.slow
+def test_rerun_of_a_finished_run_says_nothing_was_trained(tiny_data, tmp_path: Path) -> None:
+    """The same command again after the last step resumes there and trains nothing: its
+    line says so (it said "trained 6 steps at 0 samples/s"), and `dlrm plot`'s run rate
+    stays the run's that trained."""
+    from dlrm.eval.curves import read_curves
+
+    run, steps = tmp_path / "run", {"train.max_steps": 6, "train.log_every": 2, "data.eval": ""}
+    lines: list[list[str]] = [[], []]
+    summaries = []
+    for said in lines:
+        cfg = load_config(TINY, tiny_overrides(**{"data.train": tiny_data["train"], **steps}))
+        summaries.append(train(cfg, run, echo=said.append))
+    first, again = summaries
+    assert lines[1][-1] == "nothing trained: the run was already complete at step 6 of 6"
+    assert lines[0][-1] == f"trained 6 steps at {first['samples_per_s']:,.0f} samples/s"
+    assert first["samples_per_s"] > 0  # 6 steps: one after the 5 of the warm-up
+    assert (first["steps"], first["trained_steps"], again["steps"], again["trained_steps"]) == (6, 6, 6, 0)
+    assert read_curves(run).run_rate == first["samples_per_s"]
+
+
 @pytest.mark.parametrize("sparse", ["sgd", "rowwise_adagrad", "adam"])
 @pytest.mark.slow
 def test_fused_update_equals_kv_gradient_update(tiny_data, tmp_path: Path, sparse: str) -> None:

@@ -52,7 +52,7 @@ def read_curves(run_dir: str | Path) -> Curves:
         elif event == "eval" and step is not None:
             by_step["auc"][step] = record["auc"]
             by_step["logloss"][step] = record["logloss"]
-        elif event == "summary":
+        elif event == "summary" and record.get("trained_steps", 1):  # not a finished run's rerun
             curves.run_rate = record.get("samples_per_s")
     if not by_step["loss"]:
         raise UserError(f"{Path(run_dir) / METRICS}: no training records yet "

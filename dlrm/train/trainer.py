@@ -169,6 +169,7 @@ class Trainer:
         self.schema, self.preprocess = data.schema, data.preprocess
         self.dense_opt = build_dense_optimizer(cfg, model.dense_parameters())
         resumed = self.resumed = self._resume()
+        self.first_step = self.progress.global_step  # where this invocation starts
         self.reader = make_reader(cfg, data.train_files, self.schema, True, info.rank,
                                   info.world_size, data.preprocess)
         steps_per_epoch = -(-self.reader.steps_per_epoch() // cfg.train.accumulate)  # optimizer steps
@@ -479,9 +480,23 @@ class Trainer:
                 "dtype": dtypes[0] if len(dtypes) == 1 else "mixed",
                 **({"dtypes": {t.name: t.dtype for t in tables}} if len(dtypes) > 1 else {})}
 
+    def _result_line(self, summary: dict[str, Any]) -> str:
+        """What this invocation did: the steps it trained and their rate. A run resumed
+        at its last step trains none (no rate to give), nor do warm-up steps alone."""
+        step, trained = self.progress.global_step, summary["trained_steps"]
+        if not trained and step >= self.total_steps:
+            return f"nothing trained: the run was already complete at step {step} of {self.total_steps}"
+        if not trained:  # stopped by a signal before its first step
+            return f"nothing trained: stopped at step {step} of {self.total_steps}"
+        steps = f"trained {step} steps" + (f" ({trained} in this run)" if trained < step else "")
+        if not self.meter.timed_steps:
+            return f"{steps}, all within the train.timing_warmup={self.meter.warmup} untimed ones: no samples/s"
+        return f"{steps} at {summary['samples_per_s']:,.0f} samples/s"
+
     def _summary(self, preempted: int = 0) -> dict[str, Any]:
         self.step_mode = self.graphs.summary() if self.graphs is not None else self.step_mode
         summary: dict[str, Any] = {"event": "summary", "steps": self.progress.global_step,
+                                   "trained_steps": self.progress.global_step - self.first_step,
                                    "step_mode": self.step_mode,
                                    **self.meter.summary(), "tables": self._tables_trained()}
         if preempted:
@@ -499,7 +514,7 @@ class Trainer:
         warning = self.meter.reader_warning()
         if warning:
             self.say(warning)
-        line = f"trained {self.progress.global_step} steps at {summary['samples_per_s']:,.0f} samples/s"
+        line = self._result_line(summary)
         if self.last_eval is not None:
             line += f"; eval AUC {self.last_eval['auc']:.4f}, logloss {self.last_eval['logloss']:.4f}"
         self.say(line)
