@@ -27,6 +27,7 @@ from dlrm.config import load_config
 from dlrm.train.hotline import AheadSplit, HotlineSteps
 from embeddings.hotline.lookups import HOT_ONLY, ColdInFlight
 from embeddings.hotline.mixed import GroupCold, MixedMicro, hotline_collection
+from embeddings.interface import Prefetched
 from embeddings.optim import make_sparse_optimizer
 from tests.conftest import TINY
 from tests.test_embeddings import random_kjt, tables_fixture
@@ -209,3 +210,57 @@ def test_lookahead_shows_the_next_item_and_still_hands_it_out() -> None:
     assert items.peek() == "c"
     assert list(items) == ["c"]
     assert items.peek() is None and list(items) == []
+
+
+def _train_pass(coll, handed: list) -> None:
+    """Forward and backward of every handed pass, then the collection's step (the host
+    update queued): what the trainer does before ``after_step``."""
+    coll.set_lr(0.5)
+    for part, cold, _ in handed:
+        (coll(Prefetched(part.sparse, cold)) ** 2).sum().backward()
+    coll.step()
+
+
+@pytest.mark.parametrize("mixed", [False, True])
+def test_the_next_gather_starts_after_the_update_and_reads_its_rows(mixed: bool) -> None:
+    """One pass: ``after_step`` submits the next mini-batch's cold gather right after
+    the step's update was queued (``gather_ahead``), and the next pass takes that
+    gather. Its rows are the host rows after that update: equal, bit for bit, to a
+    gather made at the step by a ``HotlineSteps`` that never splits ahead (the
+    reference), and different from the rows before the update (so the update is
+    really read)."""
+    coll, batches, _ = _setup(mixed)
+    steps = _steps(coll)
+    handed = list(steps.micro_batches(batches[0], batches[1]))
+    before = _run(_steps(coll), batches[1])[0][1]  # batch 1's cold rows before step 0's update
+    _train_pass(coll, handed)
+    steps.after_step(1)
+    early = steps._ahead.gather
+    assert isinstance(early, ColdInFlight)  # submitted at the end of step 0
+    got = list(steps.micro_batches(batches[1]))
+    assert got[0][1] is early
+    want = _run(_steps(coll), batches[1])  # gathered at the step, after the update
+    _assert_same_parts(got, want, f"early gather mixed={mixed}", 1)
+    rows = [c.rows for c in (_cold_parts(early.result()))]
+    stale = [c.rows for c in _cold_parts(before.result())]
+    assert any(not torch.equal(a, b) for a, b in zip(rows, stale))
+    steps.close()
+
+
+def test_no_early_gather_for_a_split_a_refresh_made_stale() -> None:
+    """A refresh swapped in at the step boundary: the split made ahead is stale, so no
+    gather starts for it; the next step splits and gathers again."""
+    coll, batches, second = _setup(False)
+    steps = _steps(coll)
+    _train_pass(coll, list(steps.micro_batches(batches[0], batches[1])))
+    coll.refresh(second)  # what after_step's swap does
+    steps.after_step(1)
+    assert steps._ahead is not None and steps._ahead.gather is None
+    got = list(steps.micro_batches(batches[1]))
+    _assert_same_parts(got, _run(_steps(coll), batches[1]), "after a refresh", 1)
+    assert steps.stats()["resplits"] == 1
+    steps.close()
+
+
+def _cold_parts(cold) -> list:
+    return cold.parts if isinstance(cold, GroupCold) else [cold]

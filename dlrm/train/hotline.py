@@ -138,6 +138,10 @@ class AheadSplit:
     sizes: Sizes | None = None
     # each part's U unique cold ids on the host, and the event after their copy (CUDA)
     cold_ids: list[tuple[torch.Tensor, torch.cuda.Event | None]] | None = None
+    # one pass: the whole mini-batch's lookups and their cold gather, submitted at the
+    # end of the step before (``HotlineSteps.gather_ahead``)
+    whole: MicroLookups | MixedMicro | None = None
+    gather: ColdInFlight | None = None
 
     def read(self) -> Sizes:
         """The header read by the host (once): on CUDA a wait for the split stream up
@@ -246,6 +250,11 @@ class HotlineSteps:
         sample once. The gather thread fills the cold rows while the hot lookups and
         the bottom MLP are dispatched (the collection's ``start``); ``finish`` waits."""
         emb = self.embeddings
+        if made.gather is not None:  # submitted at the end of the step before
+            yield Batch(dev.dense, made.whole, dev.labels), made.gather, True
+            self._window["wait"] += made.gather.waited
+            self._touch(made.gather.result())
+            return
         whole = emb.micro_batch(split, sizes, 0)
         if not (sizes.unique_cold or emb.sharded):  # every lookup hot: no gather at all
             yield Batch(dev.dense, whole, dev.labels), HOT_ONLY, True
@@ -371,15 +380,41 @@ class HotlineSteps:
                 k: self.counts[k] + v for k, v in counts.items()
             }
 
+    def gather_ahead(self) -> None:
+        """One pass, one process, the pipeline on: the next mini-batch's cold gather
+        submitted now, after this step's update was queued (the trainer calls this
+        after ``model.end_step()``, through ``after_step``), so it runs while the step
+        loop logs, fetches the next batch and dispatches that step's hot side. Exact
+        as at its step: the gather thread reads the host rows after the queued update
+        (host_local.py ``collection``). Not where the next split is stale (a refresh
+        swapped the hot set: ``after_step`` runs the swap first) or has no cold row;
+        several ranks gather by collectives, which stay in the step."""
+        ahead, emb = self._ahead, self.embeddings
+        if (ahead is None or ahead.gather is not None or not self.once or not self.cfg.hotline.pipeline
+                or emb.sharded or ahead.version != emb.hot_version):
+            return
+        sizes = ahead.read()
+        if not sizes.unique_cold:
+            return
+        whole = emb.micro_batch(ahead.split, sizes, 0)
+        whole.ready = ahead.ready  # the gather's copy waits for the split stream
+        ahead.give_cold_ids(whole)  # copied at the end of this step's pass
+        ahead.whole, ahead.gather = whole, ColdInFlight(self.pool.submit(self._gather, whole))
+
     def after_step(self, step: int) -> None:
         """Every ``refresh_every`` steps (after the update): the counts are summed (all
         ranks) and the next hot set is chosen and planned on a background thread
         while the next step runs; at the boundary after it, the plan is swapped in
         (embeddings/hotline/refresh.py: only the rows that change move). The pause is
-        the launch plus the swap, with the wait for the plan if it is late."""
+        the launch plus the swap, with the wait for the plan if it is late. Then the
+        next mini-batch's cold gather starts (``gather_ahead``)."""
         every = self.cfg.hotline.refresh_every
-        if not every:
-            return
+        if every:
+            self._refresh(step, every)
+        self.gather_ahead()
+
+    def _refresh(self, step: int, every: int) -> None:
+        """``after_step``'s refresh: swap in a planned hot set, plan the next."""
         t0 = time.perf_counter()
         if self._next_hot is not None:  # planned during this step: swap it in now
             touched = torch.cat(self._touched) if self._touched else torch.zeros(0, dtype=torch.int64)
