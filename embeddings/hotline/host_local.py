@@ -134,8 +134,8 @@ class LocalHostTier:
         gathered into a pinned buffer and go over in one H2D copy, both on a side
         stream ordered by events, so the trainer's compute goes on meanwhile. Runs on
         the gather thread: its host waits (the ids' copy) are not the trainer's."""
-        t0 = time.perf_counter()
         source = self.collection.weight.data  # after the queued host updates
+        t0 = time.perf_counter()  # the gather's own time: not the wait for those updates
         ids = micro.cold_ids
         cuda = device.type == "cuda" and source.device.type == "cpu"
         if cuda and micro.cold_host_ids is not None:  # copied a step ahead (dlrm/train/hotline.py)
