@@ -7,14 +7,14 @@
     backward:  cold KVGradient (stacked ids, moved home) ──► host optimizer
                (applied at once when fused, else kept until step())
 
-One step's ordering (CUDA; kept gradients, as the trainer runs it):
+One step's ordering (CUDA; kept gradients, one pass per mini-batch as the trainer runs it):
 
-    main thread   | read header | popular fwd/bwd (hot only) | wait gather | non-popular fwd/bwd | step() ─┐
-    split stream  | H2D batch, classify, header D2H (split.py)                                             │
-    gather thread |   wait host updates ─► D2H cold ids ─► gather rows (N threads) ─► pinned ─► H2D issue  │
-    copy stream   |                                   D2H ids, H2D rows ─► event ready                     │
+    main thread   | hot lookups, bottom MLP | wait gather | cold part, top, backward | step() ─┐ submit next gather
+    split stream  | H2D batch, classify, header D2H (split.py; a step ahead)                   │
+    gather thread | wait host updates ─► gather rows (N threads) ─► pinned ─► H2D issue        │
+    copy stream   |                       H2D rows ─► event ready                              │
     compute stream|  ... waits `ready` before the cold lookup (no host wait) ... D2H grads ─► event
-    update thread |                                          waits the D2H events, applies ◄┘ (queued)
+    update thread |                              waits the D2H events, applies ◄┘ (queued)
                   the NEXT step's gather waits for this queue (``collection``): read after write.
 
 Host waits left in the main thread: the split's 56-byte header (the micro-batches'
