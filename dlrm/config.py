@@ -179,6 +179,10 @@ class HotlineConfig:
     # mini-batch is cut into a popular and a non-popular micro-batch, each a forward and
     # backward (the Hotline paper's step: the dense model's ops dispatched twice)
     dense_pass: Literal["once", "per_micro_batch"] = "once"
+    # the dense model's halves (bottom MLP; interaction and top MLP) as CUDA graphs in
+    # the eager Hotline step (one process, one pass, fp32; dlrm/train/dense_graphs.py).
+    # Off until measured on a GPU (scripts/gpu_session.sh bench runs it)
+    graph_dense: bool = False
     # host threads gathering cold rows (each a slice of the ids into the pinned
     # buffer); 0 = min(4, CPU cores). host_embedding uses the same gather
     gather_threads: int = 0

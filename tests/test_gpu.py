@@ -315,6 +315,17 @@ def test_graph_replayed_training_equals_eager(single_hot_data, tmp_path: Path) -
     cases.assert_runs_close(tmp_path / "gbf16", tmp_path / "ebf16", "graphs vs eager, bf16", rtol=1e-5)
 
 
+def test_hotline_with_the_dense_model_graphed_equals_eager(tiny_data, tmp_path: Path) -> None:
+    """hotline.graph_dense: the dense model's halves replayed as CUDA graphs inside the
+    eager Hotline step (dlrm/train/dense_graphs.py) train as the eager step does (the
+    same kernels; the tolerance of the graph test above), and the summary says the
+    graphs ran. tiny's batch (64) divides its data: every step replays."""
+    graphed = cases.run(tiny_data, tmp_path / "g", "cuda", *cases.HOTLINE, "hotline.graph_dense=true")
+    cases.run(tiny_data, tmp_path / "e", "cuda", *cases.HOTLINE)
+    assert "dense model graphed" in graphed["step_mode"], graphed["step_mode"]
+    cases.assert_runs_close(tmp_path / "g", tmp_path / "e", "hotline graph_dense vs eager", rtol=1e-5)
+
+
 @pytest.mark.parametrize("name,extra", [
     ("mixed", ("embeddings.dtypes.C1=fp32", "embeddings.dtypes.C2=fp16", "embeddings.dtype=bf16")),
     ("state", ("optim.sparse=adam", "embeddings.state_dtype=bf16", "embeddings.dtypes.C1=fp16")),

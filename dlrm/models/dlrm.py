@@ -50,6 +50,9 @@ class DenseArch(nn.Module):
         else:
             self.interaction = CrossInteraction(num_sparse, dim, cfg.dcn_layers, cfg.dcn_rank)
         self.top = mlp(self.interaction.out_features, cfg.top_mlp, relu_last=False)
+        # hotline.graph_dense: the halves captured as CUDA graphs (dlrm/train/dense_graphs.py;
+        # a plain attribute, not a submodule: nothing of it is in the state dict)
+        self.graphs: Any = None
 
     def forward(
         self, dense: torch.Tensor, pooled: torch.Tensor | Callable[[], torch.Tensor]
@@ -57,7 +60,10 @@ class DenseArch(nn.Module):
         """dense [B, n_dense], pooled [B, F*D] → logits [B].
 
         ``pooled`` may be a function that finishes the embedding lookup: it is called
-        after the bottom MLP, which so overlaps the ids all-to-all in flight."""
+        after the bottom MLP, which so overlaps the ids all-to-all in flight. Graphed
+        (``graphs``): in training, at the captured batch size, the halves replay."""
+        if self.graphs is not None and self.training and self.graphs.fits(dense):
+            return self.graphs.forward(dense, pooled)
         bottom = self.bottom(dense)
         if callable(pooled):
             pooled = pooled()

@@ -51,12 +51,15 @@ from dlrm.checkpoint.manifest import schema_to_json
 from dlrm.checkpoint.schedule import CheckpointSchedule
 from dlrm.config import Config, ConfigError, to_dict, to_yaml
 from dlrm.eval.predict import evaluate
+from dlrm.models.dlrm import unwrap
 from dlrm.models.interface import RecModel
 from dlrm.parallel.ddp import loss_scale
 from dlrm.parallel.distributed import DistInfo, all_reduce_sum, barrier, init_distributed
 from dlrm.parallel.parallelize import build_model
 from dlrm.parallel.planning import describe, run_tables
 from dlrm.train.bad_data_report import BadDataReport
+from dlrm.train.dense_graphs import DenseGraphs
+from dlrm.train.dense_graphs import why_not as dense_graphs_why_not
 from dlrm.train.device_prefetch import DevicePrefetcher
 from dlrm.train.graphs import WARMUP as GRAPH_WARMUP
 from dlrm.train.graphs import GraphedStep
@@ -206,6 +209,8 @@ class Trainer:
         self._upcoming: Batch | None = None  # Hotline: the next step's first batch (``_peek_next``)
         self._staged: StagedBatches | None = None  # data.in_memory: batches read once
         self.graphs, self.step_mode = self._graphs()
+        if self.hotline is not None and cfg.hotline.graph_dense:
+            self.step_mode += self._graph_dense()
 
     def _graphs(self) -> tuple[GraphedStep | None, str]:
         """The captured step where train.cuda_graphs allows it (dlrm/train/graphs.py)."""
@@ -218,6 +223,24 @@ class Trainer:
                 raise ConfigError(f"train.cuda_graphs=on: the step cannot be captured here: {why}")
             return None, f"eager ({why})"
         return GraphedStep(self._captured_body, self.dense_opt, self.say, required=mode == "on"), ""
+
+    def _graph_dense(self) -> str:
+        """hotline.graph_dense: the dense model's halves captured for this run's batch
+        (dlrm/train/dense_graphs.py); what the step mode then says. A capture that
+        fails leaves the dense model eager, said in one line."""
+        why = dense_graphs_why_not(self.cfg, self.info.device, self.info.world_size)
+        if why is None:
+            model: Any = self.model
+            arch, emb = unwrap(model.dense_arch), model.embeddings
+            try:
+                arch.graphs = DenseGraphs(arch, self.cfg.data.batch_size, arch.bottom[0].in_features,
+                                          len(emb.features) * emb.dim, self.info.device)
+                return ", dense model graphed (hotline.graph_dense)"
+            except Exception as e:  # noqa: BLE001 - any capture error: the eager arch still works
+                arch.graphs = None
+                why = f"the capture failed: {type(e).__name__}: {e}"
+        self.say(f"warning: hotline.graph_dense: the dense model runs eager: {why}")
+        return ""
 
     def _resume(self) -> bool:
         """Load the newest checkpoint of the run directory that verifies, if any."""

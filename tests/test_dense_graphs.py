@@ -1,0 +1,137 @@
+"""hotline.graph_dense (dlrm/train/dense_graphs.py): the dense arch's halves replayed.
+
+CUDA graphs need a GPU (tests/test_gpu.py trains Hotline with them against the eager
+step). Here a stand-in graph, whose replay runs the captured function's forward or
+backward eagerly on the static buffers, checks everything around the capture: the
+inputs copied into the static buffers (and the bottom's output used in place as the
+head's input), the gradients routed from the backward graphs to the parameters, the
+pooled input and the bottom, the short batch and evaluation taking the eager
+modules. Reference: the same DenseArch run eager, bit for bit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+
+import pytest
+import torch
+
+from dlrm.config import ModelConfig
+from dlrm.models.dlrm import DenseArch
+from dlrm.train.dense_graphs import DenseGraphs, GraphedPart, why_not
+
+BATCH, DENSE, FEATURES, DIM = 8, 5, 3, 4
+
+
+class StandInGraph:
+    """torch.cuda.CUDAGraph's part the code uses: ``replay`` runs ``body`` (see
+    ``bodies``), counted."""
+
+    def __init__(self) -> None:
+        self.body = None
+        self.replays = 0
+
+    def replay(self) -> None:
+        self.replays += 1
+        self.body()
+
+
+@contextlib.contextmanager
+def stand_in_capture(graph: StandInGraph):
+    yield
+
+
+def bodies(part: GraphedPart) -> None:
+    """What the captured graphs do, eagerly: the forward writes the static output; the
+    backward writes the static gradients of the static output's gradient."""
+    grad_of = [x for x, g in zip(part.static_in, part.needs_grad) if g] + part.params
+
+    def forward() -> None:
+        with torch.no_grad():
+            part.static_out.detach().copy_(part.fn(*part.static_in))
+
+    def backward() -> None:
+        with torch.enable_grad():
+            out = part.fn(*part.static_in)
+            for static, grad in zip(part.static_grads, torch.autograd.grad(out, grad_of, part.static_grad_out)):
+                static.copy_(grad)
+
+    part.fwd.body, part.bwd.body = forward, backward
+
+
+def arch_pair(interaction: str) -> tuple[DenseArch, DenseArch]:
+    torch.manual_seed(0)
+    cfg = ModelConfig(embedding_dim=DIM, bottom_mlp=[6, DIM], top_mlp=[5, 1], interaction=interaction)
+    eager = DenseArch(DENSE, FEATURES, DIM, cfg)
+    graphed = copy.deepcopy(eager)
+    graphed.graphs = DenseGraphs(graphed, BATCH, DENSE, FEATURES * DIM, torch.device("cpu"),
+                                 graph=StandInGraph, capture=stand_in_capture)
+    for part in (graphed.graphs.bottom, graphed.graphs.head):
+        bodies(part)
+    return eager, graphed
+
+
+def step(arch: DenseArch, dense: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
+    """Forward (the pooled input a function, as the model passes it), loss, backward,
+    an SGD update; the pooled input's gradient."""
+    pooled = pooled.clone().requires_grad_(True)
+    logits = arch(dense, lambda: pooled)
+    loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, torch.rand(logits.shape[0],
+                                                                generator=torch.Generator().manual_seed(1)))
+    loss.backward()
+    with torch.no_grad():
+        for p in arch.parameters():
+            p -= 0.1 * p.grad
+            p.grad = None
+    return pooled.grad
+
+
+@pytest.mark.parametrize("interaction", ["dot", "dcn"])
+def test_graphed_halves_train_as_the_eager_arch(interaction: str) -> None:
+    eager, graphed = arch_pair(interaction)
+    g = torch.Generator().manual_seed(2)
+    for _ in range(3):
+        dense, pooled = torch.randn(BATCH, DENSE, generator=g), torch.randn(BATCH, FEATURES * DIM, generator=g)
+        assert torch.equal(step(graphed, dense, pooled), step(eager, dense, pooled))
+    for (name, p), q in zip(eager.named_parameters(), graphed.parameters()):
+        assert torch.equal(p, q), name
+    parts = graphed.graphs.bottom, graphed.graphs.head
+    assert [(p.fwd.replays, p.bwd.replays) for p in parts] == [(3, 3), (3, 3)]
+    assert "graphs" not in dict(graphed.named_modules()) and graphed.state_dict().keys() == eager.state_dict().keys()
+
+
+def test_another_batch_size_and_evaluation_run_eager() -> None:
+    eager, graphed = arch_pair("dot")
+    g = torch.Generator().manual_seed(3)
+    short = torch.randn(BATCH - 3, DENSE, generator=g), torch.randn(BATCH - 3, FEATURES * DIM, generator=g)
+    assert torch.equal(step(graphed, *short), step(eager, *short))
+    graphed.eval()
+    eager.eval()
+    full = torch.randn(BATCH, DENSE, generator=g), torch.randn(BATCH, FEATURES * DIM, generator=g)
+    with torch.no_grad():
+        assert torch.equal(graphed(*full), eager(*full))
+    assert graphed.graphs.bottom.fwd.replays == 0 and graphed.graphs.head.fwd.replays == 0
+
+
+def test_the_bottom_output_is_the_head_input_buffer() -> None:
+    """The head reads the bottom graph's output where it is: no copy between them."""
+    _, graphed = arch_pair("dot")
+    bottom, head = graphed.graphs.bottom, graphed.graphs.head
+    assert head.static_in[0].data_ptr() == bottom.static_out.data_ptr()
+
+
+def test_a_cpu_run_asking_for_graphs_says_why_not(tiny_data, tmp_path) -> None:
+    from dlrm.config import load_config
+    from dlrm.train.trainer import train
+    from tests.conftest import TINY, tiny_overrides
+
+    said: list[str] = []
+    cfg = load_config(TINY, tiny_overrides(**{"data.train": tiny_data["train"], "data.eval": ""})
+                      + ["train.max_steps=2", "embeddings.placement=hotline", "hotline.budget=1MB",
+                         "hotline.graph_dense=true"])
+    summary = train(cfg, tmp_path / "run", echo=said.append)
+    assert any("hotline.graph_dense: the dense model runs eager: no CUDA device" in s for s in said), said
+    assert "graphed" not in summary["step_mode"]
+    assert why_not(load_config(TINY, ["hotline.dense_pass=per_micro_batch"]), torch.device("cuda"), 1) \
+        == "hotline.dense_pass=per_micro_batch (two batch sizes a step)"
