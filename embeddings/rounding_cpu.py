@@ -145,10 +145,10 @@ def _int64(index: torch.Tensor) -> np.ndarray:
 
 
 def compile_for(device: torch.device, weight: torch.dtype, states: Iterable[torch.dtype] = ()) -> None:
-    """Compile (or load from the disk cache) now the kernels a table on ``device`` with ``weight`` rows and optimizer
-    state of ``states`` calls in training (lookup, update, half state's rounding), so
-    that no step compiles one. Once per process and type; nothing off the CPU or
-    without numba."""
+    """Compile now (or load from numba's disk cache) the kernels a table on ``device``
+    with ``weight`` rows and optimizer state of ``states`` calls in training (lookup,
+    update, half state's rounding), so that no step compiles one. Once per process and
+    type; nothing off the CPU or without numba."""
     if device.type != "cpu" or not available():
         return
     if weight in (torch.bfloat16, torch.float16):
