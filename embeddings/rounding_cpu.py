@@ -19,21 +19,20 @@ compares the two on random, tiny, huge, subnormal and non-finite values). numba 
 an ordinary dependency on CPU machines; where it is missing (the GPU machine's
 image), ``available()`` is False and callers keep the torch recipe.
 
-A kernel compiles at its first call (0.3-2 s each; the update kernel ~1-2 s), and
-numba's on-disk cache (``cache=True``) keeps only the kernels without closures
-(pool_bags, widen_rows): the rounding kernels close over the inlined helpers, whose
-pickled dispatchers carry a per-process id, so their cache key never matches (a miss
-in every process). A first call in the middle of training stalls that step: a Hotline
-host tier updates no row until its first cold one. ``compile_for`` compiles what a
-CPU table will call when it is built (``LocalEmbeddingCollection``), each kernel once
-per process, on a tiny input through the same wrapper as a step, so with the same
-argument types; the wrappers pass ids and coordinates as contiguous int64, so no
-caller brings a type that was not compiled then.
+The kernels themselves live in rounding_cpu_kernels.py, imported (with numba) at the
+first compiled call. A kernel compiles at its first call in a process (0.3-2 s each;
+the update kernel ~1-2 s) unless numba's on-disk cache (``cache=True``) holds it: the
+first process compiles and saves every kernel, later ones with the same cache dir
+(tests, torchrun ranks, the next run) load them. A compile in the middle of training
+stalls that step: a Hotline host tier updates no row until its first cold one.
+``compile_for`` compiles (or loads) what a CPU table will call when it is built
+(``LocalEmbeddingCollection``), each kernel once per process, on a tiny input through
+the same wrapper as a step, so with the same argument types; the wrappers pass ids and
+coordinates as contiguous int64, so no caller brings a type that was not compiled then.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 from functools import cache
 
@@ -54,129 +53,12 @@ def available() -> bool:
 
 
 @cache
-def _elementwise(to_bf16: bool):
-    """Per-element helpers (inlined into the kernels) for one half type: ``to_bf16``
-    is a compile-time constant, so each element's loop has no type branch."""
-    import numba
-
-    @numba.njit(inline="always")
-    def fmix(h):  # h: uint64 holding a uint32
-        h ^= h >> 16
-        h = (h * 0x85EBCA6B) & M32
-        h ^= h >> 13
-        h = (h * 0xC2B2AE35) & M32
-        return h ^ (h >> 16)
-
-    @numba.njit(inline="always")
-    def fp16_bits(x, xbits, h):
-        exp = (xbits >> 23) & 0xFF
-        if exp == 0xFF:  # inf keeps its sign; nan stays nan
-            if xbits & 0x7FFFFF:
-                return 0x7E00
-            return 0xFC00 if x < 0 else 0x7C00
-        if exp >= 113:  # |x| >= 2^-14: y = m * 2^-13 with m the 24-bit significand
-            m = (xbits & 0x7FFFFF) | 0x800000
-            u = np.int64(exp) - 127
-            # r < f  <=>  (h >> 8) * 2^-24 < (m mod 2^13) * 2^-13, in integers
-            n = np.int64(m >> 13) + (1 if (h >> 8) < ((m & 0x1FFF) << 11) else 0)
-        else:  # tiny: |x| * 2^24 is exact in float64, and so are its floor and fraction
-            u = -14
-            y = abs(np.float64(x)) * 2.0**24
-            whole = math.floor(y)
-            n = np.int64(whole) + (1 if np.float64(h >> 8) * 2.0**-24 < y - whole else 0)
-        if u == -14:  # subnormal binade and the first normal one: the bits are n
-            mag = n
-        else:  # n in [1024, 2048]: exponent u, mantissa n - 1024 (2048 carries)
-            mag = min(((u + 15) << 10) + n - 1024, 0x7C00)
-        return mag | 0x8000 if x < 0 else mag
-
-    @numba.njit(inline="always")
-    def half_bits(x, xbits, h):  # fp32 x (and its bits) → the rounded half's bits
-        if to_bf16:  # the top half of bits(x) + (h & 0xFFFF), wrapping
-            return ((xbits + (h & 0xFFFF)) & M32) >> 16
-        return fp16_bits(x, xbits, h)
-
-    @numba.njit(inline="always")
-    def row_hash(seed_step, table, row):
-        return fmix(fmix(seed_step ^ np.uint64(table & M32)) ^ np.uint64(row & M32))
-
-    return fmix, half_bits, row_hash
-
-
-@cache
 def _kernels(to_bf16: bool):
-    """The kernels for one half type (the bf16 ones vectorise: no branch per element)."""
-    import numba
+    """round_rows, add_round_rows (for one half type), pool_bags, widen_rows (bf16):
+    numba is imported here, at the first compiled call, not with this module."""
+    from embeddings import rounding_cpu_kernels as kernels
 
-    fmix, half_bits, row_hash = _elementwise(to_bf16)
-
-    @numba.njit(parallel=True, cache=True)
-    def round_rows(x, xbits, out, seed_step, tables, rows, col0):
-        count, dim = x.shape
-        for i in numba.prange(count):
-            h_row = row_hash(seed_step, tables[i], rows[i])
-            for c in range(dim):
-                out[i, c] = half_bits(x[i, c], np.uint64(xbits[i, c]),
-                                      fmix(h_row ^ np.uint64((col0[i] + c) & M32)))
-
-    @numba.njit(parallel=True, cache=True)
-    def add_round_rows(weight, ids, old_rows, grad, alpha, seed_step, tables, rows, col0, overflow,
-                       threads):
-        count, dim = grad.shape
-        chunks = min(threads, count)
-        for chunk in numba.prange(chunks):
-            # fp32 scratch rows, seen as floats and as their bits (numba has no scalar bit cast)
-            old_bits = np.empty(dim, dtype=np.uint32)
-            new = np.empty(dim, dtype=np.float32)
-            old, new_bits = old_bits.view(np.float32), new.view(np.uint32)
-            for i in range(chunk * count // chunks, (chunk + 1) * count // chunks):
-                row = weight[ids[i]]
-                if to_bf16:  # a bf16 is the top half of its fp32
-                    for c in range(dim):
-                        old_bits[c] = np.uint32(row[c]) << 16
-                else:  # fp16 rows arrive widened (torch's vectorised conversion)
-                    for c in range(dim):
-                        old[c] = old_rows[i, c]
-                # torch's add_(alpha=) is one fused multiply-add in fp32: the exact
-                # product and sum in float64, then one rounding to fp32, give its bits
-                for c in range(dim):
-                    new[c] = np.float32(np.float64(old[c]) + np.float64(alpha) * np.float64(grad[i, c]))
-                h_row = row_hash(seed_step, tables[i], rows[i])
-                for c in range(dim):
-                    row[c] = half_bits(new[c], np.uint64(new_bits[c]),
-                                       fmix(h_row ^ np.uint64((col0[i] + c) & M32)))
-                if not to_bf16:  # (no scalar accumulator here: prange would take it for a reduction)
-                    for c in range(dim):
-                        if (row[c] & 0x7FFF) == 0x7C00 and math.isfinite(new[c]):
-                            overflow[i] = True
-
-    @numba.njit(parallel=True, cache=True)
-    def pool_bags(weight, ids, offsets, scale, out, threads):  # bf16 weights
-        bags, dim = out.shape
-        chunks = min(threads, bags)
-        for chunk in numba.prange(chunks):
-            bits = np.empty(dim, dtype=np.uint32)
-            value = bits.view(np.float32)
-            for b in range(chunk * bags // chunks, (chunk + 1) * bags // chunks):
-                for c in range(dim):
-                    out[b, c] = 0.0
-                for j in range(offsets[b], offsets[b + 1]):
-                    row = weight[ids[j]]
-                    for c in range(dim):
-                        bits[c] = np.uint32(row[c]) << 16
-                    w = scale[j] if scale.size else np.float32(1.0)
-                    for c in range(dim):
-                        out[b, c] += value[c] * w
-
-    @numba.njit(parallel=True, cache=True)
-    def widen_rows(weight, ids, out_bits):  # bf16 rows → their fp32 bits: a shift, no float math
-        count, dim = out_bits.shape
-        for i in numba.prange(count):
-            row = weight[ids[i]]
-            for c in range(dim):
-                out_bits[i, c] = np.uint32(row[c]) << 16
-
-    return round_rows, add_round_rows, pool_bags, widen_rows
+    return (*kernels.rounding_kernels(to_bf16), kernels.pool_bags, kernels.widen_rows)
 
 
 def _seed_step_hash(seed: int, step: int) -> int:
@@ -263,10 +145,10 @@ def _int64(index: torch.Tensor) -> np.ndarray:
 
 
 def compile_for(device: torch.device, weight: torch.dtype, states: Iterable[torch.dtype] = ()) -> None:
-    """Compile now the kernels a table on ``device`` with ``weight`` rows and optimizer
-    state of ``states`` calls in training (lookup, update, half state's rounding), so
-    that no step compiles one. Once per process and type; nothing off the CPU or
-    without numba."""
+    """Compile now (or load from numba's disk cache) the kernels a table on ``device``
+    with ``weight`` rows and optimizer state of ``states`` calls in training (lookup,
+    update, half state's rounding), so that no step compiles one. Once per process and
+    type; nothing off the CPU or without numba."""
     if device.type != "cpu" or not available():
         return
     if weight in (torch.bfloat16, torch.float16):

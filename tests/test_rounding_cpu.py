@@ -89,8 +89,11 @@ from embeddings.optim import make_sparse_optimizer
 from embeddings.table import TableSpec
 
 def compiled():
-    return {f"{bf16}.{k.py_func.__name__}": len(k.signatures)
-            for bf16 in (True, False) for k in rounding_cpu._kernels(bf16)}
+    names = {}  # pool_bags and widen_rows serve both types: named once
+    for bf16 in (True, False):
+        for k in rounding_cpu._kernels(bf16):
+            names.setdefault(k, f"{bf16}.{k.py_func.__name__}")
+    return {name: len(k.signatures) for k, name in names.items()}
 
 cases = [("bf16", "adagrad", "fp16"), ("fp16", "adam", "bf16")]
 tables = [[TableSpec("t0", rows=40, dim=8, features=("a",), dtype=w),
@@ -134,3 +137,54 @@ def test_building_a_half_cpu_collection_compiles_what_its_steps_call(tmp_path) -
     assert used == {"True.round_rows", "True.add_round_rows", "True.pool_bags", "True.widen_rows",
                     "False.round_rows", "False.add_round_rows"}
     assert counts["after"] == counts["before"]
+
+
+# Run twice, in two fresh interpreters sharing one numba cache dir: what a CPU collection
+# compiles at its build for bf16 and fp16 weights with bf16 and fp16 state; printed: per
+# kernel, the signatures it holds and numba's count of cache hits and misses (each miss
+# is a compile), and the seconds the build's compile took.
+COMPILE_ALL = """
+import json, time, torch
+from embeddings import rounding_cpu
+
+start = time.perf_counter()
+for weight in (torch.bfloat16, torch.float16):
+    rounding_cpu.compile_for(torch.device("cpu"), weight, [torch.bfloat16, torch.float16])
+seconds = time.perf_counter() - start
+names = {}  # pool_bags and widen_rows serve both types: named once
+for bf16 in (True, False):
+    for k in rounding_cpu._kernels(bf16):
+        names.setdefault(k, f"{bf16}.{k.py_func.__name__}")
+print(json.dumps({"seconds": seconds, "kernels": {
+    name: {"signatures": len(k.signatures), "hits": sum(k.stats.cache_hits.values()),
+           "misses": sum(k.stats.cache_misses.values())} for k, name in names.items()}}))
+"""
+
+
+@pytest.mark.slow  # two fresh interpreters, the first compiling every kernel: ~10 s here
+def test_a_second_process_loads_every_kernel_from_the_disk_cache(tmp_path) -> None:
+    """numba's disk cache keeps every kernel: a second process (a test, a torchrun rank,
+    the next run) with the same cache dir loads them and compiles nothing. A kernel whose
+    closure holds a dispatcher misses in every process (the dispatcher's pickle carries a
+    per-process id into the cache key)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba")}
+    runs = []
+    for _ in range(2):
+        proc = subprocess.run([sys.executable, "-c", COMPILE_ALL], cwd=Path(__file__).resolve().parents[1],
+                              env=env, capture_output=True, text=True, timeout=120, check=False)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    first, second = (run["kernels"] for run in runs)
+    used = {name for name, k in first.items() if k["signatures"]}
+    assert used == {"True.round_rows", "True.add_round_rows", "True.pool_bags", "True.widen_rows",
+                    "False.round_rows", "False.add_round_rows"}
+    assert all(first[name]["misses"] == first[name]["signatures"] for name in used)  # it compiled
+    for name in used:  # and the second loaded the same signatures, compiling none
+        assert second[name] == {"signatures": first[name]["signatures"],
+                                "hits": first[name]["signatures"], "misses": 0}, (name, second[name])
