@@ -31,13 +31,13 @@
 #      hotline / native >= 0.8x), native_bf16_tables and hotline_bf16_tables (issue 24:
 #      each over its fp32 row; Hotline's budget then holds twice the rows), in_memory
 #      (issue 23: native / in_memory >= 0.95)                       ($OUT/bench.json)
-#   2. hotline with 3 steps under torch.profiler (operators' CPU and CUDA time: the first
-#      H200 bench found an eager Hotline step at ~12 ms where the GPU's work is ~1 ms)
-#   3. hotline with hotline.dense_pass=per_micro_batch (two micro-batches, the dense model
-#      twice a step: the main row's one pass against it), hotline with
+#   2. hotline with hotline.dense_pass=per_micro_batch (two micro-batches, the dense model
+#      twice a step: the main row's one pass against it), then hotline with
 #      hotline.graph_dense=true (the dense model's halves replayed as CUDA graphs in the
-#      eager step), native with cuda_graphs=off
-#      (the main rows replay a captured step where they can)
+#      eager step)
+#   3. hotline with 3 steps under torch.profiler (operators' CPU and CUDA time: the first
+#      H200 bench found an eager Hotline step at ~12 ms where the GPU's work is ~1 ms),
+#      native with cuda_graphs=off (the main rows replay a captured step where they can)
 #   4. the hotline.budget sweep at 64MB, 512MB, 2GB (128MB is row 1's)
 #   5. native_fp16_tables, torch_baseline (each part's bench.json in runs.tgz)
 #   6. the embedding kernels alone (python -m dlrm.bench.kernels: bytes/s per path)
@@ -142,15 +142,15 @@ bench() {
   grep -E "^  [a-z_0-9]+@|FAILED|generated|hotline|from Parquet|tables:|steps:|gpu:|bound" \
     "$OUT/bench.log" | tail -30
   {
+    echo "== hotline, hotline.dense_pass=per_micro_batch (the main row: one pass per mini-batch; first: A/B of this commit)"
+    bench_part micro 45 --engines hotline "$@" hotline.dense_pass=per_micro_batch
+    echo "== hotline, hotline.graph_dense=true (the dense model's halves as CUDA graphs)"
+    bench_part gdense 45 --engines hotline "$@" hotline.graph_dense=true
     # where a Hotline step's time goes: torch.profiler over 3 timed steps (CPU and CUDA
     # time per operator, the Chrome trace), in runs.tgz: prof/runs/hotline_1/profile/
     echo "== hotline, 3 steps under torch.profiler"
     bench_part prof 50 --engines hotline "$@" train.profile_start=90 train.profile_steps=3
     cp /tmp/bench_gpu/prof/runs/hotline_1/profile/rank-0.txt "$OUT"/hotline_profile.txt 2>/dev/null
-    echo "== hotline, hotline.dense_pass=per_micro_batch (the main row: one pass per mini-batch)"
-    bench_part micro 45 --engines hotline "$@" hotline.dense_pass=per_micro_batch
-    echo "== hotline, hotline.graph_dense=true (the dense model's halves as CUDA graphs)"
-    bench_part gdense 45 --engines hotline "$@" hotline.graph_dense=true
     echo "== native, train.cuda_graphs=off (the rows above replay a captured step where they can)"
     bench_part eager 45 --engines native "$@" train.cuda_graphs=off
     echo "== hotline.budget sweep (128MB: the main rows)"
