@@ -2,8 +2,9 @@
 
     Trainer.step(batches)                    k = train.accumulate batches of this rank
         model.begin_step(sparse_lr)          sparse lr for a fused (in-backward) update
-        for each batch, each micro-batch:    (Hotline: popular, then non-popular with its
-                                              cold rows gathered ahead; else the batch)
+        for each batch, each pass:           (Hotline: the batch once, its cold rows
+                                              gathered meanwhile; per_micro_batch: popular,
+                                              then non-popular; else the batch)
             loss = sum(BCE(model(dense, sparse))) * loss_scale
             loss.backward()                  KV gradients for the tables, dense grads for
                                              the MLPs (DDP syncs on the step's last one)
