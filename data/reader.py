@@ -10,7 +10,9 @@ The contract (other code and the tests rely on it)::
     rank 1      reads b0 (last row), a2, a0 (first 7 rows): only the row groups it overlaps,
                 one row group at a time, slicing the partial ones
     windows     its range cut in windows of S rows, S = max(b_r, shuffle_buffer // b_r * b_r);
-                window k's rows permuted by RNG(seed, epoch, rank, k) if shuffle
+                window k's rows permuted by RNG(seed, epoch, rank, k) if shuffle;
+                shuffle_buffer="auto": 4 x the largest row group of the files, from
+                their footers (data/shuffle_window.py), the same on every rank
     batches     local batch t = rows [t*b_r, (t+1)*b_r) of the (window-shuffled) range
 
 * ``batch_size`` is global; rank r's share is b_r = batch_size // W + (r < batch_size % W).
@@ -18,7 +20,8 @@ The contract (other code and the tests rely on it)::
   computed from the footers alone. The last non-empty batch may be short; a rank whose
   rows ran out yields empty batches (B = 0: dense [0, n_dense], labels [0], JaggedFeatures with
   all keys, no values and no lengths, stride 0).
-* Batch t is a pure function of (files, seed, epoch, rank, W, batch_size, t):
+* Batch t is a pure function of (files, seed, epoch, rank, W, batch_size, t) and of
+  shuffle_buffer (``auto``: of the files):
   ``epoch(e, start_step=k)`` seeks straight to window k*b_r // S and yields exactly the
   batches k.. of an uninterrupted epoch (resuming a checkpoint mid-epoch).
 * A background thread decodes up to ``prefetch`` batches ahead (``prefetch=0``: decode
@@ -58,6 +61,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from data import shuffle_window
 from data.background import in_background
 from data.bad_data import ON_ERROR, BadDataLog, BadRecord
 from data.batch import Batch
@@ -99,7 +103,7 @@ class ParquetReader:
         world_size: int = 1,
         shuffle: bool = False,
         seed: int = 0,
-        shuffle_buffer: int = 65536,
+        shuffle_buffer: int | str = "auto",
         prefetch: int = 4,
         id_policy: str = "error",
         dense_nan: str = "error",
@@ -138,11 +142,18 @@ class ParquetReader:
         self.batch_size = batch_size
         self.local_batch_size = _share(batch_size, world_size, rank)
         self._lo, self._hi = _row_range(self.num_rows, world_size, rank)
-        self._window = max(self.local_batch_size, shuffle_buffer // self.local_batch_size
+        # rows of a shuffle window as asked ("auto": from the footers); window_rows: as cut
+        self.shuffle_buffer = shuffle_window.resolve(shuffle_buffer, screened.row_groups, schema)
+        self._window = max(self.local_batch_size, self.shuffle_buffer // self.local_batch_size
                            * self.local_batch_size)
         self._steps = max(
             _local_steps(self.num_rows, batch_size, world_size, r) for r in range(world_size)
         )
+
+    @property
+    def window_rows(self) -> int:
+        """S: the rows of this rank's shuffle windows (shuffle_buffer in whole batches)."""
+        return self._window
 
     def steps_per_epoch(self) -> int:
         """Batches every rank yields per epoch (the same on all ranks)."""

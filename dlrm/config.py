@@ -45,7 +45,13 @@ class DataConfig:
     batch_size: int = 2048  # global: split across ranks
     eval_batch_size: int = 8192
     shuffle: bool = True
-    shuffle_buffer: int = 65536  # rows held in memory for shuffling
+    # Rows of a shuffle window (held in memory per rank, and per decode worker; the unit
+    # data.workers share out). auto: 4 x the largest row group of data.train (footers),
+    # at least 65536 and at most 256 MB of records, so a row group that straddles two
+    # windows given to two workers (both decode it whole) costs at most about a quarter
+    # more decoding. A run saves the rows it used (RUN/config.yaml, its checkpoints), and
+    # auto on resume takes its checkpoint's: the batches stay those it started with.
+    shuffle_buffer: str = "auto"
     prefetch: int = 4  # batches decoded ahead by the background worker
     # Processes decoding row groups in parallel (data/decode_workers.py), the batches the
     # same as with 0 (one background thread). auto: with CUDA, the cores the training

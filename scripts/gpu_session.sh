@@ -22,7 +22,10 @@
 #      Each test's outcome and time go to $OUT/test_gpu.jsonl as it ends (a cut run still
 #      names its failures: the first GPU session's 150 s ran out at 34% with ~20 F's
 #      and no names), summed up in the output
-#   2. the reader's rows/s at data.workers 0,4,16 (issue 23: $OUT/reader.json)
+#   2. the reader's rows/s at data.workers 0,4,16 (issue 23: $OUT/reader.json); it prints
+#      its shuffle windows per epoch: 4 at READER_ROWS=1048576 under data.shuffle_buffer=auto
+#      (4 x 65,536-row groups), so 16 workers share 4 windows (README, "Old default
+#      against auto"); READER_ROWS=4194304 gives 16
 #   3. the vocabulary fit at data.fit_workers 0,16 (issue 26: $OUT/fit.json)
 # bench (configs/bench_gpu.yaml: 26 Criteo-Kaggle-sized tables, 8.6 GB fp32, 100 steps
 # of 4096), in order:

@@ -42,7 +42,8 @@ def test_every_numeric_key_has_a_rule() -> None:
 
 def test_every_rule_names_a_key() -> None:
     """No rule for a key that was renamed or removed (it would check nothing)."""
-    keys = set(numeric_keys(Config)) | {"hotline.budget", "embeddings.memory_per_rank", "data.workers"}
+    keys = set(numeric_keys(Config)) | {"hotline.budget", "embeddings.memory_per_rank", "data.workers",
+                                        "data.shuffle_buffer"}
     assert sorted(set(RULES) - keys) == []
 
 
@@ -67,6 +68,14 @@ def test_bounds() -> None:
     layers = each(at_least(1), non_empty=True)
     assert layers.fits([1]) and not layers.fits([]) and not layers.fits([4, 0, 1])
     assert each(at_least(1), mapping=True).fits({}) and not each(at_least(1), mapping=True).fits({"a": 0})
+
+
+def test_shuffle_buffer_is_auto_or_a_row_count() -> None:
+    assert load_config(None).data.shuffle_buffer == "auto"
+    assert load_config(None, ["data.shuffle_buffer=262144"]).data.shuffle_buffer == "262144"
+    for bad in ("0", "-5", "lots"):
+        with pytest.raises(ConfigError, match='data.shuffle_buffer.*"auto" or an integer >= 1'):
+            load_config(None, [f"data.shuffle_buffer={bad}"])
 
 
 def test_message_names_key_value_and_what_is_allowed() -> None:

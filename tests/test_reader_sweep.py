@@ -39,6 +39,10 @@ def test_epoch_rate_counts_every_row(tmp_path: Path, workers: int) -> None:
     rate = epoch_rate(files, schema, 16, workers, steady_epochs=2)
     assert rate["rows"] == 170 and rate["rows_per_s"] > 0 and rate["startup_s"] >= 0
     assert rate["steady"] > 0
+    # the window it read in: auto for 10-row groups is 65,536 rows (one window here)
+    assert (rate["shuffle_buffer"], rate["window_rows"], rate["windows"]) == (65536, 65536, 1)
+    rate = epoch_rate(files, schema, 16, workers, steady_epochs=1, shuffle_buffer=40)
+    assert (rate["shuffle_buffer"], rate["window_rows"], rate["windows"]) == (40, 32, 6)
 
 
 def test_format_workers_ratios() -> None:
@@ -52,3 +56,7 @@ def test_format_workers_ratios() -> None:
          "4 workers 300 (3.00x, first batch 0.50 s) rows/s"),
         ("reader bench steady (workers running): 0 workers 110, 4 workers 330 rows/s; "
          "4 workers 3.00x = 94% of 0.8·N")]  # 3 / 3.2
+    window = {"window_rows": 262144, "shuffle_buffer": 262144, "windows": 4}
+    sweep = {"bench": {"0": {"rows_per_s": 100.0, **window}}}
+    assert format_workers(sweep).splitlines()[1] == (
+        "reader bench windows: 262,144 rows (data.shuffle_buffer 262,144), 4 per epoch")

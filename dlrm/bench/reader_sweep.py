@@ -9,10 +9,12 @@
                     steady     rows/s of the later epochs (median of STEADY_EPOCHS), the workers
                                already running, as they are for every epoch after a run's first
 
-Workers split an epoch by shuffle windows (data.shuffle_buffer rows each, the config's):
-a set of fewer windows than workers leaves some idle, so sweep on sets of many windows;
-a row group that straddles two windows is decoded by both their workers, so windows of
-several row groups waste less.
+Workers split an epoch by shuffle windows (data.shuffle_buffer rows each, the config's;
+``auto``, the default: 4 row groups, data/shuffle_window.py): a set of fewer windows
+than workers leaves some idle, so sweep on sets of many windows; a row group that
+straddles two windows is decoded by both their workers, so windows of several row
+groups waste less. Each count's rates carry the window used (``window_rows``,
+``shuffle_buffer``, ``windows`` per epoch), printed under the counts.
 
 Each count starts a fresh reader after a warm-up epoch (page cache, imports, the
 forkserver); vocabularies are fitted once, untimed. pyarrow is held to one thread, as in
@@ -33,7 +35,7 @@ STEADY_EPOCHS = 3  # epochs timed per count once its workers run (median: a shar
 
 
 def reader_sweep(files: list[str], schema: Any, batch_size: int, workers: list[int],
-                 out: Path, shuffle_buffer: int = 65536) -> dict[str, Any]:
+                 out: Path, shuffle_buffer: int | str = "auto") -> dict[str, Any]:
     """{"bench": {count: rates}, "avazu": {count: rates}} for each count in ``workers``,
     shuffling in windows of ``shuffle_buffer`` rows (the run's data.shuffle_buffer)."""
     import pyarrow as pa
@@ -47,7 +49,7 @@ def reader_sweep(files: list[str], schema: Any, batch_size: int, workers: list[i
 
 
 def _sweep(files: list[str], schema: Any, batch_size: int, workers: list[int],
-           out: Path, shuffle_buffer: int) -> dict[str, Any]:
+           out: Path, shuffle_buffer: int | str) -> dict[str, Any]:
     from data import preprocess
 
     strings = avazu_files(files, out / "avazu")
@@ -64,9 +66,10 @@ def _sweep(files: list[str], schema: Any, batch_size: int, workers: list[int],
 
 def epoch_rate(files: list[str], schema: Any, batch_size: int, workers: int,
                prep: Any = None, steady_epochs: int = STEADY_EPOCHS,
-               shuffle_buffer: int = 65536) -> dict[str, float]:
+               shuffle_buffer: int | str = "auto") -> dict[str, float]:
     """Shuffled epochs of one fresh reader at ``workers``: the first one's rows/s and
-    start-up seconds, then the steady rows/s of ``steady_epochs`` more."""
+    start-up seconds, then the steady rows/s of ``steady_epochs`` more; and the window
+    it shuffled in (its rows, the shuffle_buffer it came from, windows per epoch)."""
     from data.reader import ParquetReader
 
     reader = ParquetReader(files, schema, batch_size, shuffle=True, prefetch=4,
@@ -86,7 +89,9 @@ def epoch_rate(files: list[str], schema: Any, batch_size: int, workers: int,
     finally:
         reader.close()
     return {"rows_per_s": rows / (t2 - t0), "startup_s": t1 - t0,
-            "steady": float(np.median(steady)) if steady else 0.0, "rows": rows}
+            "steady": float(np.median(steady)) if steady else 0.0, "rows": rows,
+            "window_rows": reader.window_rows, "shuffle_buffer": reader.shuffle_buffer,
+            "windows": -(-rows // reader.window_rows)}
 
 
 def avazu_files(files: list[str], out: Path) -> list[str]:
@@ -151,6 +156,7 @@ def format_workers(sweep: dict[str, Any]) -> str:
             cells.append(f"{count} workers {r['rows_per_s']:,.0f}"
                          + (f" ({', '.join(notes)})" if notes else ""))
         lines.append(f"reader {name} first epoch: " + ", ".join(cells) + " rows/s")
+        lines.extend(_window_line(name, by_count))
         steady0 = by_count.get("0", {}).get("steady")
         if not steady0:
             continue
@@ -162,3 +168,13 @@ def format_workers(sweep: dict[str, Any]) -> str:
                                  if "steady" in r)
                      + " rows/s" + ("; " + ", ".join(scaling) if scaling else ""))
     return "\n".join(lines)
+
+
+def _window_line(name: str, by_count: dict[str, Any]) -> list[str]:
+    """The shuffle window the counts read in (the same at every count), if recorded."""
+    r = next((r for r in by_count.values() if "window_rows" in r), None)
+    if r is None:
+        return []
+    line = (f"reader {name} windows: {r['window_rows']:,} rows (data.shuffle_buffer "
+            f"{r['shuffle_buffer']:,}), {r['windows']} per epoch")
+    return [line]

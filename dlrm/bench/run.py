@@ -212,11 +212,12 @@ def reader_only(a: argparse.Namespace, cfg: Config, out: Path, data_dir: Path) -
           f"{reader['modes']['vocabulary_shuffled']:,.0f}")
     print(format_cold(reader["cold"]))
     if a.workers is not None:
+        from data.shuffle_window import setting as window_setting
         from dlrm.bench.reader_sweep import format_workers, reader_sweep
 
         reader["workers"] = reader_sweep(reader.pop("files"), reader.pop("schema"),
                                          cfg.data.batch_size, a.workers, out,
-                                         cfg.data.shuffle_buffer)
+                                         window_setting(cfg.data.shuffle_buffer))
         print(format_workers(reader["workers"]))
     reader.pop("files", None), reader.pop("schema", None)
     path = out / "bench.json"  # kept beside the training rows of an earlier bench

@@ -4,10 +4,13 @@
     data.train ──one pass──► Preprocessing (vocabularies, dense statistics; saved in RUN,
                             loaded instead on resume): encodings and table rows of the Schema
     files ──ParquetReader(rank r of W)──► batch t of epoch e: a pure function of (seed, e, t)
+    data.shuffle_buffer=auto ──► rows (the checkpoint's on resume, else from the footers),
+                            decided by rank 0, saved in RUN/config.yaml and every checkpoint
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,14 +18,17 @@ from pathlib import Path
 import torch
 
 from data import preprocess as prep_io
+from data import shuffle_window
 from data.decode_workers import auto_workers, available_cores
 from data.errors import DataError
 from data.files import expand_paths
 from data.merged import MergedReader
 from data.reader import ParquetReader
 from data.schema import Schema, check_files, infer_schema, screen_files
+from dlrm.checkpoint.manager import checkpoints
+from dlrm.checkpoint.manifest import CheckpointError, load_meta
 from dlrm.config import Config
-from dlrm.parallel.distributed import all_to_all_arrays
+from dlrm.parallel.distributed import DistInfo, all_to_all_arrays, broadcast_object
 
 
 @dataclass
@@ -120,6 +126,39 @@ def eval_id_policy(cfg: Config) -> str:
     return "error" if cfg.data.eval_strict_ids else "drop"
 
 
+def resolve_shuffle_buffer(cfg: Config, data: RunData, run_dir: str | Path,
+                           info: DistInfo) -> Config:
+    """``cfg`` with data.shuffle_buffer as rows, the same on every rank (rank 0 decides):
+    ``auto`` takes the value the run's newest readable checkpoint was written with, so a
+    resume keeps its batches (a run from before ``auto`` saved 65536, the default then);
+    a new run's from the training files' footers (data/shuffle_window.py), as each
+    reader would. The caller saves it in RUN/config.yaml and the checkpoints."""
+    value = cfg.data.shuffle_buffer
+    if shuffle_window.setting(value) != shuffle_window.AUTO:
+        return cfg
+    rows = None
+    if info.is_main:
+        rows = saved_shuffle_buffer(Path(run_dir))
+        if rows is None:
+            screened = screen_files(data.train_files, data.schema, cfg.data.on_error)
+            rows = shuffle_window.auto_rows(screened.row_groups, data.schema)
+    rows = broadcast_object(rows, info)
+    return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, shuffle_buffer=str(rows)))
+
+
+def saved_shuffle_buffer(run_dir: Path) -> int | None:
+    """data.shuffle_buffer in the config of ``run_dir``'s newest checkpoint whose
+    meta.json reads (None: no checkpoint, or it says ``auto``)."""
+    for ckpt in checkpoints(run_dir):
+        try:
+            value = load_meta(ckpt)["config"]["data"]["shuffle_buffer"]
+        except (CheckpointError, KeyError, TypeError):
+            continue  # corrupt or of another version: the resume itself says so
+        setting = shuffle_window.setting(value)
+        return None if setting == shuffle_window.AUTO else int(setting)
+    return None
+
+
 def make_reader(
     cfg: Config, files: list[str], schema: Schema, train: bool, rank: int = 0, world_size: int = 1,
     preprocess: prep_io.Preprocessing | None = None,
@@ -136,7 +175,7 @@ def make_reader(
             world_size=w,
             shuffle=cfg.data.shuffle and train,
             seed=cfg.seed,
-            shuffle_buffer=cfg.data.shuffle_buffer,
+            shuffle_buffer=shuffle_window.setting(cfg.data.shuffle_buffer),
             prefetch=prefetch,
             id_policy=cfg.data.id_policy if train else eval_id_policy(cfg),
             dense_nan=cfg.data.dense_nan,

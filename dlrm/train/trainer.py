@@ -68,7 +68,7 @@ from dlrm.train.graphs import why_not as graphs_why_not
 from dlrm.train.header import header
 from dlrm.train.host_memory import reuse_freed_memory
 from dlrm.train.hotline import HotlineSteps, make_profile
-from dlrm.train.inputs import RunData, make_reader, resolve_data
+from dlrm.train.inputs import RunData, make_reader, resolve_data, resolve_shuffle_buffer
 from dlrm.train.lookahead import Lookahead
 from dlrm.train.meter import JsonLog, Meter
 from dlrm.train.optim import build_dense_optimizer, lr_factor
@@ -103,6 +103,7 @@ def train(cfg: Config, run_dir: str | Path, echo: Callable[[str], None] = print)
     if cfg.train.print_config:
         say("config:\n" + to_yaml(cfg).rstrip())
     data = resolve_data(cfg, run_dir)  # before creating anything: bad data leaves no run dir
+    cfg = resolve_shuffle_buffer(cfg, data, run_dir, info)  # saved below: a resume keeps it
     for note in data.preprocess.notes if data.preprocess else ():
         say(note)
     narrow_type_warning(cfg, data.schema, say)
