@@ -189,6 +189,9 @@ class HotlineConfig:
     # the eager Hotline step (one process, one pass, fp32; dlrm/train/dense_graphs.py).
     # Off until measured on a GPU (scripts/gpu_session.sh bench runs it)
     graph_dense: bool = False
+    # the on-device split of each mini-batch as CUDA graphs (one process, one table
+    # dtype, batches of one shape; dlrm/train/split_graphs.py). Off until measured
+    graph_split: bool = False
     # host threads gathering cold rows (each a slice of the ids into the pinned
     # buffer); 0 = min(4, CPU cores). host_embedding uses the same gather
     gather_threads: int = 0

@@ -39,7 +39,7 @@
 #   2. hotline with hotline.dense_pass=per_micro_batch (two micro-batches, the dense model
 #      twice a step: the main row's one pass against it), then hotline with
 #      hotline.graph_dense=true (the dense model's halves replayed as CUDA graphs in the
-#      eager step)
+#      eager step), then with hotline.graph_split=true as well (the splits replayed)
 #   3. hotline with 3 steps under torch.profiler (operators' CPU and CUDA time: the first
 #      H200 bench found an eager Hotline step at ~12 ms where the GPU's work is ~1 ms),
 #      native with cuda_graphs=off (the main rows replay a captured step where they can)
@@ -152,6 +152,8 @@ bench() {
     bench_part micro 45 --engines hotline "$@" hotline.dense_pass=per_micro_batch
     echo "== hotline, hotline.graph_dense=true (the dense model's halves as CUDA graphs)"
     bench_part gdense 45 --engines hotline "$@" hotline.graph_dense=true
+    echo "== hotline, graph_dense and graph_split (the splits replayed too)"
+    bench_part gboth 45 --engines hotline "$@" hotline.graph_dense=true hotline.graph_split=true
     # where a Hotline step's time goes: torch.profiler over 3 timed steps (CPU and CUDA
     # time per operator, the Chrome trace), in runs.tgz: prof/runs/hotline_1/profile/
     echo "== hotline, 3 steps under torch.profiler"

@@ -129,9 +129,11 @@ def test_a_cpu_run_asking_for_graphs_says_why_not(tiny_data, tmp_path) -> None:
     said: list[str] = []
     cfg = load_config(TINY, tiny_overrides(**{"data.train": tiny_data["train"], "data.eval": ""})
                       + ["train.max_steps=2", "embeddings.placement=hotline", "hotline.budget=1MB",
-                         "hotline.graph_dense=true"])
+                         "hotline.graph_dense=true", "hotline.graph_split=true"])
     summary = train(cfg, tmp_path / "run", echo=said.append)
     assert any("hotline.graph_dense: the dense model runs eager: no CUDA device" in s for s in said), said
+    assert any("hotline.graph_split: splits run eager: no CUDA device" in s for s in said), said
+    assert summary["hotline"]["split_graphed"] == 0.0
     assert "graphed" not in summary["step_mode"]
     assert why_not(load_config(TINY, ["hotline.dense_pass=per_micro_batch"]), torch.device("cuda"), 1) \
         == "hotline.dense_pass=per_micro_batch (two batch sizes a step)"

@@ -326,6 +326,19 @@ def test_hotline_with_the_dense_model_graphed_equals_eager(tiny_data, tmp_path: 
     cases.assert_runs_close(tmp_path / "g", tmp_path / "e", "hotline graph_dense vs eager", rtol=1e-5)
 
 
+def test_hotline_with_splits_and_dense_model_graphed_equals_eager(single_hot_data, tmp_path: Path) -> None:
+    """hotline.graph_split and graph_dense on single-hot data (every split the captured
+    shape): the splits replayed as CUDA graphs (two, in turn; dlrm/train/split_graphs.py)
+    and the dense halves too train as the eager step does, with a refresh in between
+    (the graphs captured again against the new hot ids)."""
+    both = ("hotline.graph_split=true", "hotline.graph_dense=true", "hotline.refresh_every=5")
+    graphed = cases.run(single_hot_data, tmp_path / "g", "cuda", *cases.HOTLINE, *both)
+    cases.run(single_hot_data, tmp_path / "e", "cuda", *cases.HOTLINE, "hotline.refresh_every=5")
+    assert graphed["hotline"]["split_graphed"] > 0.5, graphed["hotline"]
+    assert "dense model graphed" in graphed["step_mode"], graphed["step_mode"]
+    cases.assert_runs_close(tmp_path / "g", tmp_path / "e", "hotline graphs vs eager", rtol=1e-5)
+
+
 @pytest.mark.parametrize("name,extra", [
     ("mixed", ("embeddings.dtypes.C1=fp32", "embeddings.dtypes.C2=fp16", "embeddings.dtype=bf16")),
     ("state", ("optim.sparse=adam", "embeddings.state_dtype=bf16", "embeddings.dtypes.C1=fp16")),

@@ -147,7 +147,9 @@ def cmd_bench(argv: list[str]) -> int:
                   f"{'triton' if h.get('hot_tier_triton') else 'torch'}, "
                   f"{h.get('split_ahead', 0.0):.0%} of mini-batches split a step ahead"
                   + (f", {h['refreshes']:.0f} refreshes pausing {h['refresh_pause_ms']:.1f} ms each"
-                     if h.get("refreshes") else "") + " "
+                     if h.get("refreshes") else "")
+                  + (f", {h['split_graphed']:.0%} split by a graph replay" if h.get("split_graphed") else "")
+                  + " "
                   f"({row['ranks']} rank{'s' if row['ranks'] > 1 else ''}, rank 0's view)")
     sweep = sweep_rows(rows)
     if sweep:

@@ -57,6 +57,8 @@ import torch
 from data.batch import Batch
 from dlrm.config import Config
 from dlrm.parallel.distributed import DistInfo, all_reduce_sum
+from dlrm.train.split_graphs import GraphedSplits
+from dlrm.train.split_graphs import why_not as split_graphs_why_not
 from embeddings.hotline.lookups import ColdInFlight
 from embeddings.hotline.mixed import MixedMicro
 from embeddings.hotline.profile import HotProfile, count_accesses, default_max_batches
@@ -142,6 +144,7 @@ class AheadSplit:
     # end of the step before (``HotlineSteps.gather_ahead``)
     whole: MicroLookups | MixedMicro | None = None
     gather: ColdInFlight | None = None
+    slot: Any = None  # hotline.graph_split: the graph whose buffers hold ``split``
 
     def read(self) -> Sizes:
         """The header read by the host (once): on CUDA a wait for the split stream up
@@ -179,8 +182,10 @@ class AheadSplit:
 class HotlineSteps:
     """Micro-batches of each mini-batch, cold rows gathered ahead; stats as JSON."""
 
-    def __init__(self, model: torch.nn.Module, cfg: Config, info: DistInfo | None = None) -> None:
+    def __init__(self, model: torch.nn.Module, cfg: Config, info: DistInfo | None = None,
+                 say: Callable[[str], None] | None = None) -> None:
         self.embeddings = model.embeddings
+        self.say = say
         self.cfg = cfg
         self.info = info or DistInfo()
         self.tables: list[TableSpec] = self.embeddings.tables
@@ -188,6 +193,16 @@ class HotlineSteps:
         self.device = self.embeddings.hot_device
         # hotline.dense_pass=once: the split is not by popularity (one pass, batch order)
         self.once = cfg.hotline.dense_pass == "once"
+        # hotline.graph_split: splits replayed as CUDA graphs where they can be
+        self.split_graphs: GraphedSplits | None = None
+        self.split_graphs_off: str | None = None  # why not, where asked for
+        if cfg.hotline.graph_split:
+            self.split_graphs_off = split_graphs_why_not(cfg, self.device, self.info.world_size)
+            if self.split_graphs_off is None:
+                self.split_graphs = GraphedSplits(self.embeddings, not self.once)
+            elif say is not None:
+                say(f"warning: hotline.graph_split: splits run eager: {self.split_graphs_off}")
+        self._current: AheadSplit | None = None  # the split this step's passes read
         # CUDA: the side stream that copies each mini-batch in and classifies it
         self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self._stream_version: object = None  # the hot set the split stream last waited for
@@ -206,7 +221,7 @@ class HotlineSteps:
         """Close the current window: add it to the run's totals, keep it as the last."""
         self._last = dict(self._window)
         for key in ("steps", "hit", "popular", "gather", "transfer", "wait", "refreshes", "refresh",
-                    "ahead", "resplits"):
+                    "ahead", "resplits", "graphed"):
             self._total[key] = self._total.get(key, 0.0) + self._window.get(key, 0.0)
             self._window[key] = 0.0
 
@@ -224,7 +239,7 @@ class HotlineSteps:
         split here, before this batch's passes run (on CUDA on the split stream,
         queued: nothing waits for it), and its header is read after them, so the next
         call finds its sizes on the host and starts its gather at once."""
-        made = self._made_for(batch)
+        made = self._current = self._made_for(batch)
         sizes = made.read()  # made a step ahead: read at the end of the previous call
         if upcoming is not None:
             self._ahead = self._issue(upcoming)
@@ -325,8 +340,8 @@ class HotlineSteps:
         version = emb.hot_version
         if stream is None:
             dev = batch.to(self.device)
-            split = emb.split_on_device(dev.sparse, not self.once, host=batch.sparse)
-            return AheadSplit(batch, version, dev, split, split.header)
+            split, slot = self._split(dev, batch)
+            return AheadSplit(batch, version, dev, split, split.header, slot=slot)
         current = torch.cuda.current_stream(self.device)
         if version != self._stream_version:  # new hot ids (built, refreshed) were written on this stream
             stream.wait_stream(current)
@@ -335,12 +350,26 @@ class HotlineSteps:
             # page-locked first (a host copy of a few hundred KB): the H2D copy is then
             # queued DMA, not a staged copy the host waits for
             dev = batch.pin_memory().to(self.device, non_blocking=True)
-            split = emb.split_on_device(dev.sparse, not self.once, host=batch.sparse)
+            split, slot = self._split(dev, batch)
             header = torch.empty(split.header.numel(), dtype=torch.int64, pin_memory=True)
             header.copy_(split.header, non_blocking=True)
             ready = torch.cuda.Event()
             ready.record(stream)
-        return AheadSplit(batch, version, dev, split, header, ready)
+        return AheadSplit(batch, version, dev, split, header, ready, slot=slot)
+
+    def _split(self, dev: Batch, batch: Batch) -> tuple[DeviceSplit | JointSplit, Any]:
+        """``dev``'s split on the current stream, and the graph slot holding it: by a
+        replay (hotline.graph_split) where the batch fits the captured one, else eager
+        (slot None); a failed capture is said once."""
+        graphs = self.split_graphs
+        graphed = graphs.split(dev.sparse) if graphs is not None else None
+        if graphed is not None:
+            self._window["graphed"] += 1
+            return graphed
+        if graphs is not None and graphs.failed and self.say is not None:
+            self.say(f"warning: hotline.graph_split: the capture failed, splits run eager: {graphs.failed}")
+            self.say = None  # said once
+        return self.embeddings.split_on_device(dev.sparse, not self.once, host=batch.sparse), None
 
     def _use(self, made: AheadSplit) -> tuple[Batch, DeviceSplit | JointSplit]:
         """The split's tensors handed to the compute stream (CUDA: it waits for the
@@ -408,6 +437,13 @@ class HotlineSteps:
         (embeddings/hotline/refresh.py: only the rows that change move). The pause is
         the launch plus the swap, with the wait for the plan if it is late. Then the
         next mini-batch's cold gather starts (``gather_ahead``)."""
+        current, self._current = self._current, None
+        if current is not None and current.slot is not None and self.device.type == "cuda":
+            # the step's reads of its split's buffers are queued: the graph's next replay
+            # into them waits for this point of the compute stream
+            done = torch.cuda.Event()
+            done.record(torch.cuda.current_stream(self.device))
+            GraphedSplits.handed(current.slot, done)
         every = self.cfg.hotline.refresh_every
         if every:
             self._refresh(step, every)
@@ -495,6 +531,8 @@ class HotlineSteps:
             # step (the hot set changed in between, or another batch came)
             "split_ahead": w["ahead"] / steps,
             "resplits": w["resplits"],
+            # hotline.graph_split: mini-batches split by a graph replay (per step)
+            "split_graphed": w["graphed"] / steps,
         }
         return out
 

@@ -196,7 +196,7 @@ class Trainer:
             info, saved_step=self.progress.global_step if resumed else None)
         self.trace = (RowTrace(run_dir, cfg.train.trace_rows, self.schema, info.rank,
                                self.progress.global_step) if cfg.train.trace_rows else None)
-        self.hotline = HotlineSteps(model, cfg, info) if cfg.embeddings.placement == "hotline" else None
+        self.hotline = HotlineSteps(model, cfg, info, say) if cfg.embeddings.placement == "hotline" else None
         if self.hotline is not None and resumed:
             self.hotline.resume()
         # train.precision=bf16: matmuls of the dense arch in bf16 (embedding lookups and

@@ -61,6 +61,11 @@ class DeviceSplit:
         """``header`` (the host's copy of ``self.header``) read."""
         return Sizes.read(header)
 
+    def reset(self) -> None:
+        """Forget what was derived from the tensors lazily (a graph replay rewrote them:
+        dlrm/train/split_graphs.py)."""
+        self._hot_in_order = None
+
     def hot_in_batch_order(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(the hot lookups' slots in the mini-batch's own order, feature-major and sample
         by sample [N], the first hot0 + hot1 valid; offsets [F*B + 1] of the bags' hot

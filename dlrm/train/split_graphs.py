@@ -1,0 +1,139 @@
+"""``hotline.graph_split``: Hotline's on-device split captured as CUDA graphs and replayed.
+
+The split (embeddings/hotline/split.py) sizes every output by its input's size (no
+boolean-mask indexing, no nonzero, no unique), so for mini-batches of one shape (B
+samples, N ids in the collection's feature order: single-hot data always) it is the
+same ops every step: about 40 that the main thread dispatches. Captured, it is two
+copies and one replay on the split stream:
+
+    mini-batch t    ids, lengths ──copy──► graph (t % 2)'s static inputs ──replay──►
+                    its DeviceSplit (static output buffers, header included)
+
+Two graphs, used in turn: mini-batch t+1 is split (a step ahead, dlrm/train/hotline.py)
+while the compute stream still reads mini-batch t's split, so each holds its own
+buffers. Before a graph replays into its buffers again, the split stream waits for the
+event the trainer recorded after the step that last read them (``consumed``: after
+the step's update). A refresh replaces the hot ids the graphs read: they are captured
+again at the next split (``hot_version``). A batch of another shape or key order, and
+collections of several dtype groups, split eager. The capture is ``thread_local``
+(Hotline's other threads call CUDA meanwhile) after one eager run of the split (lazily
+made state, such as a sort's workspace, exists before it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from data.jagged import JaggedFeatures
+from embeddings.hotline.split import DeviceSplit, split_tensors
+
+
+def why_not(cfg: Any, device: torch.device, world_size: int) -> str | None:
+    """Why this run's splits cannot be graphed (None: they can, batch by batch)."""
+    reasons = [
+        (device.type != "cuda", "no CUDA device"),
+        (world_size > 1, "more than one process"),
+        (len(set(cfg.embeddings.dtypes.values()) | {cfg.embeddings.dtype}) > 1,
+         "tables of several dtypes (their split routes by host counts)"),
+        (cfg.train.accumulate != 1, "train.accumulate > 1 (more splits alive than graphs)"),
+    ]
+    return next((why for broken, why in reasons if broken), None)
+
+
+@dataclass
+class _Slot:
+    """One captured graph: its static inputs, the split it writes, the event after the
+    step that last read that split (None: never handed out)."""
+
+    graph: Any
+    values: torch.Tensor
+    lengths: torch.Tensor
+    split: DeviceSplit
+    consumed: torch.cuda.Event | None = None
+
+
+class GraphedSplits:
+    """The collection's split by replays (see the module docstring). ``graph`` and
+    ``capture``: the graph type and its capture context (a test's stand-ins)."""
+
+    SLOTS = 2
+
+    def __init__(self, emb: Any, by_popularity: bool, graph: Callable[[], Any] | None = None,
+                 capture: Callable[[Any], Any] | None = None) -> None:
+        self.emb, self.by_popularity = emb, by_popularity
+        self.graph_type = graph or torch.cuda.CUDAGraph
+        self.capture = capture or _cuda_capture
+        self.slots: list[_Slot] = []
+        self.version: object = None
+        self.turn = 0
+        self.replays = self.captures = 0
+        self.failed: str | None = None
+
+    def split(self, sparse: JaggedFeatures) -> tuple[DeviceSplit, _Slot] | None:
+        """``sparse``'s split by a replay on the current stream (the split stream), with
+        the slot it was written in (``handed``); None where it must run eager."""
+        if self.failed is not None or sparse.keys() != list(self.emb.features):
+            return None
+        if self.version != self.emb.hot_version:  # first split, or a refresh: (re)capture
+            self._capture(sparse)
+            if self.failed is not None:
+                return None
+        slot = self.slots[self.turn]
+        if not self._fits(slot, sparse):
+            return None
+        self.turn = (self.turn + 1) % self.SLOTS
+        if slot.consumed is not None:  # the step that read its buffers last is done with them
+            torch.cuda.current_stream().wait_event(slot.consumed)
+        slot.values.copy_(sparse.values(), non_blocking=True)
+        slot.lengths.copy_(sparse.lengths(), non_blocking=True)
+        slot.graph.replay()
+        slot.split.reset()
+        self.replays += 1
+        return slot.split, slot
+
+    @staticmethod
+    def handed(slot: _Slot, event: torch.cuda.Event) -> None:
+        """The step that read ``slot``'s split is queued up to ``event`` (recorded on the
+        compute stream after its update): the slot's next replay waits for it."""
+        slot.consumed = event
+
+    def _fits(self, slot: _Slot, sparse: JaggedFeatures) -> bool:
+        return (sparse.stride() == slot.split.lookups.batch and sparse.values().numel() == slot.values.numel()
+                and sparse.lengths().numel() == slot.lengths.numel())
+
+    def _capture(self, sparse: JaggedFeatures) -> None:
+        """Both slots captured for ``sparse``'s shape against the current hot ids; a
+        failure is kept (``failed``) and every later split runs eager."""
+        try:
+            self.slots = [self._capture_one(sparse) for _ in range(self.SLOTS)]
+            self.version, self.turn = self.emb.hot_version, 0
+            self.captures += 1
+        except Exception as e:  # noqa: BLE001 - any capture error: the eager split still works
+            self.slots, self.failed = [], f"{type(e).__name__}: {e}"
+
+    def _capture_one(self, sparse: JaggedFeatures) -> _Slot:
+        values, lengths = sparse.values().clone(), sparse.lengths().clone()
+        static = JaggedFeatures(list(sparse.keys()), values, lengths, sparse.stride())
+        self.emb.split_on_device(static, self.by_popularity)  # warm-up: lazily made state
+        graph = self.graph_type()
+        with self.capture(graph):
+            split = self.emb.split_on_device(static, self.by_popularity)
+        if hasattr(graph, "body"):  # a test's stand-in graph: its replay reruns the split
+            graph.body = lambda: _rerun(self.emb, static, self.by_popularity, split)
+        return _Slot(graph, values, lengths, split)
+
+
+def _rerun(emb: Any, static: JaggedFeatures, by_popularity: bool, split: DeviceSplit) -> None:
+    """What a replay computes, eagerly: the split of the static inputs written into the
+    captured split's buffers (a test's stand-in graph calls this; CUDA ignores it)."""
+    fresh = emb.split_on_device(static, by_popularity)
+    for out, value in zip(split_tensors(split), split_tensors(fresh), strict=True):
+        out.copy_(value)
+
+
+def _cuda_capture(graph: torch.cuda.CUDAGraph) -> Any:
+    return torch.cuda.graph(graph, capture_error_mode="thread_local")

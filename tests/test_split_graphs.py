@@ -1,0 +1,115 @@
+"""hotline.graph_split (dlrm/train/split_graphs.py): Hotline's split replayed.
+
+CUDA graphs need a GPU (tests/test_gpu.py trains Hotline with them against eager
+splits). Here a stand-in graph, whose replay reruns the split eagerly into the captured
+split's buffers, checks everything around the capture, in the trainer's Hotline step
+(``HotlineSteps``) splitting each next mini-batch a step ahead: the passes handed out
+equal those of eager splits, bit for bit (reference: a ``HotlineSteps`` without
+graphs); two graphs are needed (with one, the split made ahead overwrites the one in
+use, and the test sees it); a refresh captures again; a batch of another shape splits
+eager.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+
+from data.batch import Batch
+from data.jagged import JaggedFeatures
+from dlrm.train.split_graphs import GraphedSplits, why_not
+from tests.test_hotline import FEATURES
+from tests.test_hotline_ahead import PASSES, _assert_same_parts, _setup, _steps
+
+BATCH = 16
+
+
+class StandInGraph:
+    """torch.cuda.CUDAGraph's part the code uses; ``replay`` runs ``body`` (which
+    GraphedSplits sets on a graph that has one)."""
+
+    def __init__(self) -> None:
+        self.body = None
+
+    def replay(self) -> None:
+        self.body()
+
+
+@contextlib.contextmanager
+def stand_in_capture(graph: StandInGraph):
+    yield
+
+
+def single_hot(coll, seed: int, batch: int = BATCH) -> Batch:
+    """A single-hot mini-batch (every batch the same shape: the graphs' case)."""
+    g = torch.Generator().manual_seed(seed)
+    rows = {f: t.rows for t in coll.tables for f in t.features}
+    values = torch.cat([torch.randint(0, rows[f], (batch,), generator=g) for f in FEATURES])
+    sparse = JaggedFeatures(list(FEATURES), values, torch.ones(len(FEATURES) * batch, dtype=torch.int64), batch)
+    return Batch(torch.randn(batch, 3, generator=g), sparse, torch.rand(batch, generator=g))
+
+
+def graphed_steps(coll, dense_pass: str):
+    steps = _steps(coll, dense_pass)
+    steps.split_graphs = GraphedSplits(coll, dense_pass != "once", graph=StandInGraph, capture=stand_in_capture)
+    return steps
+
+
+def compare_ahead(steps, reference, batches: list[Batch], passes: int) -> None:
+    """Each batch's passes, the next batch split a step ahead (as the trainer runs them),
+    against the reference's, compared before the next step (which may reuse buffers)."""
+    for i, batch in enumerate(batches):
+        upcoming = batches[i + 1] if i + 1 < len(batches) else None
+        got = list(steps.micro_batches(batch, upcoming))
+        _assert_same_parts(got, list(reference.micro_batches(batch, upcoming)), f"batch {i}", passes)
+        for s in (steps, reference):
+            s.after_step(i + 1)
+
+
+@pytest.mark.parametrize("dense_pass", list(PASSES))
+def test_replayed_splits_give_the_eager_passes(dense_pass: str) -> None:
+    coll, _, _ = _setup(False)
+    batches = [single_hot(coll, s) for s in range(5)]
+    steps, reference = graphed_steps(coll, dense_pass), _steps(coll, dense_pass)
+    compare_ahead(steps, reference, batches, PASSES[dense_pass])
+    assert steps.split_graphs.captures == 1 and steps.split_graphs.replays == 5
+    assert steps.stats(whole_run=True)["split_graphed"] == 1.0
+    steps.close()
+    reference.close()
+
+
+def test_one_graph_is_not_enough(monkeypatch) -> None:
+    """With one slot, the split made a step ahead writes over the one in use: the passes
+    differ from eager ones (what the second slot is for)."""
+    monkeypatch.setattr(GraphedSplits, "SLOTS", 1)
+    coll, _, _ = _setup(False)
+    batches = [single_hot(coll, s) for s in range(3)]
+    with pytest.raises(AssertionError):
+        compare_ahead(graphed_steps(coll, "once"), _steps(coll), batches, 1)
+
+
+def test_a_refresh_captures_again_and_another_shape_splits_eager() -> None:
+    coll, _, second = _setup(False)
+    steps, reference = graphed_steps(coll, "once"), _steps(coll)
+    compare_ahead(steps, reference, [single_hot(coll, s) for s in range(2)], 1)
+    coll.refresh(second)  # new hot ids: the graphs read the old ones
+    compare_ahead(steps, reference, [single_hot(coll, 7)], 1)
+    assert steps.split_graphs.captures == 2
+    replays = steps.split_graphs.replays
+    compare_ahead(steps, reference, [single_hot(coll, 8, batch=BATCH // 2)], 1)  # another shape: eager
+    assert steps.split_graphs.replays == replays and steps.split_graphs.captures == 2
+    steps.close()
+    reference.close()
+
+
+def test_where_graphs_cannot_split() -> None:
+    from dlrm.config import load_config
+    from tests.conftest import TINY
+
+    cuda = torch.device("cuda")
+    assert why_not(load_config(TINY), torch.device("cpu"), 1) == "no CUDA device"
+    assert why_not(load_config(TINY), cuda, 1) is None
+    assert why_not(load_config(TINY, ["embeddings.dtypes.C1=bf16"]), cuda, 1).startswith("tables of several dtypes")
+    assert why_not(load_config(TINY, ["train.accumulate=2"]), cuda, 1).startswith("train.accumulate")
