@@ -264,3 +264,37 @@ def test_no_early_gather_for_a_split_a_refresh_made_stale() -> None:
 
 def _cold_parts(cold) -> list:
     return cold.parts if isinstance(cold, GroupCold) else [cold]
+
+
+def test_the_gather_waits_only_for_the_updates_of_the_rows_it_reads(monkeypatch) -> None:
+    """The previous step's host update is slow (held back here): the next gather reads
+    every row at once, while that update runs, and reads again after it only the rows it
+    wrote (the cold rows the two batches share). The rows gathered equal, bit for bit,
+    a gather made after the update, and ``late_rows`` counts the shared rows."""
+    import threading
+
+    coll, batches, _ = _setup(False)
+    tier = coll.tier
+    steps = _steps(coll)
+    handed = list(steps.micro_batches(batches[0], batches[1]))
+    first = handed[0][1].result()
+    release = threading.Event()
+    apply = tier._apply
+    monkeypatch.setattr(tier, "_apply", lambda kept: (release.wait(10), apply(kept))[1])
+    seen: list[bool] = []  # at each row gather: whether the update had ended
+    gather = tier._gather_rows
+    monkeypatch.setattr(tier, "_gather_rows", lambda *a: seen.append(release.is_set()) or gather(*a))
+    before_rows = _run(_steps(coll), batches[1])[0][1].result().rows  # batch 1's rows before the update
+    _train_pass(coll, handed)
+    steps.after_step(1)  # the next gather starts; the update is held
+    early = steps._ahead.gather
+    threading.Timer(0.3, release.set).start()
+    got = early.result()
+    assert seen and seen[0] is False  # the first gather ran while the update was held
+    monkeypatch.setattr(tier, "_gather_rows", gather)
+    want = _run(_steps(coll), batches[1])[0][1].result()  # after the update
+    assert torch.equal(got.host_ids, want.host_ids) and torch.equal(got.rows, want.rows)
+    shared = torch.isin(got.host_ids, first.host_ids)
+    assert int(shared.sum()) > 0 and got.late_rows == int(shared.sum())
+    assert not torch.equal(got.rows[shared], before_rows[shared])  # the update really wrote them
+    steps.close()

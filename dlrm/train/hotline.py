@@ -221,7 +221,7 @@ class HotlineSteps:
         """Close the current window: add it to the run's totals, keep it as the last."""
         self._last = dict(self._window)
         for key in ("steps", "hit", "popular", "gather", "transfer", "wait", "refreshes", "refresh",
-                    "ahead", "resplits", "graphed"):
+                    "ahead", "resplits", "graphed", "late", "update_wait"):
             self._total[key] = self._total.get(key, 0.0) + self._window.get(key, 0.0)
             self._window[key] = 0.0
 
@@ -395,6 +395,8 @@ class HotlineSteps:
         cold = self.embeddings.gather_cold(micro)
         self._window["gather"] += cold.gather_s
         self._window["transfer"] += cold.transfer_s
+        self._window["late"] += getattr(cold, "late_rows", 0)  # one process (ColdRows, GroupCold)
+        self._window["update_wait"] += getattr(cold, "update_wait_s", 0.0)
         return cold
 
     def _observe(self, batch: Batch, sizes: Sizes) -> None:
@@ -533,6 +535,10 @@ class HotlineSteps:
             "resplits": w["resplits"],
             # hotline.graph_split: mini-batches split by a graph replay (per step)
             "split_graphed": w["graphed"] / steps,
+            # one process: the gather thread's wait for host updates, and the cold rows it
+            # read again after the previous step's update (the rows that update wrote)
+            "update_wait_ms": 1000 * w["update_wait"] / steps,
+            "late_rows": w["late"] / steps,
         }
         return out
 

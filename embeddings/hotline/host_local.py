@@ -74,6 +74,11 @@ class LocalHostTier:
         # Host updates (cold gradients, lr) run in order on one thread, off the step.
         self._updates = ThreadPoolExecutor(1, thread_name_prefix="hotline-host-update")
         self._pending: Future[None] | None = None
+        # The newest queued update that writes rows (the future, the rows' ids) and the
+        # task queued just before it: a gather waits for that one, and for the newest
+        # only to read the rows it writes (``_gather_updated``)
+        self._writing: tuple[Future[None], torch.Tensor] | None = None
+        self._before_writing: Future[None] | None = None
         self._lr: float | None = None  # the last lr queued for the host tables
         self._copy_stream = torch.cuda.Stream(hot_device) if hot_device.type == "cuda" else None
         self.optimizer = optimizer
@@ -134,8 +139,8 @@ class LocalHostTier:
         gathered into a pinned buffer and go over in one H2D copy, both on a side
         stream ordered by events, so the trainer's compute goes on meanwhile. Runs on
         the gather thread: its host waits (the ids' copy) are not the trainer's."""
-        source = self.collection.weight.data  # after the queued host updates
-        t0 = time.perf_counter()  # the gather's own time: not the wait for those updates
+        source = self._tables.weight.data  # read after the queued updates of its rows (_gather_updated)
+        t0 = time.perf_counter()
         ids = micro.cold_ids
         cuda = device.type == "cuda" and source.device.type == "cpu"
         if cuda and micro.cold_host_ids is not None:  # copied a step ahead (dlrm/train/hotline.py)
@@ -161,7 +166,7 @@ class LocalHostTier:
             host_ids = ids.to(source.device) if micro.cold_host_ids is None else micro.cold_host_ids
             rows = source.new_empty(ids.numel(), source.shape[1])
         self._count("d2h", host_ids)
-        self._gather_rows(source, host_ids, rows)
+        late, waited = self._gather_updated(source, host_ids, rows)
         t1 = time.perf_counter()
         ready = None
         if cuda:
@@ -175,7 +180,40 @@ class LocalHostTier:
         else:
             rows = rows.to(device)
         self._count("h2d", rows)
-        return ColdRows(ids, rows.requires_grad_(True), host_ids, t1 - t0, time.perf_counter() - t1, ready)
+        return ColdRows(ids, rows.requires_grad_(True), host_ids, t1 - t0 - waited, time.perf_counter() - t1, ready,
+                        late_rows=late, update_wait_s=waited)
+
+    def _gather_updated(self, source: torch.Tensor, host_ids: torch.Tensor, rows: torch.Tensor
+                        ) -> tuple[int, float]:
+        """``rows[i] = source[host_ids[i]]`` as it is after every queued host update, waiting
+        only for the updates of the rows it reads: the newest row-writing update (the
+        last step's cold rows) may still run; every row is gathered at once, and those
+        that update writes are gathered again after it ends (exact: the others it does
+        not touch, and every update before it is waited for). (rows read after that
+        update, seconds waited for updates)."""
+        t0 = time.perf_counter()
+        writing, before = self._writing, self._before_writing
+        if writing is None or writing[0].done():  # FIFO: every row-writing update is in
+            self._updates_error(writing)
+            self._gather_rows(source, host_ids, rows)
+            return 0, time.perf_counter() - t0
+        if before is not None:
+            before.result()
+        waited = time.perf_counter() - t0
+        self._gather_rows(source, host_ids, rows)  # the rows the update writes: read again below
+        late = torch.isin(host_ids, writing[1]).nonzero().flatten()
+        t1 = time.perf_counter()
+        writing[0].result()
+        waited += time.perf_counter() - t1
+        if late.numel():
+            rows.index_copy_(0, late, source.index_select(0, host_ids.index_select(0, late)))
+        return int(late.numel()), waited
+
+    @staticmethod
+    def _updates_error(writing: tuple[Future[None], torch.Tensor] | None) -> None:
+        """A finished update's error, raised here (as ``wait_updates`` would)."""
+        if writing is not None:
+            writing[0].result()
 
     # Below this many rows one thread gathers: a hand-off costs more than it saves.
     PARALLEL_ROWS = 4096
@@ -277,7 +315,11 @@ class LocalHostTier:
         gather, and every other reader of the host rows, waits for it (see
         ``collection``)."""
         kept, self._kept = self._kept, []
+        before = self._pending
         self._later(self._apply, kept)
+        written = [grad.ids for grad, _ in kept if grad.ids.numel()]
+        if written:  # the newest update that writes rows, and what came before it (FIFO)
+            self._writing, self._before_writing = (self._pending, torch.cat(written)), before
 
     def _apply(self, kept: list[tuple[KVGradient, torch.cuda.Event | None]]) -> None:
         """On the host-update thread: wait for the gradients' D2H copies, apply them once."""

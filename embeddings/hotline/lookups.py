@@ -90,6 +90,8 @@ class ColdRows:
     gather_s: float = 0.0  # host time to gather the rows
     transfer_s: float = 0.0  # time to issue the copy to the device (CUDA: asynchronous)
     ready: torch.cuda.Event | None = None  # CUDA: recorded on the copy stream after the copy
+    late_rows: int = 0  # rows read again after the previous step's host update ended
+    update_wait_s: float = 0.0  # time the gather waited for host updates
 
 
 @dataclass

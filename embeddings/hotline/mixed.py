@@ -74,6 +74,15 @@ class GroupCold:
     transfer_s: float = 0.0
 
     @property
+    def late_rows(self) -> int:
+        """Rows read after the previous step's host update (every group's)."""
+        return sum(getattr(p, "late_rows", 0) for p in self.parts)
+
+    @property
+    def update_wait_s(self) -> float:
+        return sum(getattr(p, "update_wait_s", 0.0) for p in self.parts)
+
+    @property
     def host_ids(self) -> torch.Tensor | None:
         """One process: the gathered rows' ids, each group's stacked ids shifted by its
         base (the rows this step's cold update writes); several ranks: None."""
