@@ -100,3 +100,29 @@ def test_torchrun_hotline_resume_across_a_refresh_is_bit_equal(small_data, tmp_p
     assert got.keys() == want.keys()
     for key in want:
         assert torch.equal(got[key], want[key]), key
+
+
+def train_triton(rank: int, world_size: int, data: dict[str, Path], out: Path) -> None:
+    import tests.kernel_cases  # noqa: F401 - TRITON_INTERPRET=1 before triton loads (no GPU)
+
+    overrides = case_overrides(world_size, "rowwise_adagrad", (*HOTLINE, "embeddings.kernels=triton",
+                                                               "train.max_steps=4"))
+    train(config_for(data, overrides), out / "triton_W2", echo=lambda s: None)
+
+
+@pytest.mark.kernels
+def test_hotline_ranks_on_the_triton_hot_tier_equal_one_process(small_data, tmp_path: Path) -> None:
+    """embeddings.kernels=triton on several ranks: each rank holds its hot gradient, the
+    ranks' are all-gathered (hot_kernels.py ``gather_ranks``) and every replica applies
+    the same one fused update. Reference: ordinary training in one process on the same
+    global batches (the Triton kernels interpreted on the CPU)."""
+    import tests.kernel_cases  # noqa: F401
+
+    run_ranks(2, train_triton, small_data, tmp_path)
+    run = tmp_path / "triton_W2"
+    ref = tmp_path / "ref"
+    overrides = case_overrides(1, "rowwise_adagrad", ("train.max_steps=4",)) + ["data.order_world_size=2"]
+    train(config_for(small_data, overrides), ref, echo=lambda s: None)
+    assert summary(run)["hotline"]["hot_tier_triton"] == 1.0
+    assert_states_close(run_state(run), run_state(ref), "hotline triton W=2", RTOL.get("rowwise_adagrad", 1e-5))
+    torch.testing.assert_close(losses(run), losses(ref), rtol=1e-5, atol=1e-7)

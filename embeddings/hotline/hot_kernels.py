@@ -23,6 +23,8 @@ import torch
 from embeddings.jagged import bag_offsets
 
 if TYPE_CHECKING:
+    import torch.distributed as dist
+
     from embeddings.hotline.split import DeviceSplit
     from embeddings.kernels.lookup import Bags  # imports triton
 
@@ -69,3 +71,51 @@ def in_split_order(parts: list[tuple[torch.Tensor, Bags]], sources: list[tuple[D
     slots, offsets = split.hot_in_batch_order()
     hot = sum(bags.values.numel() for _, bags in parts)
     return grad, slots[:hot], offsets, batch
+
+
+def gather_ranks(joined: tuple[torch.Tensor, torch.Tensor, torch.Tensor, int], row_base: torch.Tensor,
+                 group: dist.ProcessGroup | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """Several ranks (the hot tier replicated): every rank's joined hot gradient
+    (``join``'s result: gradient [F, B_r, D], slots [H_r], offsets [F*B_r + 1], B_r)
+    joined in rank order, the same on every rank, so each replica's ONE fused update
+    applies the same sum. Sizes first (a [2] all-gather; on NCCL the host reads it),
+    then the gradients, slots and offsets padded to the longest rank's and all-gathered.
+
+        rank 0  [F, B_0, D] | slots H_0        all ranks ──► join over W parts:
+        rank 1  [F, B_1, D] | slots H_1                      feature-major over B_0 + B_1 + ..
+    """
+    import torch.distributed as dist
+
+    from embeddings.alltoall import comm_device
+    from embeddings.kernels.lookup import Bags  # imports triton
+
+    grad, slots, offsets, batch = joined
+    features, dim = row_base.numel(), grad.shape[-1]
+    size = dist.get_world_size(group)
+    device = comm_device(group)  # NCCL takes GPU tensors only
+    mine = torch.tensor([slots.numel(), batch], dtype=torch.int64, device=device)
+    every = [torch.empty_like(mine) for _ in range(size)]
+    dist.all_gather(every, mine, group=group)
+    sizes = [tuple(int(v) for v in t.tolist()) for t in every]
+    most_slots, most_batch = max(h for h, _ in sizes), max(b for _, b in sizes)
+    home = grad.device
+    padded = [
+        _padded(grad.reshape(features, batch, dim), (features, most_batch, dim), device),
+        _padded(slots, (most_slots,), device),
+        _padded(offsets, (features * most_batch + 1,), device),
+    ]
+    gathered = []
+    for t in padded:
+        parts = [torch.empty_like(t) for _ in range(size)]
+        dist.all_gather(parts, t, group=group)
+        gathered.append(parts)
+    parts = [(g[:, :b].to(home), Bags(s[:h].to(home), o[:features * b + 1].to(home), row_base, b, False, True))
+             for (h, b), g, s, o in zip(sizes, *gathered, strict=True)]
+    return join(parts, features)
+
+
+def _padded(t: torch.Tensor, shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """``t`` in the corner of zeros of ``shape`` on ``device``."""
+    out = torch.zeros(shape, dtype=t.dtype, device=device)
+    out[tuple(slice(0, n) for n in t.shape)] = t
+    return out

@@ -10,7 +10,8 @@ slots: device memory then grows with the hot set only (8 B per hot row) instead 
 log2(H) comparisons per lookup.
 
 Lookups: the torch path (``pooled_lookup``, KV gradients) or, with ``kernels``
-Triton (one process; fp32, fp16 or bf16 rows and state), the Triton kernels:
+Triton (one process, or several ranks with ``kernels=triton``: the held gradients
+all-gathered first; fp32, fp16 or bf16 rows and state), the Triton kernels:
 ``hot_kernels.py``.
 
 fp16/bf16 tables: the hot rows are stored in the table's type and updated as the
@@ -32,7 +33,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from embeddings.hotline.hot_kernels import in_split_order, join
+from embeddings.hotline.hot_kernels import gather_ranks, in_split_order, join
 from embeddings.jagged import bag_offsets
 from embeddings.kernels import KernelChoice, use_triton
 from embeddings.kv import KVGradient
@@ -43,6 +44,8 @@ from embeddings.rounding import RowRounding, table_key
 from embeddings.table import TableSpec
 
 if TYPE_CHECKING:
+    import torch.distributed as dist
+
     from embeddings.hotline.split import DeviceSplit
     from embeddings.kernels.lookup import Bags
     from embeddings.kernels.rounding import KernelRounding
@@ -53,7 +56,7 @@ class HotTier(nn.Module):
 
     def __init__(self, optimizer: SparseOptimizer, fused: bool, tables: list[TableSpec] | None = None,
                  rounding_seed: int = 0, kernels: str | KernelChoice = KernelChoice.AUTO,
-                 one_process: bool = True) -> None:
+                 one_process: bool = True, group: dist.ProcessGroup | None = None) -> None:
         """``tables`` (all of them, in stacking order) and ``rounding_seed``: where a
         stacked id's rounding coordinates come from (half tables or state).
         ``kernels``: the lookups' path (embeddings/kernels; ``auto``: Triton on CUDA),
@@ -62,6 +65,7 @@ class HotTier(nn.Module):
         super().__init__()
         self.kernels = KernelChoice(kernels)
         self.one_process = one_process
+        self.group = group  # several ranks: the replicas' group (the Triton update all-gathers)
         self._parts: list[tuple[torch.Tensor, Bags]] = []  # Triton, kept: held micro-batches
         self._sources: list[tuple[DeviceSplit, int] | None] = []  # the split and group of each
         self._lr_on_device: torch.Tensor | None = None
@@ -141,8 +145,12 @@ class HotTier(nn.Module):
         return hot_ids[slot] == ids, slot
 
     def on_triton(self) -> bool:
-        """Whether the lookups take the Triton kernels (see ``__init__``)."""
-        return self.one_process and use_triton(self.kernels, self.device)
+        """Whether the lookups take the Triton kernels (see ``__init__``): ``auto`` in one
+        process on CUDA; ``triton`` on several ranks too (each rank's held gradient is
+        all-gathered before the one fused update: ``gather_ranks``)."""
+        if not self.one_process and self.kernels is not KernelChoice.TRITON:
+            return False
+        return use_triton(self.kernels, self.device)
 
     def lookup(
         self, slots: torch.Tensor, lengths: torch.Tensor, features: int,
@@ -202,6 +210,10 @@ class HotTier(nn.Module):
             row_base = slots = torch.zeros(0, dtype=torch.int64, device=self.device)
             grad, batch = self.weight.new_zeros(0, 0, self.weight.shape[1]), 0
             offsets = torch.zeros(1, dtype=torch.int64, device=self.device)
+        if not self.one_process:  # the replicas apply every rank's gradient, the same sum
+            if not parts:
+                raise RuntimeError("Hotline on several ranks: a step with no hot lookup pass")
+            grad, slots, offsets, batch = gather_ranks((grad, slots, offsets, batch), row_base, self.group)
         backward_update(grad, slots, offsets, row_base, batch, False, True, self.weight.data,
                         self.optimizer, self.state, self._lr_on_device, self._kernel_rounding())
 

@@ -136,7 +136,8 @@ class HotlineEmbeddingCollection(EmbeddingCollection):
         self.register_buffer("feature_offsets", offsets.to(device), persistent=False)
         self._offsets_cache: dict[torch.device, torch.Tensor] = {}  # feature_offsets per device
         self._bag_offsets_cache: dict[tuple[torch.device, int], torch.Tensor] = {}
-        self.hot = HotTier(optimizer, fused, self.tables, rounding_seed, kernels, one_process=plan is None)
+        self.hot = HotTier(optimizer, fused, self.tables, rounding_seed, kernels, one_process=plan is None,
+                           group=group)
         self._last: tuple[int, int, int, int, int] | None = None
         self.profile = profile
         # Bumped whenever the hot tier is (re)loaded: a split made before classified
