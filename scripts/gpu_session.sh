@@ -13,7 +13,10 @@
 # ends, and each step's key lines are printed (the tool returns the output's tail).
 #
 # tests, in order:
-#   1. the gpu- and kernels-marked tests (tests/test_gpu.py; the Triton kernels'
+#   1. first, up to 70 s, the GPU tests of code no GPU has run yet (NEW_TESTS, a -k
+#      expression: the Hotline graph options, the one-pass timeline, several ranks on
+#      the Triton hot tier); then the other gpu- and kernels-marked tests
+#      (tests/test_gpu.py; the Triton kernels'
 #      tests compiled on CUDA tensors, in CI they run in the interpreter), spread over
 #      12 pytest-xdist processes where xdist is installed (the image has it): the
 #      kernels' compiles are most of the time; then the failures alone, again, one
@@ -52,6 +55,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu_out}
 PY=${PY:-python3}
 CONFIG=${CONFIG:-configs/bench_gpu.yaml}  # a dry run elsewhere: a small config
+NEW_TESTS=${NEW_TESTS:-"graphed or dense_model or gather_and_copy or triton_hot_tier"}
 mkdir -p "$OUT"
 export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 {
@@ -98,9 +102,18 @@ tests() {
   local xdist=() code
   "$PY" -c 'import xdist' 2>/dev/null && xdist=(-n 12 --dist load)
   rm -f "$OUT/test_gpu.jsonl"
+  # first the GPU tests of code no GPU has run yet (NEW_TESTS, a pytest -k expression):
+  # the graph options, the one-pass timeline, several ranks on the Triton hot tier; one
+  # record and one log for both runs (at most 8 files come back from a call)
+  echo "== tests of code not yet run on a GPU: $NEW_TESTS"
+  DLRM_TEST_RECORD="$OUT/test_gpu.jsonl" timeout -k 5 "$(upto 70)" "$PY" -m pytest \
+    tests/test_gpu.py tests/test_hotline_distributed.py -m "gpu or kernels" -k "$NEW_TESTS" \
+    "${xdist[@]}" -rfE >"$OUT/test_gpu.log" 2>&1
+  record_summary "$OUT/test_gpu.jsonl"
+  echo "== the other gpu and kernels tests"
   DLRM_TEST_RECORD="$OUT/test_gpu.jsonl" timeout -k 5 "$(upto 140)" "$PY" -m pytest tests \
-    -m "gpu or kernels" "${xdist[@]}" -rfE --durations=15 \
-    >"$OUT/test_gpu.log" 2>&1
+    -m "gpu or kernels" -k "not ($NEW_TESTS)" "${xdist[@]}" -rfE --durations=15 \
+    >>"$OUT/test_gpu.log" 2>&1
   code=$?
   grep -E "worst relative|hotline timeline|ops per step| passed| failed" "$OUT/test_gpu.log" | tail -10
   record_summary "$OUT/test_gpu.jsonl"
