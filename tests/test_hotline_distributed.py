@@ -105,8 +105,9 @@ def test_torchrun_hotline_resume_across_a_refresh_is_bit_equal(small_data, tmp_p
 def train_triton(rank: int, world_size: int, data: dict[str, Path], out: Path) -> None:
     import tests.kernel_cases  # noqa: F401 - TRITON_INTERPRET=1 before triton loads (no GPU)
 
+    # gloo: on the GPU machine the two ranks share its one GPU, which NCCL refuses
     overrides = case_overrides(world_size, "rowwise_adagrad", (*HOTLINE, "embeddings.kernels=triton",
-                                                               "train.max_steps=4"))
+                                                               "train.max_steps=4", "train.backend=gloo"))
     train(config_for(data, overrides), out / "triton_W2", echo=lambda s: None)
 
 
@@ -115,7 +116,8 @@ def test_hotline_ranks_on_the_triton_hot_tier_equal_one_process(small_data, tmp_
     """embeddings.kernels=triton on several ranks: each rank holds its hot gradient, the
     ranks' are all-gathered (hot_kernels.py ``gather_ranks``) and every replica applies
     the same one fused update. Reference: ordinary training in one process on the same
-    global batches (the Triton kernels interpreted on the CPU)."""
+    global batches (the Triton kernels interpreted on the CPU; on the GPU machine both
+    ranks share the GPU, their collectives through the host)."""
     import tests.kernel_cases  # noqa: F401
 
     run_ranks(2, train_triton, small_data, tmp_path)
