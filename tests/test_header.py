@@ -87,8 +87,11 @@ def test_naming_the_sparse_columns_silences_the_warning(user_data, tmp_path: Pat
 
 
 def test_print_config_shows_the_full_config(user_data, tmp_path: Path) -> None:
-    lines = run_lines(user_data, tmp_path / "run", "train.print_config=true")
+    lines = run_lines(user_data, tmp_path / "run", "train.print_config=true", "data.shuffle_buffer=auto")
     assert lines.count("config:") == 1 and "  print_config: true" in lines
+    # as it ran: data.shuffle_buffer=auto printed as the rows it resolved to (as config.yaml saves it)
+    shown = [line for line in lines if line.startswith("  shuffle_buffer:")]
+    assert len(shown) == 1 and shown[0].split(":")[1].strip().strip("'").isdigit(), shown
 
 
 def test_many_integer_columns_keep_the_warning_to_one_short_line(tmp_path: Path) -> None:

@@ -100,10 +100,10 @@ def train(cfg: Config, run_dir: str | Path, echo: Callable[[str], None] = print)
     # bf16 only where it is fast; the config printed and saved says what ran
     precision = decide_precision(cfg.train, info.device, info, say)
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, precision=precision))
-    if cfg.train.print_config:
-        say("config:\n" + to_yaml(cfg).rstrip())
     data = resolve_data(cfg, run_dir)  # before creating anything: bad data leaves no run dir
     cfg = resolve_shuffle_buffer(cfg, data, run_dir, info)  # saved below: a resume keeps it
+    if cfg.train.print_config:  # as resolved (data.shuffle_buffer=auto: its rows)
+        say("config:\n" + to_yaml(cfg).rstrip())
     for note in data.preprocess.notes if data.preprocess else ():
         say(note)
     narrow_type_warning(cfg, data.schema, say)
