@@ -11,7 +11,6 @@ modules. Reference: the same DenseArch run eager, bit for bit.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 
 import pytest
@@ -20,26 +19,9 @@ import torch
 from dlrm.config import ModelConfig
 from dlrm.models.dlrm import DenseArch
 from dlrm.train.dense_graphs import DenseGraphs, GraphedPart, why_not
+from tests.graph_stand_in import StandInGraph, stand_in_capture
 
 BATCH, DENSE, FEATURES, DIM = 8, 5, 3, 4
-
-
-class StandInGraph:
-    """torch.cuda.CUDAGraph's part the code uses: ``replay`` runs ``body`` (see
-    ``bodies``), counted."""
-
-    def __init__(self) -> None:
-        self.body = None
-        self.replays = 0
-
-    def replay(self) -> None:
-        self.replays += 1
-        self.body()
-
-
-@contextlib.contextmanager
-def stand_in_capture(graph: StandInGraph):
-    yield
 
 
 def bodies(part: GraphedPart) -> None:

@@ -12,34 +12,17 @@ eager.
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 import torch
 
 from data.batch import Batch
 from data.jagged import JaggedFeatures
 from dlrm.train.split_graphs import GraphedSplits, why_not
+from tests.graph_stand_in import StandInGraph, stand_in_capture
 from tests.test_hotline import FEATURES
 from tests.test_hotline_ahead import PASSES, _assert_same_parts, _setup, _steps
 
 BATCH = 16
-
-
-class StandInGraph:
-    """torch.cuda.CUDAGraph's part the code uses; ``replay`` runs ``body`` (which
-    GraphedSplits sets on a graph that has one)."""
-
-    def __init__(self) -> None:
-        self.body = None
-
-    def replay(self) -> None:
-        self.body()
-
-
-@contextlib.contextmanager
-def stand_in_capture(graph: StandInGraph):
-    yield
 
 
 def single_hot(coll, seed: int, batch: int = BATCH) -> Batch:

@@ -29,6 +29,7 @@ and evaluation (``eval()``) run the modules eager.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -89,7 +90,7 @@ class GraphedPart:
         side = torch.cuda.Stream() if self.static_in[0].is_cuda else None
         if side is not None:
             side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side) if side is not None else _nothing():
+        with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
             for _ in range(WARMUP_ITERS):
                 out = self.fn(*self.static_in)
                 torch.autograd.grad(out, grad_of, torch.ones_like(out))
@@ -159,11 +160,3 @@ class DenseGraphs:
 
 def _cuda_capture(graph: torch.cuda.CUDAGraph) -> Any:
     return torch.cuda.graph(graph, capture_error_mode="thread_local")
-
-
-class _nothing:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None

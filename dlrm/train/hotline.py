@@ -265,20 +265,15 @@ class HotlineSteps:
         sample once. The gather thread fills the cold rows while the hot lookups and
         the bottom MLP are dispatched (the collection's ``start``); ``finish`` waits."""
         emb = self.embeddings
-        if made.gather is not None:  # submitted at the end of the step before
-            yield Batch(dev.dense, made.whole, dev.labels), made.gather, True
-            self._window["wait"] += made.gather.waited
-            self._touch(made.gather.result())
+        if made.gather is not None:  # submitted at the end of the step before (gather_ahead)
+            whole, cold = made.whole, made.gather
+        elif not (sizes.unique_cold or emb.sharded):  # every lookup hot: no gather at all
+            yield Batch(dev.dense, emb.micro_batch(split, sizes, 0), dev.labels), HOT_ONLY, True
             return
-        whole = emb.micro_batch(split, sizes, 0)
-        if not (sizes.unique_cold or emb.sharded):  # every lookup hot: no gather at all
-            yield Batch(dev.dense, whole, dev.labels), HOT_ONLY, True
-            return
-        whole.ready = made.ready  # the gather's copy waits for the split stream
-        made.give_cold_ids(whole)  # made ahead: its cold ids are on the host already
-        if self.cfg.hotline.pipeline:
-            cold = ColdInFlight(self.pool.submit(self._gather, whole))
+        elif self.cfg.hotline.pipeline:
+            whole, cold = self._submit_gather(made, sizes)
         else:
+            whole = self._whole(made, sizes)
             t0 = time.perf_counter()  # without the pipeline the step waits for all of it
             cold = self._gather(whole)
             self._window["wait"] += time.perf_counter() - t0
@@ -287,6 +282,19 @@ class HotlineSteps:
             self._window["wait"] += cold.waited
             cold = cold.result()  # taken by the forward already: no wait
         self._touch(cold)
+
+    def _whole(self, made: AheadSplit, sizes: Sizes) -> MicroLookups | MixedMicro:
+        """``made``'s whole mini-batch as one pass's lookups, ready for its gather: the
+        gather's copy waits for the split stream, and cold ids copied ahead are used."""
+        whole = self.embeddings.micro_batch(made.split, sizes, 0)
+        whole.ready = made.ready
+        made.give_cold_ids(whole)
+        return whole
+
+    def _submit_gather(self, made: AheadSplit, sizes: Sizes) -> tuple[MicroLookups | MixedMicro, ColdInFlight]:
+        """The pass's lookups and their cold gather, submitted to the gather thread."""
+        whole = self._whole(made, sizes)
+        return whole, ColdInFlight(self.pool.submit(self._gather, whole))
 
     def _two_passes(self, batch: Batch, made: AheadSplit, dev: Batch, split: DeviceSplit | JointSplit,
                     sizes: Sizes) -> Iterator[tuple[Batch, Any, bool]]:
@@ -425,12 +433,8 @@ class HotlineSteps:
                 or emb.sharded or ahead.version != emb.hot_version):
             return
         sizes = ahead.read()
-        if not sizes.unique_cold:
-            return
-        whole = emb.micro_batch(ahead.split, sizes, 0)
-        whole.ready = ahead.ready  # the gather's copy waits for the split stream
-        ahead.give_cold_ids(whole)  # copied at the end of this step's pass
-        ahead.whole, ahead.gather = whole, ColdInFlight(self.pool.submit(self._gather, whole))
+        if sizes.unique_cold:
+            ahead.whole, ahead.gather = self._submit_gather(ahead, sizes)
 
     def after_step(self, step: int) -> None:
         """Every ``refresh_every`` steps (after the update): the counts are summed (all

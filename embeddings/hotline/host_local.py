@@ -194,7 +194,8 @@ class LocalHostTier:
         t0 = time.perf_counter()
         writing, before = self._writing, self._before_writing
         if writing is None or writing[0].done():  # FIFO: every row-writing update is in
-            self._updates_error(writing)
+            if writing is not None:
+                writing[0].result()  # its error, if any, raises here (as wait_updates would)
             self._gather_rows(source, host_ids, rows)
             return 0, time.perf_counter() - t0
         if before is not None:
@@ -208,12 +209,6 @@ class LocalHostTier:
         if late.numel():
             rows.index_copy_(0, late, source.index_select(0, host_ids.index_select(0, late)))
         return int(late.numel()), waited
-
-    @staticmethod
-    def _updates_error(writing: tuple[Future[None], torch.Tensor] | None) -> None:
-        """A finished update's error, raised here (as ``wait_updates`` would)."""
-        if writing is not None:
-            writing[0].result()
 
     # Below this many rows one thread gathers: a hand-off costs more than it saves.
     PARALLEL_ROWS = 4096
