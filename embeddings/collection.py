@@ -188,10 +188,8 @@ class LocalEmbeddingCollection(EmbeddingCollection):
             start = self.row_offsets[t.name]
             init_name, init_rows_total, r0, c0 = table_origin.get(t.name, (t.name, t.rows, 0, 0))
             with naming_oom(f"the initial rows of table {t.name}", t.bytes, weight.device):
-                weight[start : start + t.rows] = init_rows(
-                    init_name, init_rows_total, init_dim.get(t.name, t.dim), seed,
-                    r0, r0 + t.rows, c0, c0 + t.dim,
-                )
+                init_rows(init_name, init_rows_total, init_dim.get(t.name, t.dim), seed,
+                          r0, r0 + t.rows, c0, c0 + t.dim, out=weight[start : start + t.rows])
 
     def _rounding_keys(self, table_origin: dict[str, tuple[str, int, int, int]], device: torch.device) -> None:
         """Per table of the stack: first stacked row, key of the full table, its first

@@ -203,6 +203,63 @@ def test_init_rows_slices_equal_the_full_table() -> None:
     assert not torch.equal(init_rows("t", rows, 8, 4), full)
 
 
+def test_init_rows_into_a_view_equals_the_slice(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``out=``: written in place into a weight's rows (fp32 directly; bf16 staged on the
+    host in cuts of STAGE_ROWS, made small here so a slice spans several), the same
+    values as the slice made on its own (bf16: rounded to nearest, as a copy does)."""
+    import embeddings.init as init
+
+    monkeypatch.setattr(init, "STAGE_ROWS", 2 * init.INIT_BLOCK_ROWS)
+    rows = 5 * init.INIT_BLOCK_ROWS + 11
+    full = init.init_rows("t", rows, 8, seed=3)
+    for dtype in (torch.float32, torch.bfloat16):
+        weight = torch.full((rows + 10, 8), 7.0, dtype=dtype)
+        r0, r1 = 3, rows - 2
+        got = init.init_rows("t", rows, 8, 3, r0, r1, 1, 6, out=weight[5:5 + r1 - r0, 2:7])
+        assert torch.equal(got, full[r0:r1, 1:6].to(dtype))
+        assert torch.equal(weight[5:5 + r1 - r0, 2:7], full[r0:r1, 1:6].to(dtype))
+        assert (weight[:5] == 7).all() and (weight[5 + r1 - r0:] == 7).all() and (weight[:, :2] == 7).all()
+    with pytest.raises(ValueError, match="slice"):
+        init.init_rows("t", rows, 8, 3, 0, 10, out=torch.empty(9, 8))
+
+
+_PEAK_SCRIPT = """
+import torch, pathlib
+from embeddings.collection import LocalEmbeddingCollection
+from embeddings.optim import make_sparse_optimizer
+from embeddings.table import TableSpec
+
+def status(key):
+    for line in pathlib.Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) * 1024
+
+rows, dim = 800_000, 64
+LocalEmbeddingCollection([TableSpec("small", rows=10, dim=dim, features=("a",))],
+                         make_sparse_optimizer("rowwise_adagrad"), seed=0)  # the lazy imports
+pathlib.Path("/proc/self/clear_refs").write_text("5")  # peak RSS := RSS now
+before = status("VmRSS")
+c = LocalEmbeddingCollection([TableSpec("big", rows=rows, dim=dim, features=("a",))],
+                             make_sparse_optimizer("rowwise_adagrad"), seed=0)
+print((status("VmHWM") - before) / (rows * dim * 4))
+"""
+
+
+@pytest.mark.skipif(not __import__("pathlib").Path("/proc/self/clear_refs").exists(),
+                    reason="needs Linux's peak-RSS reset")
+def test_a_table_is_built_without_a_second_copy_of_it() -> None:
+    """A table near the memory size must fit: the peak memory of building a collection
+    (init included) is about the table, not twice it (the init once made the whole
+    slice, then copied it in). A fresh process, its peak RSS reset after the imports."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _PEAK_SCRIPT], capture_output=True, text=True,
+                         check=True, cwd=__import__("pathlib").Path(__file__).parents[1])
+    peak_over_table = float(out.stdout.split()[-1])
+    assert 0.95 < peak_over_table < 1.25, peak_over_table
+
+
 @pytest.mark.parametrize("kind", ["sgd", "adagrad", "rowwise_adagrad", "adam"])
 def test_init_state_follows_the_declared_layout(kind: str) -> None:
     from embeddings.optim import StateKind

@@ -66,6 +66,26 @@ def test_header_replaces_the_config_dump(user_data, tmp_path: Path) -> None:
     assert (tmp_path / "run" / "config.yaml").is_file()
 
 
+def _table_bytes(line: str) -> float:
+    """Bytes of the tables line's "= 1.2 MiB" (format_bytes' units)."""
+    value, unit = line.split(" = ")[1].split(" (")[0].split()
+    return float(value) * 1024 ** ["B", "KiB", "MiB", "GiB", "TiB"].index(unit)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_the_tables_line_gives_the_stored_type_and_bytes(user_data, tmp_path: Path, dtype: str) -> None:
+    """Half tables are half the bytes, and the line says so (it once said fp32 for every
+    run); per-table types are counted."""
+    (fp32,) = field(run_lines(user_data, tmp_path / "a"), "tables")
+    (half,) = field(run_lines(user_data, tmp_path / "b", f"embeddings.dtype={dtype}"), "tables")
+    (mixed,) = field(run_lines(user_data, tmp_path / "c", f"embeddings.dtypes={{user_id: {dtype}}}"),
+                     "tables")
+    assert fp32.endswith("(fp32 weights)") and half.endswith(f"({dtype} weights)")
+    assert _table_bytes(half) == pytest.approx(_table_bytes(fp32) / 2, rel=0.01)
+    assert mixed.endswith(f"(weights: 3 fp32, 1 {dtype})")
+    assert _table_bytes(half) < _table_bytes(mixed) < _table_bytes(fp32)
+
+
 def test_integer_columns_taken_as_sparse_warn_in_one_line(user_data, tmp_path: Path) -> None:
     lines = run_lines(user_data, tmp_path / "run")
     warnings = [line for line in lines if line.startswith("warning:")]

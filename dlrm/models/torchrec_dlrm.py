@@ -349,12 +349,9 @@ def _init_tables_(dmp: nn.Module, configs: list[EmbeddingBagConfig], seed: int) 
     shards = _local_shards(dmp)
     for c in configs:
         for (r, col), t in shards.get(c.name, []):
-            block = init_rows(
-                c.name, c.num_embeddings, c.embedding_dim, seed,
-                r, r + t.shape[0], col, col + t.shape[1],
-            )
             with torch.no_grad():
-                t.copy_(block)
+                init_rows(c.name, c.num_embeddings, c.embedding_dim, seed,
+                          r, r + t.shape[0], col, col + t.shape[1], out=t)
 
 
 def _local_world(world: int) -> int:

@@ -23,6 +23,7 @@ from data.errors import DataError
 from data.files import open_parquet
 from data.schema import Schema, column_kind
 from dlrm.config import Config
+from dlrm.parallel.planning import run_tables
 from embeddings.plan.sizes import format_bytes
 from embeddings.plan.types import ShardingPlan
 
@@ -86,11 +87,13 @@ def _schema_line(cfg: Config, schema: Schema) -> str:
 
 
 def _table_line(cfg: Config, schema: Schema) -> str:
-    rows: dict[str, int] = {}
-    for f in schema.sparse:
-        rows[f.table_name] = max(rows.get(f.table_name, 0), f.rows)
-    total, dim = sum(rows.values()), cfg.model.embedding_dim
-    return f"{len(rows)}, {total:,} rows x {dim} = {format_bytes(total * dim * 4)} (fp32 weights)"
+    """Tables, rows and weight bytes in their stored types (embeddings.dtype/dtypes)."""
+    tables = run_tables(cfg, schema)
+    total, dim = sum(t.rows for t in tables), cfg.model.embedding_dim
+    dtypes = Counter(t.dtype for t in tables)
+    kinds = (f"{next(iter(dtypes))} weights" if len(dtypes) == 1 else
+             "weights: " + ", ".join(f"{n} {d}" for d, n in dtypes.most_common()))
+    return f"{len(tables)}, {total:,} rows x {dim} = {format_bytes(sum(t.bytes for t in tables))} ({kinds})"
 
 
 def _plan_lines(cfg: Config, plan: ShardingPlan | None) -> list[str]:
