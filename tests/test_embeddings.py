@@ -207,7 +207,7 @@ def test_init_rows_into_a_view_equals_the_slice(monkeypatch: pytest.MonkeyPatch)
     """``out=``: written in place into a weight's rows (fp32 directly; bf16 staged on the
     host in cuts of STAGE_ROWS, made small here so a slice spans several), the same
     values as the slice made on its own (bf16: rounded to nearest, as a copy does)."""
-    import embeddings.init as init
+    from embeddings import init
 
     monkeypatch.setattr(init, "STAGE_ROWS", 2 * init.INIT_BLOCK_ROWS)
     rows = 5 * init.INIT_BLOCK_ROWS + 11

@@ -125,3 +125,19 @@ def test_many_integer_columns_keep_the_warning_to_one_short_line(tmp_path: Path)
     line = integer_warning(cfg, infer_schema([path]), path)
     assert line is not None and "\n" not in line and len(line) < 300
     assert "20 columns, C0, C1, C2, ..., C19" in line and "data.dense=[I0,...,I4,THOSE]" in line
+
+
+def test_big_tables_say_they_are_being_initialised(user_data, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Filling tables of many GiB takes seconds to minutes before the header: one line
+    says so, with the bytes of the tables line; a resume (tables loaded) does not."""
+    from dlrm.train import trainer
+
+    monkeypatch.setattr(trainer, "INIT_NOTE_BYTES", 1)
+    lines = run_lines(user_data, tmp_path / "run")
+    (tables,) = field(lines, "tables")
+    size = tables.split(" = ")[1].split(" (")[0]
+    assert f"initialising {size} of tables ..." in lines
+    assert lines.index(f"initialising {size} of tables ...") < lines.index("tables   " + tables)
+    resumed = run_lines(user_data, tmp_path / "run", "train.max_steps=2")
+    assert not any(line.startswith("initialising") for line in resumed)

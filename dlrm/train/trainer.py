@@ -81,8 +81,10 @@ from embeddings.collection import warn_fp16_overflow
 from embeddings.hotline.lookups import HOT_ONLY
 from embeddings.interface import Prefetched
 from embeddings.narrow import bf16_small_lr
-from embeddings.plan.sizes import parse_size
+from embeddings.plan.sizes import format_bytes, parse_size
 from embeddings.timing import EMBEDDING_SECTIONS, TIMER
+
+INIT_NOTE_BYTES = 1 << 30  # tables that take seconds to fill (about 1 s/GiB a core)
 
 
 def train(cfg: Config, run_dir: str | Path, echo: Callable[[str], None] = print) -> dict[str, Any]:
@@ -119,7 +121,11 @@ def train(cfg: Config, run_dir: str | Path, echo: Callable[[str], None] = print)
                              data.preprocess)
         hot_profile = make_profile(cfg, run_tables(cfg, data.schema), reader, run_dir, say, info)
     # A resume loads every table: they are not randomly initialised first.
-    model = build_model(cfg, data.schema, info.device, info, hot_profile, resume=will_resume(run_dir, info))
+    resume = will_resume(run_dir, info)
+    table_bytes = sum(t.bytes for t in run_tables(cfg, data.schema))
+    if table_bytes >= INIT_NOTE_BYTES and not resume:  # many seconds before the header: say why
+        say(f"initialising {format_bytes(table_bytes)} of tables ...")
+    model = build_model(cfg, data.schema, info.device, info, hot_profile, resume=resume)
     if model.plan is not None and info.is_main:
         if cfg.train.print_config:
             say(describe(cfg, data.schema, model.plan, parse_size(cfg.embeddings.memory_per_rank)))
