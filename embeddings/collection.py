@@ -111,6 +111,7 @@ class LocalEmbeddingCollection(EmbeddingCollection):
         init_dim: dict[str, int] | None = None,
         rounding_seed: int | None = None,
         kernels: str | KernelChoice = KernelChoice.AUTO,
+        pin_memory: bool = False,
     ) -> None:
         """``table_origin`` (for shards): table name → (full table name, its rows,
         first row, first column) and ``init_dim`` → the full table's dim, so a shard
@@ -123,7 +124,11 @@ class LocalEmbeddingCollection(EmbeddingCollection):
         one tensor) are stored in that type; lookups accumulate in fp32 and pooled
         vectors are fp32; updates are computed in fp32 and written back with stochastic
         rounding keyed by (``rounding_seed``, default ``seed``; the table's update count;
-        full table name, row, column) (embeddings/rounding.py)."""
+        full table name, row, column) (embeddings/rounding.py).
+
+        ``pin_memory`` (host tables copied to and from a GPU, Hotline's host tier): the
+        weight and state are allocated page-locked and filled there, so the tables are
+        never held twice (pinning a filled table copies it)."""
         super().__init__()
         table_origin = table_origin or {}
         init_dim = init_dim or {}
@@ -163,16 +168,18 @@ class LocalEmbeddingCollection(EmbeddingCollection):
                    f"{largest.name}, {largest.rows:,} rows)")
         itemsize = self.weight_dtype.itemsize
         with naming_oom(f"the embedding weight of {stacked}", total * self.dim * itemsize, device):
-            weight = torch.empty(total, self.dim, device=device, dtype=self.weight_dtype)
-            advise_huge_pages(weight)  # before the first write: rows are touched at random
+            weight = torch.empty(total, self.dim, device=device, dtype=self.weight_dtype,
+                                 pin_memory=pin_memory)
+            if not pin_memory:
+                advise_huge_pages(weight)  # before the first write: rows are touched at random
         if seed is not None:
             self._initial_rows(weight, seed, table_origin, init_dim)
         # requires_grad so autograd calls our backward; its .grad stays None.
         self.weight = nn.Parameter(weight)
         state_bytes = total * optimizer.state_bytes_per_row(self.dim)
         with naming_oom(f"the {type(optimizer).__name__} state of {stacked}", state_bytes, device):
-            initial_state = optimizer.init_state(total, self.dim, device)
-        for tensor in initial_state.values():
+            initial_state = optimizer.init_state(total, self.dim, device, pin_memory)
+        for tensor in initial_state.values() if not pin_memory else ():
             advise_huge_pages(tensor)  # already zeroed: khugepaged collapses it later
         self._state_names = list(initial_state)
         for name, tensor in initial_state.items():
@@ -385,12 +392,6 @@ class LocalEmbeddingCollection(EmbeddingCollection):
     def state(self) -> dict[str, torch.Tensor]:
         """Optimizer state tensors (buffers, so they follow ``.to(device)``)."""
         return {name: self.get_buffer(f"optim_{name}") for name in self._state_names}
-
-    def pin_memory(self) -> None:
-        """Page-lock the weight and state: copies to and from a GPU go by DMA."""
-        self.weight.data = self.weight.data.pin_memory()
-        for name, tensor in self.state.items():
-            self.register_buffer(f"optim_{name}", tensor.pin_memory())
 
     def _receive(self, grad: KVGradient) -> None:
         if self.fused:

@@ -67,10 +67,10 @@ class LocalHostTier:
         """Tables on ``device`` (the host), cold rows copied to ``hot_device``, gathered
         by ``gather_threads`` host threads (0: min(4, CPU cores)); cold rows travel in
         the tables' type (fp16/bf16: half the bytes) and pool in fp32."""
+        # page-locked from the start where rows go to and from a GPU (DMA copies)
         self._tables = LocalEmbeddingCollection(tables, optimizer, fused=True, seed=seed, device=device,
-                                                rounding_seed=rounding_seed)
-        if hot_device.type == "cuda":
-            self._tables.pin_memory()
+                                                rounding_seed=rounding_seed,
+                                                pin_memory=hot_device.type == "cuda")
         # Host updates (cold gradients, lr) run in order on one thread, off the step.
         self._updates = ThreadPoolExecutor(1, thread_name_prefix="hotline-host-update")
         self._pending: Future[None] | None = None
