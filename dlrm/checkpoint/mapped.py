@@ -24,8 +24,9 @@ _libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
 def release(t: torch.Tensor) -> bool:
     """Drop the whole pages that contiguous ``t`` spans from this process; whether it
     did (a tensor not contiguous on the CPU, or spanning no whole page, is left
-    alone). Only for tensors of a read-only private file mapping that nothing
-    writes: an anonymous page dropped reads back as zeros."""
+    alone). For tensors of a read-only private file mapping that nothing writes, or
+    for memory nothing reads again (``dlrm export``'s tables once quantised): an
+    anonymous page dropped reads back as zeros."""
     if t.device.type != "cpu" or not t.is_contiguous() or not hasattr(_libc, "madvise"):
         return False
     start = t.data_ptr()

@@ -98,19 +98,21 @@ def _scored(run: Path) -> tuple[Config, Any, Any, Callable[[Any, Any], None]]:
 
 def _int8_metrics(model: Any, cfg: Config, files: list[str], schema: Any, info: Any, prep: Any) -> dict[str, Any]:
     """The metrics with this rank's tables replaced by their int8 row-wise values
-    (a column shard is quantised per slice), and the int8 tables' bytes."""
+    (a column shard is quantised per slice), and the int8 tables' bytes. The values are
+    replaced in place, a chunk at a time (the local tables export views of themselves):
+    a table near the memory size is not held twice."""
     import torch
 
-    from embeddings.int8 import dequantize_rows, int8_bytes, quantize_rows
+    from embeddings.int8 import int8_bytes, round_trip_
 
     tensors = model.embeddings.export_tables()
-    quantised, nbytes = {}, 0
-    for key, value in tensors.items():
-        if key.endswith(".weight"):
-            quantised[key] = dequantize_rows(*quantize_rows(value))
-            nbytes += int8_bytes(value.shape[0], value.shape[1])
+    nbytes = 0
     with torch.no_grad():
-        model.embeddings.import_tables({**tensors, **quantised})
+        for key, value in tensors.items():
+            if key.endswith(".weight"):
+                round_trip_(value)
+                nbytes += int8_bytes(value.shape[0], value.shape[1])
+        model.embeddings.import_tables(tensors)
     model.embeddings.tables_loaded()
     reader = make_reader(cfg, files, schema, False, info.rank, info.world_size, prep)
     metrics, _, _ = evaluate(model, reader, info)

@@ -38,9 +38,10 @@ import torch
 from data.errors import UserError
 from dlrm.checkpoint.manager import CHECKPOINTS, CheckpointError, find_checkpoint, load_checkpoint
 from dlrm.checkpoint.manifest import digest, load_meta, save_digested, schema_from_json
+from dlrm.checkpoint.mapped import release
 from dlrm.config import Config, from_dict
 from dlrm.parallel.distributed import DistInfo
-from embeddings.int8 import dequantize_rows, int8_bytes, quantize_rows
+from embeddings.int8 import dequantize_into, int8_bytes, quantize_rows
 from embeddings.interface import TableState
 from embeddings.rounding import weight_dtype
 
@@ -84,10 +85,21 @@ def export_run(run: str | Path, out: str | Path, tables: str = "int8") -> dict[s
 
 
 def whole_tables(state: TableState) -> dict[str, torch.Tensor]:
-    """Every table's weight whole, in its dtype, from one process's shards of it."""
-    out = {spec.name: torch.empty(spec.rows, spec.dim, dtype=weight_dtype(spec.dtype)) for spec in state.tables}
+    """Every table's weight whole, in its dtype, from one process's shards of it: the
+    live tensor itself where one shard is the whole table (no second copy of a table
+    near the memory size), else assembled."""
+    rows = {spec.name: (spec.rows, spec.dim) for spec in state.tables}
+    out = {}
     for shard, tensors in state.held:
-        out[shard.table][shard.row_start : shard.row_end, shard.col_start : shard.col_end] = tensors["weight"]
+        if tuple(tensors["weight"].shape) == rows[shard.table] and shard.row_start == shard.col_start == 0:
+            out[shard.table] = tensors["weight"]
+    for spec in state.tables:
+        if spec.name not in out:
+            whole = torch.empty(spec.rows, spec.dim, dtype=weight_dtype(spec.dtype))
+            for shard, tensors in state.held:
+                if shard.table == spec.name:
+                    whole[shard.row_start : shard.row_end, shard.col_start : shard.col_end] = tensors["weight"]
+            out[spec.name] = whole
     return out
 
 
@@ -96,8 +108,8 @@ def _tables(weights: dict[str, torch.Tensor], specs: list[Any], kind: str) -> tu
     table_meta, tensors, nbytes = {}, {}, 0
     for spec in specs:
         weight = weights[spec.name]
-        if kind == "int8":
-            q, scale_bias = quantize_rows(weight)
+        if kind == "int8":  # the model is dropped after: each chunk's pages go back at once
+            q, scale_bias = quantize_rows(weight, after_chunk=release)
             tensors[spec.name] = {"q": q, "scale_bias": scale_bias}
             dtype, size = "int8", int8_bytes(spec.rows, spec.dim)
         else:
@@ -166,15 +178,19 @@ def load_export(path: str | Path, body: dict[str, Any], model: Any) -> None:
         if not (path / name).is_file() or digest(path / name)["sha256"] != body["files"][name]["sha256"]:
             raise CheckpointError(f"export {path / name}: missing or altered since it was written (sha256)")
     dense = torch.load(path / "dense.pt", map_location="cpu", weights_only=True)
-    tables = torch.load(path / "tables.pt", map_location="cpu", weights_only=True)
+    # mapped: a table's pages are read as its rows are filled, and given back after
+    tables = torch.load(path / "tables.pt", map_location="cpu", weights_only=True, mmap=True)
 
     def fill(state: TableState) -> None:
         for shard, tensors in state.held:
             whole = tables[shard.table]
-            rows = slice(shard.row_start, shard.row_end)
-            values = (dequantize_rows(whole["q"][rows], whole["scale_bias"][rows]) if "q" in whole
-                      else whole["weight"][rows])
+            rows, cols = slice(shard.row_start, shard.row_end), slice(shard.col_start, shard.col_end)
             with torch.no_grad():
-                tensors["weight"].copy_(values[:, shard.col_start : shard.col_end])
+                if "q" in whole:  # a chunk at a time: no fp32 copy of the table
+                    dequantize_into(tensors["weight"], whole["q"][rows, cols], whole["scale_bias"][rows],
+                                    after_chunk=release)
+                else:
+                    tensors["weight"].copy_(whole["weight"][rows, cols])
+                    release(whole["weight"])
 
     model.restore({"dense": dense}, fill)
