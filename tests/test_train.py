@@ -101,6 +101,33 @@ def test_rerun_of_a_finished_run_says_nothing_was_trained(tiny_data, tmp_path: P
     assert read_curves(run).run_rate == first["samples_per_s"]
 
 
+@pytest.mark.slow
+def test_rerun_of_a_finished_run_does_not_evaluate_again(tiny_data, tmp_path: Path, monkeypatch) -> None:
+    """A rerun after the last step reports the final eval that metrics.jsonl holds
+    instead of scoring the eval set again (it did: a whole eval pass, a second eval line)."""
+    import json
+
+    from dlrm.train import trainer
+
+    run = tmp_path / "run"
+    cfg = load_config(TINY, tiny_overrides(**{"data.train": tiny_data["train"], "data.eval": tiny_data["eval"],
+                                              "train.max_steps": 4}))
+    first = train(cfg, run, echo=lambda _: None)
+    evals_run: list[int] = []
+    real = trainer.Trainer.run_eval
+    monkeypatch.setattr(trainer.Trainer, "run_eval", lambda self: evals_run.append(1) or real(self))
+    again = train(cfg, run, echo=lambda _: None)
+    assert evals_run == [] and again["trained_steps"] == 0
+    assert again["eval_auc"] == first["eval_auc"] and again["eval_logloss"] == first["eval_logloss"]
+    events = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in events if e.get("event") == "eval"] == [4]
+    # a run resumed short of its end still evaluates at its end
+    longer = train(load_config(TINY, tiny_overrides(**{"data.train": tiny_data["train"],
+                                                       "data.eval": tiny_data["eval"], "train.max_steps": 6})),
+                   run, echo=lambda _: None)
+    assert evals_run == [1] and longer["trained_steps"] == 2
+
+
 @pytest.mark.parametrize("sparse", ["sgd", "rowwise_adagrad", "adam"])
 @pytest.mark.slow
 def test_fused_update_equals_kv_gradient_update(tiny_data, tmp_path: Path, sparse: str) -> None:

@@ -55,7 +55,13 @@ from dlrm.eval.predict import evaluate
 from dlrm.models.dlrm import unwrap
 from dlrm.models.interface import RecModel
 from dlrm.parallel.ddp import loss_scale
-from dlrm.parallel.distributed import DistInfo, all_reduce_sum, barrier, init_distributed
+from dlrm.parallel.distributed import (
+    DistInfo,
+    all_reduce_sum,
+    barrier,
+    broadcast_object,
+    init_distributed,
+)
 from dlrm.parallel.parallelize import build_model
 from dlrm.parallel.planning import describe, run_tables
 from dlrm.train.bad_data_report import BadDataReport
@@ -285,7 +291,9 @@ class Trainer:
             self.save()
         if stop:
             return self._summary(preempted=stop)
-        self.last_eval = self.run_eval() or self.last_eval
+        # a rerun of a finished run: its final eval is in metrics.jsonl, not run again
+        logged = self._logged_eval() if self.progress.global_step == self.first_step else None
+        self.last_eval = logged or self.run_eval() or self.last_eval
         return self._summary()
 
     def _train_steps(self, bar: tqdm, preemption: Preemption) -> int:
@@ -473,14 +481,19 @@ class Trainer:
         if not (self.resumed and self.eval_reader is not None and every
                 and step % every == 0 and 0 < step < self.total_steps):
             return False
-        missing = 0.0
-        if self.info.is_main:
+        return self._logged_eval() is None
+
+    def _logged_eval(self) -> dict[str, Any] | None:
+        """The metrics of the eval RUN/metrics.jsonl holds for this step, if any (rank 0
+        reads; every rank gets the answer: whether to evaluate is collective)."""
+        found = None
+        if self.info.is_main and self.eval_reader is not None:
             path = self.run_dir / "metrics.jsonl"
-            lines = path.read_text().splitlines() if path.is_file() else []
-            done = any('"eval"' in line and json.loads(line).get("event") == "eval"
-                       and json.loads(line).get("step") == step for line in lines)
-            missing = 0.0 if done else 1.0
-        return all_reduce_sum([missing], self.info)[0] > 0
+            for line in path.read_text().splitlines() if path.is_file() else []:
+                record = json.loads(line) if '"eval"' in line else {}
+                if record.get("event") == "eval" and record.get("step") == self.progress.global_step:
+                    found = {k: v for k, v in record.items() if k not in ("event", "step")}
+        return broadcast_object(found, self.info)  # type: ignore[return-value]
 
     def save(self) -> None:
         warn_fp16_overflow(self.model)  # a checkpoint waits for the device; the run's end saves too
