@@ -144,11 +144,15 @@ class TorchRecDLRM(nn.Module):
         self.import_state(state, mapped=True)
 
     def export_state(self) -> dict[str, dict[str, torch.Tensor]]:
-        """MLP tensors and full table weights (the fused optimizer state is not exported)."""
+        """MLP tensors and full table weights (the fused optimizer state is not exported).
+        A table this process holds whole on the CPU is given as a view of the live
+        weights, not a copy: saving it (state.pt) then adds no second table-sized tensor
+        (views of FBGEMM's one weight buffer share its storage, which torch.save writes
+        once). Read it before the next step, as the checkpoint does."""
         dense = {
             k: v for k, v in self.dmp.state_dict().items() if ".embedding_bags." not in k
         }
-        tables = {f"{name}.weight": w for name, w in self.embedding_weights().items()}
+        tables = {f"{name}.weight": w for name, w in self.embedding_weights(views=True).items()}
         if dist.get_world_size() > 1:
             # Each rank's copies are zero outside its shards, and shards never
             # overlap, so the sum over ranks is every whole table (collective).
@@ -176,11 +180,16 @@ class TorchRecDLRM(nn.Module):
             if mapped:  # a table at a time beside the model, not every one
                 release(full)
 
-    def embedding_weights(self) -> dict[str, torch.Tensor]:
+    def embedding_weights(self, views: bool = False) -> dict[str, torch.Tensor]:
         """[rows, dim] of every table, this rank's shards filled in, zeros elsewhere
-        (whole tables at world size 1)."""
+        (whole tables at world size 1): copies, or with ``views`` the live CPU weight
+        itself where it is one whole shard."""
         out: dict[str, torch.Tensor] = {}
         for name, shards in _local_shards(self.dmp).items():
+            if views and len(shards) == 1 and shards[0][0] == (0, 0) and shards[0][1].device.type == "cpu" \
+                    and tuple(shards[0][1].shape) == tuple(self.table_shapes[name]):
+                out[name] = shards[0][1].detach()
+                continue
             full = torch.zeros(self.table_shapes[name])
             for (r, c), t in shards:
                 full[r : r + t.shape[0], c : c + t.shape[1]] = t.detach().cpu()
