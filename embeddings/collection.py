@@ -162,7 +162,22 @@ class LocalEmbeddingCollection(EmbeddingCollection):
             persistent=False,
         )
 
-        largest = max(self.tables, key=lambda t: t.rows)
+        weight, initial_state = self._allocate(device, pin_memory)
+        if seed is not None:
+            self._initial_rows(weight, seed, table_origin, init_dim)
+        # requires_grad so autograd calls our backward; its .grad stays None.
+        self.weight = nn.Parameter(weight)
+        self._state_names = list(initial_state)
+        for name, tensor in initial_state.items():
+            self.register_buffer(f"optim_{name}", tensor)
+        self._kept: list[KVGradient] = []
+        self._rounding_keys(table_origin, device)
+        rounding_cpu.compile_for(device, self.weight_dtype, [t.dtype for t in initial_state.values()])
+
+    def _allocate(self, device: torch.device, pin_memory: bool) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The stacked weight (not filled) and the optimizer's zero state; running out of
+        memory for either is one line naming it and its bytes."""
+        total, largest = self.total_rows, max(self.tables, key=lambda t: t.rows)
         stacked = (f"table {largest.name} ({total:,} rows x {self.dim})" if len(self.tables) == 1 else
                    f"{len(self.tables)} stacked tables ({total:,} rows x {self.dim}; the largest: "
                    f"{largest.name}, {largest.rows:,} rows)")
@@ -172,21 +187,12 @@ class LocalEmbeddingCollection(EmbeddingCollection):
                                  pin_memory=pin_memory)
             if not pin_memory:
                 advise_huge_pages(weight)  # before the first write: rows are touched at random
-        if seed is not None:
-            self._initial_rows(weight, seed, table_origin, init_dim)
-        # requires_grad so autograd calls our backward; its .grad stays None.
-        self.weight = nn.Parameter(weight)
-        state_bytes = total * optimizer.state_bytes_per_row(self.dim)
-        with naming_oom(f"the {type(optimizer).__name__} state of {stacked}", state_bytes, device):
-            initial_state = optimizer.init_state(total, self.dim, device, pin_memory)
-        for tensor in initial_state.values() if not pin_memory else ():
+        state_bytes = total * self.optimizer.state_bytes_per_row(self.dim)
+        with naming_oom(f"the {type(self.optimizer).__name__} state of {stacked}", state_bytes, device):
+            state = self.optimizer.init_state(total, self.dim, device, pin_memory)
+        for tensor in state.values() if not pin_memory else ():
             advise_huge_pages(tensor)  # already zeroed: khugepaged collapses it later
-        self._state_names = list(initial_state)
-        for name, tensor in initial_state.items():
-            self.register_buffer(f"optim_{name}", tensor)
-        self._kept: list[KVGradient] = []
-        self._rounding_keys(table_origin, device)
-        rounding_cpu.compile_for(device, self.weight_dtype, [t.dtype for t in initial_state.values()])
+        return weight, state
 
     def _initial_rows(self, weight: torch.Tensor, seed: int, table_origin: dict[str, tuple[str, int, int, int]],
                       init_dim: dict[str, int]) -> None:

@@ -278,3 +278,38 @@ def test_plan_pins_become_torchrec_constraints() -> None:
     for bad in ("row_wise", "data_parallel"):
         with pytest.raises(ConfigError, match=bad):
             constraints_from_pins({"a": bad}, torch.device("cpu"))
+
+
+def _tables_rank(rank: int, world_size: int) -> dict:
+    """Rank r's shards of four reference tables: one whole on rank 0, one whole on rank
+    1, one split by rows, one by columns over both ranks."""
+    from dlrm.models.torchrec_dlrm import tables_on_rank_0
+
+    ref = _reference_tables()
+    shards = {"on0": [((0, 0), ref["on0"])] if rank == 0 else [],
+              "on1": [((0, 0), ref["on1"])] if rank == 1 else [],
+              "rows": [((rank * 3, 0), ref["rows"][rank * 3 : rank * 3 + 3])],
+              "cols": [((0, rank * 4), ref["cols"][:, rank * 4 : rank * 4 + 4])]}
+    got = tables_on_rank_0({k: v for k, v in shards.items() if v}, {k: tuple(v.shape) for k, v in ref.items()})
+    return {k: v.clone() for k, v in got.items()}
+
+
+def _reference_tables() -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    return {"on0": torch.randn(5, 8, generator=gen), "on1": torch.randn(7, 8, generator=gen),
+            "rows": torch.randn(6, 8, generator=gen), "cols": torch.randn(4, 8, generator=gen)}
+
+
+@pytest.mark.distributed
+def test_the_save_assembles_every_table_on_rank_0_alone() -> None:
+    """The TorchRec backend's save at several ranks: rank 0 gets every whole table
+    (sent whole, its own as is, or summed from row and column shards), the others
+    none: no rank holds every rank's copies of every table."""
+    from tests.multiprocess import run_ranks
+
+    on_0, on_1 = run_ranks(2, _tables_rank)
+    assert on_1 == {}
+    ref = _reference_tables()
+    assert on_0.keys() == {f"{k}.weight" for k in ref}
+    for k, v in ref.items():
+        assert torch.equal(on_0[f"{k}.weight"], v), k

@@ -148,21 +148,23 @@ class TorchRecDLRM(nn.Module):
         A table this process holds whole on the CPU is given as a view of the live
         weights, not a copy: saving it (state.pt) then adds no second table-sized tensor
         (views of FBGEMM's one weight buffer share its storage, which torch.save writes
-        once). Read it before the next step, as the checkpoint does."""
+        once). Read it before the next step, as the checkpoint does.
+
+        Several ranks (collective): the whole tables on rank 0 only, none elsewhere
+        (rank 0 writes state.pt), a table at a time. A table one rank holds whole is
+        sent by it to rank 0 (rank 0's own: a view); a table split over ranks is zero
+        outside each rank's shards, and shards never overlap, so its sum-reduce to rank
+        0 is the whole table. So a rank holds at most one table beside its shards (an
+        all-gather of every table once put every rank's copies of all of them on every
+        rank)."""
         dense = {
             k: v for k, v in self.dmp.state_dict().items() if ".embedding_bags." not in k
         }
-        tables = {f"{name}.weight": w for name, w in self.embedding_weights(views=True).items()}
-        if dist.get_world_size() > 1:
-            # Each rank's copies are zero outside its shards, and shards never
-            # overlap, so the sum over ranks is every whole table (collective).
-            everyone: list[dict[str, torch.Tensor]] = [{}] * dist.get_world_size()
-            dist.all_gather_object(everyone, tables)
-            tables = {}
-            for part in everyone:
-                for key, w in part.items():
-                    tables[key] = tables[key] + w if key in tables else w.clone()
-        return {"dense": dense, "tables": tables}
+        if dist.get_world_size() == 1:
+            return {"dense": dense, "tables": {f"{name}.weight": w for name, w
+                                               in self.embedding_weights(views=True).items()}}
+        return {"dense": dense, "tables": tables_on_rank_0(_local_shards(self.dmp), self.table_shapes)}
+
 
     def import_state(self, state: dict[str, dict[str, torch.Tensor]], mapped: bool = False) -> None:
         """Load :meth:`export_state` output (weights only; fused optimizer state restarts).
@@ -361,6 +363,43 @@ def _init_tables_(dmp: nn.Module, configs: list[EmbeddingBagConfig], seed: int) 
             with torch.no_grad():
                 init_rows(c.name, c.num_embeddings, c.embedding_dim, seed,
                           r, r + t.shape[0], col, col + t.shape[1], out=t)
+
+
+def tables_on_rank_0(shards: dict[str, list[tuple[tuple[int, int], torch.Tensor]]],
+                     shapes: dict[str, tuple[int, int]]) -> dict[str, torch.Tensor]:
+    """Every whole table (fp32, CPU) on rank 0 from every rank's ``shards`` (table →
+    [((row, col) offset, tensor)], :func:`_local_shards`), {} on the other ranks;
+    collective, a table at a time (see :meth:`TorchRecDLRM.export_state`)."""
+    rank = dist.get_rank()
+    on = (torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl"
+          else torch.device("cpu"))
+    whole_here = [name for name, held in shards.items()
+                  if len(held) == 1 and held[0][0] == (0, 0)
+                  and tuple(held[0][1].shape) == tuple(shapes[name])]
+    owners: list[list[str]] = [[] for _ in range(dist.get_world_size())]
+    dist.all_gather_object(owners, whole_here)
+    owner = {name: r for r, names in enumerate(owners) for name in names}
+    tables = {}
+    for name, shape in shapes.items():  # the same order on every rank
+        key = f"{name}.weight"
+        if name in owner and owner[name] == 0:
+            if rank == 0:
+                tables[key] = shards[name][0][1].detach().cpu()  # a view on the CPU
+        elif name in owner:
+            if rank == owner[name]:
+                dist.send(shards[name][0][1].detach().to(on, torch.float32).contiguous(), dst=0)
+            elif rank == 0:
+                got = torch.empty(shape, dtype=torch.float32, device=on)
+                dist.recv(got, src=owner[name])
+                tables[key] = got.cpu()
+        else:
+            full = torch.zeros(shape, device=on)
+            for (r, c), t in shards.get(name, []):
+                full[r : r + t.shape[0], c : c + t.shape[1]] = t.detach()
+            dist.reduce(full, dst=0)
+            if rank == 0:
+                tables[key] = full.cpu()
+    return tables
 
 
 def _local_world(world: int) -> int:
