@@ -5,12 +5,15 @@
                     * 0x94D049BB133111EB), all modulo 2^64
 
 Used by the reader (``id_policy="hash"``: splitmix64(id) % rows) and by the synthetic
-generator (per-table keys and per-id effects). NumPy only, so neither pulls in torch.
+generator (per-table keys and per-id effects). NumPy (strings: numba where installed,
+data/hash_kernels.py), so neither pulls in torch.
 """
 
 from __future__ import annotations
 
 import numpy as np
+
+from data.hash_kernels import hash_strings
 
 
 def splitmix64(x: np.ndarray) -> np.ndarray:
@@ -44,8 +47,14 @@ def hash_bytes(offsets: np.ndarray, data: np.ndarray) -> np.ndarray:
     byte is mixed with its position, so order matters, and the sum (mod 2^64) is a
     cumulative sum's difference. The same bytes give the same hash on every rank, in
     every run and on every machine (unlike Python's ``hash``, salted per process).
+    Compiled where numba is installed (data/hash_kernels.py), else in numpy.
     """
     offsets = offsets.astype(np.int64, copy=False)
+    compiled = hash_strings() if len(offsets) > 1 else None
+    if compiled is not None:  # one pass, the same bits
+        out = np.empty(len(offsets) - 1, dtype=np.uint64)
+        compiled(offsets, data, out)
+        return out
     lengths = np.diff(offsets)
     # (256 * position within its string + byte + seed + splitmix's offset), built in place
     mixed = np.arange(offsets[-1] - offsets[0], dtype=np.int64)
