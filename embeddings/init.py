@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import zlib
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
@@ -78,7 +78,7 @@ def init_rows(
                 out[cut[0] - row_start : cut[1] - row_start].copy_(made)
         return out
     with ThreadPoolExecutor(threads, thread_name_prefix="init-rows") as pool:
-        pending: deque = deque()
+        pending: deque[tuple[tuple[int, int], Future[torch.Tensor]]] = deque()
         for cut in cuts:
             pending.append((cut, pool.submit(make, cut)))
             if len(pending) >= 2 * threads:  # bounded: staged cuts wait for their copy
@@ -88,10 +88,11 @@ def init_rows(
     return out
 
 
-def _finish(item: tuple[tuple[int, int], object], out: torch.Tensor, row_start: int,
+def _finish(item: tuple[tuple[int, int], Future[torch.Tensor]], out: torch.Tensor, row_start: int,
             in_place: bool) -> None:
+    """Wait for a cut; a staged one is copied (converted) into its rows of ``out``."""
     (lo, hi), future = item
-    made = future.result()  # type: ignore[attr-defined]
+    made = future.result()
     if not in_place:
         out[lo - row_start : hi - row_start].copy_(made)
 
