@@ -171,6 +171,53 @@ def test_count_accesses_adds_shared_features_and_stops() -> None:
     assert counts["t2"][6] == 2 and counts["t2"].sum() == 2
 
 
+def test_counts_add_in_place_and_equal_bincount() -> None:
+    """``into=``: the per-step counting of ``hotline.refresh_every`` adds a batch's ids
+    to the window's counts in place (the same tensors), as a bincount would count them."""
+    tables = tables_fixture()
+    gen = torch.Generator().manual_seed(4)
+    batches = []
+    for _ in range(3):
+        lengths = torch.randint(0, 4, (len(FEATURES) * 2,), generator=gen)
+        by_feature = [FEATURES[i // 2] for i in range(len(lengths))]
+        rows = {t.name: t.rows for t in tables}
+        table = {f: t.name for t in tables for f in t.features}
+        values = torch.cat([torch.randint(0, rows[table[f]], (int(n),), generator=gen)
+                            for f, n in zip(by_feature, lengths, strict=True)])
+        batches.append(JaggedFeatures(keys=FEATURES, values=values, lengths=lengths))
+    counts = count_accesses(batches[:1], tables)
+    kept = {k: v for k, v in counts.items()}
+    again = count_accesses(batches[1:], tables, into=counts)
+    assert all(again[k] is kept[k] for k in kept)
+    want = {t.name: torch.zeros(t.rows, dtype=torch.int64) for t in tables}
+    for kjt in batches:
+        for f, jt in kjt.to_dict().items():
+            name = next(t.name for t in tables if f in t.features)
+            want[name] += torch.bincount(jt.values(), minlength=want[name].numel())
+    assert all(torch.equal(again[k], want[k]) for k in want)
+
+
+def test_choose_hot_rows_equals_a_ranking_of_every_row() -> None:
+    """Ranking only the rows seen equals ranking every row of every table by (count
+    desc, table order, row id) and taking them while the budget holds (ties included)."""
+    tables = tables_fixture()
+    opt = SparseAdam()
+    gen = torch.Generator().manual_seed(9)
+    counts = {t.name: torch.randint(0, 4, (t.rows,), generator=gen) * torch.randint(0, 2, (t.rows,), generator=gen)
+              for t in tables}
+    ranked = sorted(((-int(c), i, r) for i, t in enumerate(tables) for r, c in enumerate(counts[t.name].tolist())
+                     if c > 0))
+    for budget in (0, 100, 1000, 3000, 10**9):
+        want, used = {t.name: [] for t in tables}, 0
+        for _, i, r in ranked:
+            used += row_bytes(tables[i], opt)
+            if used > budget:
+                break
+            want[tables[i].name].append(r)
+        got = choose_hot_rows(counts, tables, opt, budget)
+        assert {k: v.tolist() for k, v in got.items()} == {k: sorted(v) for k, v in want.items()}, budget
+
+
 def assert_rows(hot: dict[str, torch.Tensor], want: dict[str, list[int]]) -> bool:
     return {k: v.tolist() for k, v in hot.items()} == want
 

@@ -413,11 +413,8 @@ class HotlineSteps:
         lookups = sizes.hot0 + sizes.cold0 + sizes.hot1 + sizes.cold1
         w["hit"] += (sizes.hot0 + sizes.hot1) / max(lookups, 1)
         w["popular"] += sizes.popular / max(batch.size, 1)
-        if self.cfg.hotline.refresh_every:
-            counts = count_accesses([batch.sparse], self.tables)  # the host's copy of the ids
-            self.counts = counts if self.counts is None else {
-                k: self.counts[k] + v for k, v in counts.items()
-            }
+        if self.cfg.hotline.refresh_every:  # in place, O(the batch's ids); the host's copy of them
+            self.counts = count_accesses([batch.sparse], self.tables, into=self.counts)
 
     def gather_ahead(self) -> None:
         """One pass, one process, the pipeline on: the next mini-batch's cold gather

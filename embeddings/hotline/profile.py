@@ -40,14 +40,21 @@ def count_accesses(
     tables: list[TableSpec],
     max_batches: int | None = None,
     max_seconds: float | None = DEFAULT_MAX_SECONDS,
+    into: dict[str, torch.Tensor] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Per table, how often each row was looked up in ``batches`` ([rows] int64).
 
     Features sharing a table add up. Stops after ``max_batches`` batches or once
     ``max_seconds`` have passed, whichever comes first (None: no bound). Default
     policy (the caller's): ``default_max_batches`` = 5% of the data, 60 s at most.
+    ``into``: counts to add to, in place (returned), else new zeros.
+
+    A batch costs O(its ids), not O(the tables' rows): the ids are added in place
+    (``index_add_``). A ``bincount(minlength=rows)`` per feature, then a new sum, made
+    Hotline's per-step counting (``hotline.refresh_every``) walk every row of every
+    table at every step: 8.5k samples/s instead of 220k with a 55M-row table.
     """
-    counts = {t.name: torch.zeros(t.rows, dtype=torch.int64) for t in tables}
+    counts = into if into is not None else {t.name: torch.zeros(t.rows, dtype=torch.int64) for t in tables}
     table_of = {f: t.name for t in tables for f in t.features}
     start = time.monotonic()
     for i, sparse in enumerate(batches):
@@ -56,7 +63,8 @@ def count_accesses(
         for feature, jt in sparse.to_dict().items():
             name = table_of.get(feature)
             if name is not None:
-                counts[name] += torch.bincount(jt.values().cpu(), minlength=counts[name].numel())
+                ids = jt.values().cpu()
+                counts[name].index_add_(0, ids, torch.ones(ids.numel(), dtype=torch.int64))
         if max_seconds is not None and time.monotonic() - start >= max_seconds:
             break
     return counts
@@ -79,14 +87,17 @@ def choose_hot_rows(
     Rows are taken in ranking order (count desc, then table order, then row id)
     until the next one would exceed the budget; zero-count rows are never hot.
     Returns per table the sorted hot row ids (int64, possibly empty).
+
+    Only the rows counted at least once are ranked (a sort of them, not of every row
+    of every table): memory and time follow the rows seen, not the tables' size.
     """
-    flat = torch.cat([counts[t.name].to(torch.int64) for t in tables])
-    table_idx = torch.cat([torch.full((t.rows,), i, dtype=torch.int64) for i, t in enumerate(tables)])
-    row_id = torch.cat([torch.arange(t.rows, dtype=torch.int64) for t in tables])
+    rows = [torch.nonzero(counts[t.name]).squeeze(1) for t in tables]  # ascending row ids
+    table_idx = torch.cat([torch.full((r.numel(),), i, dtype=torch.int64) for i, r in enumerate(rows)])
+    row_id = torch.cat(rows)
+    seen = torch.cat([counts[t.name][r].to(torch.int64) for t, r in zip(tables, rows, strict=True)])
     cost = torch.tensor([row_bytes(t, optimizer) for t in tables], dtype=torch.int64)
-    # Concatenation order is (table order, row id); a stable sort keeps it for ties.
-    order = torch.sort(flat, descending=True, stable=True).indices
-    order = order[flat[order] > 0]
+    # Candidates are in (table order, row id) order; a stable sort keeps it for ties.
+    order = torch.sort(seen, descending=True, stable=True).indices
     taken = order[torch.cumsum(cost[table_idx[order]], 0) <= budget_bytes]
     out = {}
     for i, t in enumerate(tables):
