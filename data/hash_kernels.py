@@ -23,10 +23,11 @@ from functools import cache
 
 import numpy as np
 
-GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # splitmix64's increment
+# splitmix64's increment and multipliers, and the strings' seed: data/hashing.py's too
+GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 MUL1 = np.uint64(0xBF58476D1CE4E5B9)
 MUL2 = np.uint64(0x94D049BB133111EB)
-SEED_BYTES = np.uint64(0x2545F4914F6CDD1D)  # data.hashing._SEED_BYTES
+SEED_BYTES = np.uint64(0x2545F4914F6CDD1D)
 
 
 def _hash_strings(offsets: np.ndarray, data: np.ndarray, out: np.ndarray) -> None:

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from data.hash_kernels import hash_strings
+from data.hash_kernels import GOLDEN, MUL1, MUL2, SEED_BYTES, hash_strings
 
 
 def splitmix64(x: np.ndarray) -> np.ndarray:
     """SplitMix64's finaliser, elementwise: uint64 [n] → uint64 [n] (inputs cast to uint64)."""
-    return _mix(x.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15))
+    return _mix(x.astype(np.uint64) + GOLDEN)
 
 
 def _mix(z: np.ndarray) -> np.ndarray:
@@ -26,16 +26,13 @@ def _mix(z: np.ndarray) -> np.ndarray:
     beyond one shift buffer (hashing strings runs this over every byte)."""
     t = np.right_shift(z, np.uint64(30))
     np.bitwise_xor(z, t, out=z)
-    np.multiply(z, np.uint64(0xBF58476D1CE4E5B9), out=z)
+    np.multiply(z, MUL1, out=z)
     np.right_shift(z, np.uint64(27), out=t)
     np.bitwise_xor(z, t, out=z)
-    np.multiply(z, np.uint64(0x94D049BB133111EB), out=z)
+    np.multiply(z, MUL2, out=z)
     np.right_shift(z, np.uint64(31), out=t)
     np.bitwise_xor(z, t, out=z)
     return z
-
-
-_SEED_BYTES = np.uint64(0x2545F4914F6CDD1D)
 
 
 def hash_bytes(offsets: np.ndarray, data: np.ndarray) -> np.ndarray:
@@ -62,7 +59,7 @@ def hash_bytes(offsets: np.ndarray, data: np.ndarray) -> np.ndarray:
     mixed = mixed.view(np.uint64)
     np.left_shift(mixed, np.uint64(8), out=mixed)
     mixed += data[offsets[0]:offsets[-1]]
-    mixed += _SEED_BYTES + np.uint64(0x9E3779B97F4A7C15)
+    mixed += SEED_BYTES + GOLDEN
     sums = np.zeros(len(mixed) + 1, dtype=np.uint64)
     np.cumsum(_mix(mixed), out=sums[1:])
     ends = offsets - offsets[0]

@@ -165,7 +165,6 @@ class TorchRecDLRM(nn.Module):
                                                in self.embedding_weights(views=True).items()}}
         return {"dense": dense, "tables": tables_on_rank_0(_local_shards(self.dmp), self.table_shapes)}
 
-
     def import_state(self, state: dict[str, dict[str, torch.Tensor]], mapped: bool = False) -> None:
         """Load :meth:`export_state` output (weights only; fused optimizer state restarts).
         ``mapped``: the tables are mapped from a file nothing writes (their pages are
@@ -188,9 +187,9 @@ class TorchRecDLRM(nn.Module):
         itself where it is one whole shard."""
         out: dict[str, torch.Tensor] = {}
         for name, shards in _local_shards(self.dmp).items():
-            if views and len(shards) == 1 and shards[0][0] == (0, 0) and shards[0][1].device.type == "cpu" \
-                    and tuple(shards[0][1].shape) == tuple(self.table_shapes[name]):
-                out[name] = shards[0][1].detach()
+            whole = _whole_shard(shards, self.table_shapes[name])
+            if views and whole is not None and whole.device.type == "cpu":
+                out[name] = whole.detach()
                 continue
             full = torch.zeros(self.table_shapes[name])
             for (r, c), t in shards:
@@ -365,6 +364,13 @@ def _init_tables_(dmp: nn.Module, configs: list[EmbeddingBagConfig], seed: int) 
                           r, r + t.shape[0], col, col + t.shape[1], out=t)
 
 
+def _whole_shard(held: list[tuple[tuple[int, int], torch.Tensor]], shape: tuple[int, int]) -> torch.Tensor | None:
+    """The one shard ``held`` of a table when it is the whole table, else None."""
+    if len(held) == 1 and held[0][0] == (0, 0) and tuple(held[0][1].shape) == tuple(shape):
+        return held[0][1]
+    return None
+
+
 def tables_on_rank_0(shards: dict[str, list[tuple[tuple[int, int], torch.Tensor]]],
                      shapes: dict[str, tuple[int, int]]) -> dict[str, torch.Tensor]:
     """Every whole table (fp32, CPU) on rank 0 from every rank's ``shards`` (table →
@@ -373,9 +379,7 @@ def tables_on_rank_0(shards: dict[str, list[tuple[tuple[int, int], torch.Tensor]
     rank = dist.get_rank()
     on = (torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl"
           else torch.device("cpu"))
-    whole_here = [name for name, held in shards.items()
-                  if len(held) == 1 and held[0][0] == (0, 0)
-                  and tuple(held[0][1].shape) == tuple(shapes[name])]
+    whole_here = [name for name, held in shards.items() if _whole_shard(held, shapes[name]) is not None]
     owners: list[list[str]] = [[] for _ in range(dist.get_world_size())]
     dist.all_gather_object(owners, whole_here)
     owner = {name: r for r, names in enumerate(owners) for name in names}
