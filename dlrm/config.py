@@ -311,9 +311,12 @@ def from_dict(cls: type, raw: dict[str, Any], prefix: str) -> Any:
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(raw) - names)
     if unknown:
+        key, _, rest = str(unknown[0]).partition(":")
+        hint = (f"; YAML reads '{unknown[0]}' as one key: write '{key}: {rest}', a space after the colon"
+                if rest and key in names else "")
         raise ConfigError(
             f"config key {prefix}{unknown[0]} does not exist (known in "
-            f"{prefix.rstrip('.') or 'top level'}: {', '.join(sorted(names))})"
+            f"{prefix.rstrip('.') or 'top level'}: {', '.join(sorted(names))}){hint}"
         )
     values = {}
     for name, value in raw.items():

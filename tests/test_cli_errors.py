@@ -156,7 +156,9 @@ def test_broken_file(kind: str, tmp_path: Path, capsys) -> None:
 @pytest.mark.parametrize(
     "override, needle",
     [("model.embedding_dimm=8", "model.embedding_dimm"), ("model.embedding_dim=big", "model.embedding_dim"),
-     ("optim.sparse=lbfgs", "optim.sparse"), ("train=3", "train")],
+     ("optim.sparse=lbfgs", "optim.sparse"), ("train=3", "train"),
+     # YAML's flow mapping without the space after the colon: one key, named with the fix
+     ("embeddings.plan={C1:{sharding:row_wise}}", "write 'sharding: row_wise', a space after the colon")],
 )
 def test_bad_config(override: str, needle: str, tmp_path: Path, capsys) -> None:
     f = write(tmp_path / "d.parquet", good_columns(np.random.default_rng(7)))

@@ -4,6 +4,8 @@ placement trained it (dlrm/eval/model.py: which collection scores it)."""
 from __future__ import annotations
 
 import contextlib
+import os
+import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,10 +18,11 @@ from data.schema import check_files
 from dlrm.checkpoint.manager import CHECKPOINTS, CheckpointError, find_checkpoint, load_checkpoint
 from dlrm.checkpoint.manifest import load_meta, schema_from_json
 from dlrm.config import Config, from_dict
-from dlrm.eval.export import is_export, load_export, read_export
+from dlrm.eval.export import EXPORT_FILE, is_export, load_export, read_export
 from dlrm.eval.model import eval_model
 from dlrm.eval.predict import evaluate
 from dlrm.parallel.distributed import init_distributed
+from dlrm.parallel.shared_dir import check_same_file
 from dlrm.train.bad_data_report import gather_lines, records_by_split
 from dlrm.train.inputs import make_reader
 
@@ -46,7 +49,7 @@ def evaluate_checkpoint(
     ``tables="int8"``: also scored with every table quantised int8 row-wise
     (embeddings/int8.py), under ``result["int8"]`` beside the stored tables' metrics.
     """
-    cfg, schema, prep, fill = _scored(Path(run))
+    cfg, schema, prep, fill, identity = _scored(Path(run))
     if batch_size:
         cfg.data.eval_batch_size = batch_size
     if device is not None:
@@ -55,6 +58,7 @@ def evaluate_checkpoint(
     files = expand_paths(data)
     check_files(files, schema, cfg.data.on_error)
     info = init_distributed(cfg.train.backend, cfg.train.device, cfg.train.timeout_s)
+    check_same_file(identity, info, "checkpoint's file")  # every rank reads the same one
     model = eval_model(cfg, schema, info)
     with contextlib.closing(model):
         fill(model, info)  # verified as it is read
@@ -77,23 +81,28 @@ def evaluate_checkpoint(
     return result
 
 
-def _scored(run: Path) -> tuple[Config, Any, Any, Callable[[Any, Any], None]]:
-    """(config, schema, preprocessing, fill(model, info)) of a run's newest checkpoint
-    or of an export (dlrm/eval/export.py)."""
+def _scored(run: Path) -> tuple[Config, Any, Any, Callable[[Any, Any], None], Path]:
+    """(config, schema, preprocessing, fill(model, info), the file naming what is
+    scored) of a run's newest checkpoint or of an export (dlrm/eval/export.py)."""
     if is_export(run):
         body, cfg = read_export(run)
         prep = load_preprocessing(run) if (run / "preprocessing.json").is_file() else None
-        return cfg, schema_from_json(body["schema"]), prep, lambda model, info: load_export(run, body, model)
+        return (cfg, schema_from_json(body["schema"]), prep,
+                lambda model, info: load_export(run, body, model), run / EXPORT_FILE)
     ckpt = find_checkpoint(run)
     if ckpt is None:
+        several = int(os.environ.get("WORLD_SIZE", "1")) > 1
         raise CheckpointError(
-            f"no checkpoint in {run} (expected {run}/{CHECKPOINTS}/step-N/meta.json)")
+            f"no checkpoint in {run} (expected {run}/{CHECKPOINTS}/step-N/meta.json)"
+            + (f" on rank {os.environ.get('RANK', '?')} ({socket.gethostname()}); with several "
+               "machines the run directory must be on a file system they all mount" if several else ""))
     meta = load_meta(ckpt)
     cfg: Config = from_dict(Config, meta["config"], "")
     schema = schema_from_json(meta["schema"])
     # the run's vocabularies and dense transforms (its sha256 is checked on load)
     prep = load_preprocessing(ckpt.parent.parent) if meta.get("preprocessing") else None
-    return cfg, schema, prep, lambda model, info: load_checkpoint(ckpt, model, None, None, schema, info)
+    return (cfg, schema, prep, lambda model, info: load_checkpoint(ckpt, model, None, None, schema, info),
+            ckpt / "meta.json")
 
 
 def _int8_metrics(model: Any, cfg: Config, files: list[str], schema: Any, info: Any, prep: Any) -> dict[str, Any]:

@@ -64,6 +64,7 @@ from dlrm.parallel.distributed import (
 )
 from dlrm.parallel.parallelize import build_model
 from dlrm.parallel.planning import describe, run_tables
+from dlrm.parallel.shared_dir import check_shared_dir
 from dlrm.train.bad_data_report import BadDataReport
 from dlrm.train.dense_graphs import DenseGraphs
 from dlrm.train.dense_graphs import why_not as dense_graphs_why_not
@@ -105,6 +106,7 @@ def train(cfg: Config, run_dir: str | Path, echo: Callable[[str], None] = print)
         torch.backends.cuda.matmul.allow_tf32 = cfg.train.tf32
         torch.backends.cudnn.allow_tf32 = cfg.train.tf32
     say = echo if info.is_main else (lambda _: None)
+    check_shared_dir(run_dir, info)  # several machines: before any rank reads or writes it
     # bf16 only where it is fast; the config printed and saved says what ran
     precision = decide_precision(cfg.train, info.device, info, say)
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, precision=precision))

@@ -1,0 +1,108 @@
+"""Several machines, a run directory that is not shared: one line, before anything is
+written (dlrm/parallel/shared_dir.py).
+
+Before, each machine's ranks wrote their table shards to their own disk; the run ended
+with exit 0 and checkpoints that neither a resume nor ``dlrm eval`` could load. Here
+rank 1 runs in its own mount namespace with a fresh tmpfs over the run directory's
+parent: the same path, another file system, as on a second machine.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dlrm.parallel.distributed import DistInfo
+from dlrm.parallel.shared_dir import PROBE_PREFIX, NotShared, check_same_file, check_shared_dir
+from tests.conftest import REPO, TINY
+from tests.data_helpers import tiny_dataset
+from tests.multiprocess import free_port, run_ranks
+
+
+def _can_unshare() -> bool:
+    if shutil.which("unshare") is None or os.geteuid() != 0:
+        return False
+    probe = subprocess.run(["unshare", "-m", "sh", "-c", "mount -t tmpfs tmpfs /mnt"],
+                           capture_output=True, check=False)
+    return probe.returncode == 0
+
+
+needs_mount_namespace = pytest.mark.skipif(not _can_unshare(), reason="needs root and unshare -m")
+
+
+def _rank_cmd(rank: int, port: int, data: Path, run: Path, private: Path | None) -> list[str]:
+    cmd = [sys.executable, "-m", "dlrm", "train", "--config", str(TINY), "--out", str(run),
+           f"data.train={data}", "data.eval=", "train.progress=false", "train.epochs=1",
+           "data.batch_size=128"]
+    if private is None:
+        return cmd
+    # another machine: the run directory's parent is a file system of its own here
+    line = " ".join(f"'{c}'" for c in cmd)
+    return ["unshare", "-m", "sh", "-c", f"mount -t tmpfs tmpfs '{private}' && exec {line}"]
+
+
+@needs_mount_namespace
+@pytest.mark.distributed
+def test_a_run_directory_not_shared_by_the_machines_is_refused_in_one_line(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    tiny_dataset(data, file_rows=(300,), row_group_rows=100)
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    run = runs / "run"
+    port = free_port()
+    procs = []
+    for rank in (0, 1):
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+               "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": "0"}
+        procs.append(subprocess.Popen(_rank_cmd(rank, port, data, run, runs if rank == 1 else None),
+                                      cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      text=True))
+    results = [p.communicate(timeout=240) for p in procs]
+    for proc, (_, err) in zip(procs, results):
+        assert proc.returncode == 2, err[-2000:]
+        lines = [x for x in err.splitlines() if x.strip()]
+        assert len(lines) == 1 and "Traceback" not in err, err[-2000:]
+        assert f"the run directory {run} is not shared by the ranks: rank 1" in lines[0]
+    assert list(runs.iterdir()) == []  # no run directory, no probe left behind
+
+
+def _probe_shared(rank: int, world_size: int, where: str) -> list[str]:
+    check_shared_dir(Path(where) / "new" / "run", DistInfo(rank, world_size))
+    return sorted(os.listdir(where))
+
+
+@pytest.mark.distributed
+def test_a_shared_directory_passes_and_leaves_nothing(tmp_path: Path) -> None:
+    # the run directory does not exist yet: probed in its nearest parent, then removed
+    seen = run_ranks(3, _probe_shared, str(tmp_path))
+    assert seen == [[], [], []]
+    assert not [p for p in tmp_path.rglob(f"{PROBE_PREFIX}*")]
+
+
+def _compare(rank: int, world_size: int, root: str) -> str:
+    info = DistInfo(rank, world_size)
+    check_same_file(Path(root) / "same.json", info, "checkpoint's file")
+    try:
+        check_same_file(Path(root) / f"rank{rank}.json", info, "checkpoint's file")
+    except NotShared as e:
+        return str(e).replace(f"rank{rank}.json", "RANK.json")
+    return ""
+
+
+@pytest.mark.distributed
+def test_a_checkpoint_file_that_differs_on_a_rank_is_named(tmp_path: Path) -> None:
+    (tmp_path / "same.json").write_text("{}")
+    (tmp_path / "rank0.json").write_text('{"step": 10}')
+    (tmp_path / "rank1.json").write_text('{"step": 10}')
+    (tmp_path / "rank2.json").write_text('{"step": 5}')  # a stale copy; rank 3 has none
+    said = run_ranks(4, _compare, str(tmp_path))
+    assert len(set(said)) == 1 and said[0]
+    assert "is not the same on every rank: rank 2 (" in said[0]
+    assert "reads other bytes than rank 0 (" in said[0] and "rank 3 (" in said[0]
+    assert said[0].index("rank 3 (") < said[0].index("cannot read it") and "rank 1 " not in said[0]
