@@ -16,6 +16,7 @@ before the rename removes the temporary file and leaves ``path`` as it was.
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -47,6 +48,11 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     target = AtomicPath(path)
     try:
         yield target.tmp
+    except OSError as e:
+        target.abort()
+        if e.filename not in (None, str(target.tmp)):
+            raise
+        raise OSError(e.errno, e.strerror, str(target.path)) from None  # the file meant
     except BaseException:
         target.abort()
         raise
@@ -67,3 +73,15 @@ def fsync(path: str | os.PathLike[str]) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def free_bytes(path: str | os.PathLike[str]) -> int | None:
+    """Free bytes of the file system ``path`` is (or will be) on: that of its nearest
+    existing parent."""
+    existing = Path(path)
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    try:
+        return shutil.disk_usage(existing).free
+    except OSError:
+        return None

@@ -21,6 +21,7 @@ command resumes (dlrm/train/preemption.py); 130 interrupted (Ctrl-C) outside tra
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import logging
 import os
@@ -278,6 +279,12 @@ def _main(argv: list[str] | None) -> int:
     except KeyboardInterrupt:
         print(f"dlrm {verb}: interrupted", file=sys.stderr)
         return 130
+    except OSError as e:
+        line = _unwritable(e)
+        if line is None:
+            raise  # a bug: keep the traceback
+        print(f"dlrm {verb}: error: {line}", file=sys.stderr)
+        return 2
     except RuntimeError as e:
         line = _collective_failure(e)
         if line is None:
@@ -286,6 +293,23 @@ def _main(argv: list[str] | None) -> int:
         return 3
     finally:
         _leave_process_group(together=ok)
+
+
+# A disk that is full, over quota, read-only or not ours: the user's to fix, whatever wrote.
+_UNWRITABLE = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES)
+
+
+def _unwritable(error: OSError) -> str | None:
+    """One line for a file that could not be written for a reason of the disk's, else None."""
+    if error.errno not in _UNWRITABLE:
+        return None
+    if not error.filename:  # a close's flush: the writer did not say which file
+        return f"a file could not be written: {error.strerror}"
+    from data.atomic import free_bytes
+
+    free = free_bytes(error.filename)
+    room = f"; {free / 2**20:,.1f} MB free on its file system" if free is not None else ""
+    return f"cannot write {error.filename}: {error.strerror}{room}"
 
 
 def _collective_failure(error: RuntimeError) -> str | None:

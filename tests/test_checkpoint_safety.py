@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import pickle
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -24,7 +27,7 @@ from dlrm.checkpoint import manifest
 from dlrm.checkpoint.schedule import CheckpointSchedule
 from dlrm.cli import main
 from dlrm.parallel.distributed import DistInfo
-from tests.conftest import TINY, tiny_overrides
+from tests.conftest import REPO, TINY, tiny_overrides
 from tests.data_helpers import tiny_dataset
 from tests.multiprocess import run_ranks
 from tests.run_state import run_state
@@ -242,3 +245,74 @@ def test_loading_never_runs_code_from_the_checkpoint(trained, tmp_path: Path, ca
     code = main(["eval", "--checkpoint", str(ckpt), "--data", str(data)])
     one_line_error(capsys, code, "state.pt", "cannot be loaded")
     assert not marker.exists()
+
+
+# A full disk at a save, for real: a size-limited tmpfs in a mount namespace of its own
+# (root only), filled to leave room for half a checkpoint.
+_FULL_DISK = r'''
+import json, os, shutil, subprocess, sys
+disk, data, out, config = sys.argv[1:5]
+subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64M", "tmpfs", disk], check=True)
+run = os.path.join(disk, "run")
+def train(steps, every=5, out=run):
+    cmd = [sys.executable, "-m", "dlrm", "train", "--config", config, "--out", out,
+           f"data.train={data}", "data.eval=", "train.progress=false", "data.batch_size=64",
+           f"train.max_steps={steps}", f"train.checkpoint_every={every}", "train.log_every=1"]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    saved = os.path.join(out, "checkpoints")
+    return {"code": p.returncode, "err": p.stderr,
+            "checkpoints": sorted(os.listdir(saved)) if os.path.isdir(saved) else []}
+def fill(leave):
+    with open(os.path.join(disk, "ballast"), "wb") as f:
+        os.posix_fallocate(f.fileno(), 0, shutil.disk_usage(disk).free - leave)
+first = train(10)
+ckpt = os.path.join(run, "checkpoints", "step-000000010")
+size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(ckpt) for f in fs)
+fill(size // 2)
+full = train(20)
+os.remove(os.path.join(disk, "ballast"))
+again = train(20)
+fill(16384)  # the metrics log runs out mid-run (no checkpoint before the end)
+logging = train(400, every=1000, out=os.path.join(disk, "run2"))
+lines = open(os.path.join(disk, "run2", "metrics.jsonl")).read().splitlines()
+logging["whole_lines"] = all(json.loads(x) is not None for x in lines)
+fill(0)  # nothing left: the run's first file
+start = train(10, out=os.path.join(disk, "run3"))
+json.dump({"first": first, "full": full, "again": again, "logging": logging, "start": start}, open(out, "w"))
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.name != "posix" or shutil.which("unshare") is None or os.geteuid() != 0,
+                    reason="needs root and unshare -m (a tmpfs of its own)")
+def test_a_full_disk_is_one_line_and_leaves_the_checkpoints_before_it_whole(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    tiny_dataset(data, file_rows=(2000,), row_group_rows=500)
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    out = tmp_path / "result.json"
+    proc = subprocess.run(["unshare", "-m", sys.executable, "-c", _FULL_DISK, str(disk), str(data), str(out),
+                           str(TINY)], cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
+    if proc.returncode != 0 and "mount" in proc.stderr and not out.exists():
+        pytest.skip(f"no tmpfs here: {proc.stderr.strip().splitlines()[-1]}")
+    result = json.loads(out.read_text())
+    assert result["first"]["code"] == 0 and result["first"]["checkpoints"] == ["step-000000005", "step-000000010"]
+    full = result["full"]
+    lines = [x for x in full["err"].splitlines() if x.strip()]
+    assert full["code"] == 2 and len(lines) == 1 and "Traceback" not in full["err"], full["err"][-3000:]
+    assert "cannot be written" in lines[0] and "No space left on device" in lines[0]
+    assert "the checkpoints before it are kept" in lines[0]
+    # the failed save's half is gone (it only filled the disk); the one before is whole
+    assert full["checkpoints"] == ["step-000000005", "step-000000010"]
+    again = result["again"]
+    assert again["code"] == 0, again["err"][-3000:]
+    assert again["checkpoints"] == ["step-000000015", "step-000000020"]
+    # a full disk elsewhere than a checkpoint: the file named in one line, no traceback
+    for case, name in (("logging", "run2/metrics.jsonl"), ("start", "run3/preprocessing.json")):
+        err = result[case]["err"]
+        assert result[case]["code"] == 2 and "Traceback" not in err, err[-3000:]
+        assert err.strip().splitlines()[-1] == (
+            f"dlrm train: error: cannot write {disk / name}: No space left on device; "
+            "0.0 MB free on its file system")
+    assert result["logging"]["whole_lines"]  # the line being written when it ran out is gone

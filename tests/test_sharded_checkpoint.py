@@ -230,11 +230,13 @@ def test_bad_checkpoints_raise_checkpoint_error(saved_run, tmp_path: Path) -> No
 
 
 def test_write_error_names_free_space(tmp_path: Path) -> None:
-    from dlrm.checkpoint.tables import _free_space
+    from dlrm.checkpoint.tables import unwritable
 
-    line = _free_space(tmp_path / "not" / "yet" / "there")  # reports the nearest existing dir
-    assert line.startswith("; ") and line.endswith(" MB free on its file system")
-    assert float(line[2:].split()[0].replace(",", "")) > 0
+    # reports the nearest existing dir's free space, and the bytes this rank had to write
+    line = unwritable(tmp_path / "not" / "yet" / "there", OSError(28, "No space left on device"), 3 << 20)
+    free = line.split("; ")[1]
+    assert free.endswith(" MB free on its file system now, 3.0 MB of table pieces to write from this rank")
+    assert float(free.split()[0].replace(",", "")) > 0
 
 
 def test_write_error_and_missing_piece_are_one_line(tmp_path: Path) -> None:

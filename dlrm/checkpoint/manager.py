@@ -68,7 +68,7 @@ from dlrm.checkpoint.manifest import (
     schema_to_json,
     verify,
 )
-from dlrm.checkpoint.tables import load_embeddings, save_embeddings
+from dlrm.checkpoint.tables import load_embeddings, raise_first, save_embeddings, unwritable
 from dlrm.models.interface import RecModel
 from dlrm.parallel.distributed import DistInfo, all_gather_objects, barrier, broadcast_object
 
@@ -110,24 +110,51 @@ def save_checkpoint(
     step = progress.global_step
     final = root / f"step-{step:09d}"
     partial = final.with_name(final.name + PARTIAL)
+    error = None
     if info.is_main:
-        root.mkdir(parents=True, exist_ok=True)
-        for suffix in (PARTIAL, DELETING):  # saves or removals a kill cut short
-            for stale in root.glob(f"step-*{suffix}"):
-                shutil.rmtree(stale)
-        partial.mkdir()
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            for suffix in (PARTIAL, DELETING):  # saves or removals a kill cut short
+                for stale in root.glob(f"step-*{suffix}"):
+                    shutil.rmtree(stale)
+            partial.mkdir()
+        except OSError as e:
+            error = unwritable(partial, e)
+    raise_first([broadcast_object(error, info)])  # and every rank waits for the mkdir
+    try:
+        _write(partial, final, model, dense_opt, progress, config, schema, info, run_dir)
+    except CheckpointError:  # every rank raises it together (the writers' errors are gathered)
+        if info.is_main:  # never resumed from: its bytes only fill the disk that ran out
+            shutil.rmtree(partial, ignore_errors=True)
+        raise
+    if info.is_main:
+        _keep_newest(run_dir, keep)
     barrier(info)
+    return final
+
+
+def _write(partial: Path, final: Path, model: RecModel, dense_opt: torch.optim.Optimizer,
+           progress: Progress, config: dict[str, Any], schema: Schema, info: DistInfo,
+           run_dir: Path) -> None:
+    """Every rank's files into ``partial``, then rank 0 seals it as ``final``; a file
+    that cannot be written is one CheckpointError on every rank."""
+    step = progress.global_step
     state, tables = model.state_for_checkpoint()
     state.update({"dense_optimizer": dense_opt.state_dict(), "rng": torch.get_rng_state()})
     # Every file is hashed (and fsynced) by whoever writes it, as it is written.
-    mine = {}
+    mine, error = {}, None
     if tables is not None:
-        written = save_embeddings(partial / "embeddings", tables)
+        written = save_embeddings(partial / "embeddings", tables)  # raises on every rank
         mine.update({f"embeddings/{name}": d for name, d in written.items()})
     inject("kill_after_shards", step, info.rank)
     if info.is_main:
-        mine["state.pt"] = save_digested(state, partial / "state.pt")
-    manifest = {k: v for part in all_gather_objects(mine, info) for k, v in part.items()}
+        try:
+            mine["state.pt"] = save_digested(state, partial / "state.pt")
+        except OSError as e:
+            error = unwritable(partial / "state.pt", e)
+    gathered = all_gather_objects((mine, error), info)
+    raise_first([e for _, e in gathered])
+    manifest = {k: v for part, _ in gathered for k, v in part.items()}
     # Anything else under the directory (nothing, today) is read back and hashed.
     names = broadcast_object(_files_under(partial) if info.is_main else None, info)
     rest = [name for name in names if name not in manifest][info.rank::info.world_size]
@@ -145,10 +172,11 @@ def save_checkpoint(
             "world_size": info.world_size,
             "files": dict(sorted(manifest.items())),
         }
-        _seal(partial, final, meta, names, step, info)
-        _keep_newest(run_dir, keep)
-    barrier(info)
-    return final
+        try:
+            _seal(partial, final, meta, names, step, info)
+        except OSError as e:
+            error = unwritable(partial / "meta.json", e)
+    raise_first([broadcast_object(error, info)])
 
 
 def _seal(partial: Path, final: Path, meta: dict[str, Any], names: list[str], step: int,

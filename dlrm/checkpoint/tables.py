@@ -60,7 +60,6 @@ import json
 import math
 import os
 import re
-import shutil
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,6 +68,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from data.atomic import free_bytes
 from data.errors import one_line
 from dlrm.checkpoint.manifest import CheckpointCorrupt, CheckpointError, digest
 from dlrm.checkpoint.pieces import Truncated, matrix, read_overlap, write_piece
@@ -100,7 +100,8 @@ def save_embeddings(path: str | Path, tables: TableState) -> dict[str, dict[str,
     holders = _all_gather(tables, [lg.key for lg in layout if not lg.split and lg.blocks])
     writes = [(lg, b) for lg in layout for b in lg.blocks
               if lg.split or min(r for r, keys in enumerate(holders) if lg.key in keys) == rank]
-    pieces, digests, error = [], {}, None
+    pieces, tensors, digests, error = [], [], {}, None
+    free = free_bytes(path)  # before writing: what the save had to fit in
     try:
         path.mkdir(parents=True, exist_ok=True)
         pieces = _pieces(writes, rank)
@@ -109,15 +110,15 @@ def save_embeddings(path: str | Path, tables: TableState) -> dict[str, dict[str,
             done = pool.map(lambda p, t: write_piece(path / p["file"], t), pieces, tensors)
             digests = {p["file"]: d for p, d in zip(pieces, done)}
     except OSError as e:
-        error = f"checkpoint {path}: cannot be written ({one_line(e, named=True)}){_free_space(path)}"
+        error = unwritable(path, e, sum(t.numel() * t.element_size() for t in tensors), free)
     everyone = _all_gather(tables, (pieces, error))
-    _raise_first([e for _, e in everyone])
+    raise_first([e for _, e in everyone])
     if rank == 0:
         try:
             digests[INDEX] = _write_index(path, layout, [p for ps, _ in everyone for p in ps])
         except OSError as e:
-            error = f"checkpoint {path}: cannot be written ({one_line(e, named=True)}){_free_space(path)}"
-    _raise_first(_all_gather(tables, error))
+            error = unwritable(path, e)
+    raise_first(_all_gather(tables, error))
     return digests
 
 
@@ -153,7 +154,7 @@ def load_embeddings(path: str | Path, tables: TableState,
             list(pool.map(lambda job: _fill(path, *job, by_key.get(job[0], []), hashes), jobs))
     except CheckpointError as e:
         error = str(e)
-    _raise_first(_all_gather(tables, error))
+    raise_first(_all_gather(tables, error))
     for logical in layout:
         if not logical.split:
             with torch.no_grad():
@@ -437,20 +438,23 @@ def _all_gather(tables: TableState, obj: Any) -> list[Any]:
     return out
 
 
-def _raise_first(errors: list[str | None]) -> None:
+def raise_first(errors: list[str | None]) -> None:
     """The same CheckpointError on every rank, if any rank had one."""
     for error in errors:
         if error:
             raise CheckpointError(error)
 
 
-def _free_space(path: str | Path) -> str:
-    """"; N MB free on its file system": a full disk shows up as odd writer errors."""
-    existing = Path(path)
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    try:
-        free = shutil.disk_usage(existing).free
-    except OSError:
-        return ""
-    return f"; {free / 2**20:,.1f} MB free on its file system"
+def unwritable(path: str | Path, error: OSError, needed: int = 0, free: int | None = None) -> str:
+    """One line for a checkpoint file that cannot be written: what its file system had
+    free (``free``, measured before the save wrote anything; else now) and what this
+    rank's pieces needed, where known (a full disk shows up as odd writer errors)."""
+    line = f"checkpoint {path}: cannot be written ({one_line(error, named=True)})"
+    when = "when the save began" if free is not None else "now"
+    free = free_bytes(path) if free is None else free
+    if free is not None:
+        line += f"; {free / 2**20:,.1f} MB free on its file system {when}"
+    if needed:
+        line += f", {needed / 2**20:,.1f} MB of table pieces to write from this rank"
+    return line + "; the checkpoints before it are kept"
+

@@ -17,6 +17,7 @@ work is queued. The first GPU bench (H200, 781912d) reported 34M samples/s that 
 from __future__ import annotations
 
 import json
+import os
 import resource
 import time
 from collections.abc import Callable
@@ -50,8 +51,15 @@ class JsonLog:
 
     def write(self, record: dict[str, Any]) -> None:
         if self.enabled:
-            with open(self.path, "a") as fh:
-                fh.write(json.dumps(record) + "\n")
+            line = (json.dumps(record) + "\n").encode()
+            with open(self.path, "ab", buffering=0) as fh:  # unbuffered: nothing left for close
+                end = fh.seek(0, os.SEEK_END)
+                try:
+                    while line:  # a raw write may take part of it; the next one says why
+                        line = line[fh.write(line):]
+                except OSError as e:  # a full disk: no half line for a resume to read
+                    os.ftruncate(fh.fileno(), end)
+                    raise OSError(e.errno, e.strerror, str(self.path)) from None
             if self.board is not None:
                 self.board.write(record)
 
