@@ -306,9 +306,10 @@ def _unwritable(error: OSError) -> str | None:
     if not error.filename:  # a close's flush: the writer did not say which file
         return f"a file could not be written: {error.strerror}"
     from data.atomic import free_bytes
+    from embeddings.plan.sizes import format_bytes
 
     free = free_bytes(error.filename)
-    room = f"; {free / 2**20:,.1f} MB free on its file system" if free is not None else ""
+    room = f"; {format_bytes(free)} free on its file system" if free is not None else ""
     return f"cannot write {error.filename}: {error.strerror}{room}"
 
 

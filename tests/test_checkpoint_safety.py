@@ -272,7 +272,7 @@ fill(size // 2)
 full = train(20)
 os.remove(os.path.join(disk, "ballast"))
 again = train(20)
-fill(16384)  # the metrics log runs out mid-run (no checkpoint before the end)
+fill(32768)  # the metrics log runs out mid-run (no checkpoint before the end)
 logging = train(400, every=1000, out=os.path.join(disk, "run2"))
 lines = open(os.path.join(disk, "run2", "metrics.jsonl")).read().splitlines()
 logging["whole_lines"] = all(json.loads(x) is not None for x in lines)
@@ -314,5 +314,5 @@ def test_a_full_disk_is_one_line_and_leaves_the_checkpoints_before_it_whole(tmp_
         assert result[case]["code"] == 2 and "Traceback" not in err, err[-3000:]
         assert err.strip().splitlines()[-1] == (
             f"dlrm train: error: cannot write {disk / name}: No space left on device; "
-            "0.0 MB free on its file system")
+            "0 B free on its file system")
     assert result["logging"]["whole_lines"]  # the line being written when it ran out is gone

@@ -55,6 +55,7 @@ group. ``index.json`` is plain JSON: loading runs no code from the checkpoint.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import math
@@ -74,6 +75,7 @@ from dlrm.checkpoint.manifest import CheckpointCorrupt, CheckpointError, digest
 from dlrm.checkpoint.pieces import Truncated, matrix, read_overlap, write_piece
 from embeddings.interface import TableState
 from embeddings.optim import SparseOptimizer
+from embeddings.plan.sizes import format_bytes
 from embeddings.plan.types import Shard, ShardingType
 from embeddings.rounding import weight_dtype
 from embeddings.sharding.registry import strategy
@@ -446,15 +448,15 @@ def raise_first(errors: list[str | None]) -> None:
 
 
 def unwritable(path: str | Path, error: OSError, needed: int = 0, free: int | None = None) -> str:
-    """One line for a checkpoint file that cannot be written: what its file system had
-    free (``free``, measured before the save wrote anything; else now) and what this
-    rank's pieces needed, where known (a full disk shows up as odd writer errors)."""
+    """One line for a checkpoint file that cannot be written; for a full disk or quota
+    also what its file system had free (``free``, measured before the save wrote
+    anything; else now) and what this rank's pieces needed, where known."""
     line = f"checkpoint {path}: cannot be written ({one_line(error, named=True)})"
-    when = "when the save began" if free is not None else "now"
-    free = free_bytes(path) if free is None else free
-    if free is not None:
-        line += f"; {free / 2**20:,.1f} MB free on its file system {when}"
-    if needed:
-        line += f", {needed / 2**20:,.1f} MB of table pieces to write from this rank"
+    if error.errno in (errno.ENOSPC, errno.EDQUOT, None):
+        when = "when the save began" if free is not None else "now"
+        free = free_bytes(path) if free is None else free
+        if free is not None:
+            line += f"; {format_bytes(free)} free on its file system {when}"
+        if needed:
+            line += f", {format_bytes(needed)} of table pieces to write from this rank"
     return line + "; the checkpoints before it are kept"
-

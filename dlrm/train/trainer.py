@@ -82,6 +82,7 @@ from dlrm.train.optim import build_dense_optimizer, lr_factor
 from dlrm.train.precision import decide_precision
 from dlrm.train.preemption import PREEMPTED, Preemption, signal_name
 from dlrm.train.profiling import StepProfiler
+from dlrm.train.run_lock import RunLock
 from dlrm.train.staged import StagedBatches
 from dlrm.train.trace import RowTrace
 from embeddings.collection import warn_fp16_overflow
@@ -119,6 +120,14 @@ def train(cfg: Config, run_dir: str | Path, echo: Callable[[str], None] = print)
     narrow_type_warning(cfg, data.schema, say)
     if info.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
+    with RunLock(run_dir, info):  # one job per run directory, before it writes a file
+        return _train_locked(cfg, run_dir, data, info, say)
+
+
+def _train_locked(cfg: Config, run_dir: Path, data: RunData, info: DistInfo,
+                  say: Callable[[str], None]) -> dict[str, Any]:
+    """The run's files, the model and the training loop, with the run directory held."""
+    if info.is_main:
         if data.preprocess is not None and not (run_dir / PREP_FILE).is_file():
             save_preprocessing(data.preprocess, run_dir)
         write_atomic(run_dir / "config.yaml", to_yaml(cfg))
