@@ -1,6 +1,8 @@
 """Criteo Kaggle / Terabyte TSV → Parquet, streamed in blocks.
 
     input line   label \t I1..I13 (integers, may be empty or negative) \t C1..C26 (hex hashes)
+                 (or comma-separated with a header line label,I1..I13,C1..C26, as DeepCTR's
+                 criteo_sample.txt; integers may be written as floats: 260.0)
     output       label float32 | I1..I13 float32 = log(1 + max(x, 0)), empty → 0
                  | C1..C26 int64: empty → 0 (reserved), hex h → h + 1,
                    or with max_ind_range R > 0: h % (R - 1) + 1, so ids lie in [0, R)
@@ -25,7 +27,8 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
 _COLUMNS = ["label", *CRITEO_DENSE, *CRITEO_SPARSE]
-_INTEGER = r"^-?[0-9]{1,18}$"
+_INTEGER = r"^-?[0-9]{1,18}(\.0*)?$"  # 260.0: an integer written as a float
+_HEAD_BYTES = 1 << 16  # enough for a header line
 _MAX_HEX = 15  # hex digits; 15 keep h + 1 inside int64
 
 
@@ -75,14 +78,15 @@ def _convert_file(path: str, max_ind_range: int) -> Iterator[pa.Table]:
         stream = pa.input_stream(path)
     except FileNotFoundError:
         raise DataError("does not exist", file=path) from None
-    line = 1  # line number of the block's first row
+    delimiter, header = _layout(path)
+    line = 2 if header else 1  # line number of the block's first row
     with stream:
         try:  # open_csv parses the first block already
             reader = pv.open_csv(
                 stream,
                 read_options=pv.ReadOptions(column_names=_COLUMNS, use_threads=False,
-                                            block_size=1 << 22),
-                parse_options=pv.ParseOptions(delimiter="\t", quote_char=False,
+                                            block_size=1 << 22, skip_rows=int(header)),
+                parse_options=pv.ParseOptions(delimiter=delimiter, quote_char=False,
                                               ignore_empty_lines=False,
                                               invalid_row_handler=on_invalid),
                 convert_options=pv.ConvertOptions(column_types=dict.fromkeys(_COLUMNS, pa.string()),
@@ -105,6 +109,25 @@ def _convert_file(path: str, max_ind_range: int) -> Iterator[pa.Table]:
                 line += block.num_rows
         except pa.ArrowInvalid as e:
             raise _parse_error(e, bad_rows, path) from None
+
+
+def _layout(path: str) -> tuple[str, bool]:
+    """(delimiter, header?) from the first line: Criteo's own files are tab-separated
+    without a header; a line holding no tab but commas is CSV; a first field "label"
+    is a header, which must name the 40 columns in order."""
+    import pyarrow as pa
+
+    with pa.input_stream(path) as stream:
+        first = stream.read(_HEAD_BYTES).split(b"\n", 1)[0].rstrip(b"\r").decode(errors="replace")
+    delimiter = "," if "\t" not in first and "," in first else "\t"
+    fields = [f.strip() for f in first.split(delimiter)]
+    if fields[0].lower() != "label":
+        return delimiter, False
+    if fields != _COLUMNS:
+        raise DataError(f"line 1: a header naming {len(fields)} columns ({', '.join(fields[:4])}, ...) "
+                        f"where {', '.join(_COLUMNS[:3])}, ..., C26 ({len(_COLUMNS)}) were expected",
+                        file=path)
+    return delimiter, True
 
 
 def _parse_error(e: Exception, bad_rows: list, path: str) -> DataError:
@@ -134,7 +157,8 @@ def _integers(arr: pa.Array, column: str, where: tuple[str, int]) -> np.ndarray:
         value = arr[i].as_py()
         what = f"empty {column}" if value == "" else f"{value!r} is not an integer"
         raise DataError(f"line {where[1] + i}: {what}", file=where[0], column=column)
-    return pc.cast(pc.if_else(empty, "0", arr), pa.int64()).to_numpy()
+    whole = pc.replace_substring_regex(arr, r"\.0*$", "")  # 260.0 -> 260
+    return pc.cast(pc.if_else(empty, "0", whole), pa.int64()).to_numpy()
 
 
 @functools.cache

@@ -9,6 +9,7 @@ from __future__ import annotations
 import gzip
 import math
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -22,14 +23,15 @@ from data.errors import DataError, UserError
 SHARED = Path(__file__).resolve().parents[2] / "shared/data/criteo"
 HEAD10K = SHARED / "criteo_kaggle_train_head10k.tsv"
 PADDLE = SHARED / "criteo_paddlerec_part-0.tsv"
+DEEPCTR = SHARED / "criteo_sample.txt"  # comma-separated, a header line, ints written 260.0
 needs_shared = pytest.mark.skipif(not HEAD10K.is_file(), reason="shared Criteo samples absent")
 
 
-def _reference(line: str, max_ind_range: int = 0) -> list[float]:
-    """One TSV line parsed the obvious way: label, 13 log1p ints, 26 ids."""
-    fields = line.rstrip("\n").split("\t")
+def _reference(line: str, max_ind_range: int = 0, sep: str = "\t") -> list[float]:
+    """One TSV (or CSV) line parsed the obvious way: label, 13 log1p ints, 26 ids."""
+    fields = line.rstrip("\n").split(sep)
     assert len(fields) == 40
-    dense = [math.log1p(max(int(x), 0)) if x else 0.0 for x in fields[1:14]]
+    dense = [math.log1p(max(_whole(x), 0)) if x else 0.0 for x in fields[1:14]]
     ids = []
     for h in fields[14:]:
         if not h:
@@ -41,12 +43,19 @@ def _reference(line: str, max_ind_range: int = 0) -> list[float]:
     return [float(fields[0]), *dense, *ids]
 
 
+def _whole(x: str) -> int:
+    value = float(x)
+    assert value == int(value), x
+    return int(value)
+
+
 def _table(files: list[str]) -> pa.Table:
     return pa.concat_tables([pq.read_table(f) for f in files])
 
 
-def _check_against_reference(table: pa.Table, lines: list[str], max_ind_range: int = 0) -> None:
-    want = np.array([_reference(x, max_ind_range) for x in lines])
+def _check_against_reference(table: pa.Table, lines: list[str], max_ind_range: int = 0,
+                             sep: str = "\t") -> None:
+    want = np.array([_reference(x, max_ind_range, sep) for x in lines])
     got = table.slice(0, len(lines))
     for j, name in enumerate(got.column_names):
         col = got.column(name).to_numpy()
@@ -99,6 +108,43 @@ def test_max_ind_range_and_several_inputs(tmp_path: Path) -> None:
     _check_against_reference(table, PADDLE.read_text().splitlines(keepends=True), 1000)
     head = HEAD10K.read_text().splitlines(keepends=True)[:200]
     _check_against_reference(table.slice(100), head, 1000)
+
+
+@pytest.mark.skipif(not DEEPCTR.is_file(), reason="shared Criteo samples absent")
+def test_deepctrs_csv_sample_with_a_header_and_float_ints(tmp_path: Path) -> None:
+    lines = DEEPCTR.read_text().splitlines(keepends=True)
+    assert lines[0].startswith("label,I1,") and any(".0," in x for x in lines[1:])
+    table = _table(convert_criteo([str(DEEPCTR)], str(tmp_path / "csv")))
+    assert table.num_rows == len(lines) - 1 == 200
+    _check_against_reference(table, lines[1:], sep=",")
+    # 19 of its rows are rows of the Kaggle head too: converted from either format, the same
+    kaggle = _table(convert_criteo([str(HEAD10K)], str(tmp_path / "tsv")))
+    rows = {tuple(r.values()) for r in kaggle.to_pylist()}
+    assert sum(tuple(r.values()) in rows for r in table.to_pylist()) == 19
+
+
+@pytest.mark.parametrize("header,words", [
+    ("label,I1,I2\n", "line 1: a header naming 3 columns (label, I1, I2, ...) where label, I1, I2, ..."),
+    ("label\t" + "\t".join(f"I{i}" for i in range(1, 14)) + "\t" + "\t".join(f"C{i}" for i in range(26, 0, -1))
+     + "\n", "line 1: a header naming 40 columns"),
+])
+def test_a_header_that_is_not_criteos_is_refused(tmp_path: Path, header: str, words: str) -> None:
+    src = tmp_path / "h.csv"
+    src.write_text(header + GOOD.replace("\t", "," if "," in header else "\t"))
+    with pytest.raises(DataError, match=re.escape(words)):
+        convert_criteo([str(src)], str(tmp_path / "out"))
+
+
+def test_csv_with_a_header_counts_lines_from_the_header(tmp_path: Path) -> None:
+    src = tmp_path / "bad.csv"
+    header = ",".join(["label", *[f"I{i}" for i in range(1, 14)], *[f"C{i}" for i in range(1, 27)]]) + "\n"
+    good = GOOD.replace("\t", ",").replace(",5,", ",5.0,", 1)  # an int written as a float is one
+    src.write_text(header + good * 2 + good.replace(",6,", ",6.5,", 1))
+    with pytest.raises(DataError, match=r"column 'I6': line 4: '6.5' is not an integer"):
+        convert_criteo([str(src)], str(tmp_path / "out"))
+    src.write_text(header + good + "0,1\n")
+    with pytest.raises(DataError, match=r"bad.csv: line 3: 2 fields where 40 were expected"):
+        convert_criteo([str(src)], str(tmp_path / "out"))
 
 
 @needs_shared
