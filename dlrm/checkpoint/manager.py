@@ -68,6 +68,7 @@ from dlrm.checkpoint.manifest import (
     schema_to_json,
     verify,
 )
+from dlrm.checkpoint.readers import unread
 from dlrm.checkpoint.tables import load_embeddings, raise_first, save_embeddings, unwritable
 from dlrm.models.interface import RecModel
 from dlrm.parallel.distributed import DistInfo, all_gather_objects, barrier, broadcast_object
@@ -199,9 +200,12 @@ def _seal(partial: Path, final: Path, meta: dict[str, Any], names: list[str], st
 def _keep_newest(run_dir: Path, keep: int) -> None:
     root = Path(run_dir) / CHECKPOINTS
     for old in checkpoints(run_dir, legacy=False)[keep:]:
-        doomed = old.with_name(old.name + DELETING)
-        os.replace(old, doomed)  # out of sight first: a kill mid-removal leaves no half checkpoint
-        shutil.rmtree(doomed)
+        with unread(old) as free:
+            if not free:  # `dlrm eval` or `export` is reading it: a later save removes it
+                continue
+            doomed = old.with_name(old.name + DELETING)
+            os.replace(old, doomed)  # out of sight first: a kill mid-removal leaves no half checkpoint
+            shutil.rmtree(doomed)
     for doomed in root.glob(f"step-*{DELETING}"):
         shutil.rmtree(doomed)
 

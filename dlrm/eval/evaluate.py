@@ -17,6 +17,7 @@ from data.preprocess import load as load_preprocessing
 from data.schema import check_files
 from dlrm.checkpoint.manager import CHECKPOINTS, CheckpointError, find_checkpoint, load_checkpoint
 from dlrm.checkpoint.manifest import load_meta, schema_from_json
+from dlrm.checkpoint.readers import reading
 from dlrm.config import Config, from_dict
 from dlrm.eval.export import EXPORT_FILE, is_export, load_export, read_export
 from dlrm.eval.model import eval_model
@@ -49,29 +50,31 @@ def evaluate_checkpoint(
     ``tables="int8"``: also scored with every table quantised int8 row-wise
     (embeddings/int8.py), under ``result["int8"]`` beside the stored tables' metrics.
     """
-    cfg, schema, prep, fill, identity = _scored(Path(run))
-    if batch_size:
-        cfg.data.eval_batch_size = batch_size
-    if device is not None:
-        cfg.train.device = device  # type: ignore[assignment]  # one of the CLI's choices
-    cfg.data.eval_strict_ids = strict_ids  # default: ids training never saw look up as nothing
-    files = expand_paths(data)
-    check_files(files, schema, cfg.data.on_error)
-    info = init_distributed(cfg.train.backend, cfg.train.device, cfg.train.timeout_s)
-    check_same_file(identity, info, "checkpoint's file")  # every rank reads the same one
-    model = eval_model(cfg, schema, info)
-    with contextlib.closing(model):
-        fill(model, info)  # verified as it is read
-        reader = make_reader(cfg, files, schema, False, info.rank, info.world_size, prep)
-        try:
-            result, scores, labels = evaluate(model, reader, info)
-        except ValueError as e:
-            raise UserError(f"data {data}: {e}") from None
-        if cfg.data.on_error == "skip":  # the run's policy: say what was dropped
-            records = records_by_split(gather_lines({"eval": reader}, info)).get("eval", [])
-            result["bad_data"] = {**count(records), "records": [r.to_json() for r in records]}
-        if tables == "int8":
-            result["int8"] = _int8_metrics(model, cfg, files, schema, info, prep)
+    with contextlib.ExitStack() as hold:  # the checkpoint stays while it is read
+        cfg, schema, prep, fill, identity = _scored(Path(run), hold)
+        if batch_size:
+            cfg.data.eval_batch_size = batch_size
+        if device is not None:
+            cfg.train.device = device  # type: ignore[assignment]  # one of the CLI's choices
+        cfg.data.eval_strict_ids = strict_ids  # default: ids training never saw look up as nothing
+        files = expand_paths(data)
+        check_files(files, schema, cfg.data.on_error)
+        info = init_distributed(cfg.train.backend, cfg.train.device, cfg.train.timeout_s)
+        check_same_file(identity, info, "checkpoint's file")  # every rank reads the same one
+        model = eval_model(cfg, schema, info)
+        with contextlib.closing(model):
+            fill(model, info)  # verified as it is read
+            hold.close()  # read: a run still training may remove it now
+            reader = make_reader(cfg, files, schema, False, info.rank, info.world_size, prep)
+            try:
+                result, scores, labels = evaluate(model, reader, info)
+            except ValueError as e:
+                raise UserError(f"data {data}: {e}") from None
+            if cfg.data.on_error == "skip":  # the run's policy: say what was dropped
+                records = records_by_split(gather_lines({"eval": reader}, info)).get("eval", [])
+                result["bad_data"] = {**count(records), "records": [r.to_json() for r in records]}
+            if tables == "int8":
+                result["int8"] = _int8_metrics(model, cfg, files, schema, info, prep)
     if not info.is_main:
         return None
     if plots_dir:
@@ -81,15 +84,17 @@ def evaluate_checkpoint(
     return result
 
 
-def _scored(run: Path) -> tuple[Config, Any, Any, Callable[[Any, Any], None], Path]:
+def _scored(run: Path, hold: contextlib.ExitStack
+            ) -> tuple[Config, Any, Any, Callable[[Any, Any], None], Path]:
     """(config, schema, preprocessing, fill(model, info), the file naming what is
-    scored) of a run's newest checkpoint or of an export (dlrm/eval/export.py)."""
+    scored) of a run's newest checkpoint or of an export (dlrm/eval/export.py); the
+    checkpoint is held against the run's pruning until ``hold`` closes."""
     if is_export(run):
         body, cfg = read_export(run)
         prep = load_preprocessing(run) if (run / "preprocessing.json").is_file() else None
         return (cfg, schema_from_json(body["schema"]), prep,
                 lambda model, info: load_export(run, body, model), run / EXPORT_FILE)
-    ckpt = find_checkpoint(run)
+    ckpt = hold.enter_context(reading(run, find_checkpoint))
     if ckpt is None:
         several = int(os.environ.get("WORLD_SIZE", "1")) > 1
         raise CheckpointError(

@@ -39,6 +39,7 @@ from data.errors import UserError
 from dlrm.checkpoint.manager import CHECKPOINTS, CheckpointError, find_checkpoint, load_checkpoint
 from dlrm.checkpoint.manifest import digest, load_meta, save_digested, schema_from_json
 from dlrm.checkpoint.mapped import release
+from dlrm.checkpoint.readers import reading
 from dlrm.config import Config, from_dict
 from dlrm.parallel.distributed import DistInfo
 from embeddings.int8 import dequantize_into, int8_bytes, quantize_rows
@@ -57,14 +58,18 @@ def is_export(path: str | Path) -> bool:
 
 def export_run(run: str | Path, out: str | Path, tables: str = "int8") -> dict[str, Any]:
     """Write the serving copy of ``run``'s newest checkpoint to ``out``; its export.json."""
-    from dlrm.eval.model import eval_model
-
     run, out = Path(run), Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UserError(f"--out {out}: exists and is not empty; name a new directory")
-    ckpt = find_checkpoint(run)
-    if ckpt is None:
-        raise CheckpointError(f"no checkpoint in {run} (expected {run}/{CHECKPOINTS}/step-N/meta.json)")
+    with reading(run, find_checkpoint) as ckpt:  # a run still training keeps it while it is read
+        if ckpt is None:
+            raise CheckpointError(f"no checkpoint in {run} (expected {run}/{CHECKPOINTS}/step-N/meta.json)")
+        return _export(run, ckpt, out, tables)
+
+
+def _export(run: Path, ckpt: Path, out: Path, tables: str) -> dict[str, Any]:
+    from dlrm.eval.model import eval_model
+
     meta = load_meta(ckpt)
     cfg: Config = from_dict(Config, meta["config"], "")
     if cfg.embeddings.backend != "native":
