@@ -19,11 +19,16 @@ MLPerf evaluates on day_23); ``eval_fraction=f`` the last round(f * N) rows in i
 order (Criteo's files are in time order, so eval is the later traffic, as the DLRM
 reference holds out the end of Kaggle's week); neither writes one set into OUT.
 Every file is written atomically; the staging copy is removed at the end, also on
-failure.
+failure. Each input is parsed into its own staging parts, and each output part
+written, as one job of ``workers`` processes (data/criteo_pool.py): the parts of a
+set are cut at every ``file_rows`` rows, and where the inputs are moved into place
+as parsed (``raw`` and ``hash`` ids without ``eval_fraction``) each input's last
+part may be shorter.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -31,6 +36,7 @@ import shutil
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+from data.criteo_pool import default_workers, run_all
 from data.errors import UserError
 from data.schema import CRITEO_SPARSE
 
@@ -55,40 +61,63 @@ def convert_criteo_dataset(
     eval_fraction: float = 0.0,
     row_group_rows: int = 65536,
     file_rows: int = 1_000_000,
+    workers: int = 0,
 ) -> dict:
-    """Convert, map and split; write ``OUT/criteo.json`` and return what it holds."""
-    from data.criteo import convert_criteo
-
+    """Convert, map and split; write ``OUT/criteo.json`` and return what it holds.
+    ``workers`` processes parse the inputs and write the parts (0: one per core, at
+    most one per input for the parse; data/criteo_pool.py)."""
     _check(inputs, ids, min_frequency, max_ind_range, eval_days, eval_fraction)
     hash_range = max_ind_range if ids == "hash" else 0
     split = bool(eval_days or eval_fraction)
-    if ids != "vocabulary" and not eval_fraction:  # one parse straight into place
-        places = [("train", inputs[: len(inputs) - eval_days]), ("eval", inputs[-eval_days:])]
-        sets = {name: convert_criteo(part, os.path.join(out_dir, name), hash_range,
-                                     row_group_rows, file_rows)
-                for name, part in (places if split else [("", inputs)])}
-        return _summary(out_dir, sets, None, ids, min_frequency)
     staging = os.path.join(out_dir, ".staging")
     try:
-        head = convert_criteo(inputs[: len(inputs) - eval_days], os.path.join(staging, "a"),
-                              hash_range, row_group_rows, file_rows)
-        tail = convert_criteo(inputs[len(inputs) - eval_days :], os.path.join(staging, "b"),
-                              hash_range, row_group_rows, file_rows) if eval_days else []
+        parsed = run_all([(_parse, (path, os.path.join(staging, f"{i:05d}"), hash_range, row_group_rows,
+                                    file_rows)) for i, path in enumerate(inputs)],
+                         workers or default_workers(len(inputs)))
+        head = [f for part in parsed[: len(inputs) - eval_days] for f in part]
+        tail = [f for part in parsed[len(inputs) - eval_days :] for f in part]
+        if ids != "vocabulary" and not eval_fraction:  # parsed as they stay: moved into place
+            places = [("train", head), ("eval", tail)] if split else [("", head)]
+            sets = {name: _place(files, os.path.join(out_dir, name)) for name, files in places}
+            return _summary(out_dir, sets, None, ids, min_frequency)
         files = head + tail
-        total = _rows(files)
-        n_train = _rows(head) - (round(eval_fraction * total) if eval_fraction else 0)
+        starts = _starts(files)
+        total = starts[-1]
+        n_train = starts[len(head)] - (round(eval_fraction * total) if eval_fraction else 0)
         if split and not 0 < n_train < total:
             raise UserError(f"the split leaves {n_train} train and {total - n_train} eval rows "
                             f"of {total}: give more rows or another --eval-fraction")
         vocab = _fit(files, n_train, min_frequency) if ids == "vocabulary" else None
+        saved = _save_vocab(vocab, os.path.join(staging, "vocab")) if vocab else None
         sets = {}
         for name, lo, hi in ([("train", 0, n_train), ("eval", n_train, total)] if split
                              else [("", 0, total)]):
-            sets[name] = _write(files, lo, hi, vocab, os.path.join(out_dir, name),
-                                row_group_rows, file_rows)
+            sets[name] = _write(files, starts, lo, hi, saved, os.path.join(out_dir, name),
+                                row_group_rows, file_rows, workers or default_workers(1 << 30))
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return _summary(out_dir, sets, vocab, ids, min_frequency)
+
+
+def _parse(path: str, staging: str, hash_range: int, row_group_rows: int, file_rows: int
+           ) -> list[str]:
+    """One input parsed into its own staging directory (a job of data/criteo_pool.py)."""
+    from data.criteo import convert_criteo
+
+    return convert_criteo([path], staging, hash_range, row_group_rows, file_rows)
+
+
+def _place(parts: list[str], out_dir: str) -> list[str]:
+    """Staged parts renamed into ``out_dir`` as its part-NNNNN, in order."""
+    from data.files import remove_stale_parts
+
+    os.makedirs(out_dir, exist_ok=True)
+    placed = []
+    for i, path in enumerate(parts):
+        placed.append(os.path.join(out_dir, f"part-{i:05d}.parquet"))
+        os.replace(path, placed[-1])
+    remove_stale_parts(out_dir, len(placed))
+    return placed
 
 
 def _check(inputs: list[str], ids: str, min_frequency: int, max_ind_range: int,
@@ -111,18 +140,28 @@ def _check(inputs: list[str], ids: str, min_frequency: int, max_ind_range: int,
 
 
 def _rows(files: list[str]) -> int:
+    return _starts(files)[-1]
+
+
+def _starts(files: list[str]) -> list[int]:
+    """Each file's first row in the files read as one sequence, then the total."""
     import pyarrow.parquet as pq
 
-    return sum(pq.ParquetFile(f).metadata.num_rows for f in files)
+    starts = [0]
+    for f in files:
+        starts.append(starts[-1] + pq.ParquetFile(f).metadata.num_rows)
+    return starts
 
 
-def _slices(files: list[str], lo: int, hi: int, columns: list[str] | None = None
-            ) -> Iterator[pa.Table]:
-    """Rows [lo, hi) of ``files`` read as one sequence, a row group at a time."""
+def _slices(files: list[str], starts: list[int], lo: int, hi: int,
+            columns: list[str] | None = None) -> Iterator[pa.Table]:
+    """Rows [lo, hi) of ``files`` read as one sequence (``starts``: :func:`_starts`), a
+    row group at a time; files wholly outside are not opened."""
     import pyarrow.parquet as pq
 
-    start = 0
-    for path in files:
+    for path, start, end in zip(files, starts, starts[1:]):
+        if end <= lo or start >= hi:
+            continue
         pf = pq.ParquetFile(path)
         for g in range(pf.metadata.num_row_groups):
             n = pf.metadata.row_group(g).num_rows
@@ -130,8 +169,6 @@ def _slices(files: list[str], lo: int, hi: int, columns: list[str] | None = None
             if a < b:
                 yield pf.read_row_group(g, columns=columns).slice(a, b - a)
             start += n
-            if start >= hi:
-                return
 
 
 def _fit(files: list[str], n_train: int, min_frequency: int
@@ -139,28 +176,59 @@ def _fit(files: list[str], n_train: int, min_frequency: int
     """One vocabulary per categorical column, from the train rows only."""
     from data.criteo_vocab import FrequencyVocabulary, count_ids
 
-    counts = count_ids(_slices(files, 0, n_train, CRITEO_SPARSE), CRITEO_SPARSE)
+    counts = count_ids(_slices(files, _starts(files), 0, n_train, CRITEO_SPARSE), CRITEO_SPARSE)
     return {c: FrequencyVocabulary(v, n, min_frequency) for c, (v, n) in counts.items()}
 
 
-def _write(files: list[str], lo: int, hi: int, vocab: dict[str, FrequencyVocabulary] | None,
-           out_dir: str, row_group_rows: int, file_rows: int) -> list[str]:
-    """Rows [lo, hi) of the staged files, ids mapped by ``vocab`` if given, into out_dir."""
+def _save_vocab(vocab: dict[str, FrequencyVocabulary], prefix: str) -> str:
+    os.makedirs(os.path.dirname(prefix), exist_ok=True)
+    for c, v in vocab.items():
+        v.save(f"{prefix}-{c}")
+    return prefix
+
+
+def _write(files: list[str], starts: list[int], lo: int, hi: int, vocab: str | None,
+           out_dir: str, row_group_rows: int, file_rows: int, workers: int) -> list[str]:
+    """Rows [lo, hi) of the staged files, ids mapped by the vocabulary saved at
+    ``vocab`` if given, into out_dir: part k holds rows lo + k * file_rows on, one job
+    each (data/criteo_pool.py)."""
+    from data.files import remove_stale_parts
+
+    cuts = list(range(lo, hi, file_rows)) + [hi]
+    jobs = [(_write_part, (files, starts, a, b, vocab, out_dir, k, row_group_rows))
+            for k, (a, b) in enumerate(itertools.pairwise(cuts))]
+    os.makedirs(out_dir, exist_ok=True)
+    try:
+        written = run_all(jobs, workers)
+    except BaseException:  # no dataset that looks complete, no temporary files
+        for name in os.listdir(out_dir):
+            if name.startswith((".part-", "part-")):
+                os.remove(os.path.join(out_dir, name))
+        raise
+    remove_stale_parts(out_dir, len(written))
+    return written
+
+
+def _write_part(files: list[str], starts: list[int], lo: int, hi: int, vocab: str | None,
+                out_dir: str, index: int, row_group_rows: int) -> str:
+    """Output part ``index``: rows [lo, hi), mapped (a job of data/criteo_pool.py)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from data.criteo_vocab import FrequencyVocabulary
     from data.files import write_parts
 
+    maps = {c: FrequencyVocabulary.load(f"{vocab}-{c}") for c in CRITEO_SPARSE} if vocab else {}
+
     def mapped() -> Iterator[pa.Table]:
-        for table in _slices(files, lo, hi):
-            if vocab is not None:
-                for c, v in vocab.items():
-                    i = table.schema.get_field_index(c)
-                    table = table.set_column(i, c, pa.array(v.map(table.column(c).to_numpy())))
+        for table in _slices(files, starts, lo, hi):
+            for c, v in maps.items():
+                i = table.schema.get_field_index(c)
+                table = table.set_column(i, c, pa.array(v.map(table.column(c).to_numpy())))
             yield table
 
     schema = pq.read_schema(files[0])
-    return write_parts(out_dir, mapped(), schema, file_rows, row_group_rows)
+    return write_parts(out_dir, mapped(), schema, hi - lo, row_group_rows, first=index, prune=False)[0]
 
 
 def _summary(out_dir: str, sets: dict[str, list[str]],

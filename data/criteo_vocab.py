@@ -87,6 +87,24 @@ class FrequencyVocabulary:
         self._keys = values[order]
         self._ids = ids[order]
 
+    def save(self, path: str) -> None:
+        """Its lookup arrays as ``path.keys.npy`` and ``path.ids.npy`` (:meth:`load`)."""
+        import numpy as np
+
+        np.save(f"{path}.keys.npy", self._keys)
+        np.save(f"{path}.ids.npy", self._ids)
+
+    @classmethod
+    def load(cls, path: str) -> FrequencyVocabulary:
+        """A vocabulary :meth:`save` wrote, its arrays mapped read-only: the converter's
+        writer processes share one copy in the page cache."""
+        import numpy as np
+
+        vocab = cls.__new__(cls)
+        vocab._keys = np.load(f"{path}.keys.npy", mmap_mode="r")
+        vocab._ids = np.load(f"{path}.ids.npy", mmap_mode="r")
+        return vocab
+
     @property
     def rows(self) -> int:
         """The table rows the mapped ids need: the kept values plus EMPTY and OOV."""

@@ -99,8 +99,11 @@ def write_parts(
     schema: pa.Schema,
     file_rows: int,
     row_group_rows: int,
+    first: int = 0,
+    prune: bool = True,
 ) -> list[str]:
-    """Write a stream of tables as ``out_dir/part-NNNNN.parquet``; return the paths.
+    """Write a stream of tables as ``out_dir/part-NNNNN.parquet`` (numbered from
+    ``first``); return the paths.
 
     The stream is re-cut into row groups of ``row_group_rows`` rows and files of
     ``file_rows`` rows (the last of each may be short; a row group never spans
@@ -108,7 +111,8 @@ def write_parts(
     ``.part-NNNNN.parquet.tmp<pid>`` and renamed when complete; if the stream fails,
     the files of this run are removed again. Stale ``part-NNNNN.parquet`` files
     of an earlier, longer run are removed so the directory holds exactly this
-    dataset.
+    dataset (``prune``; a writer of one part among others leaves that to its caller:
+    :func:`remove_stale_parts`).
     """
     import pyarrow as pa
 
@@ -126,7 +130,7 @@ def write_parts(
                 pending_rows += table.num_rows
             while pending_rows and (table is None or pending_rows >= row_group_rows):
                 if writer is None:
-                    writer = _PartWriter(out_dir, len(written), schema)
+                    writer = _PartWriter(out_dir, first + len(written), schema)
                 n = min(row_group_rows, file_rows - writer.rows, pending_rows)
                 block = pa.concat_tables(pending)
                 writer.write(block.slice(0, n).combine_chunks())
@@ -144,7 +148,8 @@ def write_parts(
         for path in written:  # a failed run leaves no dataset that looks complete
             os.remove(path)
         raise
-    _remove_stale_parts(out_dir, len(written))
+    if prune:
+        remove_stale_parts(out_dir, first + len(written))
     return written
 
 
@@ -173,7 +178,8 @@ class _PartWriter:
         self._file.abort()
 
 
-def _remove_stale_parts(out_dir: str, keep: int) -> None:
+def remove_stale_parts(out_dir: str, keep: int) -> None:
+    """Remove ``part-NNNNN.parquet`` files numbered ``keep`` and up."""
     for name in os.listdir(out_dir):
         m = _PART.match(name)
         if m and int(m.group(1)) >= keep:

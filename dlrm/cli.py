@@ -3,7 +3,7 @@ in-process; heavy imports happen inside the verbs so ``dlrm --help`` is instant.
 
     dlrm generate --out DIR [--rows N] [--config FILE] [--seed S]
     dlrm convert-criteo INPUT... --out DIR [--ids vocabulary|raw|hash] [--min-frequency N]
-                        [--max-ind-range R] [--eval-days K | --eval-fraction F]
+                        [--max-ind-range R] [--eval-days K | --eval-fraction F] [--workers N]
     dlrm fit --config FILE --data PATH --out DIR [key.sub=value ...]
     dlrm train --config FILE [--out RUN_DIR] [--print-config] [key.sub=value ...]
     dlrm eval --checkpoint RUN_DIR --data PATH [--plots DIR] [--device auto|cpu|cuda] [--strict-ids] [--tables stored|int8]
@@ -69,14 +69,19 @@ def cmd_convert_criteo(argv: list[str]) -> int:
                    help="the last K inputs (day files) become OUT/eval, the rest OUT/train")
     p.add_argument("--eval-fraction", type=float, default=0.0,
                    help="the last fraction of the rows becomes OUT/eval, the rest OUT/train")
+    p.add_argument("--workers", type=int, default=0,
+                   help="processes that parse the inputs (one job per input file) and write the "
+                        "output parts (0, the default: one per core)")
     a = p.parse_args(argv)
     output_dir(a.out, "--out")
+    if a.workers < 0:
+        raise UserError(f"--workers {a.workers} must be >= 0")
     from data.criteo_dataset import convert_criteo_dataset
 
     ids = a.ids or ("hash" if a.max_ind_range else "vocabulary")
     summary = convert_criteo_dataset(
         a.inputs, a.out, ids=ids, min_frequency=a.min_frequency, max_ind_range=a.max_ind_range,
-        eval_days=a.eval_days, eval_fraction=a.eval_fraction)
+        eval_days=a.eval_days, eval_fraction=a.eval_fraction, workers=a.workers)
     print(json.dumps(summary))
     return 0
 

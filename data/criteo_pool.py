@@ -1,0 +1,57 @@
+"""The Criteo converter's jobs on several processes: ``run_all(jobs, workers)``.
+
+The converter's two heavy passes split into independent jobs: parsing one input
+file (Criteo 1TB: one per day, 24) and writing one output part (rows [lo, hi) of the
+staged files, mapped). One process parses about 300k rows/s here, so Criteo 1TB's
+4.4B rows took about 4 hours to parse and 1.7 more to write; N processes divide both.
+
+Jobs run on spawned processes (no fork of a parent holding big arrays) and return
+in job order. The first job that raises stops the others at once (a bad line in
+day 23 is reported when it is found, not after the other days finish) and is raised
+here as it was raised there (``DataError`` pickles whole). With ``workers <= 1``
+the jobs run in this process, one after the other.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+Job = tuple[Callable[..., Any], tuple[Any, ...]]
+
+
+def default_workers(jobs: int) -> int:
+    """As many processes as cores, at most one per job."""
+    return max(1, min(jobs, os.cpu_count() or 1))
+
+
+def run_all(jobs: Sequence[Job], workers: int) -> list[Any]:
+    """Each job's result, in job order (see the module docstring)."""
+    if workers <= 1 or len(jobs) <= 1:
+        return [fn(*args) for fn, args in jobs]
+    failed = threading.Event()
+    errors: list[BaseException] = []
+
+    def stop(error: BaseException) -> None:
+        errors.append(error)
+        failed.set()
+
+    pool = mp.get_context("spawn").Pool(min(workers, len(jobs)))
+    try:
+        pending = [pool.apply_async(fn, args, error_callback=stop) for fn, args in jobs]
+        for result in pending:
+            while not result.ready() and not failed.is_set():
+                failed.wait(0.1)
+            if failed.is_set():
+                raise errors[0]
+        out = [result.get() for result in pending]
+    except BaseException:
+        pool.terminate()  # the jobs still running are of no use now
+        raise
+    finally:
+        pool.close()
+        pool.join()
+    return out
