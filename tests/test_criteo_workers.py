@@ -5,6 +5,7 @@ input stops every job at once, with the one line one process gives."""
 from __future__ import annotations
 
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import pytest
 
 from data.criteo_dataset import convert_criteo_dataset
 from data.criteo_pool import run_all
-from data.errors import DataError
+from data.errors import DataError, UserError
 from tests.test_criteo import GOOD, HEAD10K, PADDLE, needs_shared
 
 
@@ -76,3 +77,15 @@ def test_the_first_failure_ends_the_jobs_still_running() -> None:
         run_all([(_sleep, (120.0,)), (_fail, (0.5,))], workers=2)
     assert time.monotonic() - started < 60  # not after the 120 s job
     assert run_all([(_sleep, (0.0,)), (os.path.join, ("a", "b"))], workers=2) == [0.0, "a/b"]
+
+
+def _die(after: float) -> None:
+    time.sleep(after)
+    os.kill(os.getpid(), signal.SIGKILL)  # as the OOM killer does
+
+
+def test_a_worker_killed_is_one_line_not_a_hang() -> None:
+    started = time.monotonic()
+    with pytest.raises(UserError, match=r"a converter process died \(killed, perhaps for memory"):
+        run_all([(_sleep, (120.0,)), (_die, (0.5,)), (_sleep, (0.0,))], workers=2)
+    assert time.monotonic() - started < 60
