@@ -36,6 +36,7 @@ from __future__ import annotations
 import multiprocessing as mp
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -43,7 +44,7 @@ import pyarrow as pa
 
 from data import fit_cap
 from data.dense_transform import DenseStats
-from data.errors import DataError
+from data.errors import DataError, UserError
 from data.fit_exchange import Exchange, merged_by_range
 from data.fit_sketch import Sketch
 from data.int_counts import int64_values, plain_numpy
@@ -219,7 +220,11 @@ def _run(share: list[Group], rows: list[int], job: tuple, split: Split) -> objec
             wait(pending, timeout=0.25)
             bar.update(done.value - bar.n)
         for future in pending:
-            result = future.result()
+            try:
+                result = future.result()
+            except BrokenProcessPool:  # killed (the OOM killer): a line, not a traceback
+                raise UserError(f"a fit worker process died (killed, perhaps for memory: try "
+                                f"fewer data.fit_workers than {split.workers})") from None
             if isinstance(result, str):
                 return result
             merged = _merge(merged, result)

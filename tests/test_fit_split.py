@@ -5,6 +5,11 @@ string and list columns over several files and row groups."""
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+import signal
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from data import preprocess
+from data.errors import UserError
 from data.schema import infer_schema
 
 
@@ -51,3 +57,30 @@ def test_split_fit_equals_one_process(tmp_path: Path, min_frequency, max_rows) -
     for workers in (0, 1, 2):  # 0: one process, through the sketch when min_frequency > 1
         assert _saved(files, preprocess.Options(**kw, workers=workers),
                       tmp_path / f"w{workers}") == one, workers
+
+
+@pytest.mark.slow
+def test_a_fit_worker_killed_is_one_line(tmp_path: Path) -> None:
+    """A worker the OOM killer takes: before, a BrokenProcessPool traceback."""
+    files = _files(tmp_path)
+    opts = preprocess.Options(encoding="vocabulary", workers=2)
+    killed = []
+
+    def kill_a_worker() -> None:  # as soon as the pool has started one
+        deadline = time.monotonic() + 60
+        while not killed and time.monotonic() < deadline:
+            children = multiprocessing.active_children()
+            for child in children[:1]:
+                os.kill(child.pid, signal.SIGKILL)
+                killed.append(child.pid)
+            time.sleep(0.01)
+
+    killer = threading.Thread(target=kill_a_worker)
+    killer.start()
+    try:
+        with pytest.raises(UserError, match=r"a fit worker process died \(killed, perhaps for memory: "
+                                            r"try fewer data.fit_workers than 2\)"):
+            preprocess.fit(files, infer_schema(files), opts)
+    finally:
+        killer.join()
+    assert killed
