@@ -22,7 +22,10 @@ A save, all ranks together (a collective)::
     rank 0: mkdir step-N.partial ─► all: embedding shards, hashed and fsynced as they
     are written ─► rank 0: state.pt (the same) ─► all: gather the hashes ─► rank 0:
     meta.json with the manifest, fsync, rename step-N.partial → step-N, drop the
-    oldest beyond keep ─► all: barrier
+    oldest beyond keep (not one a `dlrm eval` is reading: readers.py) ─► all: barrier
+
+A file that cannot be written (a full disk) is one CheckpointError on every rank,
+and the half-written step-N.partial is removed.
 
 A checkpoint directory gets its final name only once every byte of it is on disk,
 so a kill at any moment leaves the previous checkpoints as they were: the next
