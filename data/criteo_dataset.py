@@ -3,6 +3,7 @@
     inputs ──parse (data.criteo)──► OUT/.staging/  raw ids h + 1 (or hashed), log1p dense
            ──count the train rows─► per column: value → count     (data.criteo_vocab)
            ──map ids, split───────► OUT/train/part-*.parquet, OUT/eval/part-*.parquet
+    jobs:    one per input            one per column                one per output part
                                     + OUT/criteo.json: rows, table sizes, how to train
 
 Ids (``ids``):
@@ -42,8 +43,6 @@ from data.schema import CRITEO_SPARSE
 
 if TYPE_CHECKING:
     import pyarrow as pa
-
-    from data.criteo_vocab import FrequencyVocabulary
 
 IDS = ("vocabulary", "raw", "hash")
 DENSE_NOTE = ("the converter wrote log(1 + max(x, 0)) for I1..I13: train with "
@@ -87,16 +86,17 @@ def convert_criteo_dataset(
         if split and not 0 < n_train < total:
             raise UserError(f"the split leaves {n_train} train and {total - n_train} eval rows "
                             f"of {total}: give more rows or another --eval-fraction")
-        vocab = _fit(files, n_train, min_frequency) if ids == "vocabulary" else None
-        saved = _save_vocab(vocab, os.path.join(staging, "vocab")) if vocab else None
+        everywhere = workers or default_workers(1 << 30)
+        saved = os.path.join(staging, "vocab") if ids == "vocabulary" else None
+        rows = _fit(files, starts, n_train, min_frequency, saved, everywhere) if saved else None
         sets = {}
         for name, lo, hi in ([("train", 0, n_train), ("eval", n_train, total)] if split
                              else [("", 0, total)]):
             sets[name] = _write(files, starts, lo, hi, saved, os.path.join(out_dir, name),
-                                row_group_rows, file_rows, workers or default_workers(1 << 30))
+                                row_group_rows, file_rows, everywhere)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return _summary(out_dir, sets, vocab, ids, min_frequency)
+    return _summary(out_dir, sets, rows, ids, min_frequency)
 
 
 def _parse(path: str, staging: str, hash_range: int, row_group_rows: int, file_rows: int
@@ -171,20 +171,26 @@ def _slices(files: list[str], starts: list[int], lo: int, hi: int,
             start += n
 
 
-def _fit(files: list[str], n_train: int, min_frequency: int
-         ) -> dict[str, FrequencyVocabulary]:
-    """One vocabulary per categorical column, from the train rows only."""
+def _fit(files: list[str], starts: list[int], n_train: int, min_frequency: int, prefix: str,
+         workers: int) -> dict[str, int]:
+    """One vocabulary per categorical column, from the train rows only, saved at
+    ``prefix-COLUMN`` (FrequencyVocabulary.save); each table's rows. A column is one
+    job (data/criteo_pool.py): it reads only its column chunks, and holds only its
+    own distinct values, so the jobs need no merge."""
+    os.makedirs(os.path.dirname(prefix), exist_ok=True)
+    jobs = [(_fit_column, (files, starts, n_train, c, min_frequency, f"{prefix}-{c}"))
+            for c in CRITEO_SPARSE]
+    return dict(zip(CRITEO_SPARSE, run_all(jobs, workers), strict=True))
+
+
+def _fit_column(files: list[str], starts: list[int], n_train: int, column: str,
+                min_frequency: int, path: str) -> int:
     from data.criteo_vocab import FrequencyVocabulary, count_ids
 
-    counts = count_ids(_slices(files, _starts(files), 0, n_train, CRITEO_SPARSE), CRITEO_SPARSE)
-    return {c: FrequencyVocabulary(v, n, min_frequency) for c, (v, n) in counts.items()}
-
-
-def _save_vocab(vocab: dict[str, FrequencyVocabulary], prefix: str) -> str:
-    os.makedirs(os.path.dirname(prefix), exist_ok=True)
-    for c, v in vocab.items():
-        v.save(f"{prefix}-{c}")
-    return prefix
+    values, counts = count_ids(_slices(files, starts, 0, n_train, [column]), [column])[column]
+    vocab = FrequencyVocabulary(values, counts, min_frequency)
+    vocab.save(path)
+    return vocab.rows
 
 
 def _write(files: list[str], starts: list[int], lo: int, hi: int, vocab: str | None,
@@ -232,7 +238,7 @@ def _write_part(files: list[str], starts: list[int], lo: int, hi: int, vocab: st
 
 
 def _summary(out_dir: str, sets: dict[str, list[str]],
-             vocab: dict[str, FrequencyVocabulary] | None, ids: str, min_frequency: int
+             table_rows: dict[str, int] | None, ids: str, min_frequency: int
              ) -> dict:
     """What was written and how to train on it; saved as OUT/criteo.json."""
     from data.atomic import write_atomic
@@ -245,9 +251,9 @@ def _summary(out_dir: str, sets: dict[str, list[str]],
         "ids": ids,
         "dense": DENSE_NOTE,
     }
-    if vocab is not None:
+    if table_rows is not None:
         summary["min_frequency"] = min_frequency
-        summary["table_rows"] = {c: v.rows for c, v in vocab.items()}
+        summary["table_rows"] = table_rows
     elif ids == "raw":
         summary["table_rows"] = ("raw hashed ids: dlrm train builds a vocabulary from "
                                  "data.train (data.encoding=auto)")
