@@ -9,6 +9,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -72,3 +74,16 @@ def tiny_data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     generate_dataset(str(root / "train"), cfg.generate, seed=1, rows=40_000)
     generate_dataset(str(root / "eval"), cfg.generate, seed=2, rows=10_000)
     return {"train": root / "train", "eval": root / "eval"}
+
+
+def _can_unshare() -> bool:
+    """Root with ``unshare -m``: a test can give a process a file system of its own
+    (another machine's disk at the same path, a small full disk)."""
+    if shutil.which("unshare") is None or os.geteuid() != 0:
+        return False
+    probe = subprocess.run(["unshare", "-m", "sh", "-c", "mount -t tmpfs tmpfs /mnt"],
+                           capture_output=True, check=False)
+    return probe.returncode == 0
+
+
+needs_mount_namespace = pytest.mark.skipif(not _can_unshare(), reason="needs root and unshare -m")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import pickle
 import shutil
 import subprocess
@@ -27,7 +26,7 @@ from dlrm.checkpoint import manifest
 from dlrm.checkpoint.schedule import CheckpointSchedule
 from dlrm.cli import main
 from dlrm.parallel.distributed import DistInfo
-from tests.conftest import REPO, TINY, tiny_overrides
+from tests.conftest import REPO, TINY, needs_mount_namespace, tiny_overrides
 from tests.data_helpers import tiny_dataset
 from tests.multiprocess import run_ranks
 from tests.run_state import run_state
@@ -283,8 +282,7 @@ json.dump({"first": first, "full": full, "again": again, "logging": logging, "st
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(os.name != "posix" or shutil.which("unshare") is None or os.geteuid() != 0,
-                    reason="needs root and unshare -m (a tmpfs of its own)")
+@needs_mount_namespace
 def test_a_full_disk_is_one_line_and_leaves_the_checkpoints_before_it_whole(tmp_path: Path) -> None:
     data = tmp_path / "data"
     data.mkdir()

@@ -10,7 +10,6 @@ parent: the same path, another file system, as on a second machine.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,20 +18,9 @@ import pytest
 
 from dlrm.parallel.distributed import DistInfo
 from dlrm.parallel.shared_dir import PROBE_PREFIX, NotShared, check_same_file, check_shared_dir
-from tests.conftest import REPO, TINY
+from tests.conftest import REPO, TINY, needs_mount_namespace
 from tests.data_helpers import tiny_dataset
 from tests.multiprocess import free_port, run_ranks
-
-
-def _can_unshare() -> bool:
-    if shutil.which("unshare") is None or os.geteuid() != 0:
-        return False
-    probe = subprocess.run(["unshare", "-m", "sh", "-c", "mount -t tmpfs tmpfs /mnt"],
-                           capture_output=True, check=False)
-    return probe.returncode == 0
-
-
-needs_mount_namespace = pytest.mark.skipif(not _can_unshare(), reason="needs root and unshare -m")
 
 
 def _rank_cmd(rank: int, port: int, data: Path, run: Path, private: Path | None) -> list[str]:
