@@ -55,7 +55,8 @@ def test_a_second_job_on_a_run_directory_in_use_stops_in_one_line(data: Path, tm
         other.close()
     assert code == 2 and err.splitlines() == [
         (f"dlrm train: error: the run directory {run} is in use by another training job (pid 4242 on "
-        "node7, started 2026-11-26 08:00:00 UTC); wait for it to end, or train into another --out")]
+        "node7, started 2026-11-26 08:00:00 UTC); wait for it to end, or train into another --out "
+        f"(if that job is gone with its machine, delete {run / LOCK_FILE})")]
     assert sorted(p.name for p in run.iterdir()) == [LOCK_FILE]  # it wrote nothing
     # once the other job is gone the same command trains, and leaves the directory free
     assert main(argv(data, run)) == 0
@@ -70,6 +71,16 @@ def _train_rank(rank: int, world_size: int, data: str, run: str) -> str:
     except RunInUse as e:
         return str(e)
     return ""
+
+
+def test_deleting_a_lock_left_by_a_dead_machine_frees_the_directory(data: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    other = hold(run)  # an NFS server still holding a crashed machine's lock
+    try:
+        (run / LOCK_FILE).unlink()  # what the refusal says to do
+        assert main(argv(data, run)) == 0
+    finally:
+        other.close()
 
 
 @pytest.mark.distributed

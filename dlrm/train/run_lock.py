@@ -11,8 +11,9 @@ Rank 0 holds an exclusive ``flock`` on ``RUN/.lock`` for the whole run (the kern
 drops it when the process ends, however it ends: nothing stale to clean up; NFS
 clients map it onto the server's byte-range locks). A second job finds it held and
 stops, every rank with it, in one line naming the holder (the pid, host and start
-time the holder wrote into the file). A file system without locks (``ENOLCK``) is
-run unlocked, as before.
+time the holder wrote into the file). A file system without locks is run unlocked,
+as before. A lock an NFS server keeps for a machine that died goes with the file:
+the message says to delete it (a new file is a new lock).
 """
 
 from __future__ import annotations
@@ -53,14 +54,15 @@ class RunLock:
         try:
             fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
-            if e.errno == errno.ENOLCK:  # no locks on this file system: as before
+            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):  # no locks here: as before
                 fh.close()
                 return None
             fh.seek(0)
             holder = _holder(fh.read())
             fh.close()
             return (f"the run directory {run_dir} is in use by another training job ({holder}); "
-                    "wait for it to end, or train into another --out")
+                    f"wait for it to end, or train into another --out (if that job is gone with "
+                    f"its machine, delete {path})")
         who = json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
                           "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")}) + "\n"
         try:  # only for a second job's message: a full disk does not stop this one here
