@@ -60,7 +60,7 @@ def size(*, empty_ok: bool) -> Rule:
         except PlanError:
             return False
         return True
-    return Rule("a size like 256MB, 16GiB or 4096 (bytes)" + (', or "" for no limit' if empty_ok else ""),
+    return Rule("a size above 0 like 256MB, 16GiB or 4096 (bytes)" + (', or "" for no limit' if empty_ok else ""),
                 fits)
 
 
