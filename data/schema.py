@@ -62,15 +62,18 @@ CRITEO_SPARSE = tuple(f"C{i}" for i in range(1, 27))
 
 _FLOAT, _INT, _INT_LIST = "float", "int", "list<int>"
 _CAT, _CAT_LIST = "category", "list<category>"  # string, binary, dictionary (vocabulary, hash)
+_BOOL = "bool"  # a label or a dense 0/1 value
 
 
 def column_kind(arrow_type: pa.DataType) -> str:
-    """``"float"``, ``"int"``, ``"list<int>"``, ``"category"``, ``"list<category>"`` or
-    ``"other"`` for an Arrow column type."""
+    """``"float"``, ``"int"``, ``"bool"``, ``"list<int>"``, ``"category"``,
+    ``"list<category>"`` or ``"other"`` for an Arrow column type."""
     import pyarrow as pa
 
     if pa.types.is_floating(arrow_type):
         return _FLOAT
+    if pa.types.is_boolean(arrow_type):
+        return _BOOL
     if pa.types.is_integer(arrow_type):
         return _INT
     if _is_category(arrow_type):
@@ -119,7 +122,7 @@ def allowed_kinds(schema: Schema, column: str) -> tuple[str, ...]:
             if f.encoding == "identity":
                 return (_INT_LIST,) if f.multi_hot else (_INT,)
             return (_INT_LIST, _CAT_LIST) if f.multi_hot else (_INT, _CAT)
-    return (_FLOAT, _INT)
+    return (_FLOAT, _INT, _BOOL)
 
 
 def infer_schema(
@@ -133,10 +136,10 @@ def infer_schema(
 ) -> Schema:
     """A Schema read from Parquet footers only (no data pages, except as noted).
 
-    Columns come from the first file, in file order: float → dense; integer, string,
-    binary, dictionary → sparse single-hot; a list of those → sparse multi-hot; the
-    label and other types are left out (no sparse feature at all is a DataError
-    naming the columns found). String, binary and dictionary features get encoding
+    Columns come from the first file, in file order: float and bool (0/1) → dense;
+    integer, string, binary, dictionary → sparse single-hot; a list of those → sparse
+    multi-hot; other types are left out (the header names them; no sparse feature at all
+    is a DataError naming the columns found). String, binary and dictionary features get encoding
     "vocabulary" here and rows 1 until :mod:`data.preprocess` fits them. A non-empty
     ``dense`` or ``sparse`` list replaces the inference for its side (in its own order); the other side is inferred from
     the remaining columns. A table's rows are ``rows[feature]`` when given, else
@@ -167,7 +170,7 @@ def infer_schema(
                 raise DataError("column is missing", file=files[0], column=name)
     sparse_names = list(sparse) if sparse else _categorical_columns(first, kinds, dense, files[0])
     dense_names = list(dense) if dense else [
-        n for n, k in kinds.items() if k == _FLOAT and n not in sparse_names
+        n for n, k in kinds.items() if k in (_FLOAT, _BOOL) and n not in sparse_names
     ]
     for mapping, what in ((rows, "rows"), (tables, "tables")):
         for name in mapping:
@@ -341,8 +344,9 @@ def _column_types(arrow: pa.Schema, path: str, schema: Schema,
         t = arrow.field(col).type
         allowed = allowed_kinds(schema, col)
         if column_kind(t) not in allowed:
+            hint = ": a bool column trains as a dense 0/1 value (data.dense)" if column_kind(t) == _BOOL else ""
             raise DataError(
-                f"type {type_name(t)} is not the expected {' or '.join(allowed)}",
+                f"type {type_name(t)} is not the expected {' or '.join(allowed)}{hint}",
                 file=path, column=col,
             )
         name = type_name(t)

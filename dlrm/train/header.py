@@ -21,7 +21,7 @@ from pathlib import Path
 
 from data.errors import DataError
 from data.files import open_parquet
-from data.schema import Schema, column_kind
+from data.schema import Schema, column_kind, type_name
 from dlrm.config import Config
 from dlrm.parallel.planning import run_tables
 from embeddings.plan.sizes import format_bytes
@@ -73,6 +73,20 @@ def integer_warning(cfg: Config, schema: Schema, first_file: str) -> str | None:
             f"with data.dense=[{dense}] (naming data.sparse=[...] silences this)")
 
 
+def left_out_warning(schema: Schema, first_file: str) -> str | None:
+    """One line naming the columns no feature can take (timestamps, decimals, structs,
+    ...): inferred away, they were dropped without a word."""
+    arrow = open_parquet(first_file).schema_arrow
+    used = set(schema.columns)
+    left = [f"{f.name} ({type_name(f.type)})" for f in arrow
+            if f.name not in used and column_kind(f.type) == "other"]
+    if not left:
+        return None
+    shown = ", ".join(left[:6]) + (f" and {len(left) - 6} more" if len(left) > 6 else "")
+    return (f"warning: columns of types no feature takes are left out: {shown}; to train on "
+            "one, cast it to float (dense) or to int or string (sparse) in the Parquet files")
+
+
 def _ends(names: list[str]) -> list[str]:
     return names if len(names) <= 3 else [names[0], "...", names[-1]]
 
@@ -80,7 +94,7 @@ def _ends(names: list[str]) -> list[str]:
 def _schema_line(cfg: Config, schema: Schema) -> str:
     given = [k for k, v in (("data.dense", cfg.data.dense), ("data.sparse", cfg.data.sparse)) if v]
     how = ("as given by " + " and ".join(given) if given else
-           "inferred from the footer: float -> dense; integer, string, list -> sparse")
+           "inferred from the footer: float, bool -> dense; integer, string, list -> sparse")
     multi = sum(f.multi_hot for f in schema.sparse)
     multi_text = f" ({multi} multi-hot)" if multi else ""
     return f"{len(schema.dense)} dense, {len(schema.sparse)} sparse{multi_text}; {how}"
@@ -115,5 +129,5 @@ def header(cfg: Config, schema: Schema, train_files: list[str], eval_files: list
     lines += [("plan", line) for line in _plan_lines(cfg, plan)]
     lines += [("device", f"{device}, {cfg.train.precision}"),
               ("run", f"{run_dir} (full config: {run_dir / 'config.yaml'})")]
-    warning = integer_warning(cfg, schema, train_files[0])
-    return ([warning] if warning else []) + [f"{k:<9}{v}" for k, v in lines]
+    warnings = [integer_warning(cfg, schema, train_files[0]), left_out_warning(schema, train_files[0])]
+    return [w for w in warnings if w] + [f"{k:<9}{v}" for k, v in lines]
