@@ -31,8 +31,13 @@ are the pool's, data/shm_batch.py), as ``close`` always does.
 
 from __future__ import annotations
 
+import atexit
+import functools
 import os
 import queue
+import select
+import signal
+import weakref
 from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -104,7 +109,9 @@ class DecodePool:
         import multiprocessing as mp
 
         ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(["data.reader", "pyarrow.parquet", "pyarrow.compute"])  # each worker forks with torch imported
+        # each worker forks with torch imported, and SIGTERM ignored (data/forkserver_signals.py)
+        ctx.set_forkserver_preload(["data.forkserver_signals", "data.reader", "pyarrow.parquet",
+                                    "pyarrow.compute"])
         self.stop = ctx.Event()
         self.generation = ctx.RawValue("q", 0)
         self.tasks = [ctx.Queue() for _ in range(self.workers)]
@@ -116,8 +123,13 @@ class DecodePool:
         self.procs = [ctx.Process(target=_serve, name=f"ParquetDecode-{i}", daemon=True,
                                   args=(factory, self.tasks[i], self.queues[i], self.stop,
                                         self.generation, self.transport.ring, states[i],
-                                        f"{self.prefix}-w{i}"))
+                                        f"{self.prefix}-w{i}", os.getpid()))
                       for i in range(self.workers)]
+        # Run before multiprocessing's own exit hook (atexit runs the last registered
+        # first), which SIGTERMs daemon workers, now ignored, and joins them with no
+        # timeout: a trainer exiting without close() waited for ever.
+        self._at_exit = functools.partial(_close_pool, weakref.ref(self))
+        atexit.register(self._at_exit)
         for p in self.procs:
             p.start()
 
@@ -180,7 +192,14 @@ class DecodePool:
             q.cancel_join_thread()
             q.close()
         self.procs = []
+        atexit.unregister(self._at_exit)
         unlink_blocks(self.prefix)  # every worker is gone: none is using them
+
+
+def _close_pool(pool: weakref.ref) -> None:
+    live = pool()
+    if live is not None:
+        live.close()
 
 
 def _get(q: queue.Queue, proc: object, i: int) -> tuple[int, object]:
@@ -209,29 +228,63 @@ def _died(proc: object, i: int) -> DecodeWorkerError:
 
 def _serve(factory: Callable[..., Callable[[int], Iterable[T]]], tasks: object, q: object,
            stop: object, generation: object, make_ring: Callable[[Any, str], Any],
-           state: object, prefix: str) -> None:
-    """A worker's life: task after task (an epoch's windows) until ``stop``; then it
-    unlinks its shared memory (named under ``prefix``)."""
+           state: object, prefix: str, trainer: int) -> None:
+    """A worker's life: task after task (an epoch's windows) until ``stop`` or the end
+    of the ``trainer`` process; then it unlinks its shared memory (named under ``prefix``).
+
+    SIGINT and SIGTERM are the trainer's to act on: a Ctrl-C, SLURM's preemption or
+    torchrun's stop signals a whole process group, and a worker that died of it made
+    the trainer's graceful stop (a checkpoint, exit 75) a "decode worker died" error.
+    The trainer stops its workers itself; if it is killed outright (the OOM killer),
+    they notice within a poll and exit, where before they, the forkserver and every
+    shared-memory block they held outlived it."""
     import pyarrow as pa
     import torch
 
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the forkserver gives its children the default
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # as the forkserver has it
     torch.set_num_threads(1)
     pa.set_cpu_count(1)  # N workers on N cores: no pool of decode threads in each of them
+    owner = _Owner(trainer)
     ring = make_ring(state, prefix)
     try:
-        while not stop.is_set():  # type: ignore[attr-defined]
+        while not stop.is_set() and owner.alive():  # type: ignore[attr-defined]
             try:
                 gen, args, ks = tasks.get(timeout=_POLL_S)  # type: ignore[attr-defined]
             except queue.Empty:
                 continue
 
             def alive(gen: int = gen) -> bool:
-                return not stop.is_set() and generation.value == gen  # type: ignore[attr-defined]
+                return (not stop.is_set() and generation.value == gen  # type: ignore[attr-defined]
+                        and owner.alive())
 
             ring.start(alive)
             _work(factory(*args, ring.alloc), ks, gen, q, alive, ring)
     finally:
         ring.close()
+
+
+class _Owner:
+    """Whether the trainer process lives: a pidfd (Linux 5.3+: readable once it ends, no
+    pid reuse to fool it), else a signal-0 probe."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        try:
+            self.fd: int | None = os.pidfd_open(pid)
+        except (AttributeError, OSError):
+            self.fd = None
+
+    def alive(self) -> bool:
+        if self.fd is not None:
+            return not select.select([self.fd], [], [], 0)[0]
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass
+        return True
 
 
 def _work(window: Callable[[int], Iterable[T]], ks: list[int], gen: int, q: object,
