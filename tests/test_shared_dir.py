@@ -73,24 +73,40 @@ def test_a_shared_directory_passes_and_leaves_nothing(tmp_path: Path) -> None:
     assert not [p for p in tmp_path.rglob(f"{PROBE_PREFIX}*")]
 
 
-def _compare(rank: int, world_size: int, root: str) -> str:
+def _compare(rank: int, world_size: int, root: str) -> tuple[str, str]:
+    """(what a rank is told of one relative path that each rank resolves in its own
+    directory, as machines without a shared file system do; what it is told of two
+    ranks naming different checkpoints)."""
     info = DistInfo(rank, world_size)
     check_same_file(Path(root) / "same.json", info, "checkpoint's file")
-    try:
-        check_same_file(Path(root) / f"rank{rank}.json", info, "checkpoint's file")
-    except NotShared as e:
-        return str(e).replace(f"rank{rank}.json", "RANK.json")
-    return ""
+    said = []
+    os.chdir(Path(root) / f"machine{rank}")
+    for path in (Path("meta.json"), Path(root) / f"step-{1 if rank < 2 else 2}" / "meta.json"):
+        try:
+            check_same_file(path, info, "checkpoint's file")
+            said.append("")
+        except NotShared as e:
+            said.append(str(e))
+    return said[0], said[1]
 
 
 @pytest.mark.distributed
 def test_a_checkpoint_file_that_differs_on_a_rank_is_named(tmp_path: Path) -> None:
     (tmp_path / "same.json").write_text("{}")
-    (tmp_path / "rank0.json").write_text('{"step": 10}')
-    (tmp_path / "rank1.json").write_text('{"step": 10}')
-    (tmp_path / "rank2.json").write_text('{"step": 5}')  # a stale copy; rank 3 has none
+    for rank, body in enumerate(['{"step": 10}', '{"step": 10}', '{"step": 5}', None]):
+        (tmp_path / f"machine{rank}").mkdir()
+        if body is not None:  # rank 2 has a stale copy; rank 3 none
+            (tmp_path / f"machine{rank}" / "meta.json").write_text(body)
+    for step in (1, 2):
+        (tmp_path / f"step-{step}").mkdir()
+        (tmp_path / f"step-{step}" / "meta.json").write_text(str(step))
     said = run_ranks(4, _compare, str(tmp_path))
-    assert len(set(said)) == 1 and said[0]
-    assert "is not the same on every rank: rank 2 (" in said[0]
-    assert "reads other bytes than rank 0 (" in said[0] and "rank 3 (" in said[0]
-    assert said[0].index("rank 3 (") < said[0].index("cannot read it") and "rank 1 " not in said[0]
+    assert len(set(said)) == 1
+    copies, picked = said[0]
+    assert copies.startswith("the checkpoint's file meta.json is not the same on every rank: rank 2 (")
+    assert "reads other bytes than rank 0 (" in copies and "rank 3 (" in copies
+    assert copies.index("rank 3 (") < copies.index("cannot read it") and "rank 1 " not in copies
+    # a save between the ranks' looks: each found its own newest; not a file-system fault
+    assert picked == (f"the ranks found different newest checkpoints ({tmp_path}/step-1/meta.json on "
+                      f"rank 0, {tmp_path}/step-2/meta.json on rank 2): the run saved one meanwhile; "
+                      "evaluate again, or name a checkpoint directory (RUN/checkpoints/step-N)")

@@ -70,7 +70,14 @@ def check_same_file(path: Path, info: DistInfo, what: str) -> None:
     if info.world_size == 1:
         return
     digest = _digest(Path(path))
-    seen = all_gather_objects((digest, socket.gethostname()), info)
+    seen = all_gather_objects((digest, socket.gethostname(), str(path)), info)
+    picked = {rank: named for rank, (_, _, named) in enumerate(seen) if named != seen[0][2]}
+    if picked:  # each rank found the newest checkpoint itself, and a save came between
+        rank, named = next(iter(picked.items()))
+        raise NotShared(f"the ranks found different newest checkpoints ({seen[0][2]} on rank 0, "
+                        f"{named} on rank {rank}): the run saved one meanwhile; evaluate again, "
+                        "or name a checkpoint directory (RUN/checkpoints/step-N)")
+    seen = [(d, host) for d, host, _ in seen]
     missing = [(rank, host) for rank, (d, host) in enumerate(seen) if d is None]
     other = [(rank, host) for rank, (d, host) in enumerate(seen) if d is not None and d != seen[0][0]]
     if missing or other:
