@@ -75,13 +75,18 @@ def fsync(path: str | os.PathLike[str]) -> None:
         os.close(fd)
 
 
-def free_bytes(path: str | os.PathLike[str]) -> int | None:
-    """Free bytes of the file system ``path`` is (or will be) on: that of its nearest
-    existing parent."""
+def existing_part(path: str | os.PathLike[str]) -> Path:
+    """``path`` itself if it exists, else its nearest existing parent: where a file
+    system is asked about a path not made yet."""
     existing = Path(path)
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
+    return existing
+
+
+def free_bytes(path: str | os.PathLike[str]) -> int | None:
+    """Free bytes of the file system ``path`` is (or will be) on."""
     try:
-        return shutil.disk_usage(existing).free
+        return shutil.disk_usage(existing_part(path)).free
     except OSError:
         return None

@@ -37,7 +37,7 @@ import shutil
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from data.criteo_pool import default_workers, run_all
+from data.criteo_pool import run_all
 from data.errors import UserError
 from data.schema import CRITEO_SPARSE
 
@@ -63,16 +63,16 @@ def convert_criteo_dataset(
     workers: int = 0,
 ) -> dict:
     """Convert, map and split; write ``OUT/criteo.json`` and return what it holds.
-    ``workers`` processes parse the inputs and write the parts (0: one per core, at
-    most one per input for the parse; data/criteo_pool.py)."""
+    ``workers`` processes (0: one per core) parse the inputs, count the columns and
+    write the parts, at most one per job (data/criteo_pool.py)."""
     _check(inputs, ids, min_frequency, max_ind_range, eval_days, eval_fraction)
+    workers = workers or os.cpu_count() or 1  # run_all uses no more than a stage has jobs
     hash_range = max_ind_range if ids == "hash" else 0
     split = bool(eval_days or eval_fraction)
     staging = os.path.join(out_dir, ".staging")
     try:
         parsed = run_all([(_parse, (path, os.path.join(staging, f"{i:05d}"), hash_range, row_group_rows,
-                                    file_rows)) for i, path in enumerate(inputs)],
-                         workers or default_workers(len(inputs)))
+                                    file_rows)) for i, path in enumerate(inputs)], workers)
         head = [f for part in parsed[: len(inputs) - eval_days] for f in part]
         tail = [f for part in parsed[len(inputs) - eval_days :] for f in part]
         if ids != "vocabulary" and not eval_fraction:  # parsed as they stay: moved into place
@@ -86,14 +86,13 @@ def convert_criteo_dataset(
         if split and not 0 < n_train < total:
             raise UserError(f"the split leaves {n_train} train and {total - n_train} eval rows "
                             f"of {total}: give more rows or another --eval-fraction")
-        everywhere = workers or default_workers(1 << 30)
         saved = os.path.join(staging, "vocab") if ids == "vocabulary" else None
-        rows = _fit(files, starts, n_train, min_frequency, saved, everywhere) if saved else None
+        rows = _fit(files, starts, n_train, min_frequency, saved, workers) if saved else None
         sets = {}
         for name, lo, hi in ([("train", 0, n_train), ("eval", n_train, total)] if split
                              else [("", 0, total)]):
             sets[name] = _write(files, starts, lo, hi, saved, os.path.join(out_dir, name),
-                                row_group_rows, file_rows, everywhere)
+                                row_group_rows, file_rows, workers)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return _summary(out_dir, sets, rows, ids, min_frequency)

@@ -16,7 +16,6 @@ in this process, one after the other.
 from __future__ import annotations
 
 import multiprocessing as mp
-import os
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -24,11 +23,6 @@ from typing import Any
 from data.errors import UserError
 
 Job = tuple[Callable[..., Any], tuple[Any, ...]]
-
-
-def default_workers(jobs: int) -> int:
-    """As many processes as cores, at most one per job."""
-    return max(1, min(jobs, os.cpu_count() or 1))
 
 
 def run_all(jobs: Sequence[Job], workers: int) -> list[Any]:

@@ -64,11 +64,9 @@ def _held(meta: Path) -> int | None:
         return None  # unreadable: the load says why
     try:
         fcntl.flock(fd, fcntl.LOCK_SH)  # waits only while a pruning removes it
-    except OSError as e:
+    except OSError:  # no locks on this file system: read as before
         os.close(fd)
-        if e.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.EBADF):
-            return None
-        raise
+        return None
     try:
         same = os.stat(meta).st_ino == os.fstat(fd).st_ino
     except FileNotFoundError:
@@ -89,14 +87,11 @@ def unread(ckpt: Path) -> Iterator[bool]:
         yield True  # no meta.json (a checkpoint of an old format): nobody can hold it
         return
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-                yield True  # no locks on this file system: pruned as before
-                return
-            yield False
-            return
-        yield True
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        free = True
+    except OSError as e:  # held by a reader; any other error: no locks here, pruned as before
+        free = e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN)
+    try:
+        yield free
     finally:
         os.close(fd)

@@ -29,6 +29,7 @@ import socket
 import time
 from pathlib import Path
 
+from data.atomic import existing_part
 from data.errors import UserError
 from dlrm.parallel.distributed import DistInfo, all_gather_objects, barrier, broadcast_object
 
@@ -66,7 +67,9 @@ def check_shared_dir(directory: Path, info: DistInfo, what: str = "run directory
 
 def check_same_file(path: Path, info: DistInfo, what: str) -> None:
     """Raise :class:`NotShared` on every rank if ``path`` is missing on some rank or
-    its bytes differ from rank 0's (a collective; read-only)."""
+    its bytes differ from rank 0's (a collective; read-only). ``dlrm eval`` is its one
+    caller: ranks naming different paths found different newest checkpoints, and are
+    told so rather than sent to a shared file system."""
     if info.world_size == 1:
         return
     digest = _digest(Path(path))
@@ -93,11 +96,8 @@ def check_same_file(path: Path, info: DistInfo, what: str) -> None:
 
 
 def _write_probe(directory: Path) -> tuple[str, str] | None:
-    where = directory
-    while not where.is_dir() and where != where.parent:
-        where = where.parent
     token = secrets.token_hex(16)
-    path = where / f"{PROBE_PREFIX}{token}"
+    path = existing_part(directory) / f"{PROBE_PREFIX}{token}"
     try:
         with open(path, "w") as f:
             f.write(token)
