@@ -46,14 +46,15 @@ def convert_criteo(
     import pyarrow as pa
 
     from data.files import write_parts
+    from data.roles import Roles, with_roles
 
     if max_ind_range < 0 or max_ind_range == 1:
         raise UserError(f"max_ind_range {max_ind_range} must be 0 (off) or >= 2")
-    schema = pa.schema(
+    schema = with_roles(pa.schema(
         [("label", pa.float32())]
         + [(c, pa.float32()) for c in CRITEO_DENSE]
         + [(c, pa.int64()) for c in CRITEO_SPARSE]
-    )
+    ), Roles("label", tuple(CRITEO_DENSE), tuple(CRITEO_SPARSE), "dlrm convert-criteo"))
 
     def tables() -> Iterator[pa.Table]:
         for path in inputs:

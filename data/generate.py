@@ -85,17 +85,18 @@ def generate_dataset(
     import pyarrow as pa
 
     from data.files import write_parts
+    from data.roles import Roles, with_roles
 
     n = cfg.rows if rows is None else rows
     if n < 0 or seed < 0:
         raise UserError(f"generate: rows {n} and seed {seed} must be >= 0")
     model = _HiddenModel(cfg)
     schema = generator_schema(cfg)
-    arrow = pa.schema(
+    arrow = with_roles(pa.schema(
         [("label", pa.float32())]
         + [(d, pa.float32()) for d in schema.dense]
         + [(f.name, pa.list_(pa.int64()) if f.multi_hot else pa.int64()) for f in schema.sparse]
-    )
+    ), Roles("label", schema.dense, tuple(f.name for f in schema.sparse), "dlrm generate"))
 
     def chunks() -> Iterator[pa.Table]:
         for g, start in enumerate(range(0, n, cfg.row_group_rows)):

@@ -168,6 +168,8 @@ def infer_schema(
         for name in given:
             if name not in kinds:
                 raise DataError("column is missing", file=files[0], column=name)
+    if not dense and not sparse:  # the roles our own writers recorded (data/roles.py)
+        dense, sparse = _declared_sides(first, kinds)
     sparse_names = list(sparse) if sparse else _categorical_columns(first, kinds, dense, files[0])
     dense_names = list(dense) if dense else [
         n for n, k in kinds.items() if k in (_FLOAT, _BOOL) and n not in sparse_names
@@ -203,6 +205,29 @@ def infer_schema(
             for n in sparse_names
         ),
     )
+
+
+def _declared_sides(first: pa.Schema, kinds: dict[str, str]) -> tuple[list[str] | None, list[str] | None]:
+    """Dense and sparse columns, in file order, as the file's declared roles say where a
+    column's type allows its role, and by type for every other column; (None, None)
+    when the file declares no roles."""
+    from data.roles import declared_roles
+
+    roles = declared_roles(first)
+    if roles is None:
+        return None, None
+    dense_kinds, sparse_kinds = (_FLOAT, _INT, _BOOL), (_INT, _INT_LIST, _CAT, _CAT_LIST)
+
+    def role(name: str, kind: str) -> str | None:
+        if name in roles.dense and kind in dense_kinds:
+            return "dense"
+        if name in roles.sparse and kind in sparse_kinds:
+            return "sparse"
+        return "dense" if kind in (_FLOAT, _BOOL) else "sparse" if kind in sparse_kinds else None
+
+    sides = {n: role(n, k) for n, k in kinds.items()}
+    return ([n for n, r in sides.items() if r == "dense"],
+            [n for n, r in sides.items() if r == "sparse"])
 
 
 def _categorical_columns(first: pa.Schema, kinds: dict[str, str], dense: list[str] | None,

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from data.errors import DataError
 from data.files import open_parquet
+from data.roles import declared_roles
 from data.schema import Schema, column_kind, type_name
 from dlrm.config import Config
 from dlrm.parallel.planning import run_tables
@@ -52,8 +53,10 @@ def integer_sparse_columns(cfg: Config, schema: Schema, first_file: str) -> list
     if cfg.data.sparse:
         return []
     arrow = open_parquet(first_file).schema_arrow
-    return [f.name for f in schema.sparse
-            if arrow.get_field_index(f.name) >= 0 and column_kind(arrow.field(f.name).type) == "int"]
+    roles = declared_roles(arrow) if not cfg.data.dense else None
+    declared = set(roles.sparse) if roles else set()
+    return [f.name for f in schema.sparse if f.name not in declared
+            and arrow.get_field_index(f.name) >= 0 and column_kind(arrow.field(f.name).type) == "int"]
 
 
 def integer_warning(cfg: Config, schema: Schema, first_file: str) -> str | None:
@@ -91,9 +94,11 @@ def _ends(names: list[str]) -> list[str]:
     return names if len(names) <= 3 else [names[0], "...", names[-1]]
 
 
-def _schema_line(cfg: Config, schema: Schema) -> str:
+def _schema_line(cfg: Config, schema: Schema, first_file: str) -> str:
     given = [k for k, v in (("data.dense", cfg.data.dense), ("data.sparse", cfg.data.sparse)) if v]
+    roles = None if given else declared_roles(open_parquet(first_file).schema_arrow)
     how = ("as given by " + " and ".join(given) if given else
+           f"as the files declare (written by {roles.written_by or 'a dlrm writer'})" if roles else
            "inferred from the footer: float, bool -> dense; integer, string, list -> sparse")
     multi = sum(f.multi_hot for f in schema.sparse)
     multi_text = f" ({multi} multi-hot)" if multi else ""
@@ -124,7 +129,7 @@ def header(cfg: Config, schema: Schema, train_files: list[str], eval_files: list
            plan: ShardingPlan | None, device: str, run_dir: Path) -> list[str]:
     """The header's lines (see the module docstring), the warning first if there is one."""
     data = _files("train", train_files) + ("; " + _files("eval", eval_files) if eval_files else "")
-    lines = [("data", data), ("schema", _schema_line(cfg, schema)),
+    lines = [("data", data), ("schema", _schema_line(cfg, schema, train_files[0])),
              ("tables", _table_line(cfg, schema))]
     lines += [("plan", line) for line in _plan_lines(cfg, plan)]
     lines += [("device", f"{device}, {cfg.train.precision}"),
