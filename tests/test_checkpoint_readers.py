@@ -55,6 +55,25 @@ def test_a_checkpoint_being_read_outlives_the_runs_pruning(data: Path, tmp_path:
     assert kept(run) == [6, 7]
 
 
+def test_the_last_reader_out_removes_what_a_finished_run_left_for_it(data: Path, tmp_path: Path,
+                                                                      capsys) -> None:
+    """The run ends while step 3 is read: it is left over keep_checkpoints=2; an eval of
+    it that ends while another reader still holds it leaves it; the last reader to let go
+    removes it (before, it stayed for ever)."""
+    run = tmp_path / "run"
+    train(data, run, 3)
+    with reading(run, ck.find_checkpoint, then=ck.prune_after_read) as held:
+        train(data, run, 6)  # the run's last save is 6
+        assert kept(run) == [3, 5, 6]
+        assert main(["eval", "--checkpoint", str(held), "--data", str(data)]) == 0  # a second reader
+        assert kept(run) == [3, 5, 6]  # the outer hold still reads it
+    assert kept(run) == [5, 6]
+    assert not list((run / ck.CHECKPOINTS).glob("*" + ck.DELETING))
+    capsys.readouterr()
+    assert main(["eval", "--checkpoint", str(run), "--data", str(data)]) == 0  # the newest: kept
+    assert kept(run) == [5, 6]
+
+
 def test_a_reader_takes_the_newest_again_when_its_find_was_removed(tmp_path: Path) -> None:
     run = tmp_path / "run"
     for step in (1, 2):

@@ -203,14 +203,42 @@ def _seal(partial: Path, final: Path, meta: dict[str, Any], names: list[str], st
 def _keep_newest(run_dir: Path, keep: int) -> None:
     root = Path(run_dir) / CHECKPOINTS
     for old in checkpoints(run_dir, legacy=False)[keep:]:
-        with unread(old) as free:
-            if not free:  # `dlrm eval` or `export` is reading it: a later save removes it
-                continue
+        try:
+            _remove(old)  # left while `dlrm eval` or `export` reads it: it or a later save removes it
+        except FileNotFoundError:  # that reader removed it first
+            continue
+    for doomed in root.glob(f"step-*{DELETING}"):  # a removal cut short (a kill), or a reader's under way
+        shutil.rmtree(doomed, ignore_errors=True)
+
+
+def _remove(old: Path) -> None:
+    """Remove checkpoint ``old`` unless a reader holds it."""
+    with unread(old) as free:
+        if free:
             doomed = old.with_name(old.name + DELETING)
             os.replace(old, doomed)  # out of sight first: a kill mid-removal leaves no half checkpoint
             shutil.rmtree(doomed)
-    for doomed in root.glob(f"step-*{DELETING}"):
-        shutil.rmtree(doomed)
+
+
+def prune_after_read(ckpt: Path | None) -> None:
+    """Called by a reader (``dlrm eval``, ``export``) once it let ``ckpt`` go: remove it
+    if its run saved past it meanwhile (it is no longer among the newest
+    ``train.keep_checkpoints``, the keep of the run's newest save) and no other reader
+    holds it. The run's own pruning left it for the reader; without this, a run that
+    ended while it was read kept it for ever. Best effort: a read-only mount, or the run
+    removing it first, leaves it as it is."""
+    if ckpt is None or ckpt.parent.name != CHECKPOINTS:
+        return
+    found = checkpoints(ckpt.parent.parent, legacy=False)
+    try:
+        keep = int(load_meta(found[0])["config"]["train"]["keep_checkpoints"])
+    except (IndexError, CheckpointError, KeyError, TypeError, ValueError):
+        return  # no newer save to go by, or one that does not say
+    if keep >= 1 and ckpt.name in {p.name for p in found[keep:]}:
+        try:
+            _remove(ckpt)
+        except OSError:
+            pass
 
 
 def _files_under(directory: Path) -> list[str]:

@@ -11,7 +11,8 @@ run saving every 2 steps.)
     reader:  open step-N/meta.json (read-only) ─► flock SHARED ─► still there? ─► read
              (gone: the run removed it meanwhile ─► take the newest again)
     pruner:  open step-N/meta.json ─► flock EXCLUSIVE, non-blocking
-             ├─ held by a reader ─► leave step-N for a later save's pruning
+             ├─ held by a reader ─► leave step-N for a later save's pruning, or for
+             │                       the last reader out (``then``: it may be the run's end)
              └─ got it ─► rename step-N.deleting, remove it (the lock held throughout)
 
 A read-only lock needs no write access to the run (an eval of a read-only mount
@@ -33,9 +34,11 @@ ATTEMPTS = 8  # a run that saves and prunes faster than a lock is taken, this ma
 
 
 @contextlib.contextmanager
-def reading(run: Path, find: Callable[[Path], Path | None]) -> Iterator[Path | None]:
+def reading(run: Path, find: Callable[[Path], Path | None],
+            then: Callable[[Path], None] | None = None) -> Iterator[Path | None]:
     """``find(run)`` (the checkpoint to read: the newest, or ``run`` itself), held
-    against removal until the block ends; None where ``find`` finds none."""
+    against removal until the block ends; None where ``find`` finds none. ``then(ckpt)``
+    runs once the hold is let go (the pruning the hold deferred)."""
     for _ in range(ATTEMPTS):
         ckpt = find(run)
         if ckpt is None:
@@ -49,6 +52,8 @@ def reading(run: Path, find: Callable[[Path], Path | None]) -> Iterator[Path | N
         finally:
             if fd is not None:
                 os.close(fd)
+            if then is not None:
+                then(ckpt)
         return
     yield find(run)  # still racing: read without the hold; a loss says so in one line
 

@@ -15,7 +15,13 @@ from data.errors import UserError
 from data.files import expand_paths
 from data.preprocess import load as load_preprocessing
 from data.schema import check_files
-from dlrm.checkpoint.manager import CHECKPOINTS, CheckpointError, find_checkpoint, load_checkpoint
+from dlrm.checkpoint.manager import (
+    CHECKPOINTS,
+    CheckpointError,
+    find_checkpoint,
+    load_checkpoint,
+    prune_after_read,
+)
 from dlrm.checkpoint.manifest import load_meta, schema_from_json
 from dlrm.checkpoint.readers import reading
 from dlrm.config import Config, from_dict
@@ -94,7 +100,7 @@ def _scored(run: Path, hold: contextlib.ExitStack
         prep = load_preprocessing(run) if (run / "preprocessing.json").is_file() else None
         return (cfg, schema_from_json(body["schema"]), prep,
                 lambda model, info: load_export(run, body, model), run / EXPORT_FILE)
-    ckpt = hold.enter_context(reading(run, find_checkpoint))
+    ckpt = hold.enter_context(reading(run, find_checkpoint, then=prune_after_read))
     if ckpt is None:
         several = int(os.environ.get("WORLD_SIZE", "1")) > 1
         raise CheckpointError(

@@ -36,7 +36,13 @@ from typing import Any
 import torch
 
 from data.errors import UserError
-from dlrm.checkpoint.manager import CHECKPOINTS, CheckpointError, find_checkpoint, load_checkpoint
+from dlrm.checkpoint.manager import (
+    CHECKPOINTS,
+    CheckpointError,
+    find_checkpoint,
+    load_checkpoint,
+    prune_after_read,
+)
 from dlrm.checkpoint.manifest import digest, load_meta, save_digested, schema_from_json
 from dlrm.checkpoint.mapped import release
 from dlrm.checkpoint.readers import reading
@@ -61,7 +67,7 @@ def export_run(run: str | Path, out: str | Path, tables: str = "int8") -> dict[s
     run, out = Path(run), Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UserError(f"--out {out}: exists and is not empty; name a new directory")
-    with reading(run, find_checkpoint) as ckpt:  # a run still training keeps it while it is read
+    with reading(run, find_checkpoint, then=prune_after_read) as ckpt:  # a run still training keeps it while it is read
         if ckpt is None:
             raise CheckpointError(f"no checkpoint in {run} (expected {run}/{CHECKPOINTS}/step-N/meta.json)")
         return _export(run, ckpt, out, tables)
