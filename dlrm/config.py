@@ -31,10 +31,16 @@ class ConfigError(UserError):
     """A config file or override that does not fit the schema below."""
 
 
+class Paths(str):
+    """The type of a key naming data files: a file, directory or glob, a comma-separated
+    list of those, or a YAML list of them (``train: [/data/day_0, /data/day_1]``), held
+    as one comma-separated string (what ``data.files.expand_paths`` reads)."""
+
+
 @dataclass
 class DataConfig:
-    train: str = ""  # file, directory or glob of Parquet files
-    eval: str = ""
+    train: Paths = ""  # files, directories or globs of Parquet files, comma-separated or a list
+    eval: Paths = ""
     label: str = "label"
     # Columns; empty means "infer from the Parquet files" (float → dense; int, string,
     # binary, dictionary and lists of those → sparse; rows: see `encoding` below).
@@ -366,7 +372,11 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
         raise ConfigError(f"config key {key}: expected a number, got {value!r}")
-    if tp is str:
+    if tp is Paths and isinstance(value, list):  # a YAML list of paths ([] is none, as "")
+        if all(isinstance(v, str) for v in value):
+            return ",".join(v.strip() for v in value)
+        raise ConfigError(f"config key {key}: expected a path or a list of paths, got {value!r}")
+    if tp in (str, Paths):
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
             return str(value)
         raise ConfigError(f"config key {key}: expected a string, got {value!r}")

@@ -245,7 +245,8 @@ BAD_VALUES = [
     ("train.precision=fp8", "train.precision", "fp8"),
     ("train.precision_fallback=maybe", "train.precision_fallback", "maybe"),
     ("optim.dense=lamb", "optim.dense", "lamb"),
-    ("data.train=[a,b]", "data.train", "['a', 'b']"),  # types (paths are strings)
+    ("data.label=[a,b]", "data.label", "['a', 'b']"),  # types (a column name is a string)
+    ("data.train=[a,1]", "data.train", "['a', 1]"),  # paths: strings or a list of them
     ("data.shuffle=3", "data.shuffle", "3"),
 ]
 

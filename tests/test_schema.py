@@ -52,6 +52,27 @@ def test_expand_paths_directories_globs_and_lists(tmp_path: Path) -> None:
     assert expand_paths([f"{t}/b/c", f"{t}/b/c/3.parquet"]) == [f"{t}/b/c/3.parquet"]
 
 
+def test_a_yaml_list_of_paths_names_the_same_files_as_the_comma_list(tmp_path: Path) -> None:
+    """data.train as a YAML list (days in directories of their own), as users of
+    TorchRec's and NVTabular's file lists write it; before, 'expected a string'."""
+    from dlrm.config import ConfigError, load_config
+    from tests.conftest import TINY
+
+    for rel in ["day_0/a.parquet", "day_1/b.parquet", "day_2/c.parquet"]:
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("")
+    t = str(tmp_path)
+    config = tmp_path / "run.yaml"
+    config.write_text(f"data:\n  train:\n    - {t}/day_0\n    - {t}/day_1/*.parquet\n  eval: []\n")
+    cfg = load_config(config, [])
+    assert expand_paths(cfg.data.train) == expand_paths(f"{t}/day_0,{t}/day_1/*.parquet")
+    assert expand_paths(cfg.data.train) == [f"{t}/day_0/a.parquet", f"{t}/day_1/b.parquet"]
+    assert cfg.data.eval == ""  # no eval set, as data.eval= says
+    assert expand_paths(load_config(TINY, [f"data.train=[{t}/day_2]"]).data.train) == [f"{t}/day_2/c.parquet"]
+    with pytest.raises(ConfigError, match="data.train: expected a path or a list of paths"):
+        load_config(TINY, ["data.train=[1, 2]"])
+
+
 def test_expand_paths_nothing_found_names_the_spec(tmp_path: Path) -> None:
     for spec in [str(tmp_path / "missing.parquet"), str(tmp_path / "*.parquet"), str(tmp_path)]:
         with pytest.raises(DataError, match="no Parquet files found") as e:
