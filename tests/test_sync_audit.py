@@ -30,6 +30,7 @@ from dlrm.config import load_config
 from dlrm.parallel.distributed import init_distributed
 from dlrm.parallel.parallelize import build_model
 from dlrm.train import trainer as trainer_module
+from dlrm.train.divergence import Diverged
 from dlrm.train.inputs import resolve_data
 from dlrm.train.sync_audit import SyncAudit
 from tests.conftest import REPO
@@ -41,9 +42,10 @@ SHAPE = ["generate.rows=2048", "generate.sparse=8", "generate.table_rows=[5000]"
 
 
 def audited_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kernels: str,
-                 extra: tuple[str, ...] = ()) -> SyncAudit:
+                 extra: tuple[str, ...] = (), diverges: bool = False) -> SyncAudit:
     """Train 2 steps; the audit of the second (steady state: lr and Adam's step are on
-    the device since the first, the reader's threads are running)."""
+    the device since the first, the reader's threads are running). ``diverges``: the
+    run's final save stops it (dlrm/train/divergence.py), as it must."""
     data = tmp_path / "data"
     cfg = load_config(REPO / "configs" / "bench.yaml", [*SHAPE, f"data.train={data}",
                                                         f"embeddings.kernels={kernels}", *extra])
@@ -61,7 +63,11 @@ def audited_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kernels: str,
         return done
 
     monkeypatch.setattr(trainer_module.Trainer, "step", audited)
-    trainer_module.train(cfg, tmp_path / f"run_{kernels}", echo=lambda s: None)
+    if diverges:
+        with pytest.raises(Diverged, match="the training loss is nan at step 2"):
+            trainer_module.train(cfg, tmp_path / f"run_{kernels}", echo=lambda s: None)
+    else:
+        trainer_module.train(cfg, tmp_path / f"run_{kernels}", echo=lambda s: None)
     return audits[0]
 
 
@@ -258,7 +264,8 @@ def test_fp16_step_on_the_cuda_path_counts_overflow_on_the_device(
     named = {}
     for kernels in ("triton", "torch"):
         narrow._said.clear()
-        audit = audited_step(tmp_path, monkeypatch, kernels, ("embeddings.dtype=fp16", "optim.sparse_lr=1e9"))
+        audit = audited_step(tmp_path, monkeypatch, kernels, ("embeddings.dtype=fp16", "optim.sparse_lr=1e9"),
+                             diverges=True)  # inf weights: the warning comes before the stop
         lines = [line for line in capsys.readouterr().err.splitlines() if "overflow fp16" in line]
         named[kernels] = sorted({line.split(":")[1].strip() for line in lines})
         if kernels == "triton":

@@ -26,6 +26,7 @@ from dlrm.checkpoint.manifest import load_meta, schema_from_json
 from dlrm.checkpoint.readers import reading
 from dlrm.config import Config, from_dict
 from dlrm.eval.export import EXPORT_FILE, is_export, load_export, read_export
+from dlrm.eval.metrics import NotFinite
 from dlrm.eval.model import eval_model
 from dlrm.eval.predict import evaluate
 from dlrm.parallel.distributed import init_distributed
@@ -74,6 +75,11 @@ def evaluate_checkpoint(
             reader = make_reader(cfg, files, schema, False, info.rank, info.world_size, prep)
             try:
                 result, scores, labels = evaluate(model, reader, info)
+            except NotFinite as e:  # the data's values are checked as read: the weights are bad
+                if e.name != "scores":
+                    raise UserError(f"data {data}: {e}") from None
+                raise UserError(f"checkpoint {identity.parent}: the model's scores are NaN or infinite: its weights "
+                                "are (a run that diverged before its loss was checked)") from None
             except ValueError as e:
                 raise UserError(f"data {data}: {e}") from None
             if cfg.data.on_error == "skip":  # the run's policy: say what was dropped

@@ -20,13 +20,21 @@ import numpy as np
 EPS = 1e-7  # probabilities are clipped to [EPS, 1 - EPS] before any log
 
 
+class NotFinite(ValueError):
+    """Scores or labels holding NaN or infinite values; ``name`` says which."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"{name}: contains NaN or infinite values")
+        self.name = name
+
+
 def _as_numpy(x: Any, name: str) -> np.ndarray:
     """Flatten a numpy array, torch tensor (any device) or sequence to a 1-D float64 array."""
     if hasattr(x, "detach"):  # torch.Tensor, without importing torch here
         x = x.detach().to("cpu").double().numpy()
     arr = np.asarray(x, dtype=np.float64).reshape(-1)
     if not np.all(np.isfinite(arr)):
-        raise ValueError(f"{name}: contains NaN or infinite values")
+        raise NotFinite(name)
     return arr
 
 

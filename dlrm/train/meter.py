@@ -147,6 +147,11 @@ class Meter:
         return (f"warning: the Parquet reader is the bottleneck: {share:.0%} of step time "
                 f"waited for input batches (above {READER_WARN_SHARE:.0%})")
 
+    def window_loss(self) -> float:
+        """The loss summed since the last log line over all ranks (collective; the window
+        goes on)."""
+        return all_reduce_sum([float(self.loss)], self.info)[0]
+
     def take_window(self) -> dict[str, float]:
         """The window's mean loss (all ranks) and samples/s; a new window starts."""
         self.close_span()

@@ -69,6 +69,7 @@ from dlrm.train.bad_data_report import BadDataReport
 from dlrm.train.dense_graphs import DenseGraphs
 from dlrm.train.dense_graphs import why_not as dense_graphs_why_not
 from dlrm.train.device_prefetch import DevicePrefetcher
+from dlrm.train.divergence import DivergenceGuard
 from dlrm.train.graphs import WARMUP as GRAPH_WARMUP
 from dlrm.train.graphs import GraphedStep
 from dlrm.train.graphs import why_not as graphs_why_not
@@ -227,6 +228,8 @@ class Trainer:
         self.autocast = torch.autocast(info.device.type, dtype=torch.bfloat16,
                                        enabled=cfg.train.precision == "bf16")
         self.meter = Meter(info, cfg.train.time_sections, warmup=cfg.train.timing_warmup)
+        newest = find_checkpoint(run_dir) if resumed else None
+        self.guard = DivergenceGuard(cfg, model.dense_parameters(), newest.name if newest else None)
         self.profiler = StepProfiler(cfg.train.profile_start, cfg.train.profile_steps, run_dir,
                                      info.rank, info.device)
         self.last_eval: dict[str, Any] | None = None
@@ -296,8 +299,10 @@ class Trainer:
         if self._eval_missed():
             self.last_eval = self.run_eval()
         with Preemption() as preemption:
-            stop = self._train_steps(bar, preemption)
-            bar.close()
+            try:
+                stop = self._train_steps(bar, preemption)
+            finally:
+                bar.close()  # an error's line goes below the bar, not onto it
             self.profiler.close()
             self.save()
         if stop:
@@ -469,6 +474,7 @@ class Trainer:
         if every.log_every and step % every.log_every == 0:
             window = self.meter.take_window()  # reads the loss: the host waits here anyway
             warn_fp16_overflow(self.model)  # the Triton update's counts, read in that wait
+            self.guard.check(window["loss"], step)  # a NaN loss is not logged, saved or evaluated
             self.log.write({"event": "train", "step": step, **window})
             if self.hotline:
                 self.log.write({"event": "hotline", "step": step, **self.hotline.stats()})
@@ -511,10 +517,12 @@ class Trainer:
         if self.schedule.saved_step == self.progress.global_step:
             return  # saved at this step already
         self.meter.close_span()  # the checkpoint's time is not the steps'
+        self.guard.check(self.meter.window_loss(), self.progress.global_step)
         if self.hotline is not None:
             self.hotline.before_save()  # its refresh inputs, saved with the hot set
-        save_checkpoint(self.run_dir, self.model, self.dense_opt, self.progress, to_dict(self.cfg),
-                        self.schema, self.info, keep=self.cfg.train.keep_checkpoints)
+        final = save_checkpoint(self.run_dir, self.model, self.dense_opt, self.progress, to_dict(self.cfg),
+                                self.schema, self.info, keep=self.cfg.train.keep_checkpoints)
+        self.guard.saved(final.name)
         self.schedule.saved(self.progress.global_step)
         if self.bad_data is not None:
             self.bad_data.write()  # the records so far, kept through a crash
@@ -522,8 +530,15 @@ class Trainer:
     def run_eval(self) -> dict[str, Any] | None:
         if self.eval_reader is None:
             return None
-        metrics = evaluate(self.model, self.eval_reader, self.info)[0]
-        self.log.write({"event": "eval", "step": self.progress.global_step, **metrics})
+        step = self.progress.global_step
+        self.guard.check(self.meter.window_loss(), step)
+        try:
+            metrics = evaluate(self.model, self.eval_reader, self.info)[0]
+        except ValueError as e:  # an eval set of one class: no AUC, and the run goes on
+            self.say(f"warning: the eval at step {step} has no metrics: {e} (data.eval={self.cfg.data.eval})")
+            self.log.write({"event": "eval_skipped", "step": step, "reason": str(e)})
+            return None
+        self.log.write({"event": "eval", "step": step, **metrics})
         return metrics
 
     def _tables_trained(self) -> dict[str, Any]:
