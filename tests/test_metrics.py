@@ -157,3 +157,10 @@ def test_write_plots_makes_pngs(tmp_path) -> None:
         data = Path(p).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
     assert sorted(f.name for f in (tmp_path / "plots").iterdir()) == ["calibration.png", "roc.png"]
+    # a caption (dlrm eval's: checkpoint, data, rows) is drawn and kept as the PNG's Description
+    caption = "runs/a/checkpoints/step-000000007\ndata/day_23, 200,000 rows"
+    captioned = write_plots(s, y, tmp_path / "captioned", caption=caption)
+    for plain, marked in zip(paths, captioned, strict=True):
+        data = Path(marked).read_bytes()
+        assert b"Description\x00" + caption.encode("latin-1") in data
+        assert b"Description" not in Path(plain).read_bytes() and data != Path(plain).read_bytes()

@@ -48,6 +48,8 @@ def test_train_learns_and_eval_matches_sklearn(tiny_data, tmp_path: Path, capsys
     assert result["rows"] == 10_000
     assert result["auc"] == pytest.approx(summary["eval_auc"], abs=1e-12)
     assert all((tmp_path / "plots" / p).stat().st_size > 0 for p in ("roc.png", "calibration.png"))
+    newest = str(run / "checkpoints" / f"step-{summary['steps']:09d}")
+    assert f"{newest}\n{tiny_data['eval']}, 10,000 rows".encode() in (tmp_path / "plots" / "roc.png").read_bytes()
 
     # Independent reference: recompute predictions and hand them to sklearn.
     from data.files import expand_paths

@@ -92,7 +92,8 @@ def evaluate_checkpoint(
     if plots_dir:
         from dlrm.eval.plots import write_plots
 
-        result["plots"] = write_plots(scores.numpy(), labels.numpy(), plots_dir)
+        caption = f"{identity.parent}\n{data}, {result['rows']:,} rows"
+        result["plots"] = write_plots(scores.numpy(), labels.numpy(), plots_dir, caption=caption)
     return result
 
 

@@ -16,11 +16,15 @@ ROC_FILE = "roc.png"
 CALIBRATION_FILE = "calibration.png"
 
 
-def write_plots(scores: Any, labels: Any, out_dir: str | Path, n_bins: int = 20) -> list[str]:
+def write_plots(scores: Any, labels: Any, out_dir: str | Path, n_bins: int = 20,
+                caption: str = "") -> list[str]:
     """Write ``roc.png`` and ``calibration.png`` into ``out_dir``; return their paths.
 
-    scores [N] probabilities, labels [N] 0/1 (numpy or torch). Each file is written
-    under a temporary name and renamed, so a reader never sees half a PNG.
+    scores [N] probabilities, labels [N] 0/1 (numpy or torch). ``caption`` (what was
+    scored on what: ``dlrm eval`` gives checkpoint, data and rows) is printed under
+    each plot and stored as the PNG's Description, so two runs' plots side by side say
+    which is which. Each file is written under a temporary name and renamed, so a
+    reader never sees half a PNG.
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -52,8 +56,20 @@ def write_plots(scores: Any, labels: Any, out_dir: str | Path, n_bins: int = 20)
 
     paths = []
     for fig, name in ((roc, ROC_FILE), (cal, CALIBRATION_FILE)):
+        if caption:
+            fig.subplots_adjust(bottom=0.16)
+            fig.text(0.5, 0.01, _fit(caption), ha="center", va="bottom", fontsize=7, color="dimgrey")
         final = out / name
         with atomic_path(final) as tmp:
-            fig.savefig(tmp, format="png")
+            fig.savefig(tmp, format="png", metadata={"Description": caption} if caption else None)
         paths.append(str(final))
     return paths
+
+
+def _fit(caption: str, width: int = 90) -> str:
+    """The caption on at most two lines of ``width`` characters, a long path's start
+    elided (its end names the run and step)."""
+    lines = []
+    for part in caption.split("\n")[:2]:
+        lines.append(part if len(part) <= width else "..." + part[-(width - 3):])
+    return "\n".join(lines)
