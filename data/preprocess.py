@@ -31,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -201,7 +202,7 @@ def fit(files: list[str], schema: Schema, opts: Options) -> Preprocessing:
             prep.vocabularies[table] = vocab
         else:
             prep.encodings[table] = "identity"
-    prep.notes = _notes(prep, seen, time.perf_counter() - start)
+    prep.notes = _notes(prep, seen, time.perf_counter() - start) + _identifier_notes(schema, prep, seen)
     prep.notes[:0] = [f"preprocessing: encoding=auto: table {t} {prep.encodings[t]} ({why})"
                       for t, why in sorted(decided.items())]
     return prep
@@ -395,6 +396,28 @@ def _bar(files: list[str], on: bool):
 
     total = sum(open_parquet(f).metadata.num_rows for f in files)
     return tqdm(total=total, desc="fit: counting", unit=" rows", unit_scale=True, disable=None)
+
+
+ID_SHARE = 0.9  # distinct values over rows counted, above which a column reads as a row id
+ID_MIN_ROWS = 1000  # fewer rows say nothing: a small sample is nearly all distinct
+
+
+def _identifier_notes(schema: Schema, prep: Preprocessing, seen: int) -> list[str]:
+    """One warning naming single-hot columns whose values are (nearly) all distinct: a
+    row id (Avazu's ``id``) trains one embedding per row that no eval row meets."""
+    if seen < ID_MIN_ROWS:
+        return []
+    owners = Counter(f.table_name for f in schema.sparse)
+    ids = [(f.name, prep.vocabularies[f.table_name].distinct) for f in schema.sparse
+           if not f.multi_hot and owners[f.table_name] == 1 and f.table_name in prep.vocabularies
+           and prep.vocabularies[f.table_name].distinct >= ID_SHARE * seen]
+    if not ids:
+        return []
+    named = ", ".join(f"{name} ({distinct:,} distinct values in {seen:,} rows)" for name, distinct in ids)
+    line = (f"warning: nearly every row has a value of its own in {named}: a row identifier trains "
+            "one embedding per row that no eval row meets; leave it out with "
+            f"data.exclude=[{','.join(name for name, _ in ids)}]")
+    return [line]
 
 
 def _notes(prep: Preprocessing, seen: int, seconds: float | None) -> list[str]:

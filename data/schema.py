@@ -133,19 +133,22 @@ def infer_schema(
     rows: dict[str, int] | None = None,
     tables: dict[str, str] | None = None,
     on_error: str = "fail",
+    exclude: list[str] | None = None,
 ) -> Schema:
     """A Schema read from Parquet footers only (no data pages, except as noted).
 
     Columns come from the first file, in file order: float and bool (0/1) → dense;
     integer, string, binary, dictionary → sparse single-hot; a list of those → sparse
-    multi-hot; other types are left out (the header names them; no sparse feature at all
-    is a DataError naming the columns found). String, binary and dictionary features get encoding
-    "vocabulary" here and rows 1 until :mod:`data.preprocess` fits them. A non-empty
-    ``dense`` or ``sparse`` list replaces the inference for its side (in its own order); the other side is inferred from
-    the remaining columns. A table's rows are ``rows[feature]`` when given, else
-    max id + 1 over the row-group statistics of every file (for a list, its leaf
-    column's). Where a row group has no statistics its column is read to find
-    the max (the one fallback that reads data). Features sharing a table
+    multi-hot; other types are left out (the header names them; no sparse feature at
+    all is a DataError naming the columns found). Roles that our writers declare in the
+    footer (data/roles.py) are followed where the type allows. String, binary and
+    dictionary features get encoding "vocabulary" here and rows 1 until
+    :mod:`data.preprocess` fits them. A non-empty ``dense`` or ``sparse`` list replaces
+    the inference for its side (in its own order); the other side is inferred from the
+    remaining columns; ``exclude`` names columns neither side takes. A table's rows are
+    ``rows[feature]`` when given, else max id + 1 over the row-group statistics of every
+    file (for a list, its leaf column's). Where a row group has no statistics its column
+    is read to find the max (the one fallback that reads data). Features sharing a table
     (``tables``: feature → table name) get the largest of their row counts,
     explicit counts taking precedence over inferred ones.
 
@@ -164,10 +167,14 @@ def infer_schema(
     if first.get_field_index(label) < 0:
         raise DataError("label column is missing", file=files[0], column=label)
     kinds = {f.name: column_kind(f.type) for f in first if f.name != label}
-    for given in (dense or [], sparse or []):
+    for given in (dense or [], sparse or [], exclude or []):
         for name in given:
             if name not in kinds:
                 raise DataError("column is missing", file=files[0], column=name)
+    for name in exclude or []:
+        if name in (dense or []) or name in (sparse or []):
+            raise DataError("data.exclude names a column data.dense or data.sparse takes", column=name)
+        del kinds[name]
     if not dense and not sparse:  # the roles our own writers recorded (data/roles.py)
         dense, sparse = _declared_sides(first, kinds)
     sparse_names = list(sparse) if sparse else _categorical_columns(first, kinds, dense, files[0])

@@ -46,6 +46,9 @@ class DataConfig:
     # binary, dictionary and lists of those → sparse; rows: see `encoding` below).
     dense: list[str] = field(default_factory=list)
     sparse: list[str] = field(default_factory=list)
+    # Columns no feature takes when dense or sparse is inferred: a row id, a timestamp
+    # kept for joins (Avazu's `id`: data.exclude=[id]).
+    exclude: list[str] = field(default_factory=list)
     rows: dict[str, int] = field(default_factory=dict)  # per-feature table rows
     tables: dict[str, str] = field(default_factory=dict)  # feature → shared table name
     batch_size: int = 2048  # global: split across ranks

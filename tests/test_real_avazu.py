@@ -40,6 +40,9 @@ def test_avazu_csv_trains_and_evaluates_with_only_the_label_named(tmp_path: Path
     assert main(["train", "--config", str(TINY), "--out", str(run), *tiny_overrides(),
                  f"data.train={tmp_path / 'train'}", f"data.eval={tmp_path / 'eval'}",
                  "data.label=click"]) == 0
+    said = capsys.readouterr()
+    assert "nearly every row has a value of its own in id (8,000 distinct values in 8,000 rows)" in said.out
+    assert "UserWarning" not in said.err  # no dense column: the bottom MLP is its bias alone
     schema = json.loads((run / "schema.json").read_text())
     encodings = {f["name"]: f["encoding"] for f in schema["sparse"]}
     assert encodings["site_id"] == encodings["device_ip"] == "vocabulary"
@@ -52,3 +55,12 @@ def test_avazu_csv_trains_and_evaluates_with_only_the_label_named(tmp_path: Path
     assert result["rows"] == 1999
     assert result["auc"] == pytest.approx(summary["eval_auc"], abs=1e-12)
     assert result["auc"] > FLOOR
+    # what the warning says to do: the id left out, the same AUC floor
+    assert main(["train", "--config", str(TINY), "--out", str(tmp_path / "run2"), *tiny_overrides(),
+                 f"data.train={tmp_path / 'train'}", f"data.eval={tmp_path / 'eval'}",
+                 "data.label=click", "data.exclude=[id]"]) == 0
+    assert "nearly every row" not in capsys.readouterr().out
+    names = [f["name"] for f in json.loads((tmp_path / "run2" / "schema.json").read_text())["sparse"]]
+    assert "id" not in names and len(names) == len(encodings) - 1
+    summary2 = json.loads((tmp_path / "run2" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert summary2["eval_auc"] > FLOOR

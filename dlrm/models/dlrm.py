@@ -10,6 +10,7 @@ Hotline); sharding it and wrapping the MLPs in DDP happen elsewhere.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
@@ -32,7 +33,9 @@ def mlp(in_features: int, sizes: list[int], relu_last: bool) -> nn.Sequential:
     """Linear layers of ``sizes``; ReLU after each but (unless relu_last) the last."""
     layers: list[nn.Module] = []
     for i, out_features in enumerate(sizes):
-        layers.append(nn.Linear(in_features, out_features))
+        with warnings.catch_warnings():  # no dense features: the first layer is its bias alone
+            warnings.filterwarnings("ignore", "Initializing zero-element tensors", UserWarning)
+            layers.append(nn.Linear(in_features, out_features))
         if relu_last or i < len(sizes) - 1:
             layers.append(nn.ReLU(inplace=True))  # no extra [B, width] tensor per layer
         in_features = out_features

@@ -66,6 +66,7 @@ def run_schema(cfg: Config, data: str | None = None) -> tuple[Schema, dict[str, 
             sparse=cfg.data.sparse or None,
             rows=cfg.data.rows or None,
             tables=cfg.data.tables or None,
+        exclude=cfg.data.exclude or None,
         )
         return fit(files, schema, prep_options(cfg)).apply(schema), {}
     from data.generate import generator_schema

@@ -76,11 +76,12 @@ def integer_warning(cfg: Config, schema: Schema, first_file: str) -> str | None:
             f"with data.dense=[{dense}] (naming data.sparse=[...] silences this)")
 
 
-def left_out_warning(schema: Schema, first_file: str) -> str | None:
+def left_out_warning(schema: Schema, first_file: str, exclude: list[str] | None = None) -> str | None:
     """One line naming the columns no feature can take (timestamps, decimals, structs,
-    ...): inferred away, they were dropped without a word."""
+    ...): inferred away, they were dropped without a word. Columns ``data.exclude``
+    names are left out on purpose."""
     arrow = open_parquet(first_file).schema_arrow
-    used = set(schema.columns)
+    used = set(schema.columns) | set(exclude or [])
     left = [f"{f.name} ({type_name(f.type)})" for f in arrow
             if f.name not in used and column_kind(f.type) == "other"]
     if not left:
@@ -134,5 +135,5 @@ def header(cfg: Config, schema: Schema, train_files: list[str], eval_files: list
     lines += [("plan", line) for line in _plan_lines(cfg, plan)]
     lines += [("device", f"{device}, {cfg.train.precision}"),
               ("run", f"{run_dir} (full config: {run_dir / 'config.yaml'})")]
-    warnings = [integer_warning(cfg, schema, train_files[0]), left_out_warning(schema, train_files[0])]
+    warnings = [integer_warning(cfg, schema, train_files[0]), left_out_warning(schema, train_files[0], cfg.data.exclude)]
     return [w for w in warnings if w] + [f"{k:<9}{v}" for k, v in lines]

@@ -79,6 +79,7 @@ def resolve_data(cfg: Config, run_dir: str | Path | None = None) -> RunData:
         sparse=cfg.data.sparse or None,
         rows=cfg.data.rows or None,
         tables=cfg.data.tables or None,
+        exclude=cfg.data.exclude or None,
         on_error=cfg.data.on_error,
     )
     check_named_columns(cfg, schema)
