@@ -109,3 +109,26 @@ def test_each_table_is_written_once_with_the_native_values(
         assert torch.equal(w, native[f"{name}.weight"])
     # TorchRec's own kernel init is only held back while this backend builds
     assert BaseBatchedEmbeddingBag.init_parameters is kernel_init
+
+
+def test_a_build_for_a_resume_writes_no_table_and_the_load_fills_them(
+    built: list[TorchRecDLRM],
+) -> None:
+    """``resume=True`` (``dlrm train`` found a checkpoint, which overwrites every table):
+    no initial values at all; loading a saved model's state gives its tables."""
+    model_cfg = ModelConfig(embedding_dim=DIM, bottom_mlp=[8, DIM], top_mlp=[8, 1])
+
+    def build(resume: bool) -> TorchRecDLRM:
+        m = build_torchrec_dlrm(SCHEMA, model_cfg, OptimConfig(sparse="sgd"), "sum",
+                                torch.device("cpu"), seed=5, resume=resume)
+        built.append(m)
+        return m
+
+    saved = build(resume=False)
+    with InPlaceWrites() as mode:
+        resumed = build(resume=True)
+    assert _elements_written(resumed, mode.writes) == {"a": 0, "c": 0, "d": 0}
+    resumed.import_state(saved.export_state())
+    want = saved.embedding_weights()
+    for name, w in resumed.embedding_weights().items():
+        assert torch.equal(w, want[name])

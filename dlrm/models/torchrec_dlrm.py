@@ -217,11 +217,15 @@ def build_torchrec_dlrm(
     device: torch.device,
     seed: int,
     constraints: dict[str, ParameterConstraints] | None = None,
+    resume: bool = False,
 ) -> TorchRecDLRM:
     """TorchRec's DLRM for ``schema``, sharded by TorchRec's planner onto this process group.
 
     ``constraints`` (table name → ParameterConstraints) go to the planner; tables
     without one may use any model-parallel sharding with the fused kernel.
+    ``resume``: a checkpoint will be loaded into it (:meth:`TorchRecDLRM.restore`
+    writes every table), so the tables keep FBGEMM's zeros, not our initial values.
+    The MLPs start from ``seed`` either way.
     """
     device = torch.device(device)
     if device.type == "cpu" and optim_cfg.sparse == "adam":
@@ -265,7 +269,8 @@ def build_torchrec_dlrm(
     _apply_optimizer_in_backward(opt_cls, model.sparse_arch.parameters(), opt_kwargs)
 
     dmp = _shard(model, device, constraints or {}, list(table_features))
-    _init_tables_(dmp, configs, seed)
+    if not resume:
+        _init_tables_(dmp, configs, seed)
     model = TorchRecDLRM(dmp, schema.sparse_names, list(table_features), owns_pg)
     model.table_shapes = {c.name: (c.num_embeddings, c.embedding_dim) for c in configs}
     return model
