@@ -7,7 +7,11 @@
 Built from the same schema and config as our model: one ``EmbeddingBagConfig`` per
 table, ``torchrec.models.dlrm.DLRM`` (dot) or ``DLRM_DCN`` (dcn), wrapped in
 ``DistributedModelParallel``. Embedding rows start from the same values as our
-native collection for the same seed (``embeddings.init.init_rows``).
+native collection for the same seed (``embeddings.init.init_rows``), written once
+into the sharded tables: the collection is built on ``meta``, FBGEMM allocates the
+shards (zeroed), and TorchRec's own two uniform draws over every table (the fused
+kernel's ``init_parameters``, the config's ``init_fn``) are left out, as ours
+overwrite them (tests/test_torchrec_init_once.py).
 
 The sparse optimizer runs inside backward (FBGEMM's fused TBE update), so there
 are no embedding gradients to see and ``sparse_step(lr)`` only sets the next lr.
@@ -22,7 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -31,6 +35,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.optim import _apply_optimizer_in_backward
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
+from torchrec.distributed.batched_embedding_kernel import BaseBatchedEmbeddingBag
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.planner import EmbeddingShardingPlanner
@@ -212,11 +217,15 @@ def build_torchrec_dlrm(
     device: torch.device,
     seed: int,
     constraints: dict[str, ParameterConstraints] | None = None,
+    resume: bool = False,
 ) -> TorchRecDLRM:
     """TorchRec's DLRM for ``schema``, sharded by TorchRec's planner onto this process group.
 
     ``constraints`` (table name → ParameterConstraints) go to the planner; tables
     without one may use any model-parallel sharding with the fused kernel.
+    ``resume``: a checkpoint will be loaded into it (:meth:`TorchRecDLRM.restore`
+    writes every table), so the tables keep FBGEMM's zeros, not our initial values.
+    The MLPs start from ``seed`` either way.
     """
     device = torch.device(device)
     if device.type == "cpu" and optim_cfg.sparse == "adam":
@@ -238,6 +247,7 @@ def build_torchrec_dlrm(
             num_embeddings=table_rows[name],
             feature_names=feats,
             pooling=PoolingType.SUM if pooling == "sum" else PoolingType.MEAN,
+            init_fn=_values_from_init_tables,
         )
         for name, feats in table_features.items()
     ]
@@ -259,7 +269,8 @@ def build_torchrec_dlrm(
     _apply_optimizer_in_backward(opt_cls, model.sparse_arch.parameters(), opt_kwargs)
 
     dmp = _shard(model, device, constraints or {}, list(table_features))
-    _init_tables_(dmp, configs, seed)
+    if not resume:
+        _init_tables_(dmp, configs, seed)
     model = TorchRecDLRM(dmp, schema.sparse_names, list(table_features), owns_pg)
     model.table_shapes = {c.name: (c.num_embeddings, c.embedding_dim) for c in configs}
     return model
@@ -326,13 +337,35 @@ def _shard(
     )
     sharders = [EmbeddingBagCollectionSharder()]
     plan = planner.collective_plan(model, sharders, dist.GroupMember.WORLD)  # type: ignore[arg-type]
-    return DistributedModelParallel(
-        model,
-        device=device,
-        plan=plan,
-        sharders=sharders,  # type: ignore[arg-type]
-        init_data_parallel=world > 1,  # DDP over one rank only copies gradients
-    )
+    with _without_kernel_init():
+        return DistributedModelParallel(
+            model,
+            device=device,
+            plan=plan,
+            sharders=sharders,  # type: ignore[arg-type]
+            init_data_parallel=world > 1,  # DDP over one rank only copies gradients
+        )
+
+
+def _values_from_init_tables(weight: torch.Tensor) -> None:
+    """``EmbeddingBagConfig.init_fn``: writes nothing. TorchRec calls it on each table
+    as the sharded collection is built (``reset_parameters``); its default drew
+    uniform values over the whole table, which :func:`_init_tables_` then overwrote."""
+
+
+@contextlib.contextmanager
+def _without_kernel_init() -> Iterator[None]:
+    """TorchRec's fused kernel (``BatchedFusedEmbeddingBag``, around FBGEMM's TBE)
+    draws uniform values into every table FBGEMM allocates for it (``init_parameters``,
+    called from its ``__init__`` with no switch to turn it off); :func:`_init_tables_`
+    overwrites all of them. Held back while DMP builds the kernels, so each table is
+    written once; restored after, also on an error."""
+    kernel_init = BaseBatchedEmbeddingBag.__dict__["init_parameters"]
+    BaseBatchedEmbeddingBag.init_parameters = lambda self: None  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        BaseBatchedEmbeddingBag.init_parameters = kernel_init  # type: ignore[method-assign]
 
 
 def _local_shards(dmp: nn.Module) -> dict[str, list[tuple[tuple[int, int], torch.Tensor]]]:

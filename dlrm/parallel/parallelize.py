@@ -61,7 +61,7 @@ def build_model(
         pins = {name: p.sharding for name, p in cfg.embeddings.plan.items()}
         return torchrec_dlrm.build_torchrec_dlrm(
             schema, cfg.model, cfg.optim, cfg.embeddings.pooling, device, cfg.seed,
-            constraints=torchrec_dlrm.constraints_from_pins(pins, device),
+            constraints=torchrec_dlrm.constraints_from_pins(pins, device), resume=resume,
         )
     world = info.world_size if info is not None else 1
     if cfg.embeddings.backend == "torch_baseline":
