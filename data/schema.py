@@ -166,15 +166,7 @@ def infer_schema(
     first = open_parquet(files[0]).schema_arrow
     if first.get_field_index(label) < 0:
         raise DataError("label column is missing", file=files[0], column=label)
-    kinds = {f.name: column_kind(f.type) for f in first if f.name != label}
-    for given in (dense or [], sparse or [], exclude or []):
-        for name in given:
-            if name not in kinds:
-                raise DataError("column is missing", file=files[0], column=name)
-    for name in exclude or []:
-        if name in (dense or []) or name in (sparse or []):
-            raise DataError("data.exclude names a column data.dense or data.sparse takes", column=name)
-        del kinds[name]
+    kinds = _kinds(first, label, dense, sparse, exclude, files[0])
     if not dense and not sparse:  # the roles our own writers recorded (data/roles.py)
         dense, sparse = _declared_sides(first, kinds)
     sparse_names = list(sparse) if sparse else _categorical_columns(first, kinds, dense, files[0])
@@ -212,6 +204,22 @@ def infer_schema(
             for n in sparse_names
         ),
     )
+
+
+def _kinds(first: pa.Schema, label: str, dense: list[str] | None, sparse: list[str] | None,
+           exclude: list[str] | None, path: str) -> dict[str, str]:
+    """Each column's kind but the label's and the excluded ones'; a DataError for a named
+    column the file lacks, or one both excluded and named dense or sparse."""
+    kinds = {f.name: column_kind(f.type) for f in first if f.name != label}
+    for given in (dense or [], sparse or [], exclude or []):
+        for name in given:
+            if name not in kinds:
+                raise DataError("column is missing", file=path, column=name)
+    for name in exclude or []:
+        if name in (dense or []) or name in (sparse or []):
+            raise DataError("data.exclude names a column data.dense or data.sparse takes", column=name)
+        del kinds[name]
+    return kinds
 
 
 def _declared_sides(first: pa.Schema, kinds: dict[str, str]) -> tuple[list[str] | None, list[str] | None]:
