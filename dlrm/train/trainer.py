@@ -51,6 +51,7 @@ from dlrm.checkpoint.manager import (
 from dlrm.checkpoint.manifest import schema_to_json
 from dlrm.checkpoint.schedule import CheckpointSchedule
 from dlrm.config import Config, ConfigError, to_dict, to_yaml
+from dlrm.eval.metrics import NotFinite
 from dlrm.eval.predict import evaluate
 from dlrm.models.dlrm import unwrap
 from dlrm.models.interface import RecModel
@@ -69,7 +70,7 @@ from dlrm.train.bad_data_report import BadDataReport
 from dlrm.train.dense_graphs import DenseGraphs
 from dlrm.train.dense_graphs import why_not as dense_graphs_why_not
 from dlrm.train.device_prefetch import DevicePrefetcher
-from dlrm.train.divergence import DivergenceGuard
+from dlrm.train.divergence import Diverged, DivergenceGuard
 from dlrm.train.graphs import WARMUP as GRAPH_WARMUP
 from dlrm.train.graphs import GraphedStep
 from dlrm.train.graphs import why_not as graphs_why_not
@@ -534,6 +535,9 @@ class Trainer:
         self.guard.check(self.meter.window_loss(), step)
         try:
             metrics = evaluate(self.model, self.eval_reader, self.info)[0]
+        except NotFinite as e:  # the loss and dense weights were finite: a table row is not
+            raise Diverged(f"the eval at step {step}: {e}: a table holds NaN or infinite "
+                           "values; lower optim.sparse_lr and train again") from None
         except ValueError as e:  # an eval set of one class: no AUC, and the run goes on
             self.say(f"warning: the eval at step {step} has no metrics: {e} (data.eval={self.cfg.data.eval})")
             self.log.write({"event": "eval_skipped", "step": step, "reason": str(e)})
