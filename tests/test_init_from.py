@@ -233,6 +233,21 @@ def test_another_model_is_refused_in_one_line_before_the_run_writes(days, old_ru
     assert train(days["old"], out, f"train.init_from={tmp_path / 'nothing'}") == 2
     assert "no checkpoint there" in capsys.readouterr().err
     assert not out.exists()
+    assert train(days["old"], out, f"train.init_from={old_run}", "embeddings.backend=torch_baseline") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "embeddings.backend=torch_baseline cannot warm-start" in err[0]
+    assert not out.exists()
+
+
+def test_narrower_tables_take_the_rows_rounded(days, old_run: Path, tmp_path: Path) -> None:
+    """bf16 tables from an fp32 run: each row rounded once, to nearest."""
+    old = run_state(old_run)
+    new = flat(started(days["old"], tmp_path / "new", f"train.init_from={old_run}", "embeddings.dtype=bf16"))
+    for table in ("C1", "C2", "C3", "C4"):
+        key = f"tables.{table}.weight"
+        assert new[key].dtype == torch.bfloat16
+        assert torch.equal(new[key], old[key].to(torch.bfloat16)), key
+        assert torch.equal(new[f"tables.{table}.sum"], old[f"tables.{table}.sum"])
 
 
 def test_the_resume_refusal_names_init_from(days, old_run: Path, tmp_path: Path, capsys) -> None:
@@ -264,7 +279,7 @@ def test_hotline_takes_what_the_plain_placement_takes(days, old_run: Path, tmp_p
 
 
 PLAN = (("embeddings.plan={C1: {sharding: row_wise}, C2: {sharding: table_wise, ranks: [1]}, "
-         "C3: {sharding: column_wise}, C4: {sharding: row_wise}}"), "embeddings.replicate_max_bytes=0")
+         "C3: {sharding: column_wise}, C4: {sharding: data_parallel}}"), "embeddings.replicate_max_bytes=0")
 
 
 def warm_and_save(rank: int, world_size: int, data: Path, source: Path, out: Path) -> str:
@@ -280,7 +295,8 @@ def warm_and_save(rank: int, world_size: int, data: Path, source: Path, out: Pat
 @pytest.mark.distributed
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_ranks_take_what_one_process_takes(world_size: int, days, old_run: Path, tmp_path: Path) -> None:
-    """Row-, table- and column-wise shards at 2 and 3 ranks end equal to one process."""
+    """Row-, table-, column-wise and replicated tables at 2 and 3 ranks end equal to one
+    process (and the rows carried are counted once)."""
     lines = run_ranks(world_size, warm_and_save, days["new"], old_run, tmp_path / "ranks")
     said: list[str] = []
     one = started(days["new"], tmp_path / "one", f"train.init_from={old_run}", said=said)
@@ -289,7 +305,7 @@ def test_ranks_take_what_one_process_takes(world_size: int, days, old_run: Path,
     meta = json.loads((ck.find_checkpoint(tmp_path / "ranks") / "meta.json").read_text())
     assert meta["world_size"] == world_size
     assert {t: p["sharding"] for t, p in meta["plan"]["tables"].items()} == {
-        "C1": "row_wise", "C2": "table_wise", "C3": "column_wise", "C4": "row_wise"}
+        "C1": "row_wise", "C2": "table_wise", "C3": "column_wise", "C4": "data_parallel"}
     assert ranks.keys() == ref.keys()
     for key, want in ref.items():
         assert torch.equal(ranks[key], want), key

@@ -105,11 +105,12 @@ def check_init_from(config: dict[str, Any], schema: Schema, run_dir: Path, info:
     """Before a run writes anything: a fresh run's ``train.init_from`` names a checkpoint
     whose model this run can take (else one line, on every rank). A run directory with
     a checkpoint resumes and ignores it. Rank 0 looks; collective."""
-    error = None
+    error, source = None, config["train"]["init_from"]
     if info.is_main and not checkpoints(run_dir):
         try:
-            ckpt = _find(config["train"]["init_from"])
-            check_model(load_meta(ckpt), config, schema, ckpt)
+            with reading(Path(source), find_checkpoint) as found:  # not pruned while read
+                ckpt = found if found is not None else _find(source)
+                check_model(load_meta(ckpt), config, schema, ckpt)
         except CheckpointError as e:
             error = str(e)
     error = broadcast_object(error, info)
