@@ -250,6 +250,20 @@ def test_narrower_tables_take_the_rows_rounded(days, old_run: Path, tmp_path: Pa
         assert torch.equal(new[f"tables.{table}.sum"], old[f"tables.{table}.sum"])
 
 
+def test_a_changed_byte_in_a_piece_is_refused(days, old_run: Path, tmp_path: Path, capsys) -> None:
+    import shutil
+
+    source = tmp_path / "source"
+    shutil.copytree(old_run, source)
+    piece = next((ck.find_checkpoint(source) / "embeddings").glob("rank-0.*.bin"))
+    body = bytearray(piece.read_bytes())
+    body[5] ^= 1
+    piece.write_bytes(bytes(body))
+    assert train(days["old"], tmp_path / "new", f"train.init_from={source}") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"embeddings/{piece.name} does not match its sha256" in err[0]
+
+
 def test_the_resume_refusal_names_init_from(days, old_run: Path, tmp_path: Path, capsys) -> None:
     import shutil
 
