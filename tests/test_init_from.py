@@ -189,8 +189,9 @@ def test_grown_tables_carry_shared_values_and_initialise_new_ones(days, old_run:
 
 
 def test_identity_to_vocabulary_goes_through_the_values(days, old_run: Path, tmp_path: Path) -> None:
+    """And the source given as one checkpoint directory, RUN/checkpoints/step-N."""
     old = run_state(old_run)
-    trainer = started(days["new"], tmp_path / "new", f"train.init_from={old_run}",
+    trainer = started(days["new"], tmp_path / "new", f"train.init_from={ck.find_checkpoint(old_run)}",
                       "data.encodings={C1: vocabulary, C4: hash}")
     new = flat(trainer)
     fresh = flat(started(days["new"], tmp_path / "fresh", "data.encodings={C1: vocabulary, C4: hash}"))

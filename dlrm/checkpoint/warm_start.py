@@ -26,6 +26,7 @@ fresh run only.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -66,7 +67,7 @@ class Copied:
     """What a warm start took from the old run (the header's line, :meth:`line`)."""
 
     tables: list[str] = field(default_factory=list)  # copied, by value
-    rows: int = 0  # rows of the copied tables' that came from an old row
+    rows: int = 0  # rows of the copied tables that came from an old row
     total_rows: int = 0  # rows of every table of this run
     not_copied: dict[str, str] = field(default_factory=dict)  # table → why
     new: list[str] = field(default_factory=list)  # tables only here: initialised
@@ -213,9 +214,7 @@ def _maps(new: tuple[Schema, Preprocessing | None], old: tuple[Schema, Preproces
         if saved is None:
             copied.not_copied[table] = "no weight in its pieces"
             continue
-        old_side = there[table]
-        old_side = type(old_side)(old_side.encoding, saved[0][0], old_side.vocabulary)
-        found, why = row_map(here[table], old_side)
+        found, why = row_map(here[table], dataclasses.replace(there[table], rows=saved[0][0]))
         if found is None:
             copied.not_copied[table] = why
         else:
