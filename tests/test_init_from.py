@@ -293,6 +293,18 @@ def test_hotline_takes_what_the_plain_placement_takes(days, old_run: Path, tmp_p
         assert torch.equal(got[key], value), key
 
 
+@pytest.mark.gpu
+def test_tables_on_the_device_take_what_host_tables_take(days, old_run: Path, tmp_path: Path) -> None:
+    """The gather lands in CUDA shards (copied there from the mapped pages)."""
+    info = DistInfo(device=torch.device("cuda"))
+    gpu = flat(started(days["new"], tmp_path / "gpu", f"train.init_from={old_run}", "train.device=cuda",
+                       info=info))
+    cpu = flat(started(days["new"], tmp_path / "cpu", f"train.init_from={old_run}"))
+    assert gpu["tables.C1.weight"].device.type == "cuda"
+    for key, want in cpu.items():
+        assert torch.equal(gpu[key].cpu(), want), key
+
+
 PLAN = (("embeddings.plan={C1: {sharding: row_wise}, C2: {sharding: table_wise, ranks: [1]}, "
          "C3: {sharding: column_wise}, C4: {sharding: data_parallel}}"), "embeddings.replicate_max_bytes=0")
 
