@@ -19,8 +19,10 @@ import torch
 
 from data.preprocess import FILE as PREP_FILE
 from data.preprocess import save as save_preprocessing
+from data.vocabulary import Vocabulary
 from dlrm.checkpoint import manager as ck
 from dlrm.checkpoint.manager import Progress, save_checkpoint
+from dlrm.checkpoint.row_map import Side, row_map
 from dlrm.cli import main
 from dlrm.config import load_config, to_dict
 from dlrm.parallel.distributed import DistInfo, init_distributed
@@ -219,6 +221,23 @@ def test_what_is_not_copied_is_initialised_and_said(days, old_run: Path, tmp_pat
     assert "3 tables, 93 of 125 rows carried" in out
     assert "not copied (initialised): C4 (hashed into 64 rows there, 32 here)" in out
     assert "sparse optimizer state initialised (optim.sparse=rowwise_adagrad there, adam here)" in out
+
+
+def test_row_maps_by_hand() -> None:
+    """Small maps written out: vocabularies of strings and ints, identity, hash."""
+    words = Vocabulary(pa.array(["b", "a", "c"], pa.large_string()), np.ones(3, np.int64), 3)
+    moved = Vocabulary(pa.array(["c", "d", "b"], pa.large_string()), np.ones(3, np.int64), 3)
+    found, _ = row_map(Side("vocabulary", 4, moved), Side("vocabulary", 4, words))
+    assert found is not None and found.old_rows(0, 4).tolist() == [0, 3, -1, 1]  # OOV, c, d, b
+    assert found.old_rows(2, 4).tolist() == [-1, 1]
+    ids = Vocabulary(pa.array([7, 12, 3], pa.int64()), np.ones(3, np.int64), 3)
+    found, _ = row_map(Side("vocabulary", 4, ids), Side("identity", 8))
+    assert found is not None and found.old_rows(0, 4).tolist() == [-1, 7, -1, 3]
+    found, _ = row_map(Side("identity", 14), Side("vocabulary", 4, ids))
+    assert found is not None and found.old_rows(2, 14).tolist() == [-1, 3, -1, -1, -1, 1] + [-1] * 4 + [2, -1]
+    assert row_map(Side("identity", 8), Side("vocabulary", 4, words)) == (None, "string values there, integer here")
+    assert row_map(Side("hash", 8), Side("hash", 16)) == (None, "hashed into 16 rows there, 8 here")
+    assert row_map(Side("hash", 8), Side("identity", 8)) == (None, "identity there, hash here")
 
 
 # --------------------------------------------------------------------------- refusals
