@@ -240,6 +240,24 @@ def test_row_maps_by_hand() -> None:
     assert row_map(Side("hash", 8), Side("identity", 8)) == (None, "identity there, hash here")
 
 
+def test_a_table_only_on_one_side(days, old_run: Path, tmp_path: Path, capsys) -> None:
+    """C4 renamed C5: C5 is initialised, C4 ignored, both named; the rest copied."""
+    renamed = tmp_path / "renamed"
+    renamed.mkdir()
+    table = pq.read_table(days["old"] / "part-0.parquet")
+    pq.write_table(table.rename_columns([c if c != "C4" else "C5" for c in table.column_names]),
+                   renamed / "part-0.parquet", row_group_size=100)
+    extra = ("data.encodings={C5: hash}", "data.rows={C5: 64}")
+    new = flat(started(renamed, tmp_path / "new", f"train.init_from={old_run}", *extra))
+    fresh, old = flat(started(renamed, tmp_path / "fresh", *extra)), run_state(old_run)
+    assert torch.equal(new["tables.C5.weight"], fresh["tables.C5.weight"])
+    assert torch.equal(new["tables.C2.weight"], old["tables.C2.weight"])
+    assert train(renamed, tmp_path / "cli", f"train.init_from={old_run}", *extra) == 0
+    out = capsys.readouterr().out
+    assert ("3 tables, 93 of 157 rows carried (the rest initialised); new here (initialised): C5; "
+            "not in this run (ignored): C4; sparse optimizer state carried") in out
+
+
 # --------------------------------------------------------------------------- refusals
 
 
