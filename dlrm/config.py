@@ -215,6 +215,10 @@ class TrainConfig:
     checkpoint_every: int = 0  # steps; 0 = not by steps (checkpoint_seconds and the end still save)
     checkpoint_seconds: float = 1800.0  # also save once this much time passed since the last save (0 = off)
     keep_checkpoints: int = 2  # complete checkpoints kept in RUN/checkpoints/ (the newest)
+    # Warm start: a fresh run copies the dense part and each table's rows, matched by
+    # value, from this run directory's newest checkpoint (or a RUN/checkpoints/step-N);
+    # a resume ignores it (dlrm/checkpoint/warm_start.py). "" = start from the seed.
+    init_from: str = ""
     # Record the rows each rank trains on: the values of this column (dense integer
     # or single-hot sparse) per step in RUN/trace/rank-R.jsonl ("" = off; tests, audits)
     trace_rows: str = ""

@@ -228,9 +228,11 @@ def check_compatible(meta: dict[str, Any], config: dict[str, Any], schema: Schem
                                   ("dense", saved.dense, schema.dense)):
             if there != here:
                 raise CheckpointError(f"checkpoint {ckpt}: schema {name} differs from the data's")
+        run = ckpt.parent.parent if ckpt.parent.name == "checkpoints" else ckpt
         raise CheckpointError(
             f"checkpoint {ckpt}: sparse features or table sizes differ from the data's "
-            f"({_first_diff(saved, schema)})"
+            f"({_first_diff(saved, schema)}); to go on with data whose tables grew, start a new "
+            f"run from this one: --out NEW train.init_from={run}"
         )
 
 

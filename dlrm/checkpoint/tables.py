@@ -418,6 +418,22 @@ def _check_fits(index: dict[str, Any], layout: list[_Logical], path: Path) -> No
         raise CheckpointError(f"checkpoint {path}: {extra[0]} is there but not in this collection")
 
 
+# --------------------------------------------------------------------------- for other readers
+
+
+def blocks_to_load(tables: TableState) -> list[_Logical]:
+    """Every key of a collection as :func:`load_embeddings` fills it: its full size and
+    dtype, whether the ranks' blocks tile it (``split``), and this rank's blocks (live
+    views at their offsets). A warm start (``warm_start.py``) reads other rows into them."""
+    return _layout(tables, saving=False)
+
+
+def read_index(path: Path, want: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``index.json`` of the tables at ``path``, checked (its sha256 against ``want``, its
+    pieces against its keys): {"keys": {key: (size, dtype)}, "pieces": [...]}."""
+    return _read_index(path, want)
+
+
 # --------------------------------------------------------------------------- ranks
 
 

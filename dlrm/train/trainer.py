@@ -50,6 +50,7 @@ from dlrm.checkpoint.manager import (
 )
 from dlrm.checkpoint.manifest import schema_to_json
 from dlrm.checkpoint.schedule import CheckpointSchedule
+from dlrm.checkpoint.warm_start import check_init_from, init_from
 from dlrm.config import Config, ConfigError, to_dict, to_yaml
 from dlrm.eval.metrics import NotFinite
 from dlrm.eval.predict import evaluate
@@ -120,6 +121,8 @@ def train(cfg: Config, run_dir: str | Path, echo: Callable[[str], None] = print)
     for note in data.preprocess.notes if data.preprocess else ():
         say(note)
     narrow_type_warning(cfg, data.schema, say)
+    if cfg.train.init_from:  # a source this run cannot take leaves no run directory
+        check_init_from(to_dict(cfg), data.schema, run_dir, info)
     if info.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
     with RunLock(run_dir, info):  # one job per run directory, before it writes a file
@@ -282,10 +285,16 @@ class Trainer:
             )
         found = resume_checkpoint(self.run_dir, self.model, self.dense_opt, to_dict(self.cfg), self.schema,
                                   self.info, self.say)
+        source = self.cfg.train.init_from
         if found is None:
+            if source:  # a warm start: a fresh run from another run's weights
+                self.say(init_from(source, self.model, to_dict(self.cfg), self.schema, self.preprocess,
+                                   self.info))
             return False
         existing, self.progress = found
         self.say(f"resumed from {existing} at step {self.progress.global_step}")
+        if source:
+            self.say(f"train.init_from={source} is used only by a fresh run: this one resumes its own checkpoint")
         return True
 
     # ------------------------------------------------------------------ the loop
