@@ -7,6 +7,7 @@ in-process; heavy imports happen inside the verbs so ``dlrm --help`` is instant.
     dlrm fit --config FILE --data PATH --out DIR [key.sub=value ...]
     dlrm train --config FILE [--out RUN_DIR] [--print-config] [key.sub=value ...]
     dlrm eval --checkpoint RUN_DIR --data PATH [--plots DIR] [--device auto|cpu|cuda] [--strict-ids] [--tables stored|int8]
+              [--scores FILE.parquet [--keep COL,...]]
     dlrm export --checkpoint RUN_DIR --out DIR [--tables int8|stored]
     dlrm plot RUN_DIR [--out FILE.png]
     dlrm plan --config FILE --world-size N [--memory-per-rank SIZE]
@@ -27,6 +28,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 from data.errors import UserError
 from data.outputs import output_dir
@@ -145,7 +147,16 @@ def cmd_eval(argv: list[str]) -> int:
     p.add_argument("--strict-ids", action="store_true",
                    help="refuse an id past its trained table (default: look it up as nothing "
                         "and count it per column in unseen_ids)")
+    p.add_argument("--scores", default=None,
+                   help="write every row's score and label to this Parquet file, in the data's order")
+    p.add_argument("--keep", default="",
+                   help="with --scores: data columns written beside them (comma-separated, e.g. id,hour)")
     a = p.parse_args(argv)
+    keep = [c.strip() for c in a.keep.split(",") if c.strip()]
+    if keep and not a.scores:
+        raise UserError("--keep names columns of the --scores file: give --scores FILE.parquet too")
+    if a.scores and Path(a.scores).is_dir():
+        raise UserError(f"--scores {a.scores}: is a directory; name a .parquet file")
     if a.plots is not None:
         output_dir(a.plots, "--plots")
     if a.batch_size is not None and a.batch_size < 1:  # 0 read as "not given" before
@@ -153,7 +164,8 @@ def cmd_eval(argv: list[str]) -> int:
     from dlrm.eval.evaluate import evaluate_checkpoint
 
     result = evaluate_checkpoint(a.checkpoint, a.data, plots_dir=a.plots, batch_size=a.batch_size,
-                                 device=a.device, strict_ids=a.strict_ids, tables=a.tables)
+                                 device=a.device, strict_ids=a.strict_ids, tables=a.tables,
+                                 scores_path=a.scores, keep=keep)
     if result is not None:  # rank 0 of a torchrun job, or the only process
         print(json.dumps(result))
     return 0

@@ -29,6 +29,7 @@ from dlrm.eval.export import EXPORT_FILE, is_export, load_export, read_export
 from dlrm.eval.metrics import NotFinite
 from dlrm.eval.model import eval_model
 from dlrm.eval.predict import evaluate
+from dlrm.eval.scores import check_keep, write_scores
 from dlrm.parallel.distributed import init_distributed
 from dlrm.parallel.shared_dir import check_same_file
 from dlrm.train.bad_data_report import gather_lines, records_by_split
@@ -43,6 +44,8 @@ def evaluate_checkpoint(
     device: str | None = None,
     strict_ids: bool = False,
     tables: str = "stored",
+    scores_path: str | None = None,
+    keep: list[str] | None = None,
 ) -> dict[str, Any] | None:
     """Metrics (auc, logloss, ne, calibration, ctr, rows) of a checkpoint on ``data``,
     scored on ``device`` (auto/cpu/cuda; None: the run's ``train.device``): state.pt is
@@ -56,6 +59,9 @@ def evaluate_checkpoint(
 
     ``tables="int8"``: also scored with every table quantised int8 row-wise
     (embeddings/int8.py), under ``result["int8"]`` beside the stored tables' metrics.
+
+    ``scores_path``: every row's score and label, and the ``keep`` columns, written there
+    in the data's order (dlrm/eval/scores.py); ``result["scores"]`` names it.
     """
     with contextlib.ExitStack() as hold:  # the checkpoint stays while it is read
         cfg, schema, prep, fill, identity = _scored(Path(run), hold)
@@ -66,6 +72,8 @@ def evaluate_checkpoint(
         cfg.data.eval_strict_ids = strict_ids  # default: ids training never saw look up as nothing
         files = expand_paths(data)
         check_files(files, schema, cfg.data.on_error)
+        if scores_path:
+            check_keep(files, keep or [], schema.label)
         info = init_distributed(cfg.train.backend, cfg.train.device, cfg.train.timeout_s)
         check_same_file(identity, info, "checkpoint's file")  # every rank reads the same one
         model = eval_model(cfg, schema, info)
@@ -89,6 +97,8 @@ def evaluate_checkpoint(
                 result["int8"] = _int8_metrics(model, cfg, files, schema, info, prep)
     if not info.is_main:
         return None
+    if scores_path:
+        result["scores"] = write_scores(scores_path, files, scores.numpy(), labels.numpy(), keep or [])
     if plots_dir:
         from dlrm.eval.plots import write_plots
 
