@@ -84,3 +84,27 @@ def test_bad_scores_arguments_are_one_line(trained: Path, tiny_data, tmp_path: P
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and says.replace("DIR", str(tmp_path / "DIR")) in err, err
     assert not (tmp_path / "S").exists()
+
+
+def test_rows_dropped_by_on_error_skip_refuse_the_scores_file(tiny_data, tmp_path: Path, capsys) -> None:
+    """A bad dense value drops its row under data.on_error=skip: the scores no longer line
+    up with the data's rows, so the file is refused (the metrics alone still work)."""
+    first = min(Path(tiny_data["eval"]).glob("*.parquet"))
+    table = pq.read_table(first)
+    i1 = table.column("I1").to_numpy().copy()
+    i1[5] = np.nan
+    (tmp_path / "eval").mkdir()
+    pq.write_table(table.set_column(table.schema.get_field_index("I1"), "I1", pa.array(i1)),
+                   tmp_path / "eval" / "p.parquet")
+    run = tmp_path / "run"
+    assert main(["train", "--config", str(TINY), "--out", str(run), *tiny_overrides(),
+                 f"data.train={tiny_data['train']}", "data.eval=", "train.max_steps=2",
+                 "data.on_error=skip"]) == 0
+    capsys.readouterr()
+    out = tmp_path / "scores.parquet"
+    data = str(tmp_path / "eval")
+    assert main(["eval", "--checkpoint", str(run), "--data", data, "--scores", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"{table.num_rows - 1:,} rows were scored of the data's {table.num_rows:,}" in err
+    assert not out.exists()
+    assert main(["eval", "--checkpoint", str(run), "--data", data]) == 0
