@@ -69,7 +69,7 @@ def test_plot_draws_the_jsonl_series(hotline_run: Path, tmp_path: Path, capsys) 
     assert main(["plot", str(hotline_run)]) == 0
     said = json.loads(capsys.readouterr().out)
     png = hotline_run / "curves.png"
-    assert said == {"out": str(png), "train_points": 2, "eval_points": 2}
+    assert said == {"out": str(png), "train_points": 3, "eval_points": 2}  # steps 3, 6 and the last, 8
     pixels = matplotlib.image.imread(png)
     assert pixels.shape[:2] == (900, 800) and pixels.std() > 0.05  # drawn, not blank
 
@@ -124,3 +124,21 @@ def test_tensorboard_rank_zero_only_and_missing_package(tmp_path: Path, monkeypa
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # as if not installed
     with pytest.raises(ConfigError, match="pip install tensorboard"):
         JsonLog(tmp_path / "metrics.jsonl", enabled=False, tensorboard=True)
+
+
+def test_a_run_shorter_than_log_every_logs_its_last_window(tiny_data, tmp_path: Path, capsys) -> None:
+    """Before, a 5-step run at log_every=50 logged no loss and `dlrm plot` had nothing to
+    draw ("no training records yet"); the last step now logs its window: the mean of the
+    steps' losses, as a log line at log_every=5 gives (the reference run)."""
+    def run(out: Path, every: int) -> list[dict]:
+        assert main(["train", "--config", str(TINY), "--out", str(out), *tiny_overrides(),
+                     f"data.train={tiny_data['train']}", "data.eval=", "train.max_steps=5",
+                     f"train.log_every={every}", "data.batch_size=256"]) == 0
+        return [r for r in records(out) if r["event"] == "train"]
+
+    short, reference = run(tmp_path / "short", 50), run(tmp_path / "every5", 5)
+    assert [r["step"] for r in short] == [r["step"] for r in reference] == [5]
+    assert short[0]["loss"] == reference[0]["loss"]
+    capsys.readouterr()
+    assert main(["plot", str(tmp_path / "short")]) == 0
+    assert json.loads(capsys.readouterr().out)["train_points"] == 1

@@ -481,7 +481,8 @@ class Trainer:
         stopping run skips the eval (fit saves): the agent's grace period is short; the
         resumed run runs it first (``_eval_missed``)."""
         step, every = self.progress.global_step, self.cfg.train
-        if every.log_every and step % every.log_every == 0:
+        # the last step logs its window too (a run shorter than log_every draws a curve)
+        if every.log_every and (step % every.log_every == 0 or step == self.total_steps):
             window = self.meter.take_window()  # reads the loss: the host waits here anyway
             warn_fp16_overflow(self.model)  # the Triton update's counts, read in that wait
             self.guard.check(window["loss"], step)  # a NaN loss is not logged, saved or evaluated
