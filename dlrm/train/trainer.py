@@ -288,8 +288,8 @@ class Trainer:
         source = self.cfg.train.init_from
         if found is None:
             if source:  # a warm start: a fresh run from another run's weights
-                self.say(init_from(source, self.model, to_dict(self.cfg), self.schema, self.preprocess,
-                                   self.info))
+                self.say(init_from(source, self.model, self.dense_opt, to_dict(self.cfg), self.schema,
+                                   self.preprocess, self.info))
             return False
         existing, self.progress = found
         self.say(f"resumed from {existing} at step {self.progress.global_step}")
