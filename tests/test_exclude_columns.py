@@ -82,3 +82,50 @@ def test_no_dense_column_builds_the_bottom_mlp_without_a_warning() -> None:
         bottom = mlp(0, [8, 4], relu_last=True)
     out = bottom(torch.zeros(3, 0))
     assert out.shape == (3, 4)  # a learned constant vector: the bias alone
+
+
+@pytest.fixture(scope="module")
+def hashed_ids(tmp_path_factory) -> Path:
+    """Avazu's id as pandas reads it: uint64 values past 2^63, one per row."""
+    rng = np.random.default_rng(1)
+    root = tmp_path_factory.mktemp("hashed")
+    cols = {"click": rng.integers(0, 2, N).astype(np.float32),
+            "id": rng.integers(2**63, 2**64 - 1, N, dtype=np.uint64),
+            "site_id": np.array([f"s{v}" for v in rng.integers(0, 300, N)])}
+    write_parquet(root / "f.parquet", cols)
+    return root
+
+
+def test_an_identity_table_of_hashed_ids_is_one_line_before_anything_is_written(
+        hashed_ids: Path, tmp_path: Path, capsys) -> None:
+    from dlrm.cli import main
+
+    run = tmp_path / "run"
+    argv = ["train", "--config", str(TINY), "--out", str(run), f"data.train={hashed_ids}", "data.eval=",
+            "data.label=click", "train.max_steps=2"]
+    assert main([*argv, "data.encodings={id: identity}"]) == 2  # before: an overflow traceback
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "column 'id': ids up to" in err
+    assert "data.encodings={id: vocabulary}" in err and not run.exists()
+    assert main(["plan", "--config", str(TINY), "--world-size", "2", "--data", str(hashed_ids),
+                 "data.label=click", "data.encodings={id: identity}"]) == 2
+    assert "make an identity table" in capsys.readouterr().err
+    assert main([*argv]) == 0  # auto: a vocabulary, as before
+
+
+def test_a_reused_fit_without_a_column_is_one_line(hashed_ids: Path, tmp_path: Path, capsys) -> None:
+    from dlrm.cli import main
+
+    fitted = tmp_path / "fit"
+    assert main(["fit", "--config", str(TINY), "--data", str(hashed_ids), "--out", str(fitted),
+                 "data.label=click", "data.exclude=[id]"]) == 0
+    capsys.readouterr()
+    run = tmp_path / "run"
+    argv = ["train", "--config", str(TINY), "--out", str(run), f"data.train={hashed_ids}", "data.eval=",
+            "data.label=click", "train.max_steps=2", f"data.preprocessing={fitted}"]
+    assert main(argv) == 2  # before: an overflow traceback (id left to identity)
+    err = capsys.readouterr().err.strip()
+    assert err.endswith(f"data.preprocessing={fitted} has no mapping for the sparse column id: it was "
+                        "fitted over other columns; run with the data.sparse / data.exclude it was "
+                        "fitted with, or fit again")
+    assert main([*argv, "data.exclude=[id]"]) == 0

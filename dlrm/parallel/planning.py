@@ -56,7 +56,7 @@ def run_schema(cfg: Config, data: str | None = None) -> tuple[Schema, dict[str, 
         from data.files import expand_paths
         from data.preprocess import fit
         from data.schema import infer_schema
-        from dlrm.train.inputs import prep_options
+        from dlrm.train.inputs import check_table_rows, prep_options
 
         files = expand_paths(spec)
         schema = infer_schema(
@@ -68,7 +68,9 @@ def run_schema(cfg: Config, data: str | None = None) -> tuple[Schema, dict[str, 
             tables=cfg.data.tables or None,
         exclude=cfg.data.exclude or None,
         )
-        return fit(files, schema, prep_options(cfg)).apply(schema), {}
+        schema = fit(files, schema, prep_options(cfg)).apply(schema)
+        check_table_rows(schema)
+        return schema, {}
     from data.generate import generator_schema
 
     schema = generator_schema(cfg.generate)

@@ -89,16 +89,43 @@ def resolve_data(cfg: Config, run_dir: str | Path | None = None) -> RunData:
         prep = prep_io.load(saved.parent)
     elif cfg.data.preprocessing:
         prep = prep_io.load(Path(cfg.data.preprocessing), usable)
+        check_fit_covers(prep, schema, cfg.data.preprocessing)
     else:
         prep = prep_io.fit(usable, schema, prep_options(cfg))
         if prep.vocabularies and run_dir is not None:
             prep.notes.append(f"preprocessing: another run on the same data reuses this fit "
                               f"with data.preprocessing={run_dir}")
     schema = prep.apply(schema)
+    check_table_rows(schema)
     check_files(train_files, schema, cfg.data.on_error)  # skip: reported by the readers
     if eval_files:
         check_files(eval_files, schema, cfg.data.on_error)
     return RunData(train_files, eval_files, schema, prep)
+
+
+MAX_TABLE_ROWS = 1 << 48  # 2^48 rows of one float: a petabyte; beyond, ids that are no rows
+
+
+def check_fit_covers(prep: prep_io.Preprocessing, schema: Schema, where: str) -> None:
+    """A reused fit (data.preprocessing=DIR) maps every sparse table of this run: one
+    fitted with other columns (another data.exclude or data.sparse) would leave a table
+    to identity, sized by its raw ids."""
+    missing = [f.name for f in schema.sparse if f.table_name not in prep.encodings]
+    if missing:
+        raise DataError(f"data.preprocessing={where} has no mapping for the sparse column"
+                        f"{'s' * (len(missing) > 1)} {', '.join(missing)}: it was fitted over other "
+                        "columns; run with the data.sparse / data.exclude it was fitted with, or fit again")
+
+
+def check_table_rows(schema: Schema) -> None:
+    """A table sized by ids of an identity column (max id + 1) that no memory holds: a
+    uint64 hash or row id read as rows. One line naming the column and the encodings
+    that fit it, before anything is allocated."""
+    for f in schema.sparse:
+        if f.rows > MAX_TABLE_ROWS:
+            raise DataError(f"ids up to {f.rows - 1:,} make an identity table of {f.rows:.3g} rows: "
+                            f"map them with data.encodings={{{f.name}: vocabulary}} (or hash), or leave "
+                            f"the column out with data.exclude=[{f.name}]", column=f.name)
 
 
 def check_named_columns(cfg: Config, schema: Schema) -> None:
