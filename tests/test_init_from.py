@@ -320,6 +320,15 @@ def test_the_resume_refusal_names_init_from(days, old_run: Path, tmp_path: Path,
     err = capsys.readouterr().err
     assert "C1: 40 rows there, C1: 60 here" in err
     assert f"start a new run from this one: --out NEW train.init_from={run}" in err
+    # the other way (a run on the grown data resumed with the old, e.g. without its eval
+    # files): no warm start to suggest; the data it started with
+    big = tmp_path / "big"
+    assert train(days["new"], big, "train.max_steps=2") == 0
+    capsys.readouterr()
+    assert train(days["old"], big, "train.max_steps=4") == 2
+    err = capsys.readouterr().err
+    assert "C1: 60 rows there, C1: 40 here" in err and "init_from" not in err
+    assert "resume with the data.train and data.eval the run started with" in err
 
 
 # --------------------------------------------------------------------------- placements and ranks

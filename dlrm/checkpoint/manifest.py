@@ -229,11 +229,14 @@ def check_compatible(meta: dict[str, Any], config: dict[str, Any], schema: Schem
             if there != here:
                 raise CheckpointError(f"checkpoint {ckpt}: schema {name} differs from the data's")
         run = ckpt.parent.parent if ckpt.parent.name == "checkpoints" else ckpt
-        raise CheckpointError(
-            f"checkpoint {ckpt}: sparse features or table sizes differ from the data's "
-            f"({_first_diff(saved, schema)}); to go on with data whose tables grew, start a new "
-            f"run from this one: --out NEW train.init_from={run}"
-        )
+        shrank = all(fb.rows <= fa.rows for fa, fb in zip(saved.sparse, schema.sparse, strict=False))
+        hint = ("; the data's tables are smaller: identity tables are sized by the train and eval "
+                "files' ids, so resume with the data.train and data.eval the run started with"
+                if shrank and len(saved.sparse) == len(schema.sparse) else
+                "; to go on with data whose tables grew, start a new run from this one: "
+                f"--out NEW train.init_from={run}")
+        raise CheckpointError(f"checkpoint {ckpt}: sparse features or table sizes differ from the "
+                              f"data's ({_first_diff(saved, schema)}){hint}")
 
 
 def _first_diff(a: Schema, b: Schema) -> str:
