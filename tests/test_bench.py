@@ -15,7 +15,7 @@ from dlrm.bench.run import ENGINES, stated_rows_override
 from dlrm.cli import main
 from dlrm.config import load_config
 from dlrm.models.interaction import DotInteraction
-from tests.conftest import TINY
+from tests.conftest import REPO, TINY
 
 SMALL = ["generate.rows=20000", "generate.row_group_rows=4096"]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -51,6 +51,13 @@ def test_bench_rows_ratios_and_limit(bench: Path) -> None:
     assert rows["native", 1]["vs_in_memory"] == pytest.approx(
         rows["native", 1]["samples_per_s"] / rows["in_memory", 1]["samples_per_s"])
     assert rows["host_embedding", 1]["hotline"]["hot_hit_rate"] == 0.0  # nothing on the device
+    # what it ran on, stated beside the figures: the commit git names for this checkout
+    import subprocess
+
+    head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], check=False, capture_output=True,
+                          text=True).stdout.strip()
+    ran = report["ran_on"]
+    assert ran["commit"] == (head or "unknown (not a git checkout)") and ran["device"].startswith("cpu, ")
     assert rows["hotline", 1]["hotline"]["hot_hit_rate"] > 0.5
     # 20 timed steps after the same untimed ones (Hotline's profile window, the warm-up)
     untimed = rows["native", 1]["untimed_steps"]

@@ -36,6 +36,7 @@ from dlrm.bench.budgets import (
     sweep_rows,
     write_sweep_png,
 )
+from dlrm.bench.provenance import provenance, provenance_line
 from dlrm.config import Config, load_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -111,6 +112,8 @@ def cmd_bench(argv: list[str]) -> int:
     # Rounds interleave the engines (A B A B, not A A B B), so a slow spell of a
     # shared machine falls on every engine rather than on one.
     untimed = untimed_steps(cfg)
+    ran_on = provenance()
+    print(f"bench: {provenance_line(ran_on)}; config {a.config}", flush=True)
     print(f"timing {steps} steps a row, after {untimed} untimed ones (Hotline's profile window, "
           "the warm-up): every row the same batches", flush=True)
     runs, failed = run_all(a, steps, data_dir, out / "runs", untimed)
@@ -158,10 +161,12 @@ def cmd_bench(argv: list[str]) -> int:
     print(format_limit(limit, rows))
     if "h2d_pinned_gb_s" in limit:
         print(format_gpu(limit, rows))
-    report = {"config": a.config, "steps": steps, "rows": rows, "limit": limit,
+    report = {"config": a.config, "steps": steps, "ran_on": ran_on, "rows": rows, "limit": limit,
               **({"hotline_budgets": sweep} if sweep else {}), **({"failed": failed} if failed else {})}
     write_json(out / "bench.json", report)
-    write_png(out / "bench.png", rows, limit)
+    write_png(out / "bench.png", rows, limit,
+              f"{a.config}, {steps} steps a row; tables {_tables_cell(rows[0].get('tables'))}; "
+              f"{provenance_line(ran_on)}")
     print(f"wrote {out / 'bench.json'} and {out / 'bench.png'}")
     for f in failed:
         print(f"FAILED {f['engine']}@{f['ranks']}: exit {f['code']}, log {f['log']}")
@@ -683,9 +688,10 @@ def write_json(path: Path, report: dict[str, Any]) -> None:
     write_atomic(path, json.dumps(report, indent=1) + "\n")
 
 
-def write_png(path: Path, rows: list[dict[str, Any]], limit: dict[str, float]) -> None:
+def write_png(path: Path, rows: list[dict[str, Any]], limit: dict[str, float], ran: str = "") -> None:
     """Bars of samples/s per row, labelled with their value; the machine limit in
-    the title (as a line it would flatten the bars). Temp name, then rename."""
+    the title (as a line it would flatten the bars), what ran (config, steps, tables,
+    commit, device) under it. Temp name, then rename."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -699,7 +705,8 @@ def write_png(path: Path, rows: list[dict[str, Any]], limit: dict[str, float]) -
     bars = ax.bar(labels, [r["samples_per_s"] for r in rows], color=colors)
     ax.bar_label(bars, labels=[f"{r['samples_per_s']:,.0f}" for r in rows])
     ax.set(ylabel="samples/s",
-           title=f"dlrm bench (machine limit {limit['samples_per_s_bound']:,.0f} samples/s)")
+           title=f"dlrm bench (machine limit {limit['samples_per_s_bound']:,.0f} samples/s)"
+                 + (f"\n{ran}" if ran else ""))
     fig.tight_layout()
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png")
