@@ -6,6 +6,10 @@
 #   bash scripts/gpu_session.sh tests   # run with timeout_s=270: at most 250 s
 #   bash scripts/gpu_session.sh bench   # then at once (warm machine), timeout_s=440: 420 s
 #
+# The device's copy of the tree has no .git: prefix each call with the commit,
+# DLRM_COMMIT=<git rev-parse --short HEAD here> bash scripts/gpu_session.sh ..., so
+# env.txt and every bench.json (ran_on) name it.
+#
 # Together about 12 of the 15 minutes; the rest is the start and the transfers. Each
 # call does its most important step first and gives every later step what is left
 # (SECONDS_BUDGET overrides a call's seconds), so a slow step costs the extras, never
@@ -63,7 +67,7 @@ export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
   "$PY" -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__,
 "cuda", torch.version.cuda, torch.cuda.get_device_name() if torch.cuda.is_available() else "NO CUDA")'
   "$PY" -c 'import triton; print("triton", triton.__version__)'
-  git log -1 --format='commit %H %s' 2>/dev/null
+  git log -1 --format='commit %H %s' 2>/dev/null || echo "commit ${DLRM_COMMIT:-unknown: call with DLRM_COMMIT=\$(git rev-parse --short HEAD) from the checkout}"
 } >"$OUT/env.txt" 2>&1
 grep -E "^(python|triton|commit)|NVIDIA H" "$OUT/env.txt"
 

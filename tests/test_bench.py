@@ -57,7 +57,7 @@ def test_bench_rows_ratios_and_limit(bench: Path) -> None:
     head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], check=False, capture_output=True,
                           text=True).stdout.strip()
     ran = report["ran_on"]
-    assert ran["commit"] == (head or "unknown (not a git checkout)") and ran["device"].startswith("cpu, ")
+    assert ran["commit"] == (head or "unknown (not a git checkout; set DLRM_COMMIT)") and ran["device"].startswith("cpu, ")
     assert rows["hotline", 1]["hotline"]["hot_hit_rate"] > 0.5
     # 20 timed steps after the same untimed ones (Hotline's profile window, the warm-up)
     untimed = rows["native", 1]["untimed_steps"]

@@ -32,11 +32,13 @@ def provenance() -> dict[str, Any]:
 
     commit = _git("rev-parse", "--short", "HEAD")
     changes = _git("status", "--porcelain", "--untracked-files=no")
+    if commit is None and os.environ.get("DLRM_COMMIT"):  # a copy of the tree without .git (the
+        commit, changes = os.environ["DLRM_COMMIT"], None   # lent GPU machine): told by the caller
     if torch.cuda.is_available():
         device = f"{torch.cuda.get_device_name(0)} x{torch.cuda.device_count()}"
     else:
         device = f"cpu, {os.cpu_count()} cores"
-    return {"commit": commit or "unknown (not a git checkout)",
+    return {"commit": commit or "unknown (not a git checkout; set DLRM_COMMIT)",
             "tree": "unknown" if changes is None else "clean" if not changes else "uncommitted changes",
             "device": device, "torch": torch.__version__}
 
