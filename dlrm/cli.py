@@ -42,7 +42,7 @@ def cmd_generate(argv: list[str]) -> int:
     p.add_argument("--config", default=None, help="YAML config; its generate: section is used")
     p.add_argument("--seed", type=int, default=None, help="sampling seed (default: config seed)")
     p.add_argument("overrides", nargs="*", help="key.sub=value config overrides")
-    a = p.parse_args(argv)
+    a = p.parse_intermixed_args(argv)  # key=value before and after the options
     output_dir(a.out, "--out")  # before any work: a file there is one line, not a traceback
     from data.generate import generate_dataset
     from dlrm.config import load_config
@@ -95,7 +95,7 @@ def cmd_train(argv: list[str]) -> int:
     p.add_argument("--print-config", action="store_true",
                    help="print the resolved config and the full plan (train.print_config=true)")
     p.add_argument("overrides", nargs="*", help="key.sub=value config overrides")
-    a = p.parse_args(argv)
+    a = p.parse_intermixed_args(argv)  # key=value before and after the options
     output_dir(a.out, "--out")
     from dlrm.config import load_config
     from dlrm.train.trainer import train
@@ -115,7 +115,7 @@ def cmd_fit(argv: list[str]) -> int:
     p.add_argument("--data", required=True, help="training Parquet file, directory or glob")
     p.add_argument("--out", required=True, help="directory for preprocessing.json")
     p.add_argument("overrides", nargs="*", help="key.sub=value config overrides")
-    a = p.parse_args(argv)
+    a = p.parse_intermixed_args(argv)  # key=value before and after the options
     output_dir(a.out, "--out")
     from dlrm.config import load_config
     from dlrm.fit import fit_and_save
@@ -205,7 +205,7 @@ def cmd_plan(argv: list[str]) -> int:
     p.add_argument("--data", default=None,
                    help="Parquet file, directory or glob (default: data.train)")
     p.add_argument("overrides", nargs="*", help="key.sub=value config overrides")
-    a = p.parse_args(argv)
+    a = p.parse_intermixed_args(argv)  # key=value before and after the options
     from dlrm.config import load_config
     from dlrm.parallel.planning import plan_from_config, run_schema, sizes_source
 
