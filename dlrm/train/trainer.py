@@ -132,18 +132,18 @@ def train(cfg: Config, run_dir: str | Path, echo: Callable[[str], None] = print)
 def _train_locked(cfg: Config, run_dir: Path, data: RunData, info: DistInfo,
                   say: Callable[[str], None]) -> dict[str, Any]:
     """The run's files, the model and the training loop, with the run directory held."""
+    # A resume loads every table: they are not randomly initialised first.
+    resume = will_resume(run_dir, info)
+    hot_profile = None
+    if cfg.embeddings.placement == "hotline":  # first: a refused budget leaves config.yaml as it was
+        reader = make_reader(cfg, data.train_files, data.schema, True, info.rank, info.world_size,
+                             data.preprocess)
+        hot_profile = make_profile(cfg, run_tables(cfg, data.schema), reader, run_dir, say, info, resume)
     if info.is_main:
         if data.preprocess is not None and not (run_dir / PREP_FILE).is_file():
             save_preprocessing(data.preprocess, run_dir)
         write_atomic(run_dir / "config.yaml", to_yaml(cfg))
         write_atomic(run_dir / "schema.json", json.dumps(schema_to_json(data.schema), indent=1))
-    hot_profile = None
-    if cfg.embeddings.placement == "hotline":
-        reader = make_reader(cfg, data.train_files, data.schema, True, info.rank, info.world_size,
-                             data.preprocess)
-        hot_profile = make_profile(cfg, run_tables(cfg, data.schema), reader, run_dir, say, info)
-    # A resume loads every table: they are not randomly initialised first.
-    resume = will_resume(run_dir, info)
     table_bytes = sum(t.bytes for t in run_tables(cfg, data.schema))
     if table_bytes >= INIT_NOTE_BYTES and not resume:  # many seconds before the header: say why
         say(f"initialising {format_bytes(table_bytes)} of tables ...")
