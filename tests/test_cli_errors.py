@@ -166,6 +166,16 @@ def test_bad_config(override: str, needle: str, tmp_path: Path, capsys) -> None:
     assert_one_line_error(code, err, needle)
 
 
+def test_hotline_on_the_torchrec_backend_is_refused(tmp_path: Path, capsys) -> None:
+    """It profiled, printed the header, then died in an AttributeError at the first step."""
+    f = write(tmp_path / "d.parquet", good_columns(np.random.default_rng(7)))
+    code, err = run_cli(train_argv(f, tmp_path / "run", "embeddings.placement=hotline",
+                                   "embeddings.backend=torchrec"), capsys)
+    assert_one_line_error(code, err, "embeddings.backend='torchrec'", "embeddings.placement=hotline",
+                          "embeddings.backend=native")
+    assert not (tmp_path / "run").exists()
+
+
 def test_missing_config_file(tmp_path: Path, capsys) -> None:
     code, err = run_cli(["train", "--config", str(tmp_path / "nope.yaml")], capsys)
     assert_one_line_error(code, err, "nope.yaml")
