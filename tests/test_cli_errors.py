@@ -176,6 +176,22 @@ def test_hotline_on_the_torchrec_backend_is_refused(tmp_path: Path, capsys) -> N
     assert not (tmp_path / "run").exists()
 
 
+def test_triton_kernels_off_a_gpu_without_the_interpreter_are_refused(tmp_path: Path, capsys, monkeypatch) -> None:
+    """The first launch died in triton's "0 active drivers" traceback, after the profile
+    and the header; the tests' way (TRITON_INTERPRET=1) still trains."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    f = write(tmp_path / "d.parquet", good_columns(np.random.default_rng(7)))
+    code, err = run_cli(train_argv(f, tmp_path / "run", "embeddings.kernels=triton",
+                                   "embeddings.placement=hotline"), capsys)
+    assert_one_line_error(code, err, "embeddings.kernels=triton", "TRITON_INTERPRET=1", "embeddings.kernels=auto")
+    assert not (tmp_path / "run").exists()
+    from embeddings.kernels import why_not_triton
+
+    assert why_not_triton("auto", "cpu") is None and why_not_triton("torch", "cpu") is None
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert why_not_triton("triton", "cpu") is None
+
+
 def test_missing_config_file(tmp_path: Path, capsys) -> None:
     code, err = run_cli(["train", "--config", str(tmp_path / "nope.yaml")], capsys)
     assert_one_line_error(code, err, "nope.yaml")

@@ -91,6 +91,7 @@ from dlrm.train.trace import RowTrace
 from embeddings.collection import warn_fp16_overflow
 from embeddings.hotline.lookups import HOT_ONLY
 from embeddings.interface import Prefetched
+from embeddings.kernels import why_not_triton
 from embeddings.narrow import bf16_small_lr
 from embeddings.plan.sizes import format_bytes, parse_size
 from embeddings.timing import EMBEDDING_SECTIONS, TIMER
@@ -110,6 +111,9 @@ def train(cfg: Config, run_dir: str | Path, echo: Callable[[str], None] = print)
         torch.backends.cuda.matmul.allow_tf32 = cfg.train.tf32
         torch.backends.cudnn.allow_tf32 = cfg.train.tf32
     say = echo if info.is_main else (lambda _: None)
+    why = why_not_triton(cfg.embeddings.kernels, info.device)
+    if why is not None:  # before any work: the first launch died in a triton traceback
+        raise ConfigError(why)
     check_shared_dir(run_dir, info)  # several machines: before any rank reads or writes it
     # bf16 only where it is fast; the config printed and saved says what ran
     precision = decide_precision(cfg.train, info.device, info, say)
