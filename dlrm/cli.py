@@ -207,7 +207,7 @@ def cmd_plan(argv: list[str]) -> int:
     p.add_argument("overrides", nargs="*", help="key.sub=value config overrides")
     a = p.parse_intermixed_args(argv)  # key=value before and after the options
     from dlrm.config import load_config
-    from dlrm.parallel.planning import plan_from_config, run_schema, sizes_source
+    from dlrm.parallel.planning import hotline_note, plan_from_config, run_schema, sizes_source
 
     cfg = load_config(a.config, a.overrides)
     schema, pooling = run_schema(cfg, a.data)
@@ -216,6 +216,8 @@ def cmd_plan(argv: list[str]) -> int:
         cfg, schema, a.world_size, memory_per_rank=a.memory_per_rank, pooling_factors=pooling
     )
     print(text)
+    if cfg.embeddings.placement == "hotline":
+        print(hotline_note(cfg, schema))
     return 0
 
 
