@@ -61,7 +61,7 @@ from dlrm.train.split_graphs import GraphedSplits
 from dlrm.train.split_graphs import why_not as split_graphs_why_not
 from embeddings.hotline.lookups import ColdInFlight
 from embeddings.hotline.mixed import MixedMicro
-from embeddings.hotline.profile import HotProfile, count_accesses, default_max_batches
+from embeddings.hotline.profile import HotProfile, count_accesses, default_max_batches, row_bytes
 from embeddings.hotline.refresh import RefreshPlan
 from embeddings.hotline.split import (
     DeviceSplit,
@@ -119,9 +119,35 @@ def make_profile(
     if info.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
         profile.save(path)
-    hot = sum(int(ids.numel()) for ids in profile.hot.values())
-    say(f"hotline: {hot:,} hot rows within {cfg.hotline.budget} from {sample} profiled batches")
+    for line in profile_lines(cfg, profile, counts, tables, optimizer):
+        say(line)
     return profile
+
+
+def profile_lines(cfg: Config, profile: HotProfile, counts: dict[str, torch.Tensor],
+                  tables: list[TableSpec], optimizer: Any) -> list[str]:
+    """What the profile chose, for the run's start: the hot rows, the budget they use and
+    the share of the profiled lookups they hit; a budget that holds no row, or more than
+    every row the profile saw, said as such (both read as a working choice before)."""
+    cost = {t.name: row_bytes(t, optimizer) for t in tables}
+    hot = sum(int(ids.numel()) for ids in profile.hot.values())
+    used = sum(int(profile.hot[name].numel()) * cost[name] for name in cost)
+    lookups = sum(v["lookups"] for v in profile.summary.values())
+    hits = sum(v["hot_lookups"] for v in profile.summary.values())
+    share = f"{hits / lookups:.1%}" if lookups else "none"
+    lines = [(f"hotline: {hot:,} hot rows ({format_bytes(used)} of hotline.budget={cfg.hotline.budget}) "
+              f"hit {share} of the {lookups:,} lookups profiled")]
+    if hot == 0:
+        lines.append(f"warning: hotline.budget={cfg.hotline.budget} holds no hot row (the smallest takes "
+                     f"{min(cost.values())} B: weights and optimizer state): every lookup goes to the host")
+        return lines
+    seen = sum(int((c > 0).sum()) for c in counts.values())
+    if hot == seen:
+        unseen = sum(t.rows for t in tables) - seen
+        lines[0] += (f"; the budget holds every row the profile saw, the {unseen:,} it did not see "
+                     f"stay on the host" + ("" if cfg.hotline.refresh_every else
+                                            " (hotline.refresh_every=N re-chooses from later batches)"))
+    return lines
 
 
 def budget_kept_on_resume(cfg: Config, saved_bytes: int, run_dir: Path) -> str:
