@@ -158,7 +158,10 @@ def test_broken_file(kind: str, tmp_path: Path, capsys) -> None:
     [("model.embedding_dimm=8", "model.embedding_dimm"), ("model.embedding_dim=big", "model.embedding_dim"),
      ("optim.sparse=lbfgs", "optim.sparse"), ("train=3", "train"),
      # YAML's flow mapping without the space after the colon: one key, named with the fix
-     ("embeddings.plan={C1:{sharding:row_wise}}", "write 'sharding: row_wise', a space after the colon")],
+     ("embeddings.plan={C1:{sharding:row_wise}}", "write 'sharding: row_wise', a space after the colon"),
+     # the same in a mapping of values: it read "embeddings.dtypes.C1:bf16: None is not one of ..."
+     ("embeddings.dtypes={C1:bf16}", ("embeddings.dtypes: YAML reads 'C1:bf16' as one key with no value: "
+                                      "write 'C1: bf16', a space after the colon"))],
 )
 def test_bad_config(override: str, needle: str, tmp_path: Path, capsys) -> None:
     f = write(tmp_path / "d.parquet", good_columns(np.random.default_rng(7)))
