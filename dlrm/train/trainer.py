@@ -602,6 +602,9 @@ class Trainer:
         if warning:
             self.say(warning)
         line = self._result_line(summary)
+        if self.hotline and summary["trained_steps"]:  # it was in the JSON above only
+            h = summary["hotline"]
+            line += f"; hotline hit rate {h['hot_hit_rate']:.1%}, cold gather {h['gather_hidden']:.0%} hidden"
         if self.last_eval is not None:
             line += f"; eval AUC {self.last_eval['auc']:.4f}, logloss {self.last_eval['logloss']:.4f}"
         self.say(line)

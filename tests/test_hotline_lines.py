@@ -1,10 +1,12 @@
-"""The line that says what Hotline's profile chose, at a budget that holds no row, some
+"""What a Hotline run says. At its start, the line that says what the profile chose, at a budget that holds no row, some
 rows, and more than every row the profile saw. Before: ``hotline: 0 hot rows within 50
 from 4 profiled batches`` (a run with no hot row, said as a choice) and ``13,136 hot
-rows within 256MB`` for 26,000 rows that all fit (why not all was not said)."""
+rows within 256MB`` for 26,000 rows that all fit (why not all was not said). At its end,
+the hit rate beside samples/s (it was in the summary's JSON only)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -45,3 +47,18 @@ def test_the_line_says_rows_bytes_and_what_they_hit(tiny_data, tmp_path: Path, c
     total = 26 * 1000  # configs/tiny.yaml: 26 tables of 1,000 rows
     assert hot < total and " hit 100.0% of the " in line, line  # every profiled lookup is hot
     assert f"the budget holds every row the profile saw, the {total - hot:,} it did not see stay on the host" in line
+
+
+def test_the_last_line_gives_the_hit_rate_of_the_summary(tiny_data, tmp_path: Path, capsys) -> None:
+    out, _ = started(tiny_data, tmp_path / "run", "1000", capsys)
+    summary = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
+    last = out.strip().splitlines()[-1]
+    h = summary["hotline"]
+    assert 0.0 < h["hot_hit_rate"] < 1.0
+    assert (f"; hotline hit rate {h['hot_hit_rate']:.1%}, cold gather {h['gather_hidden']:.0%} hidden"
+            in last), last
+    capsys.readouterr()
+    assert main(["train", "--config", str(TINY), "--out", str(tmp_path / "run"),  # nothing trained: no rate
+                 *tiny_overrides(**{"data.train": tiny_data["train"], "data.eval": ""}),
+                 "embeddings.placement=hotline", "train.max_steps=2", "hotline.budget=1000"]) == 0
+    assert "hit rate" not in capsys.readouterr().out.strip().splitlines()[-1]
