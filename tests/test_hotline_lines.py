@@ -62,3 +62,5 @@ def test_the_last_line_gives_the_hit_rate_of_the_summary(tiny_data, tmp_path: Pa
                  *tiny_overrides(**{"data.train": tiny_data["train"], "data.eval": ""}),
                  "embeddings.placement=hotline", "train.max_steps=2", "hotline.budget=1000"]) == 0
     assert "hit rate" not in capsys.readouterr().out.strip().splitlines()[-1]
+    again = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert again["trained_steps"] == 0 and "hotline" not in again  # it said a 0.0 hit rate

@@ -588,8 +588,9 @@ class Trainer:
                                    **self.meter.summary(), "tables": self._tables_trained()}
         if preempted:
             summary["preempted"] = signal_name(preempted)
-        if self.hotline:
-            summary["hotline"] = self.hotline.stats(whole_run=True)
+        if self.hotline:  # over this invocation's steps: none in a rerun (it read a 0% hit rate)
+            if summary["trained_steps"]:
+                summary["hotline"] = self.hotline.stats(whole_run=True)
             self.hotline.close()
         if self.last_eval is not None:
             summary.update({f"eval_{k}": v for k, v in self.last_eval.items()})
