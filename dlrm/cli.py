@@ -42,7 +42,7 @@ def cmd_generate(argv: list[str]) -> int:
     p.add_argument("--config", default=None, help="YAML config; its generate: section is used")
     p.add_argument("--seed", type=int, default=None, help="sampling seed (default: config seed)")
     p.add_argument("overrides", nargs="*", help="key.sub=value config overrides")
-    a = p.parse_args(argv)
+    a = p.parse_intermixed_args(argv)  # key=value before and after the options
     output_dir(a.out, "--out")  # before any work: a file there is one line, not a traceback
     from data.generate import generate_dataset
     from dlrm.config import load_config
@@ -95,7 +95,7 @@ def cmd_train(argv: list[str]) -> int:
     p.add_argument("--print-config", action="store_true",
                    help="print the resolved config and the full plan (train.print_config=true)")
     p.add_argument("overrides", nargs="*", help="key.sub=value config overrides")
-    a = p.parse_args(argv)
+    a = p.parse_intermixed_args(argv)  # key=value before and after the options
     output_dir(a.out, "--out")
     from dlrm.config import load_config
     from dlrm.train.trainer import train
@@ -115,7 +115,7 @@ def cmd_fit(argv: list[str]) -> int:
     p.add_argument("--data", required=True, help="training Parquet file, directory or glob")
     p.add_argument("--out", required=True, help="directory for preprocessing.json")
     p.add_argument("overrides", nargs="*", help="key.sub=value config overrides")
-    a = p.parse_args(argv)
+    a = p.parse_intermixed_args(argv)  # key=value before and after the options
     output_dir(a.out, "--out")
     from dlrm.config import load_config
     from dlrm.fit import fit_and_save
@@ -205,9 +205,9 @@ def cmd_plan(argv: list[str]) -> int:
     p.add_argument("--data", default=None,
                    help="Parquet file, directory or glob (default: data.train)")
     p.add_argument("overrides", nargs="*", help="key.sub=value config overrides")
-    a = p.parse_args(argv)
+    a = p.parse_intermixed_args(argv)  # key=value before and after the options
     from dlrm.config import load_config
-    from dlrm.parallel.planning import plan_from_config, run_schema, sizes_source
+    from dlrm.parallel.planning import hotline_note, plan_from_config, run_schema, sizes_source
 
     cfg = load_config(a.config, a.overrides)
     schema, pooling = run_schema(cfg, a.data)
@@ -216,6 +216,8 @@ def cmd_plan(argv: list[str]) -> int:
         cfg, schema, a.world_size, memory_per_rank=a.memory_per_rank, pooling_factors=pooling
     )
     print(text)
+    if cfg.embeddings.placement == "hotline":
+        print(hotline_note(cfg, schema))
     return 0
 
 

@@ -362,6 +362,11 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
         k_tp, v_tp = typing.get_args(tp)
         if not isinstance(value, dict):
             raise ConfigError(f"config key {key}: expected a mapping, got {value!r}")
+        for k, v in value.items():  # {C1:bf16}: one key C1:bf16 with no value, to YAML
+            if v is None and isinstance(k, str) and ":" in k:
+                name, _, rest = k.partition(":")
+                raise ConfigError(f"config key {key}: YAML reads '{k}' as one key with no value: "
+                                  f"write '{name}: {rest}', a space after the colon")
         return {_coerce(k_tp, k, key): _coerce(v_tp, v, f"{key}.{k}") for k, v in value.items()}
     if tp is bool:
         if isinstance(value, bool):

@@ -175,7 +175,17 @@ def table_dtypes(cfg: Any) -> Broken:
     return None
 
 
-RELATIONS: list[Callable[[Any], Broken]] = [mlp_ends, generated_tables, table_dtypes]
+def hotline_backend(cfg: Any) -> Broken:
+    """Hotline's two tiers are native collections: TorchRec's model has no host tier
+    (the run profiled, then died in an AttributeError at its first step)."""
+    e = cfg.embeddings
+    if e.placement == "hotline" and e.backend != "native":
+        return ("embeddings.backend", e.backend,
+                "embeddings.placement=hotline runs on embeddings.backend=native only (drop one of the two)")
+    return None
+
+
+RELATIONS: list[Callable[[Any], Broken]] = [mlp_ends, generated_tables, table_dtypes, hotline_backend]
 
 
 # --------------------------------------------------------------------------- check

@@ -158,12 +158,41 @@ def test_broken_file(kind: str, tmp_path: Path, capsys) -> None:
     [("model.embedding_dimm=8", "model.embedding_dimm"), ("model.embedding_dim=big", "model.embedding_dim"),
      ("optim.sparse=lbfgs", "optim.sparse"), ("train=3", "train"),
      # YAML's flow mapping without the space after the colon: one key, named with the fix
-     ("embeddings.plan={C1:{sharding:row_wise}}", "write 'sharding: row_wise', a space after the colon")],
+     ("embeddings.plan={C1:{sharding:row_wise}}", "write 'sharding: row_wise', a space after the colon"),
+     # the same in a mapping of values: it read "embeddings.dtypes.C1:bf16: None is not one of ..."
+     ("embeddings.dtypes={C1:bf16}", ("embeddings.dtypes: YAML reads 'C1:bf16' as one key with no value: "
+                                      "write 'C1: bf16', a space after the colon"))],
 )
 def test_bad_config(override: str, needle: str, tmp_path: Path, capsys) -> None:
     f = write(tmp_path / "d.parquet", good_columns(np.random.default_rng(7)))
     code, err = run_cli(train_argv(f, tmp_path / "run", override), capsys)
     assert_one_line_error(code, err, needle)
+
+
+def test_hotline_on_the_torchrec_backend_is_refused(tmp_path: Path, capsys) -> None:
+    """It profiled, printed the header, then died in an AttributeError at the first step."""
+    f = write(tmp_path / "d.parquet", good_columns(np.random.default_rng(7)))
+    code, err = run_cli(train_argv(f, tmp_path / "run", "embeddings.placement=hotline",
+                                   "embeddings.backend=torchrec"), capsys)
+    assert_one_line_error(code, err, "embeddings.backend='torchrec'", "embeddings.placement=hotline",
+                          "embeddings.backend=native")
+    assert not (tmp_path / "run").exists()
+
+
+def test_triton_kernels_off_a_gpu_without_the_interpreter_are_refused(tmp_path: Path, capsys, monkeypatch) -> None:
+    """The first launch died in triton's "0 active drivers" traceback, after the profile
+    and the header; the tests' way (TRITON_INTERPRET=1) still trains."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    f = write(tmp_path / "d.parquet", good_columns(np.random.default_rng(7)))
+    code, err = run_cli(train_argv(f, tmp_path / "run", "embeddings.kernels=triton",
+                                   "embeddings.placement=hotline"), capsys)
+    assert_one_line_error(code, err, "embeddings.kernels=triton", "TRITON_INTERPRET=1", "embeddings.kernels=auto")
+    assert not (tmp_path / "run").exists()
+    from embeddings.kernels import why_not_triton
+
+    assert why_not_triton("auto", "cpu") is None and why_not_triton("torch", "cpu") is None
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert why_not_triton("triton", "cpu") is None
 
 
 def test_missing_config_file(tmp_path: Path, capsys) -> None:

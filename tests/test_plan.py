@@ -406,3 +406,19 @@ def test_cmd_plan_reads_schema_from_data(tmp_path, capsys) -> None:
     assert out[0] == "sharding plan: 2 tables over 2 ranks (data_parallel 2)"
     assert out[2].split()[:3] == ["c0", "7x64", "data_parallel"]
     assert out[3].split()[:3] == ["c1", "132x64", "data_parallel"]
+
+
+@pytest.mark.parametrize("dtype, row, rows", [("fp32", 68, 58), ("bf16", 36, 111)])
+def test_plan_under_hotline_says_where_the_tables_and_the_hot_rows_live(capsys, dtype: str, row: int,
+                                                                        rows: int) -> None:
+    """It printed the sharded plan alone, as if every table were on the devices. A hot row
+    of configs/tiny.yaml: dim 16 in the table's type + row-wise Adagrad's one fp32; 4KB =
+    4000 bytes (dlrm train on its data chose 58 and 111 hot rows)."""
+    tiny = str(REPO / "configs/tiny.yaml")
+    argv = ["plan", "--config", tiny, "--world-size", "2", f"embeddings.dtype={dtype}", "hotline.budget=4KB"]
+    assert cmd_plan(argv[1:]) == 0
+    assert "hotline" not in capsys.readouterr().out  # sharded: the plan is the devices'
+    assert cmd_plan([*argv[1:], "embeddings.placement=hotline"]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert "tables in host memory" in last and "hotline.budget=4KB" in last, last
+    assert f"{row} B a row: up to {4000 // row:,} rows" in last and 4000 // row == rows, last

@@ -294,7 +294,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--keep-going", action=argparse.BooleanOptionalAction, default=True,
                    help="go on past a failed run, report it and exit 1 (--no-keep-going: stop at it)")
     p.add_argument("overrides", nargs="*", help="key.sub=value config overrides")
-    a = p.parse_args(argv)
+    a = p.parse_intermixed_args(argv)  # key=value before and after the options
     try:
         a.ranks = [int(r) for r in a.ranks.split(",") if r.strip()]
     except ValueError:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from data.schema import Schema
 from dlrm.config import Config, TablePlacement
+from embeddings.hotline.profile import row_bytes
 from embeddings.optim import make_sparse_optimizer
 from embeddings.plan.describe import describe_plan
 from embeddings.plan.estimate import plan_memory
@@ -124,6 +125,21 @@ def plan_from_config(
         pooling_factors=pooling_factors,
     )
     return plan, describe(cfg, schema, plan, budget, pooling_factors)
+
+
+def hotline_note(cfg: Config, schema: Schema) -> str:
+    """What a plan means under ``embeddings.placement=hotline`` (``dlrm plan`` printed the
+    sharded plan alone, as if every table lived on the devices): the plan places the host
+    tier, and each device holds at most ``hotline.budget`` of hot rows."""
+    optimizer = make_sparse_optimizer(cfg.optim.sparse, cfg.optim.eps, cfg.embeddings.state_dtype)
+    costs = sorted({row_bytes(t, optimizer) for t in run_tables(cfg, schema)})
+    budget = parse_size(cfg.hotline.budget) or 0
+    cost = f"{costs[0]} B" if len(costs) == 1 else f"{costs[0]}-{costs[-1]} B"
+    rows = f"up to {budget // costs[0]:,} rows" if costs else "no rows"
+    return (f"hotline: the plan above places the tables in host memory (every row, the cold "
+            f"tier; embeddings.memory_per_rank bounds it); each rank's device holds the same hot "
+            f"rows, at most hotline.budget={cfg.hotline.budget} of them (weights and optimizer "
+            f"state, {cost} a row: {rows}), chosen by a profile at the start of dlrm train")
 
 
 def describe(

@@ -55,13 +55,13 @@ from typing import Any
 import torch
 
 from data.batch import Batch
-from dlrm.config import Config
+from dlrm.config import Config, ConfigError
 from dlrm.parallel.distributed import DistInfo, all_reduce_sum
 from dlrm.train.split_graphs import GraphedSplits
 from dlrm.train.split_graphs import why_not as split_graphs_why_not
 from embeddings.hotline.lookups import ColdInFlight
 from embeddings.hotline.mixed import MixedMicro
-from embeddings.hotline.profile import HotProfile, count_accesses, default_max_batches
+from embeddings.hotline.profile import HotProfile, count_accesses, default_max_batches, row_bytes
 from embeddings.hotline.refresh import RefreshPlan
 from embeddings.hotline.split import (
     DeviceSplit,
@@ -73,7 +73,7 @@ from embeddings.hotline.split import (
 )
 from embeddings.hotline.tiers import HOT_ONLY
 from embeddings.optim import make_sparse_optimizer
-from embeddings.plan.sizes import parse_size
+from embeddings.plan.sizes import format_bytes, parse_size
 from embeddings.table import TableSpec
 
 PROFILE_FILE = "hot_profile.pt"
@@ -86,17 +86,29 @@ def make_profile(
     run_dir: Path,
     say: Callable[[str], None],
     info: DistInfo | None = None,
+    resume: bool = False,
 ) -> HotProfile:
     """The run's hot set: reused from RUN/hot_profile.pt, else profiled on a sample
-    (several ranks: each counts its share, the counts are summed, rank 0 saves)."""
+    (several ranks: each counts its share, the counts are summed, rank 0 saves).
+
+    A saved profile chosen within another ``hotline.budget`` is profiled again when
+    nothing was trained from it (``resume`` false); a resume keeps the checkpoint's hot
+    set, so there the new budget is refused, or said to wait for the next refresh."""
     info = info or DistInfo()
     path = run_dir / PROFILE_FILE
+    budget = parse_size(cfg.hotline.budget) or 0
     # Every rank looks before anyone can write it: rank 0 saves only after the
     # counts' all-reduce, which every rank joins after looking.
     if all_reduce_sum([float(path.is_file())], info)[0] == info.world_size:
-        say(f"hotline: reusing the hot profile {path}")
-        return HotProfile.load(path)
-    budget = parse_size(cfg.hotline.budget) or 0
+        saved = HotProfile.load(path)
+        if saved.budget_bytes == budget:
+            say(f"hotline: reusing the hot profile {path}")
+            return saved
+        if resume:
+            say(budget_kept_on_resume(cfg, saved.budget_bytes, run_dir))
+            return saved
+        say(f"hotline: {path} was chosen within {format_bytes(saved.budget_bytes)}, "
+            f"hotline.budget is {cfg.hotline.budget}: profiling again")
     sample = default_max_batches(reader.steps_per_epoch(), cfg.hotline.profile_fraction)
     counts = count_accesses(
         (b.sparse for b in reader.epoch(0)), tables, sample, cfg.hotline.profile_seconds
@@ -107,9 +119,50 @@ def make_profile(
     if info.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
         profile.save(path)
-    hot = sum(int(ids.numel()) for ids in profile.hot.values())
-    say(f"hotline: {hot:,} hot rows within {cfg.hotline.budget} from {sample} profiled batches")
+    for line in profile_lines(cfg, profile, counts, tables, optimizer):
+        say(line)
     return profile
+
+
+def profile_lines(cfg: Config, profile: HotProfile, counts: dict[str, torch.Tensor],
+                  tables: list[TableSpec], optimizer: Any) -> list[str]:
+    """What the profile chose, for the run's start: the hot rows, the budget they use and
+    the share of the profiled lookups they hit; a budget that holds no row, or more than
+    every row the profile saw, said as such (both read as a working choice before)."""
+    cost = {t.name: row_bytes(t, optimizer) for t in tables}
+    hot = sum(int(ids.numel()) for ids in profile.hot.values())
+    used = sum(int(profile.hot[name].numel()) * cost[name] for name in cost)
+    lookups = sum(v["lookups"] for v in profile.summary.values())
+    hits = sum(v["hot_lookups"] for v in profile.summary.values())
+    share = f"{hits / lookups:.1%}" if lookups else "none"
+    lines = [(f"hotline: {hot:,} hot rows ({format_bytes(used)} of hotline.budget={cfg.hotline.budget}) "
+              f"hit {share} of the {lookups:,} lookups profiled")]
+    if hot == 0:
+        lines.append(f"warning: hotline.budget={cfg.hotline.budget} holds no hot row (the smallest takes "
+                     f"{min(cost.values())} B: weights and optimizer state): every lookup goes to the host")
+        return lines
+    seen = sum(int((c > 0).sum()) for c in counts.values())
+    if hot == seen:
+        unseen = sum(t.rows for t in tables) - seen
+        lines[0] += (f"; the budget holds every row the profile saw, the {unseen:,} it did not see "
+                     f"stay on the host" + ("" if cfg.hotline.refresh_every else
+                                            " (hotline.refresh_every=N re-chooses from later batches)"))
+    return lines
+
+
+def budget_kept_on_resume(cfg: Config, saved_bytes: int, run_dir: Path) -> str:
+    """The line that says a resumed run's changed ``hotline.budget`` waits for its next
+    refresh; without refreshes the change would be ignored, so it is refused."""
+    was = format_bytes(saved_bytes)
+    if cfg.hotline.refresh_every:
+        return (f"hotline: hotline.budget={cfg.hotline.budget}, the run's hot set was chosen within "
+                f"{was}: the resume keeps it, the next refresh (hotline.refresh_every="
+                f"{cfg.hotline.refresh_every}) chooses within {cfg.hotline.budget}")
+    raise ConfigError(
+        f"hotline.budget={cfg.hotline.budget}: this run's hot set was chosen within {was} and a "
+        f"resume keeps it (hotline.refresh_every=0 never chooses again); resume with "
+        f"hotline.budget={saved_bytes}, add hotline.refresh_every=N to choose within {cfg.hotline.budget} "
+        f"at the next refresh, or start a new run from this one: --out NEW train.init_from={run_dir}")
 
 
 def sum_counts(

@@ -91,6 +91,7 @@ from dlrm.train.trace import RowTrace
 from embeddings.collection import warn_fp16_overflow
 from embeddings.hotline.lookups import HOT_ONLY
 from embeddings.interface import Prefetched
+from embeddings.kernels import why_not_triton
 from embeddings.narrow import bf16_small_lr
 from embeddings.plan.sizes import format_bytes, parse_size
 from embeddings.timing import EMBEDDING_SECTIONS, TIMER
@@ -110,6 +111,9 @@ def train(cfg: Config, run_dir: str | Path, echo: Callable[[str], None] = print)
         torch.backends.cuda.matmul.allow_tf32 = cfg.train.tf32
         torch.backends.cudnn.allow_tf32 = cfg.train.tf32
     say = echo if info.is_main else (lambda _: None)
+    why = why_not_triton(cfg.embeddings.kernels, info.device)
+    if why is not None:  # before any work: the first launch died in a triton traceback
+        raise ConfigError(why)
     check_shared_dir(run_dir, info)  # several machines: before any rank reads or writes it
     # bf16 only where it is fast; the config printed and saved says what ran
     precision = decide_precision(cfg.train, info.device, info, say)
@@ -132,18 +136,18 @@ def train(cfg: Config, run_dir: str | Path, echo: Callable[[str], None] = print)
 def _train_locked(cfg: Config, run_dir: Path, data: RunData, info: DistInfo,
                   say: Callable[[str], None]) -> dict[str, Any]:
     """The run's files, the model and the training loop, with the run directory held."""
+    # A resume loads every table: they are not randomly initialised first.
+    resume = will_resume(run_dir, info)
+    hot_profile = None
+    if cfg.embeddings.placement == "hotline":  # first: a refused budget leaves config.yaml as it was
+        reader = make_reader(cfg, data.train_files, data.schema, True, info.rank, info.world_size,
+                             data.preprocess)
+        hot_profile = make_profile(cfg, run_tables(cfg, data.schema), reader, run_dir, say, info, resume)
     if info.is_main:
         if data.preprocess is not None and not (run_dir / PREP_FILE).is_file():
             save_preprocessing(data.preprocess, run_dir)
         write_atomic(run_dir / "config.yaml", to_yaml(cfg))
         write_atomic(run_dir / "schema.json", json.dumps(schema_to_json(data.schema), indent=1))
-    hot_profile = None
-    if cfg.embeddings.placement == "hotline":
-        reader = make_reader(cfg, data.train_files, data.schema, True, info.rank, info.world_size,
-                             data.preprocess)
-        hot_profile = make_profile(cfg, run_tables(cfg, data.schema), reader, run_dir, say, info)
-    # A resume loads every table: they are not randomly initialised first.
-    resume = will_resume(run_dir, info)
     table_bytes = sum(t.bytes for t in run_tables(cfg, data.schema))
     if table_bytes >= INIT_NOTE_BYTES and not resume:  # many seconds before the header: say why
         say(f"initialising {format_bytes(table_bytes)} of tables ...")
@@ -585,8 +589,9 @@ class Trainer:
                                    **self.meter.summary(), "tables": self._tables_trained()}
         if preempted:
             summary["preempted"] = signal_name(preempted)
-        if self.hotline:
-            summary["hotline"] = self.hotline.stats(whole_run=True)
+        if self.hotline:  # over this invocation's steps: none in a rerun (it read a 0% hit rate)
+            if summary["trained_steps"]:
+                summary["hotline"] = self.hotline.stats(whole_run=True)
             self.hotline.close()
         if self.last_eval is not None:
             summary.update({f"eval_{k}": v for k, v in self.last_eval.items()})
@@ -599,6 +604,9 @@ class Trainer:
         if warning:
             self.say(warning)
         line = self._result_line(summary)
+        if self.hotline and summary["trained_steps"]:  # it was in the JSON above only
+            h = summary["hotline"]
+            line += f"; hotline hit rate {h['hot_hit_rate']:.1%}, cold gather {h['gather_hidden']:.0%} hidden"
         if self.last_eval is not None:
             line += f"; eval AUC {self.last_eval['auc']:.4f}, logloss {self.last_eval['logloss']:.4f}"
         self.say(line)

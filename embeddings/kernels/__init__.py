@@ -16,9 +16,12 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import os
 from enum import Enum
 
 import torch
+
+from data.errors import UserError
 
 
 class KernelChoice(str, Enum):
@@ -33,13 +36,42 @@ def triton_available() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
+def triton_driver_active() -> bool:
+    """Whether triton has a driver to launch on (none on a machine without a GPU, unless
+    one was set, as tests/compile_only.py sets its compile-only driver)."""
+    from triton.runtime import driver
+
+    try:
+        driver.active  # noqa: B018  (the property creates the default driver or raises)
+    except RuntimeError:
+        return False
+    return True
+
+
+def why_not_triton(choice: str | KernelChoice, device: torch.device | str) -> str | None:
+    """Why ``choice`` cannot run its kernels on ``device``, in one line, or None. A
+    forced ``triton`` without CUDA runs only interpreted: without ``TRITON_INTERPRET=1``
+    the first launch died in triton's ``0 active drivers`` traceback."""
+    if KernelChoice(choice) is not KernelChoice.TRITON:
+        return None
+    if not triton_available():
+        return "embeddings.kernels=triton needs the triton package; use embeddings.kernels=auto"
+    if (torch.device(device).type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1"
+            and not triton_driver_active()):
+        return (f"embeddings.kernels=triton: no CUDA device ({torch.device(device)}); off a GPU the "
+                f"Triton kernels run only interpreted, under TRITON_INTERPRET=1 (slow: the tests' "
+                f"way); use embeddings.kernels=auto")
+    return None
+
+
 def use_triton(choice: str | KernelChoice, device: torch.device) -> bool:
     """Whether tables on ``device`` take the Triton path under ``choice``."""
     choice = KernelChoice(choice)
     if choice is KernelChoice.TORCH:
         return False
     if choice is KernelChoice.TRITON:
-        if not triton_available():
-            raise RuntimeError("embeddings.kernels=triton needs the triton package")
+        why = why_not_triton(choice, device)
+        if why is not None:
+            raise UserError(why)
         return True
     return torch.device(device).type == "cuda" and triton_available()
