@@ -115,6 +115,28 @@ def type_name(arrow_type: pa.DataType) -> str:
     return str(arrow_type)
 
 
+def value_family(arrow_type: pa.DataType, dense: bool) -> str:
+    """What a column's values are once read, the same for types that store the same values
+    in another width or layout: files may differ there (int32 in one, int64 in another,
+    string, large_string or dictionary, a float64 label beside an int8 one). Dense columns
+    and labels are all cast to float32 (one family); ids are ints, strings or bytes
+    (vocabulary and hash keys differ between those), a bag the family of its items."""
+    import pyarrow as pa
+
+    if dense:
+        return "number"
+    t = arrow_type
+    while pa.types.is_dictionary(t):
+        t = t.value_type
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return f"list<{value_family(t.value_type, False)}>"
+    if pa.types.is_integer(t):
+        return "int"
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return "string"
+    return "binary" if _is_category(t) else type_name(t)
+
+
 def allowed_kinds(schema: Schema, column: str) -> tuple[str, ...]:
     """Kinds a column may have in a file: label and dense are cast to float32."""
     for f in schema.sparse:
@@ -180,7 +202,8 @@ def infer_schema(
                                 column=name)
     if on_error == "skip":
         wanted = [label, *dense_names, *sparse_names]
-        files = [f for f in files if _type_names(f, wanted) == _type_names(files[0], wanted)]
+        sparse_set = set(sparse_names)
+        files = [f for f in files if _families(f, wanted, sparse_set) == _families(files[0], wanted, sparse_set)]
     categorical = {n for n in sparse_names if kinds[n] in (_CAT, _CAT_LIST)}
     inferred = _max_ids(files, [n for n in sparse_names if n not in rows and n not in categorical])
     inferred.update(dict.fromkeys(categorical, 0))
@@ -275,13 +298,13 @@ def _readable(files: list[str]) -> list[str]:
     return out
 
 
-def _type_names(path: str, columns: list[str]) -> list[str | None]:
-    """Type name of each column in a file's footer (None where it is missing)."""
+def _families(path: str, columns: list[str], sparse: set[str]) -> list[str | None]:
+    """value_family of each column in a file's footer (None where it is missing)."""
     from data.files import open_parquet
 
     arrow = open_parquet(path).schema_arrow
-    return [type_name(arrow.field(c).type) if arrow.get_field_index(c) >= 0 else None
-            for c in columns]
+    return [value_family(arrow.field(c).type, c not in sparse)
+            if arrow.get_field_index(c) >= 0 else None for c in columns]
 
 
 def _max_ids(files: list[str], names: list[str]) -> dict[str, int]:
@@ -346,7 +369,7 @@ def screen_files(files: list[str], schema: Schema, on_error: str = "fail") -> Sc
 
     if not files:
         raise DataError("no data files given")
-    seen: dict[str, tuple[str, str]] = {}  # column → (type name, first usable file)
+    seen: dict[str, tuple[str, str, str]] = {}  # column → (family, type name, first usable file)
     out = Screened([], [], [])
     for path in files:
         rows = None
@@ -360,8 +383,8 @@ def screen_files(files: list[str], schema: Schema, on_error: str = "fail") -> Sc
             out.left_out.append(BadRecord(path, e.reason, column=e.column,
                                           row=None if rows is None else 0, rows=rows))
             continue
-        for col, name in types.items():
-            seen.setdefault(col, (name, path))
+        for col, found in types.items():
+            seen.setdefault(col, (*found, path))
         md = pf.metadata
         out.files.append(path)
         out.row_groups.append([md.row_group(g).num_rows for g in range(md.num_row_groups)])
@@ -375,8 +398,9 @@ def screen_files(files: list[str], schema: Schema, on_error: str = "fail") -> Sc
 
 
 def _column_types(arrow: pa.Schema, path: str, schema: Schema,
-                  seen: dict[str, tuple[str, str]]) -> dict[str, str]:
-    """Type name of each of the schema's columns in one file; a DataError if one is wrong."""
+                  seen: dict[str, tuple[str, str, str]]) -> dict[str, tuple[str, str]]:
+    """(value family, type name) of each of the schema's columns in one file; a DataError
+    if one is wrong, or of another family than in an earlier file."""
     types = {}
     for col in schema.columns:
         if arrow.get_field_index(col) < 0:
@@ -389,13 +413,13 @@ def _column_types(arrow: pa.Schema, path: str, schema: Schema,
                 f"type {type_name(t)} is not the expected {' or '.join(allowed)}{hint}",
                 file=path, column=col,
             )
-        name = type_name(t)
-        before = seen.get(col, (name, path))
-        if before[0] != name:
+        name, family = type_name(t), value_family(t, col not in schema.sparse_names)
+        before = seen.get(col, (family, name, path))
+        if before[0] != family:
             raise DataError(
-                f"type {name} differs from {before[0]} in {before[1]}", file=path, column=col
+                f"type {name} differs from {before[1]} in {before[2]}", file=path, column=col
             )
-        types[col] = name
+        types[col] = (family, name)
     return types
 
 

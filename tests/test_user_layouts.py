@@ -1,0 +1,108 @@
+"""Parquet data written the ways users write it (Spark, pandas, files from different
+jobs), each read against the same rows written plainly with pyarrow: the batches must
+be the same."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from data.errors import DataError
+from data.schema import check_files, infer_schema
+from dlrm.config import load_config
+from dlrm.train.inputs import make_reader, resolve_data
+from tests.conftest import TINY
+
+N = 600
+
+
+def _rows(seed: int = 5) -> pa.Table:
+    """label, a float, an int id, a string id and an int bag, as pyarrow writes them."""
+    rng = np.random.default_rng(seed)
+    bags = [rng.integers(0, 20, rng.integers(0, 4)).tolist() for _ in range(N)]
+    return pa.table({"label": (rng.random(N) < 0.4).astype(np.float32),
+                     "x": rng.normal(size=N).astype(np.float32),
+                     "c": pa.array(rng.integers(0, 50, N), pa.int64()),
+                     "s": pa.array([f"v{v}" for v in rng.integers(0, 30, N)]),
+                     "bag": pa.array(bags, pa.list_(pa.int64()))})
+
+
+def _retyped(table: pa.Table, types: dict[str, pa.DataType]) -> pa.Table:
+    for name, t in types.items():
+        table = table.set_column(table.schema.get_field_index(name), name, table[name].cast(t))
+    return table
+
+
+def _batches(train: Path | str, *overrides: str) -> list:
+    cfg = load_config(TINY, [f"data.train={train}", "data.eval=", "data.shuffle=false",
+                             "data.batch_size=128", *overrides])
+    data = resolve_data(cfg)
+    reader = make_reader(cfg, data.train_files, data.schema, True, 0, 1, data.preprocess)
+    try:
+        return list(reader.epoch(0))
+    finally:
+        reader.close()
+
+
+def _same_batches(got: list, want: list) -> None:
+    assert len(got) == len(want) > 0
+    for g, w in zip(got, want, strict=True):
+        for a, b in ((g.labels, w.labels), (g.dense, w.dense),
+                     (g.sparse.values(), w.sparse.values()), (g.sparse.lengths(), w.sparse.lengths())):
+            assert a.dtype == b.dtype and torch.equal(a, b)
+        assert g.sparse.keys() == w.sparse.keys()
+
+
+# One file per column's other width or layout, each beside a plain file: what files from
+# different jobs (Spark schema changes, pandas' category and nullable ints) hold.
+OTHER_TYPES = {
+    "int32_id": {"c": pa.int32()},
+    "uint64_id": {"c": pa.uint64()},
+    "large_string": {"s": pa.large_string()},
+    "dictionary": {"s": pa.dictionary(pa.int32(), pa.string())},
+    "float64_dense": {"x": pa.float64()},
+    "int8_label": {"label": pa.int8()},
+    "bool_label": {"label": pa.bool_()},
+    "list_int32": {"bag": pa.list_(pa.int32())},
+    "large_list": {"bag": pa.large_list(pa.int64())},
+}
+
+
+@pytest.mark.parametrize("encoding", ["auto", "hash"])
+def test_files_whose_types_differ_only_in_width_or_layout_read_as_one_type(
+        tmp_path: Path, encoding: str) -> None:
+    """int32 beside int64, string beside large_string or dictionary, float64 beside
+    float32, an int label beside a float one: the same values, so the same batches as
+    the plain files. Before, 'type int64 differs from int32 in ...' stopped the run."""
+    rows = _rows()
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    pq.write_table(rows.slice(0, 250), plain / "a.parquet", row_group_size=100)
+    pq.write_table(rows.slice(250), plain / "b.parquet", row_group_size=100)
+    want = _batches(plain, f"data.encoding={encoding}")
+    for name, types in OTHER_TYPES.items():
+        mixed = tmp_path / name
+        mixed.mkdir()
+        pq.write_table(_retyped(rows.slice(0, 250), types), mixed / "a.parquet", row_group_size=100)
+        pq.write_table(rows.slice(250), mixed / "b.parquet", row_group_size=100)
+        _same_batches(_batches(mixed, f"data.encoding={encoding}"), want)
+
+
+def test_files_whose_ids_differ_in_kind_are_still_refused(tmp_path: Path) -> None:
+    """An int id in one file and a string in another are different keys (a vocabulary or
+    a hash tells 7 from '7'), so that stays one line naming both files."""
+    rows = _rows()
+    a = tmp_path / "a.parquet"
+    b = tmp_path / "b.parquet"
+    pq.write_table(_retyped(rows.slice(0, 250), {"c": pa.string()}), a)
+    pq.write_table(rows.slice(250), b)
+    schema = infer_schema([str(a), str(b)])
+    with pytest.raises(DataError, match=r"b.parquet, column 'c': type int64 differs from string in .*a.parquet"):
+        check_files([str(a), str(b)], schema)
+    skipped = infer_schema([str(a), str(b)], on_error="skip")  # the odd file is left out
+    assert check_files([str(a), str(b)], skipped, on_error="skip") == [250]
