@@ -4,8 +4,10 @@
     expand_paths("a.parquet,b/*.parquet")  a comma-separated list of files and globs
     write_parts(out_dir, tables, ...)      part-00000.parquet, part-00001.parquet, ...
 
-Names starting with '.' or '_' are skipped inside directories (``_SUCCESS``,
-``.part-00000.parquet.tmp<pid>`` of a writer still at work). Every file is written
+Names starting with '.' or '_' are skipped inside directories and in a glob's matches
+(Spark's ``_SUCCESS`` and ``.part-….crc``, ``.part-00000.parquet.tmp<pid>`` of a writer
+still at work) unless the glob's own last part starts so. A file named twice (through a
+symlink, ``..``, a directory and a glob) is read once. Every file is written
 under such a temporary name and renamed when complete (:mod:`data.atomic`), so a
 reader never sees half a file.
 """
@@ -36,20 +38,22 @@ def expand_paths(spec: str | list[str]) -> list[str]:
 
     Directories contribute every ``*.parquet`` below them (recursively, sorted,
     skipping names that start with '.' or '_'); globs contribute their matches
-    in sorted order. Duplicates are dropped, first occurrence kept. A part that
-    matches nothing is a :class:`DataError` naming it.
+    in sorted order, less names starting with '_' or '.' unless the pattern's last part
+    does. Duplicates (the same file however reached: its real path) are dropped, first
+    occurrence kept. A part that matches nothing is a :class:`DataError` naming it.
     """
     parts = [spec] if isinstance(spec, str) else list(spec)
     items = [p.strip() for part in parts for p in part.split(",") if p.strip()]
     if not items:
         raise DataError(f"no data files given (spec {spec!r} is empty)")
-    found: dict[str, None] = {}
+    found: dict[str, str] = {}  # real path → the name first given
     for item in items:
         matches = _expand_one(item)
         if not matches:
             raise DataError(f"no Parquet files found for {item!r} (spec {spec!r})")
-        found.update(dict.fromkeys(matches))
-    return list(found)
+        for match in matches:
+            found.setdefault(os.path.realpath(match), match)
+    return list(found.values())
 
 
 def _expand_one(item: str) -> list[str]:
@@ -61,7 +65,10 @@ def _expand_one(item: str) -> list[str]:
     if not _GLOB_CHARS.search(item):
         return []
     out: list[str] = []
+    private = path.name.startswith(("_", "."))  # a glob that asks for such names gets them
     for match in sorted(glob.glob(str(path), recursive=True)):
+        if not private and os.path.basename(match).startswith(("_", ".")):
+            continue
         out.extend(_parquet_below(Path(match)) if os.path.isdir(match) else [match])
     return out
 

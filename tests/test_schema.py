@@ -46,8 +46,9 @@ def test_expand_paths_directories_globs_and_lists(tmp_path: Path) -> None:
     t = str(tmp_path)
     assert expand_paths(t) == [f"{t}/a.parquet", f"{t}/b/1.parquet", f"{t}/b/2.parquet",
                                f"{t}/b/c/3.parquet"]
-    assert expand_paths(f"{t}/b/*.parquet") == [f"{t}/b/1.parquet", f"{t}/b/2.parquet",
-                                                f"{t}/b/_x.parquet"]
+    assert expand_paths(f"{t}/b/*.parquet") == [f"{t}/b/1.parquet", f"{t}/b/2.parquet"]
+    assert expand_paths(f"{t}/b/_*") == [f"{t}/b/_x.parquet"]  # asked for by name
+    assert expand_paths(f"{t}/b/_x.parquet") == [f"{t}/b/_x.parquet"]
     assert expand_paths(f"{t}/a.parquet, {t}/b/c") == [f"{t}/a.parquet", f"{t}/b/c/3.parquet"]
     assert expand_paths([f"{t}/b/c", f"{t}/b/c/3.parquet"]) == [f"{t}/b/c/3.parquet"]
 

@@ -106,3 +106,32 @@ def test_files_whose_ids_differ_in_kind_are_still_refused(tmp_path: Path) -> Non
         check_files([str(a), str(b)], schema)
     skipped = infer_schema([str(a), str(b)], on_error="skip")  # the odd file is left out
     assert check_files([str(a), str(b)], skipped, on_error="skip") == [250]
+
+
+def _spark_output(root: Path, rows: pa.Table) -> Path:
+    """What Spark's ``df.write.parquet(root)`` leaves: ``_SUCCESS``, hidden ``.crc``
+    files, a ``_metadata`` summary, uuid-named parts (one of 0 rows) of different
+    row-group sizes."""
+    root.mkdir()
+    (root / "_SUCCESS").write_bytes(b"")
+    uuid = "4f1c2a9e-1111-2222-3333-444455556666"
+    for i, (start, stop, group) in enumerate([(0, 250, 70), (250, 250, 10), (250, N, 100)]):
+        name = f"part-{i:05d}-{uuid}-c000.snappy.parquet"
+        pq.write_table(rows.slice(start, stop - start), root / name, row_group_size=group)
+        (root / f".{name}.crc").write_bytes(b"\x00crc")
+    pq.write_metadata(rows.schema, root / "_metadata")
+    return root
+
+
+def test_spark_output_named_as_a_directory_or_a_glob_reads_its_parts_once(tmp_path: Path) -> None:
+    """``out/*`` matched ``_SUCCESS`` (not a readable Parquet file); a file reached twice
+    (a symlinked directory beside the real one, ``..``) was read twice."""
+    rows = _rows()
+    plain = tmp_path / "plain.parquet"
+    pq.write_table(rows, plain)
+    want = _batches(plain)
+    spark = _spark_output(tmp_path / "spark", rows)
+    (tmp_path / "link").symlink_to(spark)
+    for spec in (f"{spark}", f"{spark}/*", f"{spark}/part-*", f"{spark},{tmp_path}/link",
+                 f"{spark}/*,{tmp_path}/link/../spark/*", f"{spark}/,{spark}/*"):
+        _same_batches(_batches(spec), want)
