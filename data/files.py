@@ -83,6 +83,19 @@ def _parquet_below(root: Path) -> list[str]:
     return sorted(out)
 
 
+def hive_partitions(files: list[str]) -> dict[str, str]:
+    """Each ``key=value`` directory name's key in the files' paths (Hive partitioning, as
+    Spark's ``partitionBy`` writes it), in order of first appearance, with one example
+    directory: the key's column is in the directory names, not in the files."""
+    keys: dict[str, str] = {}
+    for path in files:
+        for part in Path(path).parent.parts:
+            key, eq, _ = part.partition("=")
+            if eq and key:
+                keys.setdefault(key, part)
+    return keys
+
+
 def open_parquet(path: str, read_dictionary: list[str] | None = None) -> pq.ParquetFile:
     """Open ``path``'s footer; a missing, truncated or non-Parquet file is a DataError.
     ``read_dictionary``: string and binary columns to read dictionary-encoded, as the

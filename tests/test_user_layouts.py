@@ -135,3 +135,38 @@ def test_spark_output_named_as_a_directory_or_a_glob_reads_its_parts_once(tmp_pa
     for spec in (f"{spark}", f"{spark}/*", f"{spark}/part-*", f"{spark},{tmp_path}/link",
                  f"{spark}/*,{tmp_path}/link/../spark/*", f"{spark}/,{spark}/*"):
         _same_batches(_batches(spec), want)
+
+
+def _header_warnings(train_spec: Path | str, tmp_path: Path) -> list[str]:
+    from dlrm.train.trainer import train
+    from tests.conftest import tiny_overrides
+
+    cfg = load_config(TINY, tiny_overrides(**{"data.train": train_spec, "data.eval": "",
+                                              "train.max_steps": 1, "data.batch_size": 64}))
+    lines: list[str] = []
+    train(cfg, tmp_path / "run", echo=lambda s: lines.extend(s.splitlines()))
+    return [x for x in lines if x.startswith("warning:") and "integer columns" not in x]
+
+
+def test_hive_partition_columns_are_named_as_not_read(tmp_path: Path) -> None:
+    """Spark's ``partitionBy("date")`` writes ``date=2026-11-01/part-….parquet`` with no
+    date column inside: the rows read are the plain file's, and the run now says in one
+    line that the partition column is not a feature (before: not a word)."""
+    rows = _rows()
+    plain = tmp_path / "plain.parquet"
+    pq.write_table(rows, plain)
+    hive = tmp_path / "hive"
+    for i, (start, stop) in enumerate([(0, 200), (200, 450), (450, N)]):
+        day = hive / f"date=2026-11-0{i + 1}"
+        day.mkdir(parents=True)
+        pq.write_table(rows.slice(start, stop - start), day / "part-00000-1a2b.c000.snappy.parquet")
+    (hive / "_SUCCESS").write_bytes(b"")
+    _same_batches(_batches(hive), _batches(plain))
+    assert _header_warnings(hive, tmp_path / "a") == [
+        ("warning: Hive partition columns are only in the directory names, not inside the Parquet "
+        "files, and are not read: date (date=2026-11-01/); to train on one, write it into the files "
+        "as a column (Spark: write without partitionBy, or copy it to another column)")]
+    kept = tmp_path / "kept" / "date=2026-11-01"  # a writer that keeps the column inside
+    kept.mkdir(parents=True)
+    pq.write_table(rows.append_column("date", pa.array(["2026-11-01"] * N)), kept / "p.parquet")
+    assert _header_warnings(kept.parent, tmp_path / "b") == []
