@@ -497,6 +497,19 @@ class _Problems:
         self.keep &= ~bad
 
 
+def _mapped(prep: Preprocessing | None, f: SparseFeature, table: pa.Table,
+            where: _Where) -> tuple[np.ndarray, np.ndarray | None]:
+    """Rows of a vocabulary or hash feature's column; a DataError of the mapping (an int
+    column against a vocabulary of strings: eval data written another way) names the
+    file and row group, which the mapping does not know."""
+    try:
+        return _prep(prep, f).ids(f, table.column(f.name))
+    except DataError as e:
+        if e.file is not None:
+            raise
+        raise where.error(e.reason, f.name) from None
+
+
 def _decode(table: pa.Table, schema: Schema, where: _Where, id_policy: str,
             dense_nan: str, into: tuple[WindowBuilder, int], found: list[BadRecord] | None = None,
             prep: Preprocessing | None = None, unseen: dict[str, int] | None = None) -> None:
@@ -524,7 +537,7 @@ def _decode(table: pa.Table, schema: Schema, where: _Where, id_policy: str,
     ids, bags = layout.ids(rec), []
     for j, f in enumerate(schema.sparse):
         values, offsets = (_ids(table.column(f.name), f, problems, id_policy, unseen)
-                           if f.encoding == "identity" else _prep(prep, f).ids(f, table.column(f.name)))
+                           if f.encoding == "identity" else _mapped(prep, f, table, where))
         if layout.packed[j]:
             columns.append((ids[:, layout.slot[j]], values))
         else:  # added once the whole slice decoded: a DataError leaves no bag behind

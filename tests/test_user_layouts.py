@@ -170,3 +170,27 @@ def test_hive_partition_columns_are_named_as_not_read(tmp_path: Path) -> None:
     kept.mkdir(parents=True)
     pq.write_table(rows.append_column("date", pa.array(["2026-11-01"] * N)), kept / "p.parquet")
     assert _header_warnings(kept.parent, tmp_path / "b") == []
+
+
+def test_eval_data_of_another_kind_than_the_vocabulary_names_its_file(tmp_path: Path, capsys) -> None:
+    """A run fitted a vocabulary of strings (a list<string> bag) and is evaluated on
+    files whose bag holds ints: the one line names the eval file and row group (before,
+    only the column: which of the files?)."""
+    from dlrm.cli import main
+    from tests.conftest import tiny_overrides
+
+    rows = _rows()
+    as_strings = rows.set_column(4, "bag", pa.array([[f"t{v}" for v in b] for b in rows["bag"].to_pylist()],
+                                                    pa.list_(pa.string())))
+    pq.write_table(as_strings, tmp_path / "train.parquet")
+    (tmp_path / "eval").mkdir()
+    pq.write_table(rows.slice(0, 100), tmp_path / "eval" / "a.parquet", row_group_size=50)
+    pq.write_table(rows.slice(100, 100), tmp_path / "eval" / "b.parquet", row_group_size=50)
+    assert main(["train", "--config", str(TINY), "--out", str(tmp_path / "run"),
+                 *tiny_overrides(**{"data.train": tmp_path / "train.parquet", "data.eval": "",
+                                    "train.max_steps": 1, "data.batch_size": 64})]) == 0
+    capsys.readouterr()
+    assert main(["eval", "--checkpoint", str(tmp_path / "run"), "--data", str(tmp_path / "eval")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.endswith(f"file {tmp_path / 'eval' / 'a.parquet'}, column 'bag', row group 0: type int64 "
+                        "here, large_string in the data its vocabulary was fitted on"), err
