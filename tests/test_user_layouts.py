@@ -194,3 +194,49 @@ def test_eval_data_of_another_kind_than_the_vocabulary_names_its_file(tmp_path: 
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.endswith(f"file {tmp_path / 'eval' / 'a.parquet'}, column 'bag', row group 0: type int64 "
                         "here, large_string in the data its vocabulary was fitted on"), err
+
+
+def _read_ids(path: Path, rows: int, policy: str) -> list[int]:
+    from data.reader import ParquetReader
+    from data.schema import Schema, SparseFeature
+
+    schema = Schema("label", (), (SparseFeature("c", rows), SparseFeature("bag", rows, multi_hot=True)))
+    reader = ParquetReader([str(path)], schema, 64, shuffle=False, id_policy=policy, prefetch=0)
+    try:
+        return [int(v) for b in reader.epoch(0) for v in b.sparse.values()]
+    finally:
+        reader.close()
+
+
+@pytest.mark.parametrize("policy", ["modulo", "hash"])
+def test_uint64_ids_of_2_63_and_up_are_ids_beyond_the_table(tmp_path: Path, policy: str) -> None:
+    """uint64 ids >= 2^63 (64-bit hashes as Spark and BigQuery write them) under identity
+    with data.rows and an id_policy: mapped as the uint64 values they are, as Python's
+    ints compute it. Before, they read as int64 and stopped the run as 'negative id
+    -9223372036812775682', whatever the policy."""
+    from data.hashing import splitmix64
+
+    rng = np.random.default_rng(2)
+    rows, n = 1000, 200
+    ids = [2**63 + 7, *(int(v) for v in rng.integers(0, 2**64 - 1, n, dtype=np.uint64)), 5, 2**63, 2**64 - 1]
+    bags = [[ids[i], ids[-i - 1]][: i % 3] for i in range(len(ids))]
+    table = pa.table({"label": np.zeros(len(ids), np.float32),
+                      "c": pa.array(ids, pa.uint64()), "bag": pa.array(bags, pa.list_(pa.uint64()))})
+    pq.write_table(table, tmp_path / "u.parquet", row_group_size=50)
+
+    def mapped(v: int) -> int:
+        if v < rows:
+            return v
+        return v % rows if policy == "modulo" else int(splitmix64(np.array([v], np.uint64))[0] % rows)
+
+    want_c = [mapped(v) for v in ids]
+    want_bag = [mapped(v) for b in bags for v in b]
+    got = _read_ids(tmp_path / "u.parquet", rows, policy)
+    # feature-major per batch of 64: c's values, then bag's
+    expect = []
+    for start in range(0, len(ids), 64):
+        stop = min(start + 64, len(ids))
+        expect += want_c[start:stop] + [mapped(v) for b in bags[start:stop] for v in b]
+    assert got == expect and len(want_bag) > 0
+    with pytest.raises(DataError, match=r"row group 0, row 0: id 9223372036854775815 >= table rows 1000"):
+        _read_ids(tmp_path / "u.parquet", rows, "error")
