@@ -240,3 +240,27 @@ def test_uint64_ids_of_2_63_and_up_are_ids_beyond_the_table(tmp_path: Path, poli
     assert got == expect and len(want_bag) > 0
     with pytest.raises(DataError, match=r"row group 0, row 0: id 9223372036854775815 >= table rows 1000"):
         _read_ids(tmp_path / "u.parquet", rows, "error")
+
+
+@pytest.mark.parametrize("ids", ["uint64", "int64"])
+def test_identity_forced_on_64_bit_hashed_ids_is_one_line(tmp_path: Path, capsys, ids: str) -> None:
+    """data.encodings={c: identity} on 64-bit hashed ids sizes the table by max id + 1
+    (2^62 and more rows): one line with the ways out, where before torch's allocation
+    overflowed in a traceback. The same ids under auto train (a vocabulary)."""
+    from dlrm.cli import main
+    from tests.conftest import tiny_overrides
+
+    rows = _rows()
+    wide = (rows["c"].to_numpy().astype(np.uint64) * np.uint64(1_000_003)
+            + np.uint64(2**63 if ids == "uint64" else 2**62))
+    pq.write_table(rows.set_column(2, "c", pa.array(wide, getattr(pa, ids)())), tmp_path / "t.parquet")
+    overrides = tiny_overrides(**{"data.train": tmp_path / "t.parquet", "data.eval": "",
+                                  "train.max_steps": 1, "data.batch_size": 64})
+    assert main(["train", "--config", str(TINY), "--out", str(tmp_path / "auto"), *overrides]) == 0
+    capsys.readouterr()
+    assert main(["train", "--config", str(TINY), "--out", str(tmp_path / "forced"), *overrides,
+                 "data.encodings={c: identity}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("dlrm train: error: table 'c' would have ") and err.endswith(
+        "more than any machine holds; map the ids with data.encodings={c: vocabulary} (or hash), "
+        "or size the table with data.rows={c: N} and data.id_policy=hash"), err

@@ -38,6 +38,7 @@ from tqdm import tqdm
 
 from data.atomic import write_atomic
 from data.batch import Batch
+from data.errors import UserError
 from data.preprocess import FILE as PREP_FILE
 from data.preprocess import save as save_preprocessing
 from dlrm.checkpoint.manager import (
@@ -132,6 +133,7 @@ def train(cfg: Config, run_dir: str | Path, echo: Callable[[str], None] = print)
 def _train_locked(cfg: Config, run_dir: Path, data: RunData, info: DistInfo,
                   say: Callable[[str], None]) -> dict[str, Any]:
     """The run's files, the model and the training loop, with the run directory held."""
+    table_bytes = check_table_sizes(cfg, data.schema)
     if info.is_main:
         if data.preprocess is not None and not (run_dir / PREP_FILE).is_file():
             save_preprocessing(data.preprocess, run_dir)
@@ -144,7 +146,6 @@ def _train_locked(cfg: Config, run_dir: Path, data: RunData, info: DistInfo,
         hot_profile = make_profile(cfg, run_tables(cfg, data.schema), reader, run_dir, say, info)
     # A resume loads every table: they are not randomly initialised first.
     resume = will_resume(run_dir, info)
-    table_bytes = sum(t.bytes for t in run_tables(cfg, data.schema))
     if table_bytes >= INIT_NOTE_BYTES and not resume:  # many seconds before the header: say why
         say(f"initialising {format_bytes(table_bytes)} of tables ...")
     model = build_model(cfg, data.schema, info.device, info, hot_profile, resume=resume)
@@ -159,6 +160,24 @@ def _train_locked(cfg: Config, run_dir: Path, data: RunData, info: DistInfo,
     barrier(info)
     with contextlib.closing(model):  # the torchrec backend owns a process group
         return Trainer(cfg, run_dir, model, data, info, say).fit()
+
+
+MAX_TABLE_BYTES = 2**50  # 1 PiB: no machine, nor any run of them, holds a table this big
+
+
+def check_table_sizes(cfg: Config, schema: Any) -> int:
+    """The bytes of the run's tables; a UserError naming a table beyond MAX_TABLE_BYTES,
+    which only ids as wide as 64-bit hashes taken as rows (identity) give: allocating
+    it was a torch traceback (an overflow)."""
+    tables = run_tables(cfg, schema)
+    for t in tables:
+        if t.bytes > MAX_TABLE_BYTES:
+            raise UserError(
+                f"table {t.name!r} would have {t.rows:,} rows (identity ids up to {t.rows - 1:,}, "
+                f"from the footers), {format_bytes(t.bytes)} of weights: more than any machine "
+                f"holds; map the ids with data.encodings={{{t.name}: vocabulary}} (or hash), or "
+                f"size the table with data.rows={{{t.name}: N}} and data.id_policy=hash")
+    return sum(t.bytes for t in tables)
 
 
 def narrow_type_warning(cfg: Config, schema: Any, say: Callable[[str], None]) -> None:
