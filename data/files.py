@@ -50,7 +50,8 @@ def expand_paths(spec: str | list[str]) -> list[str]:
     for item in items:
         matches = _expand_one(item)
         if not matches:
-            raise DataError(f"no Parquet files found for {item!r} (spec {spec!r})")
+            raise DataError(f"no Parquet files found for {item!r} (spec {spec!r})"
+                            f"{_other_files_hint(item)}")
         for match in matches:
             found.setdefault(os.path.realpath(match), match)
     return list(found.values())
@@ -71,6 +72,24 @@ def _expand_one(item: str) -> list[str]:
             continue
         out.extend(_parquet_below(Path(match)) if os.path.isdir(match) else [match])
     return out
+
+
+def _other_files_hint(item: str) -> str:
+    """For a directory with no ``*.parquet`` below it: the files it does hold (Hive and
+    Hadoop name Parquet parts ``000000_0``, ``part-00000`` with no suffix), and how to
+    name them."""
+    root = Path(item).expanduser()
+    if not root.is_dir():
+        return ""
+    others = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()
+                    and not any(r.startswith((".", "_")) for r in p.relative_to(root).parts))
+    if not others:
+        return ""
+    nested = any(os.sep in o for o in others)
+    glob_spec = os.path.join(item, "**", "*") if nested else os.path.join(item, "*")
+    return (f": a directory gives the files named *.parquet below it, and it holds "
+            f"{len(others)} other file(s), e.g. {others[0]}; name them with a glob, "
+            f"e.g. {glob_spec}")
 
 
 def _parquet_below(root: Path) -> list[str]:

@@ -264,3 +264,29 @@ def test_identity_forced_on_64_bit_hashed_ids_is_one_line(tmp_path: Path, capsys
     assert err.startswith("dlrm train: error: table 'c' would have ") and err.endswith(
         "more than any machine holds; map the ids with data.encodings={c: vocabulary} (or hash), "
         "or size the table with data.rows={c: N} and data.id_policy=hash"), err
+
+
+@pytest.mark.parametrize("nested", [False, True])
+def test_a_directory_of_parquet_files_without_the_suffix_says_how_to_name_them(
+        tmp_path: Path, nested: bool) -> None:
+    """Hive and Hadoop name Parquet parts ``000000_0``: 'no Parquet files found' for a
+    directory full of them read as if it were empty. The line now counts them and gives
+    the glob that reads them, which reads the plain file's rows."""
+    from data.files import expand_paths
+
+    rows = _rows()
+    pq.write_table(rows, tmp_path / "plain.parquet")
+    root = tmp_path / "warehouse" / "clicks"
+    part_dir = root / "dt=2026-11-01" if nested else root
+    part_dir.mkdir(parents=True)
+    pq.write_table(rows.slice(0, 300), part_dir / "000000_0")
+    pq.write_table(rows.slice(300), part_dir / "000001_0")
+    (root / "_SUCCESS").write_bytes(b"")
+    with pytest.raises(DataError) as e:
+        expand_paths(str(root))
+    glob_spec = f"{root}/**/*" if nested else f"{root}/*"
+    first = "dt=2026-11-01/000000_0" if nested else "000000_0"
+    assert str(e.value) == (f"no Parquet files found for {str(root)!r} (spec {str(root)!r}): a "
+                            f"directory gives the files named *.parquet below it, and it holds 2 "
+                            f"other file(s), e.g. {first}; name them with a glob, e.g. {glob_spec}")
+    _same_batches(_batches(glob_spec), _batches(tmp_path / "plain.parquet"))
