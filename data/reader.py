@@ -602,7 +602,8 @@ def _ids(col: pa.ChunkedArray, feature: SparseFeature, problems: _Problems,
     name = feature.name
     if not feature.multi_hot:
         if col.null_count:
-            problems.flag(_nulls(col), name, lambda i: "null id")
+            hint = "" if problems.found is not None else _null_id_hint(name)
+            problems.flag(_nulls(col), name, lambda i: "null id" + hint)
             col = pc.fill_null(col, 0)
         values = col.to_numpy().astype(np.int64, copy=False)
         return _map_ids(values, feature, problems, policy, None, unseen, _is_uint64(col.type))
@@ -622,6 +623,12 @@ def _is_uint64(t: pa.DataType) -> bool:
     import pyarrow as pa
 
     return pa.types.is_uint64(t.value_type if pa.types.is_dictionary(t) else t)
+
+
+def _null_id_hint(name: str) -> str:
+    """The ways past a null identity id (pandas' nullable Int64 writes a missing id so)."""
+    return (f": an identity id is its own row and a null names none; data.encodings={{{name}: "
+            f"vocabulary}} (or hash) gives nulls row 0, data.on_error=skip drops their rows")
 
 
 def _bag_rows(offsets: np.ndarray, bad_values: np.ndarray) -> np.ndarray:

@@ -290,3 +290,23 @@ def test_a_directory_of_parquet_files_without_the_suffix_says_how_to_name_them(
                             f"directory gives the files named *.parquet below it, and it holds 2 "
                             f"other file(s), e.g. {first}; name them with a glob, e.g. {glob_spec}")
     _same_batches(_batches(glob_spec), _batches(tmp_path / "plain.parquet"))
+
+
+def test_a_null_identity_id_says_how_to_train_on_it(tmp_path: Path) -> None:
+    """pandas' nullable Int64 writes missing ids as nulls: the one line now gives the
+    encodings that take them, and under the vocabulary they read as row 0 (the README's
+    promise) while every other id gets a row of its own."""
+    import pandas as pd
+
+    rows = _rows().to_pandas()
+    missing = rows.index % 37 == 3
+    rows["c"] = pd.array(np.where(missing, 0, rows["c"]), dtype="Int64")
+    rows.loc[missing, "c"] = pd.NA
+    rows[["label", "x", "c"]].to_parquet(tmp_path / "t.parquet")
+    with pytest.raises(DataError, match=r"column 'c', row group 0, row 3: null id: an identity id is "
+                                        r"its own row and a null names none; data.encodings=\{c: "
+                                        r"vocabulary\} \(or hash\) gives nulls row 0, data.on_error=skip"):
+        _batches(tmp_path / "t.parquet")
+    got = torch.cat([b.sparse.values() for b in _batches(tmp_path / "t.parquet",
+                                                          "data.encodings={c: vocabulary}")])
+    assert torch.equal(got == 0, torch.from_numpy(missing))
