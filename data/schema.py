@@ -188,7 +188,7 @@ def infer_schema(
     first = open_parquet(files[0]).schema_arrow
     if first.get_field_index(label) < 0:
         raise DataError("label column is missing", file=files[0], column=label)
-    kinds = _kinds(first, label, dense, sparse, exclude, files[0])
+    kinds = _kinds(first, label, dense, sparse, exclude, files)
     if not dense and not sparse:  # the roles our own writers recorded (data/roles.py)
         dense, sparse = _declared_sides(first, kinds)
     sparse_names = list(sparse) if sparse else _categorical_columns(first, kinds, dense, files[0])
@@ -230,14 +230,20 @@ def infer_schema(
 
 
 def _kinds(first: pa.Schema, label: str, dense: list[str] | None, sparse: list[str] | None,
-           exclude: list[str] | None, path: str) -> dict[str, str]:
+           exclude: list[str] | None, files: list[str]) -> dict[str, str]:
     """Each column's kind but the label's and the excluded ones'; a DataError for a named
-    column the file lacks, or one both excluded and named dense or sparse."""
+    column the first file lacks (saying so where it is a Hive partition key, a directory
+    name), or one both excluded and named dense or sparse."""
+    from data.files import hive_partitions
+
     kinds = {f.name: column_kind(f.type) for f in first if f.name != label}
     for given in (dense or [], sparse or [], exclude or []):
         for name in given:
             if name not in kinds:
-                raise DataError("column is missing", file=path, column=name)
+                where = hive_partitions(files).get(name)
+                hint = (f" (it is a Hive partition key, only in directory names such as {where}/: "
+                        "write it into the files to train on it)") if where else ""
+                raise DataError(f"column is missing{hint}", file=files[0], column=name)
     for name in exclude or []:
         if name in (dense or []) or name in (sparse or []):
             raise DataError("data.exclude names a column data.dense or data.sparse takes", column=name)

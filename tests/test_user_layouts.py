@@ -166,6 +166,11 @@ def test_hive_partition_columns_are_named_as_not_read(tmp_path: Path) -> None:
         ("warning: Hive partition columns are only in the directory names, not inside the Parquet "
         "files, and are not read: date (date=2026-11-01/); to train on one, write it into the files "
         "as a column (Spark: write without partitionBy, or copy it to another column)")]
+    from data.files import expand_paths
+
+    with pytest.raises(DataError, match=r"column 'date': column is missing \(it is a Hive partition "
+                                        r"key, only in directory names such as date=2026-11-01/"):
+        infer_schema(expand_paths(str(hive)), sparse=["c", "date"])  # data.sparse=[c,date]
     kept = tmp_path / "kept" / "date=2026-11-01"  # a writer that keeps the column inside
     kept.mkdir(parents=True)
     pq.write_table(rows.append_column("date", pa.array(["2026-11-01"] * N)), kept / "p.parquet")
