@@ -98,6 +98,18 @@ def is_categorical(arrow_type: pa.DataType) -> bool:
     return column_kind(arrow_type) in (_CAT, _CAT_LIST)
 
 
+def exemplar(files: list[str]) -> str:
+    """The file whose footer gives the dataset's columns and types: the first holding
+    rows (a 0-row part pandas wrote from an empty frame types its string columns null),
+    the first file if none does."""
+    from data.files import open_parquet
+
+    for path in files:
+        if open_parquet(path).metadata.num_rows:
+            return path
+    return files[0]
+
+
 def column_types(path: str, columns: list[str]) -> dict[str, pa.DataType]:
     """Arrow type of each of ``columns`` in a file's footer."""
     from data.files import open_parquet
@@ -159,10 +171,10 @@ def infer_schema(
 ) -> Schema:
     """A Schema read from Parquet footers only (no data pages, except as noted).
 
-    Columns come from the first file, in file order: float and bool (0/1) → dense;
-    integer, string, binary, dictionary → sparse single-hot; a list of those → sparse
-    multi-hot; other types are left out (the header names them; no sparse feature at
-    all is a DataError naming the columns found). Roles that our writers declare in the
+    Columns come from the first file holding rows (:func:`exemplar`), in file order:
+    float, bool (0/1) → dense; int, string, binary, dictionary → sparse single-hot, a list
+    of those multi-hot; other types are left out (the header names them; no sparse
+    feature at all is a DataError naming the columns found). Roles that our writers declare in the
     footer (data/roles.py) are followed where the type allows. String, binary and
     dictionary features get encoding "vocabulary" here and rows 1 until
     :mod:`data.preprocess` fits them. A non-empty ``dense`` or ``sparse`` list replaces
@@ -174,9 +186,8 @@ def infer_schema(
     (``tables``: feature → table name) get the largest of their row counts,
     explicit counts taking precedence over inferred ones.
 
-    With ``on_error="skip"`` the first readable file gives the columns, and files that
-    cannot be read or whose columns differ from its are left out (the reader reports
-    them); otherwise such a file is a DataError.
+    With ``on_error="skip"`` files that cannot be read or whose columns differ from the
+    first's are left out (the reader reports them); otherwise such a file is a DataError.
     """
     from data.files import open_parquet
 
@@ -185,13 +196,14 @@ def infer_schema(
     if on_error == "skip":
         files = _readable(files)
     rows, tables = dict(rows or {}), dict(tables or {})
-    first = open_parquet(files[0]).schema_arrow
+    source = exemplar(files)
+    first = open_parquet(source).schema_arrow
     if first.get_field_index(label) < 0:
-        raise DataError("label column is missing", file=files[0], column=label)
-    kinds = _kinds(first, label, dense, sparse, exclude, files)
+        raise DataError("label column is missing", file=source, column=label)
+    kinds = _kinds(first, label, dense, sparse, exclude, [source, *files])
     if not dense and not sparse:  # the roles our own writers recorded (data/roles.py)
         dense, sparse = _declared_sides(first, kinds)
-    sparse_names = list(sparse) if sparse else _categorical_columns(first, kinds, dense, files[0])
+    sparse_names = list(sparse) if sparse else _categorical_columns(first, kinds, dense, source)
     dense_names = list(dense) if dense else [
         n for n, k in kinds.items() if k in (_FLOAT, _BOOL) and n not in sparse_names
     ]
@@ -203,7 +215,7 @@ def infer_schema(
     if on_error == "skip":
         wanted = [label, *dense_names, *sparse_names]
         sparse_set = set(sparse_names)
-        files = [f for f in files if _families(f, wanted, sparse_set) == _families(files[0], wanted, sparse_set)]
+        files = [f for f in files if _families(f, wanted, sparse_set) == _families(source, wanted, sparse_set)]
     categorical = {n for n in sparse_names if kinds[n] in (_CAT, _CAT_LIST)}
     inferred = _max_ids(files, [n for n in sparse_names if n not in rows and n not in categorical])
     inferred.update(dict.fromkeys(categorical, 0))
@@ -382,7 +394,7 @@ def screen_files(files: list[str], schema: Schema, on_error: str = "fail") -> Sc
         try:
             pf = open_parquet(path)
             rows = pf.metadata.num_rows
-            types = _column_types(pf.schema_arrow, path, schema, seen)
+            types = _column_types(pf.schema_arrow, path, schema, seen, empty=not rows)
         except DataError as e:
             if on_error != "skip":
                 raise
@@ -404,14 +416,19 @@ def screen_files(files: list[str], schema: Schema, on_error: str = "fail") -> Sc
 
 
 def _column_types(arrow: pa.Schema, path: str, schema: Schema,
-                  seen: dict[str, tuple[str, str, str]]) -> dict[str, tuple[str, str]]:
+                  seen: dict[str, tuple[str, str, str]], empty: bool = False) -> dict[str, tuple[str, str]]:
     """(value family, type name) of each of the schema's columns in one file; a DataError
-    if one is wrong, or of another family than in an earlier file."""
+    if one is wrong, or of another family than in an earlier file. In a file of no rows
+    (``empty``) a column typed null (pandas' empty object column) holds nothing to fit."""
+    import pyarrow as pa
+
     types = {}
     for col in schema.columns:
         if arrow.get_field_index(col) < 0:
             raise DataError("column is missing (or appears twice)", file=path, column=col)
         t = arrow.field(col).type
+        if empty and pa.types.is_null(t):
+            continue
         allowed = allowed_kinds(schema, col)
         if column_kind(t) not in allowed:
             hint = ": a bool column trains as a dense 0/1 value (data.dense)" if column_kind(t) == _BOOL else ""

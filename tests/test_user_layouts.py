@@ -315,3 +315,28 @@ def test_a_null_identity_id_says_how_to_train_on_it(tmp_path: Path) -> None:
     got = torch.cat([b.sparse.values() for b in _batches(tmp_path / "t.parquet",
                                                           "data.encodings={c: vocabulary}")])
     assert torch.equal(got == 0, torch.from_numpy(missing))
+
+
+@pytest.mark.parametrize("fit_workers", [0, 2])
+def test_an_empty_pandas_part_first_does_not_drop_its_string_columns(tmp_path: Path, fit_workers: int) -> None:
+    """pandas writes an empty frame's object columns (strings, lists) typed null: as the
+    first part, it set the schema, and the string and bag features were left out as
+    'types no feature takes'; elsewhere it stopped the run ('type null is not the
+    expected ...'), though 0-row files are fine. Now the schema comes from the first part
+    holding rows, and the batches are the plain file's."""
+    rows = _rows()
+    plain = tmp_path / "plain.parquet"
+    pq.write_table(rows, plain)
+    parts = tmp_path / "parts"
+    parts.mkdir()
+    frame = rows.to_pandas()
+    frame["s"] = frame["s"].astype(object)  # as pandas < 3 holds strings
+    frame.iloc[:0].to_parquet(parts / "part-0.parquet")
+    frame.iloc[:300].to_parquet(parts / "part-1.parquet")
+    frame.iloc[300:300].to_parquet(parts / "part-2.parquet")
+    frame.iloc[300:].to_parquet(parts / "part-3.parquet")
+    assert pa.types.is_null(pq.read_schema(parts / "part-0.parquet").field("s").type)
+    want = infer_schema([str(plain)])
+    assert infer_schema(sorted(map(str, parts.iterdir()))) == want
+    fit = f"data.fit_workers={fit_workers}"
+    _same_batches(_batches(parts, fit), _batches(plain, fit))

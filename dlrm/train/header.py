@@ -22,7 +22,7 @@ from pathlib import Path
 from data.errors import DataError
 from data.files import hive_partitions, open_parquet
 from data.roles import declared_roles
-from data.schema import Schema, column_kind, type_name
+from data.schema import Schema, column_kind, exemplar, type_name
 from dlrm.config import Config
 from dlrm.parallel.planning import run_tables
 from embeddings.plan.sizes import format_bytes
@@ -96,7 +96,7 @@ def partition_warning(files: list[str]) -> str | None:
     is not inside the files: nothing reads a directory name, so the column was dropped
     without a word."""
     keys = hive_partitions(files)
-    arrow = open_parquet(files[0]).schema_arrow
+    arrow = open_parquet(exemplar(files)).schema_arrow
     missing = {k: d for k, d in keys.items() if arrow.get_field_index(k) < 0}
     if not missing:
         return None
@@ -145,11 +145,12 @@ def header(cfg: Config, schema: Schema, train_files: list[str], eval_files: list
            plan: ShardingPlan | None, device: str, run_dir: Path) -> list[str]:
     """The header's lines (see the module docstring), the warning first if there is one."""
     data = _files("train", train_files) + ("; " + _files("eval", eval_files) if eval_files else "")
-    lines = [("data", data), ("schema", _schema_line(cfg, schema, train_files[0])),
+    first = exemplar(train_files)  # the file the schema was read from
+    lines = [("data", data), ("schema", _schema_line(cfg, schema, first)),
              ("tables", _table_line(cfg, schema))]
     lines += [("plan", line) for line in _plan_lines(cfg, plan)]
     lines += [("device", f"{device}, {cfg.train.precision}"),
               ("run", f"{run_dir} (full config: {run_dir / 'config.yaml'})")]
-    warnings = [integer_warning(cfg, schema, train_files[0]),
-                left_out_warning(schema, train_files[0], cfg.data.exclude), partition_warning(train_files)]
+    warnings = [integer_warning(cfg, schema, first), left_out_warning(schema, first, cfg.data.exclude),
+                partition_warning(train_files)]
     return [w for w in warnings if w] + [f"{k:<9}{v}" for k, v in lines]
