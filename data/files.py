@@ -4,8 +4,10 @@
     expand_paths("a.parquet,b/*.parquet")  a comma-separated list of files and globs
     write_parts(out_dir, tables, ...)      part-00000.parquet, part-00001.parquet, ...
 
-Names starting with '.' or '_' are skipped inside directories (``_SUCCESS``,
-``.part-00000.parquet.tmp<pid>`` of a writer still at work). Every file is written
+Names starting with '.' or '_' are skipped inside directories and in a glob's matches
+(Spark's ``_SUCCESS`` and ``.part-….crc``, ``.part-00000.parquet.tmp<pid>`` of a writer
+still at work) unless the glob's own last part starts so. A file named twice (through a
+symlink, ``..``, a directory and a glob) is read once. Every file is written
 under such a temporary name and renamed when complete (:mod:`data.atomic`), so a
 reader never sees half a file.
 """
@@ -36,20 +38,23 @@ def expand_paths(spec: str | list[str]) -> list[str]:
 
     Directories contribute every ``*.parquet`` below them (recursively, sorted,
     skipping names that start with '.' or '_'); globs contribute their matches
-    in sorted order. Duplicates are dropped, first occurrence kept. A part that
-    matches nothing is a :class:`DataError` naming it.
+    in sorted order, less names starting with '_' or '.' unless the pattern's last part
+    does. Duplicates (the same file however reached: its real path) are dropped, first
+    occurrence kept. A part that matches nothing is a :class:`DataError` naming it.
     """
     parts = [spec] if isinstance(spec, str) else list(spec)
     items = [p.strip() for part in parts for p in part.split(",") if p.strip()]
     if not items:
         raise DataError(f"no data files given (spec {spec!r} is empty)")
-    found: dict[str, None] = {}
+    found: dict[str, str] = {}  # real path → the name first given
     for item in items:
         matches = _expand_one(item)
         if not matches:
-            raise DataError(f"no Parquet files found for {item!r} (spec {spec!r})")
-        found.update(dict.fromkeys(matches))
-    return list(found)
+            raise DataError(f"no Parquet files found for {item!r} (spec {spec!r})"
+                            f"{_other_files_hint(item)}")
+        for match in matches:
+            found.setdefault(os.path.realpath(match), match)
+    return list(found.values())
 
 
 def _expand_one(item: str) -> list[str]:
@@ -61,9 +66,30 @@ def _expand_one(item: str) -> list[str]:
     if not _GLOB_CHARS.search(item):
         return []
     out: list[str] = []
+    private = path.name.startswith(("_", "."))  # a glob that asks for such names gets them
     for match in sorted(glob.glob(str(path), recursive=True)):
+        if not private and os.path.basename(match).startswith(("_", ".")):
+            continue
         out.extend(_parquet_below(Path(match)) if os.path.isdir(match) else [match])
     return out
+
+
+def _other_files_hint(item: str) -> str:
+    """For a directory with no ``*.parquet`` below it: the files it does hold (Hive and
+    Hadoop name Parquet parts ``000000_0``, ``part-00000`` with no suffix), and how to
+    name them."""
+    root = Path(item).expanduser()
+    if not root.is_dir():
+        return ""
+    others = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()
+                    and not any(r.startswith((".", "_")) for r in p.relative_to(root).parts))
+    if not others:
+        return ""
+    nested = any(os.sep in o for o in others)
+    glob_spec = os.path.join(item, "**", "*") if nested else os.path.join(item, "*")
+    return (f": a directory gives the files named *.parquet below it, and it holds "
+            f"{len(others)} other file(s), e.g. {others[0]}; name them with a glob, "
+            f"e.g. {glob_spec}")
 
 
 def _parquet_below(root: Path) -> list[str]:
@@ -74,6 +100,19 @@ def _parquet_below(root: Path) -> list[str]:
         if p.is_file() and not any(r.startswith((".", "_")) for r in rel):
             out.append(str(p))
     return sorted(out)
+
+
+def hive_partitions(files: list[str]) -> dict[str, str]:
+    """Each ``key=value`` directory name's key in the files' paths (Hive partitioning, as
+    Spark's ``partitionBy`` writes it), in order of first appearance, with one example
+    directory: the key's column is in the directory names, not in the files."""
+    keys: dict[str, str] = {}
+    for path in files:
+        for part in Path(path).parent.parts:
+            key, eq, _ = part.partition("=")
+            if eq and key:
+                keys.setdefault(key, part)
+    return keys
 
 
 def open_parquet(path: str, read_dictionary: list[str] | None = None) -> pq.ParquetFile:

@@ -119,8 +119,9 @@ def count_split(files: list[str], schema: Schema, tables: set[str], skip: bool,
     for f in files:
         meta = open_parquet(f).metadata
         for g in range(meta.num_row_groups):
-            groups.append((len(groups), f, g))
-            rows.append(meta.row_group(g).num_rows)
+            if meta.row_group(g).num_rows:  # an empty group holds nothing (and may type columns null)
+                groups.append((len(groups), f, g))
+                rows.append(meta.row_group(g).num_rows)
     mine = groups[split.rank::split.world]
     mine_rows = rows[split.rank::split.world]
     columns = {f.name: f.table_name for f in schema.sparse if f.table_name in tables}

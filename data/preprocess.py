@@ -51,6 +51,7 @@ from data.schema import (
     Schema,
     SparseFeature,
     column_types,
+    exemplar,
     id_ranges,
     is_categorical,
     type_name,
@@ -167,7 +168,7 @@ def hash_rows(values: pa.Array, rows: int) -> np.ndarray:
 def fit(files: list[str], schema: Schema, opts: Options) -> Preprocessing:
     """The preprocessing of ``schema``'s columns over ``files`` (one pass at most)."""
     start = time.perf_counter()
-    kinds = column_types(files[0], [f.name for f in schema.sparse])
+    kinds = column_types(exemplar(files), [f.name for f in schema.sparse])
     choice = _table_encodings(schema, kinds, opts)
     ranges = id_ranges(files, [f.name for f in schema.sparse if choice[f.table_name] == "auto"])
     for table in [t for t, enc in choice.items() if enc == "auto"]:
@@ -291,7 +292,8 @@ def _sample(files: list[str], schema: Schema, tables: list[str], skip: bool
     groups = []
     for f in files:
         md = open_parquet(f).metadata
-        groups += [(f, g, md.row_group(g).num_rows) for g in range(md.num_row_groups)]
+        groups += [(f, g, md.row_group(g).num_rows) for g in range(md.num_row_groups)
+                   if md.row_group(g).num_rows]  # an empty one may type its columns null
     mean = max(sum(n for *_, n in groups) // max(len(groups), 1), 1)
     want = min(len(groups), -(-SAMPLE_ROWS // mean))
     picks = sorted({int(i * len(groups) / want) for i in range(want)}) if want else []
@@ -364,8 +366,8 @@ def _count(files: list[str], schema: Schema, tables: set[str], limit: int | None
         for g in range(pf.metadata.num_row_groups):
             if limit is not None and seen >= limit:
                 return counters, stats, seen
-            if not columns:  # nothing to count: the rows are in the footer
-                seen += pf.metadata.row_group(g).num_rows
+            if not columns or not pf.metadata.row_group(g).num_rows:  # counted from the footer
+                seen += pf.metadata.row_group(g).num_rows  # (an empty group may type columns null)
                 continue
             try:
                 table = pf.read_row_group(g, columns=columns)

@@ -497,6 +497,19 @@ class _Problems:
         self.keep &= ~bad
 
 
+def _mapped(prep: Preprocessing | None, f: SparseFeature, table: pa.Table,
+            where: _Where) -> tuple[np.ndarray, np.ndarray | None]:
+    """Rows of a vocabulary or hash feature's column; a DataError of the mapping (an int
+    column against a vocabulary of strings: eval data written another way) names the
+    file and row group, which the mapping does not know."""
+    try:
+        return _prep(prep, f).ids(f, table.column(f.name))
+    except DataError as e:
+        if e.file is not None:
+            raise
+        raise where.error(e.reason, f.name) from None
+
+
 def _decode(table: pa.Table, schema: Schema, where: _Where, id_policy: str,
             dense_nan: str, into: tuple[WindowBuilder, int], found: list[BadRecord] | None = None,
             prep: Preprocessing | None = None, unseen: dict[str, int] | None = None) -> None:
@@ -524,7 +537,7 @@ def _decode(table: pa.Table, schema: Schema, where: _Where, id_policy: str,
     ids, bags = layout.ids(rec), []
     for j, f in enumerate(schema.sparse):
         values, offsets = (_ids(table.column(f.name), f, problems, id_policy, unseen)
-                           if f.encoding == "identity" else _prep(prep, f).ids(f, table.column(f.name)))
+                           if f.encoding == "identity" else _mapped(prep, f, table, where))
         if layout.packed[j]:
             columns.append((ids[:, layout.slot[j]], values))
         else:  # added once the whole slice decoded: a DataError leaves no bag behind
@@ -589,10 +602,11 @@ def _ids(col: pa.ChunkedArray, feature: SparseFeature, problems: _Problems,
     name = feature.name
     if not feature.multi_hot:
         if col.null_count:
-            problems.flag(_nulls(col), name, lambda i: "null id")
+            hint = "" if problems.found is not None else _null_id_hint(name)
+            problems.flag(_nulls(col), name, lambda i: "null id" + hint)
             col = pc.fill_null(col, 0)
         values = col.to_numpy().astype(np.int64, copy=False)
-        return _map_ids(values, feature, problems, policy, None, unseen)
+        return _map_ids(values, feature, problems, policy, None, unseen, _is_uint64(col.type))
     arr = col.combine_chunks()
     lengths = pc.fill_null(pc.list_value_length(arr), 0).to_numpy().astype(np.int64)
     offsets = offsets_of(lengths)
@@ -601,7 +615,20 @@ def _ids(col: pa.ChunkedArray, feature: SparseFeature, problems: _Problems,
         problems.flag(_bag_rows(offsets, _nulls(flat)), name, lambda i: "null id inside a bag")
         flat = pc.fill_null(flat, 0)
     values = flat.to_numpy().astype(np.int64, copy=False)
-    return _map_ids(values, feature, problems, policy, offsets, unseen)
+    return _map_ids(values, feature, problems, policy, offsets, unseen, _is_uint64(flat.type))
+
+
+def _is_uint64(t: pa.DataType) -> bool:
+    """uint64 ids (a dictionary's values): those of 2^63 and up read as negative int64."""
+    import pyarrow as pa
+
+    return pa.types.is_uint64(t.value_type if pa.types.is_dictionary(t) else t)
+
+
+def _null_id_hint(name: str) -> str:
+    """The ways past a null identity id (pandas' nullable Int64 writes a missing id so)."""
+    return (f": an identity id is its own row and a null names none; data.encodings={{{name}: "
+            f"vocabulary}} (or hash) gives nulls row 0, data.on_error=skip drops their rows")
 
 
 def _bag_rows(offsets: np.ndarray, bad_values: np.ndarray) -> np.ndarray:
@@ -613,12 +640,16 @@ def _bag_rows(offsets: np.ndarray, bad_values: np.ndarray) -> np.ndarray:
 
 def _map_ids(values: np.ndarray, feature: SparseFeature, problems: _Problems, policy: str,
              offsets: np.ndarray | None, unseen: dict[str, int] | None = None,
-             ) -> tuple[np.ndarray, np.ndarray | None]:
+             unsigned: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
     """Reject negative ids; map, drop or reject ids >= the table's rows as ``policy``
-    says. Returns (values, offsets): dropping gives a single-hot column offsets too."""
+    says. Returns (values, offsets): dropping gives a single-hot column offsets too.
+    ``unsigned``: ``values`` are uint64 ids viewed as int64; a negative one is an id of
+    2^63 or more, beyond every table (shown, and taken modulo, as the uint64 it is)."""
     if values.size == 0:
         return values, offsets
     rows = feature.rows
+    if unsigned:
+        return _map_unsigned(values, feature, problems, policy, offsets, unseen)
 
     def flag(bad: np.ndarray, what: Callable[[int], str]) -> None:
         """Flag the rows of the values marked in ``bad``, each by its first bad value."""
@@ -643,6 +674,35 @@ def _map_ids(values: np.ndarray, feature: SparseFeature, problems: _Problems, po
         return np.where(big, values % rows, values), offsets
     out = values.copy()
     out[big] = (splitmix64(values[big]) % np.uint64(rows)).astype(np.int64)
+    return out, offsets
+
+
+def _map_unsigned(values: np.ndarray, feature: SparseFeature, problems: _Problems, policy: str,
+                  offsets: np.ndarray | None, unseen: dict[str, int] | None,
+                  ) -> tuple[np.ndarray, np.ndarray | None]:
+    """_map_ids of uint64 ids viewed as int64: every id is >= 0, and the ones the view
+    shows negative are >= 2^63, so beyond the table."""
+    ids = values.view(np.uint64)
+    rows = feature.rows
+    big = ids >= np.uint64(rows)
+    if not big.any():
+        return values, offsets
+    if policy == "error":
+        bad = big if offsets is None else _bag_rows(offsets, big)
+
+        def reason(i: int) -> str:
+            lo, hi = (i, i + 1) if offsets is None else (offsets[i], offsets[i + 1])
+            return (f"id {int(ids[lo:hi][big[lo:hi]][0])} >= table rows {rows} (set data.rows, "
+                    "or data.id_policy=hash/modulo)")
+
+        problems.flag(bad, feature.name, reason)
+        return values, offsets
+    if policy == "drop":
+        return _drop(values, offsets, big, feature.name, unseen)
+    if policy == "modulo":
+        return np.where(big, ids % np.uint64(rows), ids).astype(np.int64), offsets
+    out = values.copy()
+    out[big] = (splitmix64(ids[big]) % np.uint64(rows)).astype(np.int64)
     return out, offsets
 
 

@@ -98,6 +98,18 @@ def is_categorical(arrow_type: pa.DataType) -> bool:
     return column_kind(arrow_type) in (_CAT, _CAT_LIST)
 
 
+def exemplar(files: list[str]) -> str:
+    """The file whose footer gives the dataset's columns and types: the first holding
+    rows (a 0-row part pandas wrote from an empty frame types its string columns null),
+    the first file if none does."""
+    from data.files import open_parquet
+
+    for path in files:
+        if open_parquet(path).metadata.num_rows:
+            return path
+    return files[0]
+
+
 def column_types(path: str, columns: list[str]) -> dict[str, pa.DataType]:
     """Arrow type of each of ``columns`` in a file's footer."""
     from data.files import open_parquet
@@ -113,6 +125,28 @@ def type_name(arrow_type: pa.DataType) -> str:
     if pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type):
         return f"list<{type_name(arrow_type.value_type)}>"
     return str(arrow_type)
+
+
+def value_family(arrow_type: pa.DataType, dense: bool) -> str:
+    """What a column's values are once read, the same for types that store the same values
+    in another width or layout: files may differ there (int32 in one, int64 in another,
+    string, large_string or dictionary, a float64 label beside an int8 one). Dense columns
+    and labels are all cast to float32 (one family); ids are ints, strings or bytes
+    (vocabulary and hash keys differ between those), a bag the family of its items."""
+    import pyarrow as pa
+
+    if dense:
+        return "number"
+    t = arrow_type
+    while pa.types.is_dictionary(t):
+        t = t.value_type
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return f"list<{value_family(t.value_type, False)}>"
+    if pa.types.is_integer(t):
+        return "int"
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return "string"
+    return "binary" if _is_category(t) else type_name(t)
 
 
 def allowed_kinds(schema: Schema, column: str) -> tuple[str, ...]:
@@ -137,10 +171,10 @@ def infer_schema(
 ) -> Schema:
     """A Schema read from Parquet footers only (no data pages, except as noted).
 
-    Columns come from the first file, in file order: float and bool (0/1) → dense;
-    integer, string, binary, dictionary → sparse single-hot; a list of those → sparse
-    multi-hot; other types are left out (the header names them; no sparse feature at
-    all is a DataError naming the columns found). Roles that our writers declare in the
+    Columns come from the first file holding rows (:func:`exemplar`), in file order:
+    float, bool (0/1) → dense; int, string, binary, dictionary → sparse single-hot, a list
+    of those multi-hot; other types are left out (the header names them; no sparse
+    feature at all is a DataError naming the columns found). Roles that our writers declare in the
     footer (data/roles.py) are followed where the type allows. String, binary and
     dictionary features get encoding "vocabulary" here and rows 1 until
     :mod:`data.preprocess` fits them. A non-empty ``dense`` or ``sparse`` list replaces
@@ -152,9 +186,8 @@ def infer_schema(
     (``tables``: feature → table name) get the largest of their row counts,
     explicit counts taking precedence over inferred ones.
 
-    With ``on_error="skip"`` the first readable file gives the columns, and files that
-    cannot be read or whose columns differ from its are left out (the reader reports
-    them); otherwise such a file is a DataError.
+    With ``on_error="skip"`` files that cannot be read or whose columns differ from the
+    first's are left out (the reader reports them); otherwise such a file is a DataError.
     """
     from data.files import open_parquet
 
@@ -163,13 +196,14 @@ def infer_schema(
     if on_error == "skip":
         files = _readable(files)
     rows, tables = dict(rows or {}), dict(tables or {})
-    first = open_parquet(files[0]).schema_arrow
+    source = exemplar(files)
+    first = open_parquet(source).schema_arrow
     if first.get_field_index(label) < 0:
-        raise DataError("label column is missing", file=files[0], column=label)
-    kinds = _kinds(first, label, dense, sparse, exclude, files[0])
+        raise DataError("label column is missing", file=source, column=label)
+    kinds = _kinds(first, label, dense, sparse, exclude, [source, *files])
     if not dense and not sparse:  # the roles our own writers recorded (data/roles.py)
         dense, sparse = _declared_sides(first, kinds)
-    sparse_names = list(sparse) if sparse else _categorical_columns(first, kinds, dense, files[0])
+    sparse_names = list(sparse) if sparse else _categorical_columns(first, kinds, dense, source)
     dense_names = list(dense) if dense else [
         n for n, k in kinds.items() if k in (_FLOAT, _BOOL) and n not in sparse_names
     ]
@@ -180,7 +214,8 @@ def infer_schema(
                                 column=name)
     if on_error == "skip":
         wanted = [label, *dense_names, *sparse_names]
-        files = [f for f in files if _type_names(f, wanted) == _type_names(files[0], wanted)]
+        sparse_set = set(sparse_names)
+        files = [f for f in files if _families(f, wanted, sparse_set) == _families(source, wanted, sparse_set)]
     categorical = {n for n in sparse_names if kinds[n] in (_CAT, _CAT_LIST)}
     inferred = _max_ids(files, [n for n in sparse_names if n not in rows and n not in categorical])
     inferred.update(dict.fromkeys(categorical, 0))
@@ -207,14 +242,20 @@ def infer_schema(
 
 
 def _kinds(first: pa.Schema, label: str, dense: list[str] | None, sparse: list[str] | None,
-           exclude: list[str] | None, path: str) -> dict[str, str]:
+           exclude: list[str] | None, files: list[str]) -> dict[str, str]:
     """Each column's kind but the label's and the excluded ones'; a DataError for a named
-    column the file lacks, or one both excluded and named dense or sparse."""
+    column the first file lacks (saying so where it is a Hive partition key, a directory
+    name), or one both excluded and named dense or sparse."""
+    from data.files import hive_partitions
+
     kinds = {f.name: column_kind(f.type) for f in first if f.name != label}
     for given in (dense or [], sparse or [], exclude or []):
         for name in given:
             if name not in kinds:
-                raise DataError("column is missing", file=path, column=name)
+                where = hive_partitions(files).get(name)
+                hint = (f" (it is a Hive partition key, only in directory names such as {where}/: "
+                        "write it into the files to train on it)") if where else ""
+                raise DataError(f"column is missing{hint}", file=files[0], column=name)
     for name in exclude or []:
         if name in (dense or []) or name in (sparse or []):
             raise DataError("data.exclude names a column data.dense or data.sparse takes", column=name)
@@ -275,13 +316,13 @@ def _readable(files: list[str]) -> list[str]:
     return out
 
 
-def _type_names(path: str, columns: list[str]) -> list[str | None]:
-    """Type name of each column in a file's footer (None where it is missing)."""
+def _families(path: str, columns: list[str], sparse: set[str]) -> list[str | None]:
+    """value_family of each column in a file's footer (None where it is missing)."""
     from data.files import open_parquet
 
     arrow = open_parquet(path).schema_arrow
-    return [type_name(arrow.field(c).type) if arrow.get_field_index(c) >= 0 else None
-            for c in columns]
+    return [value_family(arrow.field(c).type, c not in sparse)
+            if arrow.get_field_index(c) >= 0 else None for c in columns]
 
 
 def _max_ids(files: list[str], names: list[str]) -> dict[str, int]:
@@ -346,22 +387,22 @@ def screen_files(files: list[str], schema: Schema, on_error: str = "fail") -> Sc
 
     if not files:
         raise DataError("no data files given")
-    seen: dict[str, tuple[str, str]] = {}  # column → (type name, first usable file)
+    seen: dict[str, tuple[str, str, str]] = {}  # column → (family, type name, first usable file)
     out = Screened([], [], [])
     for path in files:
         rows = None
         try:
             pf = open_parquet(path)
             rows = pf.metadata.num_rows
-            types = _column_types(pf.schema_arrow, path, schema, seen)
+            types = _column_types(pf.schema_arrow, path, schema, seen, empty=not rows)
         except DataError as e:
             if on_error != "skip":
                 raise
             out.left_out.append(BadRecord(path, e.reason, column=e.column,
                                           row=None if rows is None else 0, rows=rows))
             continue
-        for col, name in types.items():
-            seen.setdefault(col, (name, path))
+        for col, found in types.items():
+            seen.setdefault(col, (*found, path))
         md = pf.metadata
         out.files.append(path)
         out.row_groups.append([md.row_group(g).num_rows for g in range(md.num_row_groups)])
@@ -375,13 +416,19 @@ def screen_files(files: list[str], schema: Schema, on_error: str = "fail") -> Sc
 
 
 def _column_types(arrow: pa.Schema, path: str, schema: Schema,
-                  seen: dict[str, tuple[str, str]]) -> dict[str, str]:
-    """Type name of each of the schema's columns in one file; a DataError if one is wrong."""
+                  seen: dict[str, tuple[str, str, str]], empty: bool = False) -> dict[str, tuple[str, str]]:
+    """(value family, type name) of each of the schema's columns in one file; a DataError
+    if one is wrong, or of another family than in an earlier file. In a file of no rows
+    (``empty``) a column typed null (pandas' empty object column) holds nothing to fit."""
+    import pyarrow as pa
+
     types = {}
     for col in schema.columns:
         if arrow.get_field_index(col) < 0:
             raise DataError("column is missing (or appears twice)", file=path, column=col)
         t = arrow.field(col).type
+        if empty and pa.types.is_null(t):
+            continue
         allowed = allowed_kinds(schema, col)
         if column_kind(t) not in allowed:
             hint = ": a bool column trains as a dense 0/1 value (data.dense)" if column_kind(t) == _BOOL else ""
@@ -389,13 +436,13 @@ def _column_types(arrow: pa.Schema, path: str, schema: Schema,
                 f"type {type_name(t)} is not the expected {' or '.join(allowed)}{hint}",
                 file=path, column=col,
             )
-        name = type_name(t)
-        before = seen.get(col, (name, path))
-        if before[0] != name:
+        name, family = type_name(t), value_family(t, col not in schema.sparse_names)
+        before = seen.get(col, (family, name, path))
+        if before[0] != family:
             raise DataError(
-                f"type {name} differs from {before[0]} in {before[1]}", file=path, column=col
+                f"type {name} differs from {before[1]} in {before[2]}", file=path, column=col
             )
-        types[col] = name
+        types[col] = (family, name)
     return types
 
 

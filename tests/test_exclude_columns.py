@@ -105,11 +105,11 @@ def test_an_identity_table_of_hashed_ids_is_one_line_before_anything_is_written(
             "data.label=click", "train.max_steps=2"]
     assert main([*argv, "data.encodings={id: identity}"]) == 2  # before: an overflow traceback
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "column 'id': ids up to" in err
-    assert "data.encodings={id: vocabulary}" in err and not run.exists()
+    assert len(err.splitlines()) == 1 and "table 'id' would have" in err
+    assert "data.encodings={id: vocabulary}" in err and "data.exclude=[id]" in err and not run.exists()
     assert main(["plan", "--config", str(TINY), "--world-size", "2", "--data", str(hashed_ids),
                  "data.label=click", "data.encodings={id: identity}"]) == 2
-    assert "make an identity table" in capsys.readouterr().err
+    assert "more than any machine holds" in capsys.readouterr().err
     assert main([*argv]) == 0  # auto: a vocabulary, as before
 
 

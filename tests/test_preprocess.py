@@ -227,5 +227,5 @@ def test_a_column_of_another_type_than_its_vocabulary_is_one_line(tmp_path: Path
     prep = preprocess.fit([train], schema, preprocess.Options(encoding="vocabulary"))
     schema = prep.apply(schema)
     assert _read_all([train], schema, prep)["c"] == [2, 1]  # a tie: ordered by value
-    with pytest.raises(DataError, match="column 'c': type large_string here, int64 in the data"):
+    with pytest.raises(DataError, match=r"e.parquet, column 'c', row group 0: type large_string here, int64 in the data"):
         _read_all([other], schema, prep)

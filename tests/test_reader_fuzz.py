@@ -132,8 +132,8 @@ def cases(draw: st.DrawFn) -> Case:
 
 
 def retype(f: File, col: Column) -> None:
-    """Write ``col`` of file f with another type: one of another kind, or a float of
-    another width (drift between files)."""
+    """Write ``col`` of file f with another type: one of another kind (refused), or a
+    float of another width (drift between files: read as the same values)."""
     vals = f.values[col.name]
     if col.role in ("label", "dense"):
         if col.type in FLOATS:
@@ -162,19 +162,11 @@ def _kind_fits(col: Column, t: pa.DataType) -> bool:
 
 
 def usable_files(case: Case) -> list[bool]:
-    """Footer checks: readable, every column there, of a fitting kind and of the type the
-    first usable file has."""
-    first: dict[str, pa.DataType] | None = None
-    out = []
-    for f in case.files:
-        ok = not f.truncate and all(
-            c.name in f.types and _kind_fits(c, f.types[c.name]) for c in case.columns)
-        if ok and first is not None:
-            ok = all(f.types[c.name] == first[c.name] for c in case.columns)
-        if ok and first is None:
-            first = f.types
-        out.append(ok)
-    return out
+    """Footer checks: readable, every column there, of a fitting kind. Widths may differ
+    between files (float64 beside float32, int32 beside int64: the same values), so a
+    fitting kind is all it takes (ids here are all ints, dense and labels all numbers)."""
+    return [not f.truncate and all(c.name in f.types and _kind_fits(c, f.types[c.name])
+                                   for c in case.columns) for f in case.files]
 
 
 def _f32(v: float) -> float:

@@ -57,7 +57,7 @@ def run_schema(cfg: Config, data: str | None = None) -> tuple[Schema, dict[str, 
         from data.files import expand_paths
         from data.preprocess import fit
         from data.schema import infer_schema
-        from dlrm.train.inputs import check_table_rows, prep_options
+        from dlrm.train.inputs import check_table_sizes, prep_options
 
         files = expand_paths(spec)
         schema = infer_schema(
@@ -70,7 +70,7 @@ def run_schema(cfg: Config, data: str | None = None) -> tuple[Schema, dict[str, 
         exclude=cfg.data.exclude or None,
         )
         schema = fit(files, schema, prep_options(cfg)).apply(schema)
-        check_table_rows(schema)
+        check_table_sizes(cfg, schema)
         return schema, {}
     from data.generate import generator_schema
 

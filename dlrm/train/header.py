@@ -20,9 +20,9 @@ from collections import Counter
 from pathlib import Path
 
 from data.errors import DataError
-from data.files import open_parquet
+from data.files import hive_partitions, open_parquet
 from data.roles import declared_roles
-from data.schema import Schema, column_kind, type_name
+from data.schema import Schema, column_kind, exemplar, type_name
 from dlrm.config import Config
 from dlrm.parallel.planning import run_tables
 from embeddings.plan.sizes import format_bytes
@@ -91,6 +91,21 @@ def left_out_warning(schema: Schema, first_file: str, exclude: list[str] | None 
             "one, cast it to float (dense) or to int or string (sparse) in the Parquet files")
 
 
+def partition_warning(files: list[str]) -> str | None:
+    """One line naming Hive partition keys (``date=2026-11-01/`` directories) whose column
+    is not inside the files: nothing reads a directory name, so the column was dropped
+    without a word."""
+    keys = hive_partitions(files)
+    arrow = open_parquet(exemplar(files)).schema_arrow
+    missing = {k: d for k, d in keys.items() if arrow.get_field_index(k) < 0}
+    if not missing:
+        return None
+    shown = ", ".join(f"{k} ({d}/)" for k, d in missing.items())
+    return (f"warning: Hive partition columns are only in the directory names, not inside the "
+            f"Parquet files, and are not read: {shown}; to train on one, write it into the "
+            f"files as a column (Spark: write without partitionBy, or copy it to another column)")
+
+
 def _ends(names: list[str]) -> list[str]:
     return names if len(names) <= 3 else [names[0], "...", names[-1]]
 
@@ -130,10 +145,12 @@ def header(cfg: Config, schema: Schema, train_files: list[str], eval_files: list
            plan: ShardingPlan | None, device: str, run_dir: Path) -> list[str]:
     """The header's lines (see the module docstring), the warning first if there is one."""
     data = _files("train", train_files) + ("; " + _files("eval", eval_files) if eval_files else "")
-    lines = [("data", data), ("schema", _schema_line(cfg, schema, train_files[0])),
+    first = exemplar(train_files)  # the file the schema was read from
+    lines = [("data", data), ("schema", _schema_line(cfg, schema, first)),
              ("tables", _table_line(cfg, schema))]
     lines += [("plan", line) for line in _plan_lines(cfg, plan)]
     lines += [("device", f"{device}, {cfg.train.precision}"),
               ("run", f"{run_dir} (full config: {run_dir / 'config.yaml'})")]
-    warnings = [integer_warning(cfg, schema, train_files[0]), left_out_warning(schema, train_files[0], cfg.data.exclude)]
+    warnings = [integer_warning(cfg, schema, first), left_out_warning(schema, first, cfg.data.exclude),
+                partition_warning(train_files)]
     return [w for w in warnings if w] + [f"{k:<9}{v}" for k, v in lines]

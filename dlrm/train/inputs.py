@@ -96,14 +96,14 @@ def resolve_data(cfg: Config, run_dir: str | Path | None = None) -> RunData:
             prep.notes.append(f"preprocessing: another run on the same data reuses this fit "
                               f"with data.preprocessing={run_dir}")
     schema = prep.apply(schema)
-    check_table_rows(schema)
+    check_table_sizes(cfg, schema)
     check_files(train_files, schema, cfg.data.on_error)  # skip: reported by the readers
     if eval_files:
         check_files(eval_files, schema, cfg.data.on_error)
     return RunData(train_files, eval_files, schema, prep)
 
 
-MAX_TABLE_ROWS = 1 << 48  # 2^48 rows of one float: a petabyte; beyond, ids that are no rows
+MAX_TABLE_BYTES = 2**50  # 1 PiB: no machine, nor any run of them, holds a table this big
 
 
 def check_fit_covers(prep: prep_io.Preprocessing, schema: Schema, where: str) -> None:
@@ -117,15 +117,24 @@ def check_fit_covers(prep: prep_io.Preprocessing, schema: Schema, where: str) ->
                         "columns; run with the data.sparse / data.exclude it was fitted with, or fit again")
 
 
-def check_table_rows(schema: Schema) -> None:
-    """A table sized by ids of an identity column (max id + 1) that no memory holds: a
-    uint64 hash or row id read as rows. One line naming the column and the encodings
-    that fit it, before anything is allocated."""
+def check_table_sizes(cfg: Config, schema: Schema) -> None:
+    """A table beyond MAX_TABLE_BYTES, which only ids as wide as 64-bit hashes taken as
+    rows (identity, max id + 1) give: one line naming it and the ways out, before
+    anything is written or allocated (allocating it was an overflow traceback)."""
+    from embeddings.rounding import weight_dtype
+
     for f in schema.sparse:
-        if f.rows > MAX_TABLE_ROWS:
-            raise DataError(f"ids up to {f.rows - 1:,} make an identity table of {f.rows:.3g} rows: "
-                            f"map them with data.encodings={{{f.name}: vocabulary}} (or hash), or leave "
-                            f"the column out with data.exclude=[{f.name}]", column=f.name)
+        table = f.table_name
+        dtype = weight_dtype(cfg.embeddings.dtypes.get(table, cfg.embeddings.dtype))
+        weights = f.rows * cfg.model.embedding_dim * dtype.itemsize
+        if weights > MAX_TABLE_BYTES:
+            columns = [g.name for g in schema.sparse if g.table_name == table]
+            raise DataError(
+                f"table {table!r} would have {f.rows:,} rows (identity ids up to {f.rows - 1:,}, from "
+                f"the footers), {weights / 2**50:,.0f} PiB of weights: more than any machine holds; map "
+                f"the ids with data.encodings={{{columns[0]}: vocabulary}} (or hash), size the table "
+                f"with data.rows={{{columns[0]}: N}} and data.id_policy=hash, or leave the column out "
+                f"with data.exclude=[{columns[0]}]")
 
 
 def check_named_columns(cfg: Config, schema: Schema) -> None:
