@@ -211,15 +211,17 @@ def _run(share: list[Group], rows: list[int], job: tuple, split: Split) -> objec
     if split.workers <= 1:
         return _do((share, *job), bar)
     ctx = mp.get_context("spawn")
-    done = ctx.Value("q", 0)  # rows read by all workers (the bar only)
     jobs = [(share[k::split.workers], *job) for k in range(split.workers) if share[k::split.workers]]
+    # rows read, one slot per task and no lock (the bar only): a worker killed while it
+    # held a shared counter's lock hung the other workers and this process for ever
+    done = ctx.Array("q", max(len(jobs), 1), lock=False)
     merged: object = None
     with ProcessPoolExecutor(len(jobs) or 1, mp_context=ctx, initializer=_count_rows_in,
                              initargs=(done,)) as pool:
-        pending = [pool.submit(_do, j) for j in jobs]
+        pending = [pool.submit(_do_in_slot, k, j) for k, j in enumerate(jobs)]
         while bar is not None and not all(f.done() for f in pending):
             wait(pending, timeout=0.25)
-            bar.update(done.value - bar.n)
+            bar.update(sum(done) - bar.n)
         for future in pending:
             try:
                 result = future.result()
@@ -234,12 +236,20 @@ def _run(share: list[Group], rows: list[int], job: tuple, split: Split) -> objec
     return merged if merged is not None else (Counted() if job[0] == "count" else {})
 
 
-_rows_read = None  # a worker's shared row counter (set by _count_rows_in)
+_rows_read = None  # the workers' rows-read slots (set by _count_rows_in)
+_slot = 0  # this task's slot in them
 
 
 def _count_rows_in(counter) -> None:
     global _rows_read
     _rows_read = counter
+
+
+def _do_in_slot(slot: int, job: tuple) -> object:
+    """:func:`_do` in a worker, counting its rows in slot ``slot`` (its own: no lock)."""
+    global _slot
+    _slot = slot
+    return _do(job)
 
 
 def _merge(a: object, b: object) -> object:
@@ -287,8 +297,7 @@ def _do(job: tuple, bar=None) -> object:
         if bar is not None:
             bar.update(table.num_rows)
         if _rows_read is not None:
-            with _rows_read.get_lock():
-                _rows_read.value += table.num_rows
+            _rows_read[_slot] += table.num_rows
     if bar is not None:
         bar.close()
     if isinstance(out, Counted):
