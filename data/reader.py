@@ -643,27 +643,27 @@ def _map_ids(values: np.ndarray, feature: SparseFeature, problems: _Problems, po
              unsigned: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
     """Reject negative ids; map, drop or reject ids >= the table's rows as ``policy``
     says. Returns (values, offsets): dropping gives a single-hot column offsets too.
-    ``unsigned``: ``values`` are uint64 ids viewed as int64; a negative one is an id of
-    2^63 or more, beyond every table (shown, and taken modulo, as the uint64 it is)."""
+    ``unsigned``: ``values`` are uint64 ids viewed as int64; they are compared, shown and
+    mapped as the uint64 they are (those of 2^63 and up read negative as int64)."""
     if values.size == 0:
         return values, offsets
     rows = feature.rows
-    if unsigned:
-        return _map_unsigned(values, feature, problems, policy, offsets, unseen)
+    keys = values.view(np.uint64) if unsigned else values
+    limit = np.uint64(rows) if unsigned else rows
 
     def flag(bad: np.ndarray, what: Callable[[int], str]) -> None:
         """Flag the rows of the values marked in ``bad``, each by its first bad value."""
         def reason(i: int) -> str:
             lo, hi = (i, i + 1) if offsets is None else (offsets[i], offsets[i + 1])
-            return what(int(values[lo:hi][bad[lo:hi]][0]))
+            return what(int(keys[lo:hi][bad[lo:hi]][0]))
 
         problems.flag(bad if offsets is None else _bag_rows(offsets, bad), feature.name, reason)
 
-    if values.min() < 0:
+    if not unsigned and values.min() < 0:
         flag(values < 0, lambda v: f"negative id {v}")
-    if values.max() < rows:
+    if keys.max() < limit:
         return values, offsets
-    big = values >= rows
+    big = keys >= limit
     if policy == "error":
         flag(big, lambda v: f"id {v} >= table rows {rows} (set data.rows, or "
                             "data.id_policy=hash/modulo)")
@@ -671,38 +671,9 @@ def _map_ids(values: np.ndarray, feature: SparseFeature, problems: _Problems, po
     if policy == "drop":
         return _drop(values, offsets, big, feature.name, unseen)
     if policy == "modulo":
-        return np.where(big, values % rows, values), offsets
+        return np.where(big, keys % limit, keys).astype(np.int64, copy=False), offsets
     out = values.copy()
-    out[big] = (splitmix64(values[big]) % np.uint64(rows)).astype(np.int64)
-    return out, offsets
-
-
-def _map_unsigned(values: np.ndarray, feature: SparseFeature, problems: _Problems, policy: str,
-                  offsets: np.ndarray | None, unseen: dict[str, int] | None,
-                  ) -> tuple[np.ndarray, np.ndarray | None]:
-    """_map_ids of uint64 ids viewed as int64: every id is >= 0, and the ones the view
-    shows negative are >= 2^63, so beyond the table."""
-    ids = values.view(np.uint64)
-    rows = feature.rows
-    big = ids >= np.uint64(rows)
-    if not big.any():
-        return values, offsets
-    if policy == "error":
-        bad = big if offsets is None else _bag_rows(offsets, big)
-
-        def reason(i: int) -> str:
-            lo, hi = (i, i + 1) if offsets is None else (offsets[i], offsets[i + 1])
-            return (f"id {int(ids[lo:hi][big[lo:hi]][0])} >= table rows {rows} (set data.rows, "
-                    "or data.id_policy=hash/modulo)")
-
-        problems.flag(bad, feature.name, reason)
-        return values, offsets
-    if policy == "drop":
-        return _drop(values, offsets, big, feature.name, unseen)
-    if policy == "modulo":
-        return np.where(big, ids % np.uint64(rows), ids).astype(np.int64), offsets
-    out = values.copy()
-    out[big] = (splitmix64(ids[big]) % np.uint64(rows)).astype(np.int64)
+    out[big] = (splitmix64(keys[big]) % np.uint64(rows)).astype(np.int64)
     return out, offsets
 
 
