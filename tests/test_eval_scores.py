@@ -108,3 +108,24 @@ def test_rows_dropped_by_on_error_skip_refuse_the_scores_file(tiny_data, tmp_pat
     assert f"{table.num_rows - 1:,} rows were scored of the data's {table.num_rows:,}" in err
     assert not out.exists()
     assert main(["eval", "--checkpoint", str(run), "--data", data]) == 0
+
+
+def test_a_kept_column_stored_narrower_in_another_file_is_written(trained: Path, tiny_data,
+                                                                   tmp_path: Path, capsys) -> None:
+    """Files may store a column in another width (int32 here, int64 there): the reader
+    takes both, and so does the scores file (in the first file's type)."""
+    first = min(Path(tiny_data["eval"]).glob("*.parquet"))
+    table = pq.read_table(first)
+    (tmp_path / "eval").mkdir()
+    half = table.num_rows // 2
+    pq.write_table(table.slice(0, half), tmp_path / "eval" / "a.parquet")
+    rest = table.slice(half)
+    i = rest.schema.get_field_index("C1")
+    pq.write_table(rest.set_column(i, "C1", rest.column("C1").cast(pa.int32())), tmp_path / "eval" / "b.parquet")
+    out = tmp_path / "scores.parquet"
+    capsys.readouterr()
+    assert main(["eval", "--checkpoint", str(trained), "--data", str(tmp_path / "eval"),
+                 "--scores", str(out), "--keep", "C1"]) == 0
+    written = pq.read_table(out)
+    assert written.schema.field("C1").type == pa.int64()
+    assert written["C1"].to_pylist() == table["C1"].to_pylist()

@@ -56,19 +56,10 @@ def run_schema(cfg: Config, data: str | None = None) -> tuple[Schema, dict[str, 
     if spec:
         from data.files import expand_paths
         from data.preprocess import fit
-        from data.schema import infer_schema
-        from dlrm.train.inputs import check_table_sizes, prep_options
+        from dlrm.train.inputs import check_table_sizes, infer_run_schema, prep_options
 
         files = expand_paths(spec)
-        schema = infer_schema(
-            files,
-            label=cfg.data.label,
-            dense=cfg.data.dense or None,
-            sparse=cfg.data.sparse or None,
-            rows=cfg.data.rows or None,
-            tables=cfg.data.tables or None,
-        exclude=cfg.data.exclude or None,
-        )
+        schema = infer_run_schema(cfg, files)
         schema = fit(files, schema, prep_options(cfg)).apply(schema)
         check_table_sizes(cfg, schema)
         return schema, {}

@@ -44,10 +44,10 @@ class DivergenceGuard:
     def saved(self, checkpoint: str) -> None:
         self.newest = checkpoint
 
-    def check(self, loss: float, step: int, weights: bool = True) -> None:
+    def check(self, loss: float, step: int) -> None:
         """``loss``: the mean (or sum) of the steps since the last check, all ranks."""
         bad = None if math.isfinite(loss) else f"the training loss is {loss}"
-        if bad is None and weights and self.params and not _finite(self.params):
+        if bad is None and self.params and not _finite(self.params):
             bad = "a dense weight is NaN or infinite"
         if bad is None:
             self.finite_step = step

@@ -72,16 +72,7 @@ def resolve_data(cfg: Config, run_dir: str | Path | None = None) -> RunData:
         raise DataError("no training data: set data.train=PATH (file, directory or glob)")
     train_files = expand_paths(cfg.data.train)
     eval_files = expand_paths(cfg.data.eval) if cfg.data.eval else []
-    schema = infer_schema(
-        train_files + eval_files,
-        label=cfg.data.label,
-        dense=cfg.data.dense or None,
-        sparse=cfg.data.sparse or None,
-        rows=cfg.data.rows or None,
-        tables=cfg.data.tables or None,
-        exclude=cfg.data.exclude or None,
-        on_error=cfg.data.on_error,
-    )
+    schema = infer_run_schema(cfg, train_files + eval_files)
     check_named_columns(cfg, schema)
     usable = screen_files(train_files, schema, cfg.data.on_error).files  # skip: bad files out
     saved = Path(run_dir) / prep_io.FILE if run_dir is not None else None
@@ -101,6 +92,14 @@ def resolve_data(cfg: Config, run_dir: str | Path | None = None) -> RunData:
     if eval_files:
         check_files(eval_files, schema, cfg.data.on_error)
     return RunData(train_files, eval_files, schema, prep)
+
+
+def infer_run_schema(cfg: Config, files: list[str]) -> Schema:
+    """``infer_schema`` of ``files`` with the columns ``cfg.data`` names (before the fit)."""
+    return infer_schema(files, label=cfg.data.label, dense=cfg.data.dense or None,
+                        sparse=cfg.data.sparse or None, rows=cfg.data.rows or None,
+                        tables=cfg.data.tables or None, on_error=cfg.data.on_error,
+                        exclude=cfg.data.exclude or None)
 
 
 MAX_TABLE_BYTES = 2**50  # 1 PiB: no machine, nor any run of them, holds a table this big

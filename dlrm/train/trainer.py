@@ -532,7 +532,7 @@ class Trainer:
         if self.schedule.saved_step == self.progress.global_step:
             return  # saved at this step already
         self.meter.close_span()  # the checkpoint's time is not the steps'
-        self.guard.check(self.meter.window_loss(), self.progress.global_step)
+        self._stop_if_diverged()
         if self.hotline is not None:
             self.hotline.before_save()  # its refresh inputs, saved with the hot set
         final = save_checkpoint(self.run_dir, self.model, self.dense_opt, self.progress, to_dict(self.cfg),
@@ -542,11 +542,19 @@ class Trainer:
         if self.bad_data is not None:
             self.bad_data.write()  # the records so far, kept through a crash
 
+    def _stop_if_diverged(self) -> None:
+        """The guard's check of the steps since its last one (collective); none where it
+        checked this step already (the log line of the run's last step, before its save
+        and eval): nothing trained since."""
+        step = self.progress.global_step
+        if self.guard.finite_step != step:
+            self.guard.check(self.meter.window_loss(), step)
+
     def run_eval(self) -> dict[str, Any] | None:
         if self.eval_reader is None:
             return None
         step = self.progress.global_step
-        self.guard.check(self.meter.window_loss(), step)
+        self._stop_if_diverged()
         try:
             metrics = evaluate(self.model, self.eval_reader, self.info)[0]
         except NotFinite as e:  # the loss and dense weights were finite: a table row is not
