@@ -157,6 +157,8 @@ def cmd_eval(argv: list[str]) -> int:
         raise UserError("--keep names columns of the --scores file: give --scores FILE.parquet too")
     if a.scores and Path(a.scores).is_dir():
         raise UserError(f"--scores {a.scores}: is a directory; name a .parquet file")
+    if a.scores:
+        output_dir(Path(a.scores).parent, "--scores")  # before the eval, as --plots
     if a.plots is not None:
         output_dir(a.plots, "--plots")
     if a.batch_size is not None and a.batch_size < 1:  # 0 read as "not given" before
