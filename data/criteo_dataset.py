@@ -16,6 +16,7 @@ Ids (``ids``):
   hash        h % (R - 1) + 1 with ``max_ind_range`` R: the DLRM/MLPerf reference's ids
 
 Split: ``eval_days=K`` holds out the last K inputs (Criteo 1TB has one file per day;
+``dlrm convert-criteo`` first puts a shell glob's text-sorted list in day order;
 MLPerf evaluates on day_23); ``eval_fraction=f`` the last round(f * N) rows in input
 order (Criteo's files are in time order, so eval is the later traffic, as the DLRM
 reference holds out the end of Kaggle's week); neither writes one set into OUT.
@@ -104,6 +105,29 @@ def _parse(path: str, staging: str, hash_range: int, row_group_rows: int, file_r
     from data.criteo import convert_criteo
 
     return convert_criteo([path], staging, hash_range, row_group_rows, file_rows)
+
+
+def in_day_order(inputs: list[str]) -> tuple[list[str], str | None]:
+    """The inputs in day order, and a note when that changed them. The shell sorts a
+    glob's names as text (``day_*``: day_0, day_1, day_10, ..., day_9), which would hold
+    out day_9 under ``--eval-days 1`` where Criteo 1TB's users want day_23: a text-sorted
+    list whose numbers are out of order is put in number order. Any other order is the
+    user's own and is kept."""
+    from data.files import natural_key
+
+    by_number = sorted(inputs, key=natural_key)
+    if inputs != sorted(inputs) or by_number == inputs:
+        return list(inputs), None
+    names = [os.path.basename(x) for x in by_number]
+    return by_number, (f"note: inputs taken in day order ({names[0]}, ..., {names[-1]}); the "
+                       f"shell's glob had sorted them as text ({os.path.basename(inputs[-1])} last)")
+
+
+def held_out_note(inputs: list[str], eval_days: int) -> str | None:
+    """Which inputs ``--eval-days`` holds out, named (a wrong order is seen at once)."""
+    if not 0 < eval_days < len(inputs):  # none, or refused by _check
+        return None
+    return f"note: --eval-days {eval_days} holds out {', '.join(map(os.path.basename, inputs[-eval_days:]))}"
 
 
 def _place(parts: list[str], out_dir: str) -> list[str]:

@@ -1,13 +1,17 @@
 """Parquet files on disk: finding them from a user's spec, opening them, writing them.
 
-    expand_paths("train/")                 every *.parquet below train/, sorted
+    expand_paths("train/")                 every *.parquet below train/, in name order
     expand_paths("a.parquet,b/*.parquet")  a comma-separated list of files and globs
+    expand_paths(["a,b.parquet", "c/"])    a list: each entry one path or glob, commas and all
     write_parts(out_dir, tables, ...)      part-00000.parquet, part-00001.parquet, ...
 
-Names starting with '.' or '_' are skipped inside directories and in a glob's matches
-(Spark's ``_SUCCESS`` and ``.part-….crc``, ``.part-00000.parquet.tmp<pid>`` of a writer
-still at work) unless the glob's own last part starts so. A file named twice (through a
-symlink, ``..``, a directory and a glob) is read once. Every file is written
+Name order is natural: numbers in names compare as numbers, so ``day_2`` comes before
+``day_10`` and ``part-100000`` after ``part-99999`` (a run over days in order, unshuffled,
+reads them in order). Names starting with '.' or '_' are skipped inside directories and
+in a glob's matches, at any depth below the glob's fixed directories (Spark's ``_SUCCESS``,
+``.part-….crc``, ``_temporary/0/part-…`` of a job still writing, and
+``.part-00000.parquet.tmp<pid>`` of our writer at work) unless the glob itself names such
+a part. A file named twice (through a symlink, ``..``, a directory and a glob) is read once. Every file is written
 under such a temporary name and renamed when complete (:mod:`data.atomic`), so a
 reader never sees half a file.
 """
@@ -31,6 +35,14 @@ if TYPE_CHECKING:
 
 _GLOB_CHARS = re.compile(r"[*?\[]")
 _PART = re.compile(r"^part-(\d{5,})\.parquet$")
+_DIGITS = re.compile(r"(\d+)")
+_PRIVATE = (".", "_")
+
+
+def natural_key(path: str) -> list[str | int]:
+    """Sort key comparing the runs of digits in ``path`` as numbers: ``day_2`` < ``day_10``.
+    ``re.split`` with a group alternates text and digits, so like compares with like."""
+    return [int(t) if i % 2 else t for i, t in enumerate(_DIGITS.split(path))]
 
 
 def expand_paths(spec: str | list[str]) -> list[str]:
@@ -38,12 +50,17 @@ def expand_paths(spec: str | list[str]) -> list[str]:
 
     Directories contribute every ``*.parquet`` below them (recursively, sorted,
     skipping names that start with '.' or '_'); globs contribute their matches
-    in sorted order, less names starting with '_' or '.' unless the pattern's last part
-    does. Duplicates (the same file however reached: its real path) are dropped, first
+    in name order, less those with a part starting with '_' or '.' below the pattern's
+    fixed directories unless the pattern's own part there does. A string is split at
+    commas unless it names an existing path whole; a list's entries are not split. Duplicates (the same file however reached: its real path) are dropped, first
     occurrence kept. A part that matches nothing is a :class:`DataError` naming it.
     """
-    parts = [spec] if isinstance(spec, str) else list(spec)
-    items = [p.strip() for part in parts for p in part.split(",") if p.strip()]
+    if isinstance(spec, str):
+        whole = spec.strip()  # a path with a comma in its name, given alone
+        items = [whole] if Path(whole).expanduser().exists() else [p.strip() for p in spec.split(",")]
+    else:
+        items = [p.strip() for p in spec]
+    items = [p for p in items if p]
     if not items:
         raise DataError(f"no data files given (spec {spec!r} is empty)")
     found: dict[str, str] = {}  # real path → the name first given
@@ -65,13 +82,28 @@ def _expand_one(item: str) -> list[str]:
         return [str(path)]
     if not _GLOB_CHARS.search(item):
         return []
+    root, pattern = _glob_root(path)
     out: list[str] = []
-    private = path.name.startswith(("_", "."))  # a glob that asks for such names gets them
-    for match in sorted(glob.glob(str(path), recursive=True)):
-        if not private and os.path.basename(match).startswith(("_", ".")):
+    for match in sorted(glob.glob(str(path), recursive=True), key=natural_key):
+        if _private_match(Path(match).relative_to(root).parts, pattern):
             continue
         out.extend(_parquet_below(Path(match)) if os.path.isdir(match) else [match])
     return out
+
+
+def _glob_root(path: Path) -> tuple[Path, tuple[str, ...]]:
+    """``path`` split into its fixed directories and the parts from the first glob on."""
+    parts = path.parts
+    first = next(i for i, p in enumerate(parts) if _GLOB_CHARS.search(p))
+    return Path(*parts[:first]) if first else Path(), parts[first:]
+
+
+def _private_match(rel: tuple[str, ...], pattern: tuple[str, ...]) -> bool:
+    """Whether a match's parts below the fixed directories hold a '.' or '_' name the
+    pattern did not ask for: ``out/**/*`` skips ``out/_temporary/0/part-0.parquet`` and
+    ``out/_SUCCESS``; ``out/_tmp/*`` and ``out/_*`` get what they name."""
+    asked = any(p.startswith(_PRIVATE) for p in pattern)
+    return not asked and any(r.startswith(_PRIVATE) for r in rel)
 
 
 def _other_files_hint(item: str) -> str:
@@ -82,7 +114,7 @@ def _other_files_hint(item: str) -> str:
     if not root.is_dir():
         return ""
     others = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()
-                    and not any(r.startswith((".", "_")) for r in p.relative_to(root).parts))
+                    and not any(r.startswith(_PRIVATE) for r in p.relative_to(root).parts))
     if not others:
         return ""
     nested = any(os.sep in o for o in others)
@@ -97,9 +129,9 @@ def _parquet_below(root: Path) -> list[str]:
     out = []
     for p in root.rglob("*.parquet"):
         rel = p.relative_to(root).parts
-        if p.is_file() and not any(r.startswith((".", "_")) for r in rel):
+        if p.is_file() and not any(r.startswith(_PRIVATE) for r in rel):
             out.append(str(p))
-    return sorted(out)
+    return sorted(out, key=natural_key)
 
 
 def hive_partitions(files: list[str]) -> dict[str, str]:

@@ -58,7 +58,8 @@ def cmd_convert_criteo(argv: list[str]) -> int:
     p = argparse.ArgumentParser(
         prog="dlrm convert-criteo",
         description="Criteo TSV to Parquet: small dense ids, optionally a train/eval split.")
-    p.add_argument("inputs", nargs="+", help="Criteo Kaggle/Terabyte TSV files (.gz too), in order")
+    p.add_argument("inputs", nargs="+", help="Criteo Kaggle/Terabyte TSV files (.gz too), in order (a shell "
+                   "glob's text order, day_10 before day_2, is put in day order)")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--ids", choices=("vocabulary", "raw", "hash"), default=None,
                    help="vocabulary (default): ids by frequency in the train rows, 0 empty, "
@@ -78,11 +79,15 @@ def cmd_convert_criteo(argv: list[str]) -> int:
     output_dir(a.out, "--out")
     if a.workers < 0:
         raise UserError(f"--workers {a.workers} must be >= 0")
-    from data.criteo_dataset import convert_criteo_dataset
+    from data.criteo_dataset import convert_criteo_dataset, held_out_note, in_day_order
 
     ids = a.ids or ("hash" if a.max_ind_range else "vocabulary")
+    inputs, reordered = in_day_order(a.inputs)
+    for note in (reordered, held_out_note(inputs, a.eval_days)):
+        if note:
+            print(note, file=sys.stderr)
     summary = convert_criteo_dataset(
-        a.inputs, a.out, ids=ids, min_frequency=a.min_frequency, max_ind_range=a.max_ind_range,
+        inputs, a.out, ids=ids, min_frequency=a.min_frequency, max_ind_range=a.max_ind_range,
         eval_days=a.eval_days, eval_fraction=a.eval_fraction, workers=a.workers)
     print(json.dumps(summary))
     return 0

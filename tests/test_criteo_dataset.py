@@ -111,6 +111,33 @@ def test_bad_arguments_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert not (tmp_path / "out" / ".staging").exists()
 
 
+def test_a_shell_glob_of_days_holds_out_the_last_day(tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """``convert-criteo day_* --eval-days 1``: the shell sorts day_10 before day_2, so
+    the last input was day_9 and the held-out day was not the last. Each day's rows
+    carry the day's number in I1 (written as log1p), which tells which day was held out."""
+    days = range(12)
+    for day in days:
+        (tmp_path / f"day_{day}").write_text(("1\t" + f"{day}" + "\t1" * 12 + "\tab" * 26 + "\n") * 3)
+    shell_order = sorted(str(tmp_path / f"day_{d}") for d in days)  # what bash hands us
+    assert shell_order[-1].endswith("day_9")
+    out = tmp_path / "out"
+    assert main(["convert-criteo", *shell_order, "--out", str(out), "--eval-days", "1",
+                 "--ids", "hash", "--max-ind-range", "100", "--workers", "1"]) == 0
+    err = capsys.readouterr().err
+    assert "inputs taken in day order (day_0, ..., day_11)" in err and "holds out day_11" in err, err
+    held_out = pq.read_table(out / "eval").column("I1").to_numpy()
+    np.testing.assert_allclose(held_out, np.log1p(11.0), rtol=1e-6)
+    trained = np.unique(np.round(np.expm1(pq.read_table(out / "train").column("I1").to_numpy())))
+    assert trained.tolist() == list(range(11))
+    # an order the user chose (not the text order) is kept, and the held-out input named
+    mine = [str(tmp_path / f"day_{d}") for d in (3, 1, 2)]
+    assert main(["convert-criteo", *mine, "--out", str(tmp_path / "o2"), "--eval-days", "1",
+                 "--ids", "hash", "--max-ind-range", "100", "--workers", "1"]) == 0
+    err = capsys.readouterr().err
+    assert "day order" not in err and "holds out day_2" in err, err
+
+
 @needs_shared
 @pytest.mark.slow
 def test_convert_train_eval_with_small_tables(tmp_path: Path,

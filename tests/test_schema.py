@@ -53,6 +53,46 @@ def test_expand_paths_directories_globs_and_lists(tmp_path: Path) -> None:
     assert expand_paths([f"{t}/b/c", f"{t}/b/c/3.parquet"]) == [f"{t}/b/c/3.parquet"]
 
 
+def test_expand_paths_orders_numbers_as_numbers(tmp_path: Path) -> None:
+    """``day_10`` came before ``day_2`` and ``part-100000`` before ``part-99999``: a run
+    over days in order, unshuffled, read them out of order."""
+    names = [f"day_{d}/part-{p:05d}.parquet" for d in (0, 1, 2, 9, 10, 11, 23) for p in (7, 99999, 100000)]
+    for rel in reversed(names):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("")
+    want = [str(tmp_path / n) for n in names]  # made in (day, part) order, written reversed
+    assert expand_paths(str(tmp_path)) == want
+    assert expand_paths(f"{tmp_path}/day_*/*.parquet") == want
+
+
+def test_expand_paths_skips_private_directories_at_any_depth_of_a_glob(tmp_path: Path) -> None:
+    """``out/**/*`` matched ``out/_temporary/0/part-00000.parquet`` of a Spark job still
+    writing (only the last name was checked); a glob that names the directory gets it."""
+    for rel in ["out/part-00000.parquet", "out/_temporary/0/part-00000.parquet", "out/_SUCCESS",
+                "out/.staging/part-00001.parquet", "out/day=1/part-00002.parquet"]:
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("")
+    t = str(tmp_path)
+    kept = [f"{t}/out/day=1/part-00002.parquet", f"{t}/out/part-00000.parquet"]
+    assert expand_paths(f"{t}/out/**/*") == kept
+    assert expand_paths(f"{t}/out/**/*.parquet") == kept
+    assert expand_paths(f"{t}/out") == kept
+    assert expand_paths(f"{t}/out/_temporary/**/*.parquet") == [f"{t}/out/_temporary/0/part-00000.parquet"]
+
+
+def test_a_path_with_a_comma_is_named_whole_or_in_a_list(tmp_path: Path) -> None:
+    """A comma-separated string was always split: a directory named ``a,b`` could not be
+    read. Named whole (it exists) or as a list entry, it is one path."""
+    (tmp_path / "a,b").mkdir()
+    (tmp_path / "a,b" / "x.parquet").write_text("")
+    (tmp_path / "c.parquet").write_text("")
+    t = str(tmp_path)
+    assert expand_paths(f"{t}/a,b") == [f"{t}/a,b/x.parquet"]
+    assert expand_paths([f"{t}/a,b", f"{t}/c.parquet"]) == [f"{t}/a,b/x.parquet", f"{t}/c.parquet"]
+    with pytest.raises(DataError, match="no Parquet files found for '.*/a'"):
+        expand_paths(f"{t}/c.parquet,{t}/a,b")  # several in one string: split, so use a list
+
+
 def test_a_yaml_list_of_paths_names_the_same_files_as_the_comma_list(tmp_path: Path) -> None:
     """data.train as a YAML list (days in directories of their own), as users of
     TorchRec's and NVTabular's file lists write it; before, 'expected a string'."""
