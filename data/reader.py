@@ -129,11 +129,7 @@ class ParquetReader:
         self.workers = workers  # decode processes (0: the background thread, or none)
         self._pool: DecodePool | None = None  # the decode workers, from the first epoch on
         self.unseen_ids: dict[str, int] = {}  # id_policy="drop": ids dropped, by column
-        # single-hot ids packed in each row's record; a feature that may leave a row with
-        # no id (a bag, an identity id under id_policy="drop") keeps its own offsets
-        self.layout = Layout(schema, [not f.multi_hot and not (f.encoding == "identity"
-                                                               and id_policy == "drop")
-                                      for f in schema.sparse])
+        self.layout = reader_layout(schema, id_policy)
         screened = screen_files(list(files), schema, on_error)
         self.files = screened.files
         self.bad_data = BadDataLog(screened.left_out)
@@ -465,8 +461,8 @@ class _RowGroups:
 class _Where:
     """Where a decoded slice comes from, for error messages and records."""
 
-    file: str
-    row_group: int
+    file: str | None  # None: rows held in memory (decode_table)
+    row_group: int | None
     row0: int  # index within the file of the slice's first row
 
     def error(self, message: str, column: str, index: int | None = None) -> DataError:
@@ -549,6 +545,27 @@ def _decode(table: pa.Table, schema: Schema, where: _Where, id_policy: str,
         out.bag(j, values, offsets)
     if not problems.keep.all():
         out.drop(at, problems.keep)
+
+
+def decode_table(table: pa.Table, schema: Schema, *, id_policy: str = "error",
+                 dense_nan: str = "error", preprocess: Preprocessing | None = None,
+                 row0: int = 0, unseen: dict[str, int] | None = None) -> Batch:
+    """All rows of ``table`` (a Parquet row group's worth held in memory: the schema's
+    columns, as the files had them) as one Batch, decoded, checked and mapped exactly as
+    the reader decodes a row group. A bad value is a DataError naming its column and
+    its row, counted from ``row0``."""
+    window = WindowBuilder(reader_layout(schema, id_policy))
+    window.start(table.num_rows)
+    _decode(table, schema, _Where(None, None, row0), id_policy, dense_nan, (window, 0), None,
+            preprocess, unseen)
+    return window.finish().batch(0, table.num_rows)
+
+
+def reader_layout(schema: Schema, id_policy: str) -> Layout:
+    """Single-hot ids packed in each row's record; a feature that may leave a row with
+    no id (a bag, an identity id under id_policy="drop") keeps its own offsets."""
+    return Layout(schema, [not f.multi_hot and not (f.encoding == "identity" and id_policy == "drop")
+                           for f in schema.sparse])
 
 
 def _prep(prep: Preprocessing | None, feature: SparseFeature) -> Preprocessing:

@@ -64,7 +64,7 @@ def evaluate_checkpoint(
     in the data's order (dlrm/eval/scores.py); ``result["scores"]`` names it.
     """
     with contextlib.ExitStack() as hold:  # the checkpoint stays while it is read
-        cfg, schema, prep, fill, identity = _scored(Path(run), hold)
+        cfg, schema, prep, fill, identity = open_scored(Path(run), hold)
         if batch_size:
             cfg.data.eval_batch_size = batch_size
         if device is not None:
@@ -107,7 +107,7 @@ def evaluate_checkpoint(
     return result
 
 
-def _scored(run: Path, hold: contextlib.ExitStack
+def open_scored(run: Path, hold: contextlib.ExitStack
             ) -> tuple[Config, Any, Any, Callable[[Any, Any], None], Path]:
     """(config, schema, preprocessing, fill(model, info), the file naming what is
     scored) of a run's newest checkpoint or of an export (dlrm/eval/export.py); the

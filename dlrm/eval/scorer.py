@@ -1,0 +1,96 @@
+"""Scoring rows held in memory, from Python: a trained run's model (or an export's)
+behind one call, with the run's own preprocessing.
+
+    from dlrm.eval.scorer import Scorer
+
+    with Scorer("runs/ctr") as scorer:          # a run directory (newest checkpoint) or
+        p = scorer.score(frame)                  #   a `dlrm export` directory
+                                                 # frame: pandas DataFrame, pyarrow Table
+                                                 #   or RecordBatch with the data's columns
+                                                 # p: float64 [rows], click probabilities
+
+    raw columns ──decode_table (data/reader.py)──► Batch ──model──► sigmoid ──► p
+                  the reader's own decoding: vocabularies, hashing, dense transforms,
+                  type and value checks; unseen ids as `dlrm eval` takes them
+
+A score here is the score `dlrm eval --scores` writes for the same row: the same
+decoding and the same model, in batches of ``data.eval_batch_size``. The label column
+may be absent (it is not scored); other columns beside the data's are ignored. The
+model is loaded once, on ``device`` (default cpu), in this process alone: a serving
+process under torchrun does not join its job. A bad value is one DataError naming the
+column and the row (counted within the rows given).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any, Self
+
+import numpy as np
+import torch
+
+from data.errors import DataError
+from data.reader import decode_table
+from dlrm.eval.evaluate import open_scored
+from dlrm.eval.model import eval_model
+from dlrm.eval.predict import predict
+from dlrm.parallel.distributed import DistInfo
+from dlrm.train.inputs import eval_id_policy
+
+
+class Scorer:
+    """A run's or an export's model, loaded once, scoring rows given in memory."""
+
+    def __init__(self, path: str | Path, device: str = "cpu", strict_ids: bool = False) -> None:
+        with contextlib.ExitStack() as hold:  # the checkpoint stays while it is read
+            cfg, self.schema, self._prep, fill, self.source = open_scored(Path(path), hold)
+            cfg.data.eval_strict_ids = strict_ids
+            self.device = torch.device(device)
+            info = DistInfo(device=self.device)
+            self.model = eval_model(cfg, self.schema, info)
+            fill(self.model, info)
+        self.batch_size = cfg.data.eval_batch_size
+        self._id_policy, self._dense_nan = eval_id_policy(cfg), cfg.data.dense_nan
+        self.unseen_ids: dict[str, int] = {}  # ids past their trained table, by column (all calls)
+
+    def score(self, rows: Any) -> np.ndarray:
+        """Click probabilities (float64 [n]) of ``rows``: a pandas DataFrame, a pyarrow
+        Table or RecordBatch holding the data's columns (the label may be left out)."""
+        table = self._table(rows)
+        batches = (decode_table(table.slice(a, self.batch_size), self.schema, id_policy=self._id_policy,
+                                dense_nan=self._dense_nan, preprocess=self._prep,
+                                row0=a, unseen=self.unseen_ids)
+                   for a in range(0, table.num_rows, self.batch_size))
+        scores, _ = predict(self.model, batches, self.device)
+        return scores.numpy()
+
+    def _table(self, rows: Any) -> Any:
+        """``rows`` as a pyarrow Table with every column of the schema (a zero label
+        added where there is none)."""
+        import pyarrow as pa
+
+        if isinstance(rows, pa.RecordBatch):
+            table = pa.Table.from_batches([rows])
+        elif isinstance(rows, pa.Table):
+            table = rows
+        else:  # pandas, or anything pyarrow takes as columns
+            table = pa.Table.from_pandas(rows, preserve_index=False) if hasattr(rows, "iloc") else pa.table(rows)
+        label = self.schema.label
+        if label not in table.column_names:
+            table = table.append_column(label, pa.array(np.zeros(table.num_rows, np.float32)))
+        missing = [c for c in self.schema.columns if c not in table.column_names]
+        if missing:
+            raise DataError(f"column is missing from the rows to score (the model reads "
+                            f"{len(self.schema.columns) - 1}: the run's dense and sparse features)",
+                            column=missing[0])
+        return table
+
+    def close(self) -> None:
+        self.model.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
