@@ -10,7 +10,7 @@
     DIR/dense.pt         the dense part (bottom MLP, interaction, top MLP): a state_dict
     DIR/tables.pt        {table: {"q": uint8 [rows, dim], "scale_bias": float32 [rows, 2]}}  (int8)
                          {table: {"weight": [rows, dim] in the table's dtype}}            (stored)
-    DIR/preprocessing.json, DIR/vocabularies/   the run's, when it had any (ids → rows)
+    DIR/preprocessing.json, DIR/preprocessing/   the run's, when it had any (ids → rows)
 
 Every table whole, no optimizer state. int8 (embeddings/int8.py): each row its own
 scale and bias, value = q * scale + bias: dim + 8 bytes a row (fbgemm's fused 8-bit
@@ -36,6 +36,8 @@ from typing import Any
 import torch
 
 from data.errors import UserError
+from data.preprocess import FILE as PREP_FILE
+from data.preprocess import VOCAB_DIR
 from dlrm.checkpoint.manager import (
     CHECKPOINTS,
     CheckpointError,
@@ -55,7 +57,7 @@ from embeddings.rounding import weight_dtype
 EXPORT_FILE = "export.json"
 FORMAT = "hybrid-dlrm-export"
 VERSION = 1
-PREP_FILES = ("preprocessing.json", "vocabularies")
+PREP_FILES = (PREP_FILE, VOCAB_DIR)  # the vocabularies are named in preprocessing.json
 
 
 def is_export(path: str | Path) -> bool:
