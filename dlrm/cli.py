@@ -105,12 +105,18 @@ def cmd_train(argv: list[str]) -> int:
     from dlrm.config import load_config
     from dlrm.train.trainer import train
 
-    cfg = load_config(a.config, a.overrides + ["train.print_config=true"] * a.print_config)
+    cfg = load_config(a.config, a.overrides + ["train.print_config=true"] * a.print_config, warn=_rank0_print)
     summary = train(cfg, a.out)
     if summary.get("preempted"):
         ignore_agent_signals()  # checkpoint saved: this process only leaves now
         return PREEMPTED
     return 0
+
+
+def _rank0_print(line: str) -> None:
+    """Print once under torchrun (before its process group: by the RANK it sets)."""
+    if os.environ.get("RANK", "0") == "0":
+        print(line)
 
 
 def cmd_fit(argv: list[str]) -> int:
@@ -216,7 +222,7 @@ def cmd_plan(argv: list[str]) -> int:
     from dlrm.config import load_config
     from dlrm.parallel.planning import hotline_note, plan_from_config, run_schema, sizes_source
 
-    cfg = load_config(a.config, a.overrides)
+    cfg = load_config(a.config, a.overrides, warn=print)
     schema, pooling = run_schema(cfg, a.data)
     print(sizes_source(cfg, schema, a.data))
     _, text = plan_from_config(

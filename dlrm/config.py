@@ -14,6 +14,7 @@ import dataclasses
 import re
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -22,7 +23,7 @@ import yaml
 
 from data.errors import UserError, one_line
 from data.generate import GenerateConfig
-from dlrm.config_rules import check_config
+from dlrm.config_rules import check_config, idle_hotline_keys
 
 _FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")  # a number YAML 1.1 misses
 
@@ -278,8 +279,10 @@ class Config:
 # --------------------------------------------------------------------------- load
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
-    """Read ``path`` (YAML; None = defaults) and apply ``key.sub=value`` overrides."""
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
+                warn: Callable[[str], None] | None = None) -> Config:
+    """Read ``path`` (YAML; None = defaults) and apply ``key.sub=value`` overrides.
+    ``warn``: told of keys set that this config does not read (config_rules.py)."""
     raw: dict[str, Any] = {}
     if path is not None:
         p = Path(path)
@@ -313,6 +316,9 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     broken = check_config(cfg)
     if broken is not None:
         raise ConfigError(broken)
+    idle = idle_hotline_keys(raw, cfg)
+    if warn is not None and idle is not None:
+        warn(idle)
     return cfg
 
 

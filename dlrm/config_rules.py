@@ -188,6 +188,19 @@ def hotline_backend(cfg: Any) -> Broken:
 RELATIONS: list[Callable[[Any], Broken]] = [mlp_ends, generated_tables, table_dtypes, hotline_backend]
 
 
+def idle_hotline_keys(given: dict[str, Any], cfg: Any) -> str | None:
+    """A warning naming the ``hotline.*`` keys ``given`` (the YAML with its overrides,
+    before defaults) when Hotline is off: nothing reads them, and the run trained as
+    an ordinary one, silently. A warning, not a refusal: one file may serve both
+    placements (configs/bench_gpu.yaml: dlrm bench runs native and Hotline engines)."""
+    section = given.get("hotline")
+    if not isinstance(section, dict) or not section or cfg.embeddings.placement == "hotline":
+        return None
+    keys = ", ".join(f"hotline.{k}" for k in section)
+    return (f"warning: {keys} set, but Hotline is off (embeddings.placement={cfg.embeddings.placement}): "
+            "they do nothing; embeddings.placement=hotline turns it on")
+
+
 # --------------------------------------------------------------------------- check
 
 

@@ -1,6 +1,7 @@
 """dlrm/config_rules.py: every numeric config key has a rule, each rule's bounds sit
-where its words say, and every shipped config passes them. (That a bad value is one
-line through the CLI is tests/test_cli_errors.py's.)"""
+where its words say, and every shipped config passes them; hotline.* keys set with
+Hotline off are a warning. (That a bad value is one line through the CLI is
+tests/test_cli_errors.py's.)"""
 
 from __future__ import annotations
 
@@ -10,11 +11,15 @@ import typing
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
+import yaml
 
+from dlrm.cli import main
 from dlrm.config import Config, ConfigError, load_config
 from dlrm.config_rules import RULES, at_least, each, number, size
-from tests.conftest import REPO
+from tests.conftest import REPO, TINY
+from tests.test_cli_errors import good_columns, train_argv, write
 
 NUMERIC = (int, float)
 
@@ -96,3 +101,35 @@ def test_dcn_mlp_end_and_edges_pass() -> None:
                        "train.max_steps=0", "hotline.profile_fraction=1", "optim.dense_lr=1e-12",
                        "embeddings.memory_per_rank=", "data.rows={c0: 1}"])
     assert cfg.optim.dense_lr == 1e-12
+
+
+def test_hotline_keys_set_with_hotline_off_are_one_warning() -> None:
+    """hotline.* keys set, in the YAML or an override, without the placement that turns
+    Hotline on: a warning naming them (it trained an ordinary run, silently). Defaults
+    do not count, and a run with Hotline on is not warned."""
+    def told(path: Path | None, overrides: list[str]) -> list[str]:
+        lines: list[str] = []
+        load_config(path, overrides, warn=lines.append)
+        return lines
+
+    assert told(None, []) == [] and told(TINY, []) == []  # every hotline.* key has a default
+    [line] = told(TINY, ["hotline.budget=128MB", "hotline.refresh_every=5"])
+    assert line.startswith("warning: hotline.budget, hotline.refresh_every set, but Hotline is off")
+    assert "embeddings.placement=hotline" in line
+    bench_gpu = REPO / "configs" / "bench_gpu.yaml"
+    in_file = [f"hotline.{k}" for k in yaml.safe_load(bench_gpu.read_text())["hotline"]]
+    assert len(in_file) >= 2
+    [line] = told(bench_gpu, [])
+    assert line.startswith(f"warning: {', '.join(in_file)} set,")
+    assert told(bench_gpu, ["embeddings.placement=hotline"]) == []
+    assert told(TINY, ["embeddings.placement=hotline", "hotline.budget=4KB"]) == []
+
+
+def test_dlrm_train_prints_the_hotline_warning_once(tmp_path: Path, capsys) -> None:
+    data = write(tmp_path / "d.parquet", good_columns(np.random.default_rng(3)))
+    assert main(train_argv(data, tmp_path / "run", "hotline.budget=4KB")) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert [line for line in out if "hotline.budget" in line] == [out[0]]
+    assert out[0].startswith("warning: hotline.budget set, but Hotline is off")
+    assert main(train_argv(data, tmp_path / "hot", "embeddings.placement=hotline", "hotline.budget=4KB")) == 0
+    assert "Hotline is off" not in capsys.readouterr().out

@@ -8,6 +8,7 @@ bytes the format promises (dim + 8 a row).
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -146,3 +147,30 @@ def test_stored_export_keeps_each_tables_dtype(tiny_data, tmp_path: Path) -> Non
     assert tables["C3"]["weight"].dtype == torch.float32
     served, stored = (evaluate_checkpoint(p, str(tiny_data["eval"])) for p in (out, run))
     assert served is not None and stored is not None and served["auc"] == stored["auc"]
+
+
+def test_a_vocabulary_run_and_its_export_score_after_a_move(tiny_data, tmp_path: Path) -> None:
+    """A run directory copied elsewhere (the original removed) and an export of it moved
+    again each score as the run's own end-of-run eval. The export copied a
+    ``vocabularies/`` directory that no run has (its vocabularies are in
+    ``preprocessing/``): every export of a vocabulary-encoded run was refused at its eval
+    (``preprocessing/vocab-0.parquet: missing or altered``)."""
+    from dlrm.eval.evaluate import evaluate_checkpoint
+
+    first = tmp_path / "machine-a" / "run"
+    cfg = load_config(TINY, tiny_overrides(**{"data.train": tiny_data["train"], "data.eval": tiny_data["eval"],
+                                              "data.encoding": "vocabulary", "train.max_steps": 10}))
+    summary = train(cfg, first, echo=lambda s: None)
+    assert (first / "preprocessing" / "vocab-0.parquet").is_file()
+    run = shutil.copytree(first, tmp_path / "machine-b" / "run")
+    shutil.rmtree(tmp_path / "machine-a")
+    export = tmp_path / "machine-b" / "serving"
+    assert main(["export", "--checkpoint", str(run), "--out", str(export), "--tables", "stored"]) == 0
+    moved = shutil.move(export, tmp_path / "serving")
+    results = [evaluate_checkpoint(run, str(tiny_data["eval"]))]
+    shutil.rmtree(tmp_path / "machine-b")  # the export stands alone
+    results.append(evaluate_checkpoint(moved, str(tiny_data["eval"])))
+    for result in results:
+        assert result is not None and result["rows"] == summary["eval_rows"]
+        assert result["auc"] == pytest.approx(summary["eval_auc"], abs=1e-6)
+        assert result["logloss"] == pytest.approx(summary["eval_logloss"], abs=1e-6)

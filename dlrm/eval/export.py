@@ -87,7 +87,8 @@ def _export(run: Path, ckpt: Path, out: Path, tables: str) -> dict[str, Any]:
     schema = schema_from_json(meta["schema"])
     info = DistInfo()  # one process: every table whole
     cfg = _serving(cfg, placement="sharded")
-    model = eval_model(cfg, schema, info)
+    # quiet: nothing is scored here, and export.json keeps the run's config (its kernels)
+    model = eval_model(cfg, schema, info, say=lambda _: None)
     load_checkpoint(ckpt, model, None, None, schema, info)
     dense, held = model.state_for_checkpoint()
     assert held is not None  # native: tables apart from state.pt

@@ -15,6 +15,9 @@ world size. A Hotline checkpoint is its host tier's (hot rows written back first
 so Hotline's hot set is a training-time choice that does not change a score, and
 evaluation needs no profile.
 
+Kernels: a run of ``embeddings.kernels=triton`` is scored on the torch kernels where
+Triton cannot run (no GPU, no triton package), with a note: the same scores, slower.
+
 Memory: a Hotline run's host tier is exactly this plain collection (one process:
 ``LocalEmbeddingCollection``; W ranks: ``ShardedEmbeddingCollection`` by the same
 plan), so scoring on the host takes what training's host tier took (weights and
@@ -39,6 +42,7 @@ from dlrm.parallel.distributed import DistInfo, all_reduce_sum
 from dlrm.parallel.parallelize import build_model, sparse_optimizer
 from dlrm.parallel.planning import plan_from_config, run_tables
 from embeddings.hotline.profile import HotProfile
+from embeddings.kernels import triton_available, why_not_triton
 from embeddings.plan.estimate import plan_memory
 
 DEVICE_SHARE = 0.8  # of the free device memory the tables may take (the rest: activations)
@@ -51,6 +55,7 @@ def eval_model(
     loaded: ``load_checkpoint`` fills it, so its tables skip the random init
     (``resume=True``). ``say``: where the choice of host memory is
     told (default stderr: stdout holds the metrics' JSON)."""
+    cfg = runnable_kernels(cfg, info, say or _stderr)
     if cfg.embeddings.backend == "torchrec" or cfg.embeddings.placement != "hotline":
         return build_model(cfg, schema, info.device, info, resume=True)
     plain = dataclasses.replace(cfg, embeddings=dataclasses.replace(cfg.embeddings, placement="sharded"))
@@ -59,6 +64,20 @@ def eval_model(
     if info.is_main:
         (say or _stderr)(f"eval: the tables do not fit on {info.device}; they stay in host memory")
     return build_model(cfg, schema, info.device, info, no_hot_rows(cfg, schema), resume=True)
+
+
+def runnable_kernels(cfg: Config, info: DistInfo, say: Callable[[str], None]) -> Config:
+    """``cfg``, on the torch kernels where its ``embeddings.kernels=triton`` cannot run on
+    this device (a run trained on a GPU, scored on a machine without one): the kernel
+    choice changes the speed, not the scores (tests/test_eval_kernels.py), so scoring
+    goes on where training would refuse (dlrm/train/trainer.py)."""
+    if why_not_triton(cfg.embeddings.kernels, info.device) is None:
+        return cfg
+    if info.is_main:
+        why = "not a GPU" if triton_available() else "no triton package"
+        say(f"note: the run's embeddings.kernels=triton cannot run here ({info.device}: {why}); "
+            "evaluating with the torch kernels (the same scores)")
+    return dataclasses.replace(cfg, embeddings=dataclasses.replace(cfg.embeddings, kernels="torch"))
 
 
 def tables_fit(cfg: Config, schema: Schema, info: DistInfo) -> bool:

@@ -51,13 +51,15 @@ def triton_driver_active() -> bool:
 def why_not_triton(choice: str | KernelChoice, device: torch.device | str) -> str | None:
     """Why ``choice`` cannot run its kernels on ``device``, in one line, or None. A
     forced ``triton`` without CUDA runs only interpreted: without ``TRITON_INTERPRET=1``
-    the first launch died in triton's ``0 active drivers`` traceback."""
+    the first launch died in triton's ``0 active drivers`` traceback. A GPU's driver
+    does not take CPU tensors either (``--device cpu`` on a GPU machine); only the
+    compile-only driver of tests/compile_only.py, on a machine without CUDA, does."""
     if KernelChoice(choice) is not KernelChoice.TRITON:
         return None
     if not triton_available():
         return "embeddings.kernels=triton needs the triton package; use embeddings.kernels=auto"
     if (torch.device(device).type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1"
-            and not triton_driver_active()):
+            and (torch.cuda.is_available() or not triton_driver_active())):
         return (f"embeddings.kernels=triton: no CUDA device ({torch.device(device)}); off a GPU the "
                 f"Triton kernels run only interpreted, under TRITON_INTERPRET=1 (slow: the tests' "
                 f"way); use embeddings.kernels=auto")
