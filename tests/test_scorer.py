@@ -99,3 +99,11 @@ def test_bad_rows_name_the_column_and_the_row(trained: Path, tiny_data) -> None:
         frame.loc[2500, "I2"] = float("nan")
         with pytest.raises(DataError, match=r"^column 'I2', row 2500: null dense value"):
             scorer.score(frame)
+
+
+@pytest.mark.gpu
+def test_scores_on_the_gpu_are_the_cpus(trained: Path, tiny_data) -> None:
+    """The model loaded onto CUDA (its tables on the Triton kernels) scores as on the CPU."""
+    rows = _rows(tiny_data["eval"])
+    with Scorer(trained) as cpu, Scorer(trained, device="cuda") as gpu:
+        np.testing.assert_allclose(gpu.score(rows), cpu.score(rows), rtol=1e-4, atol=1e-6)
