@@ -1,8 +1,9 @@
 """``Scorer`` (dlrm/eval/scorer.py): rows held in memory scored from Python. The
 reference is ``dlrm eval --scores``, which reads the same rows from their Parquet files
 through the reader, in the data's order: every score must be the one it wrote for the
-same row (to float32's last bit where the rows are cut into other batches), for a run, a run with string vocabularies, multi-hot bags and unseen ids, and
-an int8 export."""
+same row (to float32's last bit where the rows are cut into other batches): a run with
+multi-hot bags and unseen ids, one with string vocabularies, an int8 export and a
+TorchRec run."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import pytest
 from data.errors import DataError
 from dlrm.cli import main
 from dlrm.eval.scorer import Scorer
-from tests.conftest import TINY, tiny_overrides
+from tests.conftest import TINY, requires_torchrec, tiny_overrides
 
 
 def _eval_scores(run: Path, data: Path, out: Path) -> np.ndarray:
@@ -89,6 +90,14 @@ def test_string_vocabularies_and_an_int8_export(tiny_data, tmp_path: Path) -> No
             np.testing.assert_array_equal(scorer.score(data["eval"].to_pandas()), want)
     assert not np.array_equal(_eval_scores(run, tmp_path / "eval", tmp_path / "a.parquet"),
                               _eval_scores(export, tmp_path / "eval", tmp_path / "b.parquet"))
+
+
+@requires_torchrec
+def test_a_torchrec_run_scores_as_its_eval(tiny_data, tmp_path: Path) -> None:
+    run = _train(tmp_path / "run", tiny_data["train"], **{"embeddings.backend": "torchrec"})
+    want = _eval_scores(run, tiny_data["eval"], tmp_path / "s.parquet")
+    with Scorer(run) as scorer:
+        np.testing.assert_array_equal(scorer.score(_rows(tiny_data["eval"])), want)
 
 
 def test_bad_rows_name_the_column_and_the_row(trained: Path, tiny_data) -> None:
