@@ -9,6 +9,7 @@ in-process; heavy imports happen inside the verbs so ``dlrm --help`` is instant.
     dlrm eval --checkpoint RUN_DIR --data PATH [--plots DIR] [--device auto|cpu|cuda] [--strict-ids] [--tables stored|int8]
               [--scores FILE.parquet [--keep COL,...]]
     dlrm export --checkpoint RUN_DIR --out DIR [--tables int8|stored]
+    dlrm predict --checkpoint RUN_DIR --data PATH --out FILE.parquet [--keep COL,...] [--device auto|cpu|cuda]
     dlrm plot RUN_DIR [--out FILE.png]
     dlrm plan --config FILE --world-size N [--memory-per-rank SIZE]
     dlrm bench --config FILE [--ranks 1,2] [--steps N] [--out DIR] [--reader-only] [key.sub=value ...]
@@ -184,6 +185,28 @@ def cmd_eval(argv: list[str]) -> int:
     return 0
 
 
+def cmd_predict(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="dlrm predict",
+                                description="Scores of Parquet rows (no label needed), in the data's order.")
+    p.add_argument("--checkpoint", required=True, help="run directory, checkpoint or export directory")
+    p.add_argument("--data", required=True, help="Parquet file, directory or glob")
+    p.add_argument("--out", required=True, help="the Parquet file to write")
+    p.add_argument("--keep", default="", help="data columns written beside the score (comma-separated, e.g. id)")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="where to score (auto: CUDA if there is one)")
+    p.add_argument("--strict-ids", action="store_true",
+                   help="refuse an id past its trained table (default: look it up as nothing and count it)")
+    a = p.parse_args(argv)
+    if Path(a.out).is_dir():
+        raise UserError(f"--out {a.out}: is a directory; name a .parquet file")
+    output_dir(Path(a.out).parent, "--out")
+    from dlrm.eval.predict_files import predict_files
+
+    keep = [c.strip() for c in a.keep.split(",") if c.strip()]
+    print(json.dumps(predict_files(a.checkpoint, a.data, a.out, keep, a.device, a.strict_ids)))
+    return 0
+
+
 def cmd_export(argv: list[str]) -> int:
     """A serving copy of a run's model: dense part and whole tables, int8 row-wise or as
     stored (dlrm/eval/export.py); ``dlrm eval --checkpoint DIR`` scores it."""
@@ -269,6 +292,7 @@ VERBS: dict[str, Callable[[list[str]], int]] = {
     "train": cmd_train,
     "eval": cmd_eval,
     "export": cmd_export,
+    "predict": cmd_predict,
     "plan": cmd_plan,
     "plot": cmd_plot,
     "bench": cmd_bench,
