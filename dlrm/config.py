@@ -216,6 +216,14 @@ class TrainConfig:
     checkpoint_every: int = 0  # steps; 0 = not by steps (checkpoint_seconds and the end still save)
     checkpoint_seconds: float = 1800.0  # also save once this much time passed since the last save (0 = off)
     keep_checkpoints: int = 2  # complete checkpoints kept in RUN/checkpoints/ (the newest)
+    # The eval that scored best by best_metric: keep_best saves a checkpoint at each eval
+    # that improves on it and never prunes it (RUN/checkpoints/best.json names it);
+    # early_stop=N ends the run after N evals in a row that did not improve on it
+    # (0 = off). Both need data.eval and, for early_stop, train.eval_every
+    # (dlrm/train/best.py).
+    keep_best: bool = False
+    early_stop: int = 0
+    best_metric: Literal["auc", "logloss"] = "auc"
     # Warm start: a fresh run copies the dense part and each table's rows, matched by
     # value, from this run directory's newest checkpoint (or a RUN/checkpoints/step-N);
     # a resume ignores it (dlrm/checkpoint/warm_start.py). "" = start from the seed.

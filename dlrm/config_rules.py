@@ -122,6 +122,7 @@ RULES: dict[str, Rule] = {
     "train.epochs": POSITIVE,
     "train.max_steps": OFF_OR_MORE,
     "train.eval_every": OFF_OR_MORE,
+    "train.early_stop": OFF_OR_MORE,
     "train.log_every": OFF_OR_MORE,
     "train.timing_warmup": OFF_OR_MORE,
     "train.checkpoint_every": OFF_OR_MORE,
@@ -185,7 +186,21 @@ def hotline_backend(cfg: Any) -> Broken:
     return None
 
 
-RELATIONS: list[Callable[[Any], Broken]] = [mlp_ends, generated_tables, table_dtypes, hotline_backend]
+def best_eval(cfg: Any) -> Broken:
+    """keep_best and early_stop go by the evals: without an eval set there are none, and
+    early_stop counts evals, which without eval_every are one (the run's end)."""
+    t = cfg.train
+    if (t.keep_best or t.early_stop) and not cfg.data.eval:
+        key, value = ("train.early_stop", t.early_stop) if t.early_stop else ("train.keep_best", t.keep_best)
+        return key, value, "needs an eval set: set data.eval=PATH"
+    if t.early_stop and not t.eval_every:
+        return ("train.early_stop", t.early_stop,
+                "counts evals: set train.eval_every=STEPS too (without it the run evaluates once, at its end)")
+    return None
+
+
+RELATIONS: list[Callable[[Any], Broken]] = [mlp_ends, generated_tables, table_dtypes, hotline_backend,
+                                            best_eval]
 
 
 def idle_hotline_keys(given: dict[str, Any], cfg: Any) -> str | None:

@@ -11,6 +11,8 @@
                                            short: never read, removed by the next save
     RUN/checkpoints/step-000000140.corrupt/  failed verification; moved aside by the
                                            resume that fell back to an older one
+    RUN/checkpoints/best.json              train.keep_best: the checkpoint of the best
+                                           eval, never pruned (dlrm/train/best.py)
 
 meta.json holds the format version, the progress, the full config, the schema, the
 plan that wrote the shards, and a manifest: size and sha256 of every other file
@@ -53,7 +55,7 @@ from typing import Any
 
 import torch
 
-from data.atomic import fsync
+from data.atomic import fsync, write_atomic
 from data.preprocess import digest as preprocessing_digest
 from data.schema import Schema
 from dlrm.checkpoint.faults import inject
@@ -82,6 +84,7 @@ LEGACY = "checkpoint"  # RUN/checkpoint/ of format version 2: found, then refuse
 PARTIAL = ".partial"  # a save in progress (or cut short)
 DELETING = ".deleting"  # an old checkpoint being removed
 CORRUPT = ".corrupt"  # one that failed verification, moved aside by a resume (kept to inspect)
+BEST = "best.json"  # RUN/checkpoints/best.json: the checkpoint of the best eval (train.keep_best)
 _NAME = re.compile(r"step-(\d+)")
 
 
@@ -202,7 +205,10 @@ def _seal(partial: Path, final: Path, meta: dict[str, Any], names: list[str], st
 
 def _keep_newest(run_dir: Path, keep: int) -> None:
     root = Path(run_dir) / CHECKPOINTS
+    best = best_checkpoint(run_dir)
     for old in checkpoints(run_dir, legacy=False)[keep:]:
+        if old.name == best:
+            continue
         try:
             _remove(old)  # left while `dlrm eval` or `export` reads it: it or a later save removes it
         except FileNotFoundError:  # that reader removed it first
@@ -234,11 +240,27 @@ def prune_after_read(ckpt: Path | None) -> None:
         keep = int(load_meta(found[0])["config"]["train"]["keep_checkpoints"])
     except (IndexError, CheckpointError, KeyError, TypeError, ValueError):
         return  # no newer save to go by, or one that does not say
-    if keep >= 1 and ckpt.name in {p.name for p in found[keep:]}:
+    pruned = {p.name for p in found[keep:]} - {best_checkpoint(ckpt.parent.parent)}
+    if keep >= 1 and ckpt.name in pruned:
         try:
             _remove(ckpt)
         except OSError:
             pass
+
+
+def mark_best(run_dir: Path, record: dict[str, Any], keep: int) -> None:
+    """Name ``record["checkpoint"]`` (saved) as the best in RUN/checkpoints/best.json, then
+    prune: the checkpoint it named before is no longer kept for it (rank 0)."""
+    write_atomic(Path(run_dir) / CHECKPOINTS / BEST, json.dumps(record, indent=1) + "\n")
+    _keep_newest(run_dir, keep)
+
+
+def best_checkpoint(run_dir: Path) -> str | None:
+    """The checkpoint name RUN/checkpoints/best.json holds, if any."""
+    try:
+        return json.loads((Path(run_dir) / CHECKPOINTS / BEST).read_text()).get("checkpoint")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def _files_under(directory: Path) -> list[str]:

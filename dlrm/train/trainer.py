@@ -41,6 +41,7 @@ from data.batch import Batch
 from data.preprocess import FILE as PREP_FILE
 from data.preprocess import save as save_preprocessing
 from dlrm.checkpoint.manager import (
+    CHECKPOINTS,
     CheckpointError,
     Progress,
     find_checkpoint,
@@ -68,6 +69,7 @@ from dlrm.parallel.parallelize import build_model
 from dlrm.parallel.planning import describe, run_tables
 from dlrm.parallel.shared_dir import check_shared_dir
 from dlrm.train.bad_data_report import BadDataReport
+from dlrm.train.best import best_eval, mark
 from dlrm.train.dense_graphs import DenseGraphs
 from dlrm.train.dense_graphs import why_not as dense_graphs_why_not
 from dlrm.train.device_prefetch import DevicePrefetcher
@@ -211,6 +213,9 @@ class Trainer:
                                   info.world_size, data.preprocess)
         steps_per_epoch = -(-self.reader.steps_per_epoch() // cfg.train.accumulate)  # optimizer steps
         self.total_steps = cfg.train.max_steps or cfg.train.epochs * steps_per_epoch
+        self.best = best_eval(cfg, run_dir, info, self.progress.global_step if resumed else None)
+        if self.best.stopped:  # it stopped early before: it resumes as finished
+            self.total_steps = self.progress.global_step
         self.eval_reader = (
             make_reader(cfg, data.eval_files, self.schema, False, info.rank, info.world_size,
                         data.preprocess)
@@ -312,6 +317,7 @@ class Trainer:
         self.model.train()
         if self._eval_missed():
             self.last_eval = self.run_eval()
+            self._count_eval(self.last_eval)
         with Preemption() as preemption:
             try:
                 stop = self._train_steps(bar, preemption)
@@ -321,9 +327,14 @@ class Trainer:
             self.save()
         if stop:
             return self._summary(preempted=stop)
+        if self.best.stopped:  # this step's eval ran (or, resumed, is in metrics.jsonl)
+            self.last_eval = self.last_eval or self._logged_eval()
+            return self._summary()
         # a rerun of a finished run: its final eval is in metrics.jsonl, not run again
         logged = self._logged_eval() if self.progress.global_step == self.first_step else None
-        self.last_eval = logged or self.run_eval() or self.last_eval
+        fresh = None if logged else self.run_eval()
+        self.last_eval = logged or fresh or self.last_eval
+        self._count_eval(fresh, final=True)
         return self._summary()
 
     def _train_steps(self, bar: tqdm, preemption: Preemption) -> int:
@@ -500,9 +511,25 @@ class Trainer:
         if every.eval_every and step % every.eval_every == 0 and step < self.total_steps:
             self.meter.close_span()  # the eval's time is not the steps'
             self.last_eval = self.run_eval()
+            self._count_eval(self.last_eval)  # early stop: total_steps is now this step
         if verdict.save:
             self.save()
         return 0
+
+    def _count_eval(self, metrics: dict[str, Any] | None, final: bool = False) -> None:
+        """The best-eval tracker's turn after an eval (dlrm/train/best.py): keep_best saves
+        an improving step's checkpoint and names it; early_stop ends the run at this step
+        (a collective decision: every rank has the same metrics)."""
+        if metrics is None or not self.best.active:
+            return
+        step = self.progress.global_step
+        if self.best.after_eval(step, metrics) and self.best.keep:
+            self.save()
+            mark(self.best, self.run_dir, self.cfg.train.keep_checkpoints, self.info)
+        if self.best.stopped and not final:
+            self.say(self.best.stop_line(step, self.run_dir))
+            self.log.write({"event": "early_stop", "step": step, "best": self.best.record()})
+            self.total_steps = step
 
     def _eval_missed(self) -> bool:
         """A resumed run whose step had an eval due that never ran: a run stopped by a
@@ -580,6 +607,8 @@ class Trainer:
         """What this invocation did: the steps it trained and their rate. A run resumed
         at its last step trains none (no rate to give), nor do warm-up steps alone."""
         step, trained = self.progress.global_step, summary["trained_steps"]
+        if not trained and self.best.stopped:
+            return f"nothing trained: the run stopped early at step {step} (train.early_stop)"
         if not trained and step >= self.total_steps:
             return f"nothing trained: the run was already complete at step {step} of {self.total_steps}"
         if not trained:  # stopped by a signal before its first step
@@ -603,6 +632,10 @@ class Trainer:
             self.hotline.close()
         if self.last_eval is not None:
             summary.update({f"eval_{k}": v for k, v in self.last_eval.items()})
+        if self.best.active and self.best.step is not None:
+            summary["best"] = self.best.record()
+            if self.best.stopped:
+                summary["early_stopped"] = self.progress.global_step
         if self.bad_data is not None:
             summary["bad_data"] = self.bad_data.write()
         self.log.write(summary)
@@ -617,6 +650,11 @@ class Trainer:
             line += f"; hotline hit rate {h['hot_hit_rate']:.1%}, cold gather {h['gather_hidden']:.0%} hidden"
         if self.last_eval is not None:
             line += f"; eval AUC {self.last_eval['auc']:.4f}, logloss {self.last_eval['logloss']:.4f}"
+        if "best" in summary:
+            b = summary["best"]
+            line += f"; best {b['metric']} {b['value']:.4f} at step {b['step']}"
+            if b["checkpoint"]:
+                line += f" ({self.run_dir / CHECKPOINTS / b['checkpoint']})"
         self.say(line)
         if self.bad_data is not None:
             self.say(self.bad_data.line(summary["bad_data"]))
