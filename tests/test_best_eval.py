@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from dlrm.config import ConfigError, load_config
+from dlrm.eval.curves import write_curves
 from dlrm.eval.evaluate import evaluate_checkpoint
 from dlrm.train import trainer as trainer_mod
 from dlrm.train.trainer import train
@@ -64,6 +65,8 @@ def test_early_stop_ends_the_run_where_the_rule_says_and_keeps_the_best(tiny_dat
     assert scored["logloss"] == pytest.approx(evals[best_step]["logloss"], rel=1e-12)
     again = train(_cfg(tiny_data), run, echo=lambda s: None)  # the same command: finished, trains none
     assert again["trained_steps"] == 0 and again["best"] == summary["best"]
+    curves = write_curves(run)[1]  # dlrm plot draws both lines from the summary
+    assert (curves.best, curves.early_stop) == (summary["best"], stop_step)
 
 
 @pytest.mark.slow

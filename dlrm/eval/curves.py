@@ -37,6 +37,8 @@ class Curves:
     eval_auc: list[tuple[int, float]] = field(default_factory=list)
     eval_logloss: list[tuple[int, float]] = field(default_factory=list)
     run_rate: float | None = None  # the summary's samples/s over the timed steps
+    best: dict[str, Any] | None = None  # train.keep_best / early_stop: the best eval (summary's "best")
+    early_stop: int | None = None  # the step an early stop ended the run at
 
 
 def read_curves(run_dir: str | Path) -> Curves:
@@ -54,12 +56,29 @@ def read_curves(run_dir: str | Path) -> Curves:
             by_step["logloss"][step] = record["logloss"]
         elif event == "summary" and record.get("trained_steps", 1):  # not a finished run's rerun
             curves.run_rate = record.get("samples_per_s")
+        if event == "summary":
+            curves.best, curves.early_stop = record.get("best", curves.best), record.get("early_stopped")
     if not by_step["loss"]:
         raise UserError(f"{Path(run_dir) / METRICS}: no training records yet "
                         "(the trainer writes one every train.log_every steps)")
     curves.loss, curves.samples_per_s, curves.eval_auc, curves.eval_logloss = (
         sorted(by_step[k].items()) for k in ("loss", "sps", "auc", "logloss"))
     return curves
+
+
+def _mark_best(curves: Curves, *axes: Any) -> None:
+    """train.keep_best / early_stop: a line at the best eval's step and one where the
+    run stopped early (labelled on the first axes)."""
+    for n, ax in enumerate(axes):
+        if curves.best and curves.best.get("step") is not None:
+            b = curves.best
+            ax.axvline(b["step"], ls=":", c="tab:green", lw=1.2,
+                       label=f"best {b['metric']} {b['value']:.4f} (step {b['step']})" if n == 0 else None)
+        if curves.early_stop is not None:
+            ax.axvline(curves.early_stop, ls="--", c="tab:red", lw=1,
+                       label=f"early stop (step {curves.early_stop})" if n == 0 else None)
+    if curves.best or curves.early_stop is not None:
+        axes[0].legend(loc="best")
 
 
 def _records(path: Path) -> list[dict[str, Any]]:
@@ -110,6 +129,7 @@ def write_curves(run_dir: str | Path, out: str | Path | None = None) -> tuple[Pa
     rate_ax.set_ylim(bottom=0)
     rate_ax.yaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))
     rate_ax.legend(loc="best")
+    _mark_best(curves, loss_ax, auc_ax)
     for ax in (loss_ax, auc_ax, rate_ax):
         ax.grid(alpha=0.3)
     path = Path(out) if out is not None else run_dir / CURVES_FILE
