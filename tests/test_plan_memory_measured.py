@@ -144,3 +144,30 @@ def test_only_half_tables_on_the_cpu_import_numba(dtype: str, imports_numba: boo
     proc = subprocess.run([sys.executable, "-c", _BUILD, dtype], cwd=REPO, capture_output=True,
                           text=True, timeout=300, check=True)
     assert proc.stdout.split()[-1] == str(imports_numba)
+
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("placement", ["sharded", "hotline"])
+def test_one_process_checks_memory_per_rank_as_dlrm_plan_does(tiny_data, tmp_path: Path,
+                                                              placement: str) -> None:
+    """dlrm plan --world-size 1 refused a budget that one process of dlrm train ignored
+    (it makes no plan): the same refusal now comes before anything is written."""
+    from dlrm.train.trainer import train
+    from embeddings.plan.types import PlanError
+    from tests.conftest import TINY, tiny_overrides
+
+    def run(budget: int) -> dict:
+        cfg = load_config(TINY, tiny_overrides(**{
+            "data.train": tiny_data["train"], "data.eval": "", "train.max_steps": 1,
+            "embeddings.placement": placement, "embeddings.memory_per_rank": budget}))
+        return train(cfg, tmp_path / f"run-{budget}", echo=lambda s: None)
+
+    cfg = load_config(TINY, tiny_overrides(**{"data.train": tiny_data["train"]}))
+    schema, _ = run_schema(cfg)
+    tables = sum(t.bytes for t in run_tables(cfg, schema))  # the weights alone, below the need
+    with pytest.raises(PlanError, match=r"more than the .* budget|but only .* is left of"):
+        run(tables)
+    assert not (tmp_path / f"run-{tables}").exists()
+    if placement == "sharded":
+        assert run(1 << 30)["steps"] == 1  # a budget that holds the tables trains
