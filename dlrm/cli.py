@@ -244,14 +244,22 @@ def cmd_plan(argv: list[str]) -> int:
     a = p.parse_intermixed_args(argv)  # key=value before and after the options
     from dlrm.config import load_config
     from dlrm.parallel.planning import hotline_note, plan_from_config, run_schema, sizes_source
+    from dlrm.parallel.process_memory import (
+        half_tables,
+        process_bytes,
+        process_note,
+        tables_in_host_memory,
+    )
 
     cfg = load_config(a.config, a.overrides, warn=print)
     schema, pooling = run_schema(cfg, a.data)
     print(sizes_source(cfg, schema, a.data))
-    _, text = plan_from_config(
-        cfg, schema, a.world_size, memory_per_rank=a.memory_per_rank, pooling_factors=pooling
-    )
+    on_host, why = tables_in_host_memory(cfg)
+    process = process_bytes(half_tables(cfg)) if on_host else None
+    _, text = plan_from_config(cfg, schema, a.world_size, memory_per_rank=a.memory_per_rank,
+                               pooling_factors=pooling, process=process)
     print(text)
+    print(process_note(process, why))
     if cfg.embeddings.placement == "hotline":
         print(hotline_note(cfg, schema))
     return 0

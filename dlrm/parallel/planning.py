@@ -97,11 +97,14 @@ def plan_from_config(
     *,
     memory_per_rank: str | None = None,
     pooling_factors: dict[str, float] | None = None,
+    process: int | None = None,
 ) -> tuple[ShardingPlan, str]:
     """The plan of a run of ``cfg`` on ``world_size`` ranks and its description.
 
     ``memory_per_rank`` (a size string) replaces ``cfg.embeddings.memory_per_rank``
-    when given. A table that does not fit, or a bad pin, is a PlanError.
+    when given. A table that does not fit, or a bad pin, is a PlanError. ``process``
+    (bytes each rank's process holds besides the plan's, dlrm/parallel/process_memory.py)
+    counts in the description's totals only, never in the plan.
     """
     size = cfg.embeddings.memory_per_rank if memory_per_rank is None else memory_per_rank
     budget = parse_size(size)
@@ -115,7 +118,7 @@ def plan_from_config(
         pinned=pinned_tables(cfg.embeddings.plan),
         pooling_factors=pooling_factors,
     )
-    return plan, describe(cfg, schema, plan, budget, pooling_factors)
+    return plan, describe(cfg, schema, plan, budget, pooling_factors, process)
 
 
 def hotline_note(cfg: Config, schema: Schema) -> str:
@@ -139,9 +142,10 @@ def describe(
     plan: ShardingPlan,
     budget: int | None = None,
     pooling_factors: dict[str, float] | None = None,
+    process: int | None = None,
 ) -> str:
     """A plan's tables and each rank's memory, as printed at the start of a run."""
     tables = run_tables(cfg, schema)
     optimizer = make_sparse_optimizer(cfg.optim.sparse, cfg.optim.eps, cfg.embeddings.state_dtype)
     memory = plan_memory(plan, tables, optimizer, cfg.data.batch_size, pooling_factors)
-    return describe_plan(plan, tables, memory, budget)
+    return describe_plan(plan, tables, memory, budget, process)

@@ -180,5 +180,20 @@ def peak_memory_mb(info: DistInfo) -> list[float]:
     if info.device.type == "cuda":
         mine = torch.cuda.max_memory_allocated(info.device) / 2**20
     else:
-        mine = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+        mine = peak_rss_kib() / 1024
     return all_gather_rows(torch.tensor([mine], dtype=torch.float64), info).tolist()
+
+
+def peak_rss_kib() -> int:
+    """This process's peak resident set in KiB: Linux's VmHWM, of this program alone.
+    ru_maxrss (used where /proc has no VmHWM) survives fork and exec: a run started
+    from a larger process (a notebook, a test, a driver script) reported that parent's
+    peak as its own."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

@@ -66,7 +66,7 @@ from dlrm.parallel.distributed import (
     init_distributed,
 )
 from dlrm.parallel.parallelize import build_model
-from dlrm.parallel.planning import describe, run_tables
+from dlrm.parallel.planning import describe, plan_from_config, run_tables
 from dlrm.parallel.shared_dir import check_shared_dir
 from dlrm.train.bad_data_report import BadDataReport
 from dlrm.train.best import best_eval, mark
@@ -129,6 +129,10 @@ def train(cfg: Config, run_dir: str | Path, echo: Callable[[str], None] = print)
     narrow_type_warning(cfg, data.schema, say)
     if cfg.train.init_from:  # a source this run cannot take leaves no run directory
         check_init_from(to_dict(cfg), data.schema, run_dir, info)
+    if info.world_size == 1 and cfg.embeddings.memory_per_rank:
+        # One process makes no plan, so its budget went unchecked (dlrm plan --world-size 1
+        # refused what this then ran): the planner's check, before anything is written.
+        plan_from_config(cfg, data.schema, 1)
     if info.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
     with RunLock(run_dir, info):  # one job per run directory, before it writes a file

@@ -17,10 +17,13 @@ def describe_plan(
     tables: list[TableSpec],
     memory: list[RankMemory],
     budget: int | None = None,
+    process: int | None = None,
 ) -> str:
     """A readable account of ``plan``: every table's strategy, ranks and shard shapes
     (rows x cols), then every rank's memory (from ``plan_memory``) against ``budget``.
     Where any table is fp16/bf16, each table's size is followed by its dtype.
+    ``process``: bytes each rank's process holds besides (a ``process`` column, in the
+    total; a last line names each rank whose total is over ``budget``).
 
         sharding plan: 3 tables over 2 ranks (table_wise 1, row_wise 1, data_parallel 1)
         table  rows x dim         sharding       ranks  shards (rows x cols)
@@ -40,15 +43,25 @@ def describe_plan(
         how = strategy(tp.sharding)
         ranks = how.describe_ranks(tp, plan.world_size)
         table_rows.append([name, size, tp.sharding.value, ranks, how.describe_shapes(tp)])
-    mem_rows = [["rank", "tables", "optimizer", "buffers", "total"]]
+    mem_rows = [["rank", "tables", "optimizer", "buffers", *(["process"] if process is not None else []),
+                 "total"]]
     if budget is not None:
         mem_rows[0].append(f"free of {format_bytes(budget)}")
-    for r, m in enumerate(memory):
-        row = [str(r), *(format_bytes(b) for b in (m.tables, m.optimizer, m.buffers, m.total))]
+    totals = [m.total + (process or 0) for m in memory]
+    for r, (m, total) in enumerate(zip(memory, totals)):
+        parts = [m.tables, m.optimizer, m.buffers, *([process] if process is not None else []), total]
+        row = [str(r), *(format_bytes(b) for b in parts)]
         if budget is not None:
-            row.append(format_bytes(budget - m.total))
+            row.append(format_bytes(budget - total))
         mem_rows.append(row)
-    return "\n".join([head, *_align(table_rows), "", *_align(mem_rows)])
+    lines = [head, *_align(table_rows), "", *_align(mem_rows)]
+    over = [r for r, total in enumerate(totals) if budget is not None and total > budget]
+    if over:
+        who = f"ranks {', '.join(map(str, over))} need" if len(over) > 1 else f"rank {over[0]} needs"
+        lines.append(f"over budget: {who} up to {format_bytes(max(totals) - budget)} more than the "
+                     f"{format_bytes(budget)} of memory_per_rank{' once the process is counted' if process else ''}"
+                     ": the run would not fit (more ranks, a larger budget, or smaller tables)")
+    return "\n".join(lines)
 
 
 def _align(rows: list[list[str]]) -> list[str]:
