@@ -109,9 +109,11 @@ def save_checkpoint(
     schema: Schema,
     info: DistInfo | None = None,
     keep: int = 2,
+    train_data: dict[str, Any] | None = None,
 ) -> Path:
     """Save RUN/checkpoints/step-N and keep the newest ``keep``; see the module
-    docstring. Collective when there are several ranks: all call it at the same step."""
+    docstring. Collective when there are several ranks: all call it at the same step.
+    ``train_data``: the training files' identity (dlrm/train/same_data.py), in meta.json."""
     info = info or DistInfo()
     root = Path(run_dir) / CHECKPOINTS
     step = progress.global_step
@@ -129,7 +131,7 @@ def save_checkpoint(
             error = unwritable(partial, e)
     raise_first([broadcast_object(error, info)])  # and every rank waits for the mkdir
     try:
-        _write(partial, final, model, dense_opt, progress, config, schema, info, run_dir)
+        _write(partial, final, model, dense_opt, progress, config, schema, info, run_dir, train_data)
     except CheckpointError:  # every rank raises it together (the writers' errors are gathered)
         if info.is_main:  # never resumed from: its bytes only fill the disk that ran out
             shutil.rmtree(partial, ignore_errors=True)
@@ -142,7 +144,7 @@ def save_checkpoint(
 
 def _write(partial: Path, final: Path, model: RecModel, dense_opt: torch.optim.Optimizer,
            progress: Progress, config: dict[str, Any], schema: Schema, info: DistInfo,
-           run_dir: Path) -> None:
+           run_dir: Path, train_data: dict[str, Any] | None = None) -> None:
     """Every rank's files into ``partial``, then rank 0 seals it as ``final``; a file
     that cannot be written is one CheckpointError on every rank."""
     step = progress.global_step
@@ -177,6 +179,7 @@ def _write(partial: Path, final: Path, model: RecModel, dense_opt: torch.optim.O
             "preprocessing": preprocessing_digest(Path(run_dir)),  # sha256 of RUN/preprocessing.json
             "plan": json.loads(plan.to_json()) if plan is not None else None,
             "world_size": info.world_size,
+            "train_data": train_data,
             "files": dict(sorted(manifest.items())),
         }
         try:

@@ -49,7 +49,7 @@ from dlrm.checkpoint.manager import (
     save_checkpoint,
     will_resume,
 )
-from dlrm.checkpoint.manifest import schema_to_json
+from dlrm.checkpoint.manifest import load_meta, schema_to_json
 from dlrm.checkpoint.schedule import CheckpointSchedule
 from dlrm.checkpoint.warm_start import check_init_from, init_from
 from dlrm.config import Config, ConfigError, to_dict, to_yaml
@@ -88,6 +88,7 @@ from dlrm.train.precision import decide_precision
 from dlrm.train.preemption import PREEMPTED, Preemption, signal_name
 from dlrm.train.profiling import StepProfiler
 from dlrm.train.run_lock import RunLock
+from dlrm.train.same_data import check_resume_data, data_identity
 from dlrm.train.staged import StagedBatches
 from dlrm.train.trace import RowTrace
 from embeddings.collection import warn_fp16_overflow
@@ -215,6 +216,12 @@ class Trainer:
         self.first_step = self.progress.global_step  # where this invocation starts
         self.reader = make_reader(cfg, data.train_files, self.schema, True, info.rank,
                                   info.world_size, data.preprocess)
+        # the training files in stream order, recorded with each checkpoint; a resume over others
+        self.train_data = broadcast_object(
+            data_identity(data.train_files, self.reader.steps_per_epoch()) if info.is_main else None, info)
+        if resumed:
+            check_resume_data(load_meta(self.resumed_from).get("train_data"), self.train_data,
+                              self.resumed_from, self.progress.step_in_epoch, self.progress.epoch, say)
         steps_per_epoch = -(-self.reader.steps_per_epoch() // cfg.train.accumulate)  # optimizer steps
         self.total_steps = cfg.train.max_steps or cfg.train.epochs * steps_per_epoch
         self.best = best_eval(cfg, run_dir, info, self.progress.global_step if resumed else None)
@@ -305,6 +312,7 @@ class Trainer:
                                    self.preprocess, self.info))
             return False
         existing, self.progress = found
+        self.resumed_from = existing
         self.say(f"resumed from {existing} at step {self.progress.global_step}")
         if source:
             self.say(f"train.init_from={source} is used only by a fresh run: this one resumes its own checkpoint")
@@ -567,7 +575,8 @@ class Trainer:
         if self.hotline is not None:
             self.hotline.before_save()  # its refresh inputs, saved with the hot set
         final = save_checkpoint(self.run_dir, self.model, self.dense_opt, self.progress, to_dict(self.cfg),
-                                self.schema, self.info, keep=self.cfg.train.keep_checkpoints)
+                                self.schema, self.info, keep=self.cfg.train.keep_checkpoints,
+                                train_data=self.train_data)
         self.guard.saved(final.name)
         self.schedule.saved(self.progress.global_step)
         if self.bad_data is not None:
