@@ -15,6 +15,10 @@ one read per file), and the batches an epoch of them had. A resume compares:
 
 Paths are relative, so a data set moved or mounted elsewhere is the same data. A
 checkpoint saved before this was recorded is not checked.
+
+The same footers say when the eval set holds training files (the same file named in
+both, or a copy of one): its AUC would be measured on rows the model trained on, so
+the run warns (:func:`eval_overlap`).
 """
 
 from __future__ import annotations
@@ -53,6 +57,17 @@ def check_resume_data(then: dict[str, Any] | None, now: dict[str, Any], ckpt: Pa
                     f"middle of epoch {epoch}: resuming would train some of the epoch's rows twice "
                     f"and others never. Put the files back as they were, or start a new run from "
                     f"this one on the new files: --out NEW train.init_from={ckpt.parent.parent}")
+
+
+def eval_overlap(train: dict[str, Any], eval_files: list[str]) -> str | None:
+    """A warning when eval files are training files or copies of them (same footer)."""
+    trained = {digest for _, digest in train["files"]}
+    shared = [f for f in eval_files if footer_digest(f) in trained]
+    if not shared:
+        return None
+    names = ", ".join(os.path.basename(f) for f in shared[:3]) + (", ..." if len(shared) > 3 else "")
+    return (f"warning: {len(shared)} of the {len(eval_files)} eval file(s) are training files or copies "
+            f"of them ({names}): the eval measures rows the model trained on; give data.eval held-out data")
 
 
 def _first_change(then: list[list[str]], now: list[list[str]]) -> str:

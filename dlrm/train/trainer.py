@@ -88,7 +88,7 @@ from dlrm.train.precision import decide_precision
 from dlrm.train.preemption import PREEMPTED, Preemption, signal_name
 from dlrm.train.profiling import StepProfiler
 from dlrm.train.run_lock import RunLock
-from dlrm.train.same_data import check_resume_data, data_identity
+from dlrm.train.same_data import check_resume_data, data_identity, eval_overlap
 from dlrm.train.staged import StagedBatches
 from dlrm.train.trace import RowTrace
 from embeddings.collection import warn_fp16_overflow
@@ -219,6 +219,9 @@ class Trainer:
         # the training files in stream order, recorded with each checkpoint; a resume over others
         self.train_data = broadcast_object(
             data_identity(data.train_files, self.reader.steps_per_epoch()) if info.is_main else None, info)
+        overlap = eval_overlap(self.train_data, data.eval_files) if info.is_main and data.eval_files else None
+        if overlap:
+            say(overlap)
         if resumed:
             check_resume_data(load_meta(self.resumed_from).get("train_data"), self.train_data,
                               self.resumed_from, self.progress.step_in_epoch, self.progress.epoch, say)
