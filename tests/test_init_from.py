@@ -22,6 +22,7 @@ from data.preprocess import save as save_preprocessing
 from data.vocabulary import Vocabulary
 from dlrm.checkpoint import manager as ck
 from dlrm.checkpoint.manager import Progress, save_checkpoint
+from dlrm.checkpoint.manifest import CheckpointCorrupt
 from dlrm.checkpoint.row_map import Side, row_map
 from dlrm.cli import main
 from dlrm.config import load_config, to_dict
@@ -434,3 +435,28 @@ def test_hotline_ranks_take_what_one_process_takes(days, old_run: Path, tmp_path
     got, ref_state = run_state(trained), run_state(ref)
     assert any(not torch.equal(got[k], start[k]) for k in start)  # the steps moved it
     assert_states_close(got, ref_state, "hotline warm start W=2")
+
+
+def warm_start_refused(rank: int, world_size: int, data: Path, source: Path, out: Path) -> str:
+    """The warm start on this rank; the refusal it raised (it must raise)."""
+    info = init_distributed("gloo", "cpu")
+    with pytest.raises(CheckpointCorrupt) as refused:
+        started(data, out, f"train.init_from={source}", *PLAN, info=info)
+    return str(refused.value)
+
+
+@pytest.mark.distributed
+def test_a_changed_byte_stops_every_rank(days, old_run: Path, tmp_path: Path) -> None:
+    """Each piece file is hashed by one rank alongside the gather: a changed byte in
+    one stops both ranks, with the same line naming the file."""
+    import shutil
+
+    source = tmp_path / "source"
+    shutil.copytree(old_run, source)
+    pieces = sorted((ck.find_checkpoint(source) / "embeddings").glob("rank-0.*.bin"))
+    piece = pieces[-1]
+    body = bytearray(piece.read_bytes())
+    body[-1] ^= 1
+    piece.write_bytes(bytes(body))
+    lines = run_ranks(2, warm_start_refused, days["new"], source, tmp_path / "new")
+    assert lines[0] == lines[1] and f"embeddings/{piece.name} does not match its sha256" in lines[0]
