@@ -22,6 +22,7 @@ from data.preprocess import save as save_preprocessing
 from data.vocabulary import Vocabulary
 from dlrm.checkpoint import manager as ck
 from dlrm.checkpoint.manager import Progress, save_checkpoint
+from dlrm.checkpoint.manifest import CheckpointCorrupt
 from dlrm.checkpoint.row_map import Side, row_map
 from dlrm.cli import main
 from dlrm.config import load_config, to_dict
@@ -31,9 +32,10 @@ from dlrm.parallel.planning import run_tables
 from dlrm.train.hotline import make_profile
 from dlrm.train.inputs import make_reader, resolve_data
 from dlrm.train.trainer import Trainer
+from dlrm.train.trainer import train as train_run
 from tests.conftest import TINY, tiny_overrides
 from tests.multiprocess import run_ranks
-from tests.run_state import run_state
+from tests.run_state import assert_states_close, run_state
 
 ROWS = 600
 WORDS = [f"w{i}" for i in range(12)]
@@ -364,11 +366,11 @@ PLAN = (("embeddings.plan={C1: {sharding: row_wise}, C2: {sharding: table_wise, 
          "C3: {sharding: column_wise}, C4: {sharding: data_parallel}}"), "embeddings.replicate_max_bytes=0")
 
 
-def warm_and_save(rank: int, world_size: int, data: Path, source: Path, out: Path) -> str:
-    """The warm start on this rank, saved; the line it said (rank 0)."""
+def warm_and_save(rank: int, world_size: int, data: Path, source: Path, out: Path, *extra: str) -> str:
+    """The warm start on this rank (``extra``: more overrides), saved; the line it said (rank 0)."""
     info = init_distributed("gloo", "cpu")
     said: list[str] = []
-    trainer = started(data, out, f"train.init_from={source}", *PLAN, info=info, said=said)
+    trainer = started(data, out, f"train.init_from={source}", *PLAN, *extra, info=info, said=said)
     save_checkpoint(out, trainer.model, trainer.dense_opt, Progress(), to_dict(trainer.cfg),
                     trainer.schema, info)
     return next((line for line in said if line.startswith("init")), "")
@@ -392,3 +394,69 @@ def test_ranks_take_what_one_process_takes(world_size: int, days, old_run: Path,
     for key, want in ref.items():
         assert torch.equal(ranks[key], want), key
     assert lines[0] == next(line for line in said if line.startswith("init"))  # rows counted once
+
+
+HOTLINE = ("embeddings.placement=hotline", "hotline.budget=6KB")
+STEPS = 3
+
+
+def hotline_ranks(rank: int, world_size: int, data: Path, source: Path, out: Path) -> list[int]:
+    """On each rank: the Hotline warm start saved before any step (``out/start``), then
+    the same warm start trained ``STEPS`` steps (``out/trained``); this rank's hot rows."""
+    warm_and_save(rank, world_size, data, source, out / "start", *HOTLINE)
+    hot = started(data, out / "hot", f"train.init_from={source}", *PLAN, *HOTLINE,
+                  info=init_distributed("gloo", "cpu"))
+    cfg = load_config(TINY, overrides(data, f"train.max_steps={STEPS}", f"train.init_from={source}",
+                                      *PLAN, *HOTLINE, "train.log_every=1"))
+    train_run(cfg, out / "trained", echo=lambda line: None)
+    return [len(ids) for ids in hot.model.embeddings.hot_ids_by_group()]
+
+
+@pytest.mark.distributed
+def test_hotline_ranks_take_what_one_process_takes(days, old_run: Path, tmp_path: Path) -> None:
+    """Hotline at 2 ranks (hot rows replicated, cold rows sharded row-, table-, column-wise
+    and replicated): right after the warm start every parameter and Adagrad sum equals the
+    plain placement's in one process, bit for bit (a hot row left at its initial value, or
+    one rank's hot copy not read again, would show: a save writes the hot rows back); and
+    after STEPS steps it equals one plain process trained on the same global batches."""
+    hot_rows = run_ranks(2, hotline_ranks, days["new"], old_run, tmp_path / "ranks")
+    assert all(0 < n < 202 for n in map(sum, hot_rows)), hot_rows  # both tiers hold rows
+    start = run_state(tmp_path / "ranks" / "start")
+    want = saved_state(started(days["new"], tmp_path / "one", f"train.init_from={old_run}"))
+    assert start.keys() == want.keys()
+    for key, value in want.items():
+        assert torch.equal(start[key], value), key
+    ref = tmp_path / "ref"
+    cfg = load_config(TINY, overrides(days["new"], f"train.max_steps={STEPS}", f"train.init_from={old_run}",
+                                      "data.order_world_size=2", "train.log_every=1"))
+    train_run(cfg, ref, echo=lambda line: None)
+    trained = tmp_path / "ranks" / "trained"
+    assert json.loads((trained / "plan.json").read_text())["world_size"] == 2
+    got, ref_state = run_state(trained), run_state(ref)
+    assert any(not torch.equal(got[k], start[k]) for k in start)  # the steps moved it
+    assert_states_close(got, ref_state, "hotline warm start W=2")
+
+
+def warm_start_refused(rank: int, world_size: int, data: Path, source: Path, out: Path) -> str:
+    """The warm start on this rank; the refusal it raised (it must raise)."""
+    info = init_distributed("gloo", "cpu")
+    with pytest.raises(CheckpointCorrupt) as refused:
+        started(data, out, f"train.init_from={source}", *PLAN, info=info)
+    return str(refused.value)
+
+
+@pytest.mark.distributed
+def test_a_changed_byte_stops_every_rank(days, old_run: Path, tmp_path: Path) -> None:
+    """Each piece file is hashed by one rank alongside the gather: a changed byte in
+    one stops both ranks, with the same line naming the file."""
+    import shutil
+
+    source = tmp_path / "source"
+    shutil.copytree(old_run, source)
+    pieces = sorted((ck.find_checkpoint(source) / "embeddings").glob("rank-0.*.bin"))
+    piece = pieces[-1]
+    body = bytearray(piece.read_bytes())
+    body[-1] ^= 1
+    piece.write_bytes(bytes(body))
+    lines = run_ranks(2, warm_start_refused, days["new"], source, tmp_path / "new")
+    assert lines[0] == lines[1] and f"embeddings/{piece.name} does not match its sha256" in lines[0]

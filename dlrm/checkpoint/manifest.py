@@ -150,6 +150,13 @@ def verify(ckpt: Path, meta: dict[str, Any], info: Any = None, names: list[str] 
         raise CheckpointCorrupt(f"checkpoint {ckpt}: {problems[0]}")
 
 
+def check_file(ckpt: Path, name: str, manifest: dict[str, Any]) -> str | None:
+    """Why file ``name`` of ``ckpt`` differs from its entry in ``manifest`` (meta.json's
+    "files": missing, another size, another sha256), or None. One file, this process:
+    a caller hashing on threads of its own gathers the verdicts itself."""
+    return _check_file(Path(ckpt), name, manifest.get(name))
+
+
 def _check_file(ckpt: Path, name: str, want: Any, hash_file: bool = True) -> str | None:
     """Why file ``name`` of ``ckpt`` differs from its manifest entry, or None."""
     if Path(name).is_absolute() or ".." in Path(name).parts or not isinstance(want, dict):

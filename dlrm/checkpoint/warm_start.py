@@ -22,8 +22,12 @@ model, built with its initial values, then takes from the old run's checkpoint:
 
 Every rank fills its own shards (any plan, world size and placement) from the pieces on
 disk, mapped and read by row id (mapped_rows.py): the old model is never loaded whole.
-Each file read is verified against the old checkpoint's manifest first, and rank 0
-holds the checkpoint (``readers.reading``) so a run still training does not prune it.
+Each piece file read is hashed (by one rank) on other threads while the rows are
+gathered, and checked against the old checkpoint's manifest once all are: a mismatch
+stops the start on every rank, as a resume's load does. Hashing every file first, then
+gathering, read each one twice in turn; from a cold page cache the hash pass alone
+took as long as a resume's whole load. Rank 0 holds the checkpoint
+(``readers.reading``) so a run still training does not prune it.
 A run directory that has a checkpoint resumes it instead: ``init_from`` is for a
 fresh run only.
 """
@@ -32,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,7 +49,10 @@ from data.preprocess import Preprocessing
 from data.schema import Schema
 from dlrm.checkpoint.manager import CHECKPOINTS, TABLES, checkpoints, find_checkpoint
 from dlrm.checkpoint.manifest import (
+    HASH_THREADS,
+    CheckpointCorrupt,
     CheckpointError,
+    check_file,
     check_preprocessing,
     load_meta,
     load_state,
@@ -249,7 +257,8 @@ def _fill_tables(path: Path, meta: dict[str, Any], index: dict[str, Any], tables
                  maps: dict[str, RowMap], same_optimizer: bool, copied: Copied, info: DistInfo) -> None:
     """Fill this rank's blocks of every key the warm start takes: each mapped table's
     weight and, with the same sparse optimizer, its state and counters. The piece files
-    read are verified first (each hashed by one rank); the rows carried are counted once
+    read are hashed (each by one rank, in the order the keys are filled) on other
+    threads meanwhile, and checked once all are read; the rows carried are counted once
     over the ranks into ``copied``. Collective."""
     owner = {f"tables.{spec.name}.{name}": spec.name
              for spec in tables.tables for name in ["weight", *tables.optimizer.state_layout()]}
@@ -265,19 +274,26 @@ def _fill_tables(path: Path, meta: dict[str, Any], index: dict[str, Any], tables
     pieces: dict[str, list[dict[str, Any]]] = {}
     for piece in index["pieces"]:
         pieces.setdefault(piece["key"], []).append(piece)
-    files = sorted({f"{TABLES}/{p['file']}" for lg, _ in wanted for p in pieces.get(lg.key, [])})
-    verify(path.parent, meta, info, names=files)  # sha256, each file by one rank
+    files = list(dict.fromkeys(f"{TABLES}/{p['file']}" for lg, _ in wanted for p in pieces.get(lg.key, [])))
     carried, error = 0, None
-    try:
-        for logical, mapping in wanted:
-            filled = _fill_key(path, logical, mapping, pieces.get(logical.key, []),
-                               index["keys"][logical.key][1])
-            table = owner.get(logical.key)
-            if table is not None and logical.key == f"tables.{table}.weight":
-                carried += sum(n for at, n in filled if _counted_here(tables, table, at, info.rank))
-    except (CheckpointError, OSError) as e:
-        error = f"checkpoint {path.parent}: {e}" if isinstance(e, OSError) else str(e)
-    raise_first(all_gather_objects(error, info))
+    with ThreadPoolExecutor(HASH_THREADS) as pool:  # sha256 and reads release the GIL
+        verdicts = pool.map(lambda name: check_file(path.parent, name, meta["files"]),
+                            files[info.rank::info.world_size])
+        try:
+            for logical, mapping in wanted:
+                filled = _fill_key(path, logical, mapping, pieces.get(logical.key, []),
+                                   index["keys"][logical.key][1])
+                table = owner.get(logical.key)
+                if table is not None and logical.key == f"tables.{table}.weight":
+                    carried += sum(n for at, n in filled if _counted_here(tables, table, at, info.rank))
+        except (CheckpointError, OSError) as e:
+            error = f"checkpoint {path.parent}: {e}" if isinstance(e, OSError) else str(e)
+        corrupt = next((v for v in verdicts if v), None)
+    everyone = all_gather_objects((corrupt, error), info)
+    corrupt = next((c for c, _ in everyone if c), None)
+    if corrupt:  # a changed piece first: it would explain an error of the gather
+        raise CheckpointCorrupt(f"checkpoint {path.parent}: {corrupt}")
+    raise_first([e for _, e in everyone])
     copied.rows = sum(int(n) for n in all_gather_objects(carried, info))
 
 
