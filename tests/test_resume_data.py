@@ -71,3 +71,17 @@ def test_more_files_between_epochs_are_a_note_and_the_next_epoch_reads_them(data
     assert any(x.startswith("note: data.train changed since step-000000020 (part-99999.parquet is new")
                and x.endswith("the run goes on at the start of epoch 0 over the files as they are now")
                for x in lines), lines
+
+
+def test_an_eval_set_holding_training_files_or_copies_warns(data: Path, tiny_data, tmp_path: Path) -> None:
+    copy = tmp_path / "eval_copy"
+    copy.mkdir()
+    shutil.copy(min(data.glob("*.parquet")), copy / "renamed.parquet")  # a copy under another name
+    for eval_spec, want in ((f"{copy},{tiny_data['eval']}", ("1 of the 2 eval file(s) are training files or "
+                             "copies of them (renamed.parquet)")), (str(tiny_data["eval"]), None)):
+        cfg = load_config(TINY, tiny_overrides(**{"data.train": data, "data.eval": eval_spec,
+                                                  "train.max_steps": 1, "data.batch_size": BATCH}))
+        lines: list[str] = []
+        train(cfg, tmp_path / f"run{len(eval_spec)}", echo=lines.append)
+        warned = [x for x in lines if "eval measures rows the model trained on" in x]
+        assert (warned[0].startswith(f"warning: {want}") if want else not warned), lines
