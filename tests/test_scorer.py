@@ -13,8 +13,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import torch
 
-from data.errors import DataError
+from data.errors import DataError, UserError
 from dlrm.cli import main
 from dlrm.eval.scorer import Scorer
 from tests.conftest import TINY, requires_torchrec, tiny_overrides
@@ -116,3 +117,9 @@ def test_scores_on_the_gpu_are_the_cpus(trained: Path, tiny_data) -> None:
     rows = _rows(tiny_data["eval"])
     with Scorer(trained) as cpu, Scorer(trained, device="cuda") as gpu:
         np.testing.assert_allclose(gpu.score(rows), cpu.score(rows), rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without CUDA")
+def test_cuda_asked_for_where_there_is_none_is_one_line(trained: Path) -> None:
+    with pytest.raises(UserError, match=r"^device cuda: this machine has no CUDA device; score on the CPU"):
+        Scorer(trained, device="cuda")

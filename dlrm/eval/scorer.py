@@ -30,7 +30,7 @@ from typing import Any, Self
 import numpy as np
 import torch
 
-from data.errors import DataError
+from data.errors import DataError, UserError
 from data.reader import decode_table
 from dlrm.eval.evaluate import open_scored
 from dlrm.eval.model import eval_model
@@ -43,6 +43,8 @@ class Scorer:
     """A run's or an export's model, loaded once, scoring rows given in memory."""
 
     def __init__(self, path: str | Path, device: str = "cpu", strict_ids: bool = False) -> None:
+        if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+            raise UserError(f"device {device}: this machine has no CUDA device; score on the CPU (device cpu)")
         with contextlib.ExitStack() as hold:  # the checkpoint stays while it is read
             cfg, self.schema, self._prep, fill, self.source = open_scored(Path(path), hold)
             cfg.data.eval_strict_ids = strict_ids
