@@ -78,10 +78,11 @@ class Scorer:
             table = rows
         else:  # pandas, or anything pyarrow takes as columns
             table = pa.Table.from_pandas(rows, preserve_index=False) if hasattr(rows, "iloc") else pa.table(rows)
-        label = self.schema.label
-        if label not in table.column_names:
+        label, names = self.schema.label, set(table.column_names)
+        if label not in names:
             table = table.append_column(label, pa.array(np.zeros(table.num_rows, np.float32)))
-        missing = [c for c in self.schema.columns if c not in table.column_names]
+            names.add(label)
+        missing = [c for c in self.schema.columns if c not in names]
         if missing:
             raise DataError(f"column is missing from the rows to score (the model reads "
                             f"{len(self.schema.columns) - 1}: the run's dense and sparse features)",
