@@ -11,7 +11,9 @@ reads them in order). Names starting with '.' or '_' are skipped inside director
 in a glob's matches, at any depth below the glob's fixed directories (Spark's ``_SUCCESS``,
 ``.part-….crc``, ``_temporary/0/part-…`` of a job still writing, and
 ``.part-00000.parquet.tmp<pid>`` of our writer at work) unless the glob itself names such
-a part. A file named twice (through a symlink, ``..``, a directory and a glob) is read once. Every file is written
+a part. A file named twice (through a symlink, ``..``, a directory and a glob) is read once. A URI
+(``s3://bucket/train/``, ``gs://…``, ``hdfs://…``, ``file://…``) is listed and opened through
+pyarrow's file systems under the same rules (:mod:`data.remote`). Every file is written
 under such a temporary name and renamed when complete (:mod:`data.atomic`), so a
 reader never sees half a file.
 """
@@ -28,21 +30,18 @@ from typing import TYPE_CHECKING
 
 from data.atomic import AtomicPath
 from data.errors import DataError, one_line
+from data.names import PRIVATE, natural_key
+from data.remote import expand_uri, is_uri, normalized, other_files, resolve
 
 if TYPE_CHECKING:
+    from typing import BinaryIO
+
     import pyarrow as pa
     import pyarrow.parquet as pq
 
 _GLOB_CHARS = re.compile(r"[*?\[]")
 _PART = re.compile(r"^part-(\d{5,})\.parquet$")
-_DIGITS = re.compile(r"(\d+)")
-_PRIVATE = (".", "_")
-
-
-def natural_key(path: str) -> list[str | int]:
-    """Sort key comparing the runs of digits in ``path`` as numbers: ``day_2`` < ``day_10``.
-    ``re.split`` with a group alternates text and digits, so like compares with like."""
-    return [int(t) if i % 2 else t for i, t in enumerate(_DIGITS.split(path))]
+_PRIVATE = PRIVATE
 
 
 def expand_paths(spec: str | list[str]) -> list[str]:
@@ -63,14 +62,14 @@ def expand_paths(spec: str | list[str]) -> list[str]:
     items = [p for p in items if p]
     if not items:
         raise DataError(f"no data files given (spec {spec!r} is empty)")
-    found: dict[str, str] = {}  # real path → the name first given
+    found: dict[str, str] = {}  # real path (a URI: as the store names it) → the name first given
     for item in items:
-        matches = _expand_one(item)
+        matches = expand_uri(item) if is_uri(item) else _expand_one(item)
         if not matches:
             raise DataError(f"no Parquet files found for {item!r} (spec {spec!r})"
                             f"{_other_files_hint(item)}")
         for match in matches:
-            found.setdefault(os.path.realpath(match), match)
+            found.setdefault(normalized(match) if is_uri(match) else os.path.realpath(match), match)
     return list(found.values())
 
 
@@ -110,15 +109,21 @@ def _other_files_hint(item: str) -> str:
     """For a directory with no ``*.parquet`` below it: the files it does hold (Hive and
     Hadoop name Parquet parts ``000000_0``, ``part-00000`` with no suffix), and how to
     name them."""
-    root = Path(item).expanduser()
-    if not root.is_dir():
-        return ""
-    others = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()
-                    and not any(r.startswith(_PRIVATE) for r in p.relative_to(root).parts))
+    if is_uri(item):
+        others = other_files(item)
+        head, mark, query = item.partition("?")  # the glob goes before a URI's query
+        glob_spec = head.rstrip("/") + ("/**/*" if any("/" in o for o in others) else "/*") \
+            + mark + query
+    else:
+        root = Path(item).expanduser()
+        if not root.is_dir():
+            return ""
+        others = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()
+                        and not any(r.startswith(_PRIVATE) for r in p.relative_to(root).parts))
+        nested = any(os.sep in o for o in others)
+        glob_spec = os.path.join(item, "**", "*") if nested else os.path.join(item, "*")
     if not others:
         return ""
-    nested = any(os.sep in o for o in others)
-    glob_spec = os.path.join(item, "**", "*") if nested else os.path.join(item, "*")
     return (f": a directory gives the files named *.parquet below it, and it holds "
             f"{len(others)} other file(s), e.g. {others[0]}; name them with a glob, "
             f"e.g. {glob_spec}")
@@ -155,13 +160,28 @@ def open_parquet(path: str, read_dictionary: list[str] | None = None) -> pq.Parq
     import pyarrow.parquet as pq
 
     try:
+        if is_uri(path):
+            fs, inner = resolve(path)
+            return pq.ParquetFile(inner, read_dictionary=read_dictionary or None, filesystem=fs)
         return pq.ParquetFile(path, read_dictionary=read_dictionary or None)
     except FileNotFoundError:
         raise DataError("does not exist", file=path) from None
     except KeyError as e:  # a column of read_dictionary is not there
         raise DataError(f"has no column {one_line(e)}", file=path) from None
-    except (pa.ArrowException, OSError) as e:
+    except OSError as e:
+        if is_uri(path) and not isinstance(e, pa.ArrowInvalid):  # the store said no
+            raise DataError(f"cannot be read ({one_line(e)})", file=path) from None
         raise DataError(f"not a readable Parquet file ({one_line(e)})", file=path) from None
+    except pa.ArrowException as e:
+        raise DataError(f"not a readable Parquet file ({one_line(e)})", file=path) from None
+
+
+def open_input(path: str) -> BinaryIO:
+    """``path`` (a local path or a URI) opened for reading bytes, with seek and tell."""
+    if is_uri(path):
+        fs, inner = resolve(path)
+        return fs.open_input_file(inner)
+    return open(path, "rb")
 
 
 def write_parts(

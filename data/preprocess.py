@@ -42,7 +42,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from data.dense_transform import DenseStats, apply_transform
-from data.errors import DataError, UserError
+from data.errors import DataError, UserError, one_line
 from data.fit_exchange import Exchange
 from data.fit_split import Split, count_split
 from data.hashing import splitmix64
@@ -504,8 +504,10 @@ def footer_digest(path: str) -> str:
     """sha256 of a Parquet file's footer (metadata + length + magic): it holds every
     row group's offsets, sizes and statistics, so a rewritten file changes it; reading
     it costs one seek, not a pass."""
+    from data.files import open_input
+
     try:
-        with open(path, "rb") as fh:
+        with open_input(path) as fh:
             fh.seek(0, 2)
             size = fh.tell()
             fh.seek(max(size - 8, 0))
@@ -514,12 +516,14 @@ def footer_digest(path: str) -> str:
             fh.seek(max(size - 8 - length, 0))
             return hashlib.sha256(fh.read()).hexdigest()
     except OSError as e:
-        raise DataError(f"cannot be read ({e.strerror})", file=path) from None
+        raise DataError(f"cannot be read ({e.strerror or one_line(e)})", file=path) from None
 
 
 def footer_digests(files: list[str]) -> dict[str, str]:
     """file name → :func:`footer_digest` (names, so a moved data set still matches)."""
-    return {Path(f).name: footer_digest(f) for f in files}
+    from data.remote import file_name
+
+    return {file_name(f): footer_digest(f) for f in files}
 
 
 def check_data(prep: Preprocessing, files: list[str], where: Path) -> None:

@@ -1,0 +1,195 @@
+"""Data in object storage (s3:// through pyarrow's S3FileSystem, data/remote.py), against
+an S3 server emulated by moto on this machine, not a real S3.
+
+References are the same data on the local disk: the files a spec names (the local rules of
+data/files.py on the same tree), the reader's batches (one thread and 2 decode workers), the
+vocabulary fit, a short ``dlrm train`` (parameters bit-equal), ``dlrm eval`` and ``dlrm
+predict``. Errors (a missing bucket, key or match, a store that does not answer) are one line
+naming the URI.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from data import remote
+from data.errors import DataError
+from data.files import expand_paths, open_parquet
+from data.preprocess import Options, fit
+from data.schema import infer_schema
+from dlrm.cli import main
+from tests.conftest import TINY, tiny_overrides
+from tests.data_helpers import within
+from tests.run_state import run_state
+from tests.test_preprocess_train import string_dataset
+from tests.test_reader_workers import assert_same, batches
+
+moto_server = pytest.importorskip("moto.server", reason="moto[server] is not installed (test extras)")
+
+BUCKET = "criteo-test"
+KEYS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1"}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def store(tiny_data, tmp_path_factory) -> Iterator[dict[str, object]]:
+    """A moto S3 server holding tiny_data (criteo/train/, criteo/eval/), a string data set
+    (strings/) and a layout of odd names (layout/, mirrored locally), with the environment
+    set as a user would set it (AWS_ENDPOINT_URL and keys)."""
+    import logging
+
+    import pyarrow.fs as pafs
+
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # moto's server logs each request
+    port = _free_port()
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    saved = {k: os.environ.get(k) for k in [*KEYS, "AWS_ENDPOINT_URL"]}
+    os.environ.update(KEYS, AWS_ENDPOINT_URL=f"http://127.0.0.1:{port}")
+    remote.forget_file_systems()
+    s3 = pafs.S3FileSystem(endpoint_override=f"127.0.0.1:{port}", scheme="http", access_key="testing",
+                           secret_key="testing", region="us-east-1", allow_bucket_creation=True)
+    s3.create_dir(BUCKET)
+    root = tmp_path_factory.mktemp("store")
+    local = {"train": tiny_data["train"], "eval": tiny_data["eval"],
+             "strings": string_dataset(root / "strings", 3000, 5), "layout": _layout(root / "layout")}
+    for name, path in local.items():
+        pafs.copy_files(str(path), f"{BUCKET}/{name}", destination_filesystem=s3)
+    yield {"local": local, "port": port, "uri": {n: f"s3://{BUCKET}/{n}/" for n in local}}
+    server.stop()
+    for k, v in saved.items():
+        os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+    remote.forget_file_systems()
+
+
+def _layout(root: Path) -> Path:
+    """Names the listing rules care about: numbers compared as numbers, Spark's _SUCCESS and
+    _temporary, a .crc, a Hive partition, files not named *.parquet."""
+    import pyarrow as pa
+
+    table = pa.table({"x": [1, 2]})
+    for name in ["day_2/part-0.parquet", "day_10/part-0.parquet", "day_10/part-1.parquet",
+                 "day_2/_SUCCESS", "day_2/.part-0.parquet.crc", "_temporary/0/part-9.parquet",
+                 "k=1/part-3.parquet", "k=1/notes.txt", "hive/000000_0", "part-100.parquet", "part-99.parquet"]:
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(table, root / name)
+    return root
+
+
+def _rel(files: list[str], prefix: str) -> list[str]:
+    assert all(f.startswith(prefix) for f in files), files
+    return [f[len(prefix):].lstrip("/") for f in files]
+
+
+@pytest.mark.parametrize("spec", ["", "day_10", "*", "*/*.parquet", "**/*.parquet", "day_*",
+                                  "day_2/part-0.parquet", "_temporary/*/*", "k=1/*", "part-*.parquet"])
+def test_a_uri_names_the_files_a_local_path_names(store, spec: str) -> None:
+    local = str(store["local"]["layout"])
+    want = _rel(expand_paths(os.path.join(local, spec) if spec else local), local)
+    got = _rel(expand_paths(store["uri"]["layout"] + spec), f"s3://{BUCKET}/layout/")
+    assert got == want and want
+
+
+def test_reader_batches_equal_the_local_files(store) -> None:
+    schema = infer_schema(expand_paths(str(store["local"]["train"])))
+    local = expand_paths(str(store["local"]["train"]))
+    uris = expand_paths(store["uri"]["train"])
+    assert [remote.file_name(u) for u in uris] == [Path(f).name for f in local]
+    want = batches(local, schema, 0, shuffle_buffer=8192)
+    assert_same(batches(uris, schema, 0, shuffle_buffer=8192), want)
+    # decode workers are forked from a forkserver that may have started before this module set
+    # the environment: the URI itself names the endpoint and the keys (from_uri's own form)
+    port = store["port"]
+    spelled = f"s3://testing:testing@{BUCKET}/train/?endpoint_override=127.0.0.1:{port}&scheme=http"
+    assert_same(batches(expand_paths(spelled), schema, 2, shuffle_buffer=8192), want)
+
+
+def test_vocabulary_fit_equals_the_local_fit(store) -> None:
+    local = expand_paths(str(store["local"]["strings"]))
+    schema = infer_schema(local, label="click")
+    for workers in (0, 2):
+        opts = Options(encoding="vocabulary", workers=workers)
+        want = fit(local, schema, opts)
+        got = fit(expand_paths(store["uri"]["strings"]), schema, opts)
+        assert got.vocabularies.keys() == want.vocabularies.keys() and want.vocabularies
+        for name, vocab in want.vocabularies.items():
+            assert got.vocabularies[name].values.equals(vocab.values), name
+            assert (got.vocabularies[name].counts == vocab.counts).all(), name
+        assert got.data == want.data  # footer sha256 by file name: the reuse check's record
+
+
+def _train(out: Path, train: str, eval_: str) -> None:
+    assert main(["train", "--config", str(TINY), "--out", str(out),
+                 *tiny_overrides(**{"data.train": train, "data.eval": eval_, "train.max_steps": 12,
+                                    "train.eval_every": 12})]) == 0
+
+
+def test_train_eval_predict_equal_the_local_runs(store, tmp_path: Path, capsys) -> None:
+    local, uri = store["local"], store["uri"]
+    _train(tmp_path / "local", str(local["train"]), str(local["eval"]))
+    _train(tmp_path / "s3", uri["train"], uri["eval"] + "part-*.parquet")
+    want, got = run_state(tmp_path / "local"), run_state(tmp_path / "s3")
+    assert got.keys() == want.keys()
+    for key in want:
+        assert torch.equal(got[key], want[key]), key
+    for where, data in [("local", str(local["eval"])), ("s3", uri["eval"])]:
+        assert main(["eval", "--checkpoint", str(tmp_path / "local"), "--data", data,
+                     "--scores", str(tmp_path / f"eval-{where}.parquet"), "--keep", "C1"]) == 0
+        assert main(["predict", "--checkpoint", str(tmp_path / "local"), "--data", data,
+                     "--out", str(tmp_path / f"predict-{where}.parquet"), "--keep", "I3"]) == 0
+    capsys.readouterr()
+    for kind in ("eval", "predict"):
+        want_t, got_t = (pq.read_table(tmp_path / f"{kind}-{w}.parquet") for w in ("local", "s3"))
+        assert got_t.equals(want_t) and want_t.num_rows == 10_000, kind
+
+
+def test_fit_on_a_uri_equals_the_local_fit(store, tmp_path: Path) -> None:
+    for where in ("local", "uri"):
+        data = str(store[where]["strings"])
+        assert main(["fit", "--config", str(TINY), "--data", data, "--out", str(tmp_path / where),
+                     "data.label=click", "data.encoding=vocabulary"]) == 0
+    want = sorted(str(p.relative_to(tmp_path / "local")) for p in (tmp_path / "local").rglob("*"))
+    assert sorted(str(p.relative_to(tmp_path / "uri")) for p in (tmp_path / "uri").rglob("*")) == want
+    for name in [n for n in want if (tmp_path / "local" / n).is_file()]:
+        assert (tmp_path / "uri" / name).read_bytes() == (tmp_path / "local" / name).read_bytes(), name
+    # data.preprocessing=DIR reuse checks the files' footers: the s3 copy passes as itself
+    assert main(["train", "--config", str(TINY), "--out", str(tmp_path / "run"),
+                 *tiny_overrides(**{"data.train": store["uri"]["strings"], "data.eval": "",
+                                    "data.label": "click", "data.preprocessing": tmp_path / "local",
+                                    "train.max_steps": 2, "data.batch_size": 256})]) == 0
+
+
+@pytest.mark.parametrize("spec, says", [
+    (f"s3://no-such-bucket-{os.getpid()}/train/", "no Parquet files found for 's3://no-such-bucket"),
+    (f"s3://{BUCKET}/no/such/key/", f"no Parquet files found for 's3://{BUCKET}/no/such/key/'"),
+    (f"s3://{BUCKET}/eval/day-*.parquet", f"no Parquet files found for 's3://{BUCKET}/eval/day-*.parquet'"),
+    (f"s3://{BUCKET}/layout/hive", ("holds 1 other file(s), e.g. 000000_0; name them with a "
+                                     f"glob, e.g. s3://{BUCKET}/layout/hive/*")),
+])
+def test_a_missing_bucket_key_or_match_is_one_line(store, spec: str, says: str) -> None:
+    with pytest.raises(DataError) as e:
+        expand_paths(spec)
+    assert says in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def test_a_missing_file_and_an_unreachable_store_are_one_line(store) -> None:
+    gone = f"s3://{BUCKET}/train/part-99999.parquet"
+    with pytest.raises(DataError, match=f"^file {gone}: does not exist$"):
+        open_parquet(gone)
+    closed = f"s3://{BUCKET}/train/?endpoint_override=127.0.0.1:{_free_port()}&scheme=http"
+    with pytest.raises(DataError) as e:
+        within(120, lambda: expand_paths(closed))
+    assert str(e.value).startswith(f"{closed}: cannot be listed (") and "\n" not in str(e.value)
