@@ -31,8 +31,6 @@ from tests.run_state import run_state
 from tests.test_preprocess_train import string_dataset
 from tests.test_reader_workers import assert_same, batches
 
-moto_server = pytest.importorskip("moto.server", reason="moto[server] is not installed (test extras)")
-
 BUCKET = "criteo-test"
 KEYS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
         "AWS_DEFAULT_REGION": "us-east-1"}
@@ -45,13 +43,20 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def store(tiny_data, tmp_path_factory) -> Iterator[dict[str, object]]:
+def layout(tmp_path_factory) -> Path:
+    return _layout(tmp_path_factory.mktemp("layout"))
+
+
+@pytest.fixture(scope="module")
+def store(tiny_data, layout, tmp_path_factory) -> Iterator[dict[str, object]]:
     """A moto S3 server holding tiny_data (criteo/train/, criteo/eval/), a string data set
     (strings/) and a layout of odd names (layout/, mirrored locally), with the environment
     set as a user would set it (AWS_ENDPOINT_URL and keys)."""
     import logging
 
     import pyarrow.fs as pafs
+
+    moto_server = pytest.importorskip("moto.server", reason="moto[server] is not installed (test extras)")
 
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # moto's server logs each request
     port = _free_port()
@@ -65,7 +70,7 @@ def store(tiny_data, tmp_path_factory) -> Iterator[dict[str, object]]:
     s3.create_dir(BUCKET)
     root = tmp_path_factory.mktemp("store")
     local = {"train": tiny_data["train"], "eval": tiny_data["eval"],
-             "strings": string_dataset(root / "strings", 3000, 5), "layout": _layout(root / "layout")}
+             "strings": string_dataset(root / "strings", 3000, 5), "layout": layout}
     for name, path in local.items():
         pafs.copy_files(str(path), f"{BUCKET}/{name}", destination_filesystem=s3)
     yield {"local": local, "port": port, "uri": {n: f"s3://{BUCKET}/{n}/" for n in local}}
@@ -94,13 +99,28 @@ def _rel(files: list[str], prefix: str) -> list[str]:
     return [f[len(prefix):].lstrip("/") for f in files]
 
 
-@pytest.mark.parametrize("spec", ["", "day_10", "*", "*/*.parquet", "**/*.parquet", "day_*",
-                                  "day_2/part-0.parquet", "_temporary/*/*", "k=1/*", "part-*.parquet"])
+SPECS = ["", "day_10", "*", "*/*.parquet", "**/*.parquet", "day_*", "day_2/part-0.parquet",
+         "_temporary/*/*", "k=1/*", "part-*.parquet", "day_10/*,day_10/,day_2//part-0.parquet"]
+
+
+@pytest.mark.parametrize("spec", SPECS)
 def test_a_uri_names_the_files_a_local_path_names(store, spec: str) -> None:
     local = str(store["local"]["layout"])
-    want = _rel(expand_paths(os.path.join(local, spec) if spec else local), local)
-    got = _rel(expand_paths(store["uri"]["layout"] + spec), f"s3://{BUCKET}/layout/")
+    want = _rel(expand_paths(_under(local, spec)), local)
+    got = _rel(expand_paths(_under(store["uri"]["layout"], spec)), f"s3://{BUCKET}/layout/")
     assert got == want and want
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_a_file_uri_names_the_files_a_local_path_names(layout: Path, spec: str) -> None:
+    want = _rel(expand_paths(_under(str(layout), spec)), str(layout))
+    got = _rel(expand_paths(_under(f"file://{layout}/", spec)), f"file://{layout}/")
+    assert got == want and want
+
+
+def _under(root: str, spec: str) -> str:
+    """``spec``'s comma-separated parts below ``root``."""
+    return ",".join(root.rstrip("/") + "/" + part if part else root for part in spec.split(","))
 
 
 def test_reader_batches_equal_the_local_files(store) -> None:
