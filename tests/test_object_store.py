@@ -4,8 +4,8 @@ an S3 server emulated by moto on this machine, not a real S3.
 References are the same data on the local disk: the files a spec names (the local rules of
 data/files.py on the same tree), the reader's batches (one thread and 2 decode workers), the
 vocabulary fit, a short ``dlrm train`` (parameters bit-equal), ``dlrm eval`` and ``dlrm
-predict``. Errors (a missing bucket, key or match, a store that does not answer) are one line
-naming the URI.
+predict``. Errors (a missing bucket, key or match, a store that does not answer, access
+denied by moto's IAM check) are one line naming the URI.
 """
 
 from __future__ import annotations
@@ -213,3 +213,17 @@ def test_a_missing_file_and_an_unreachable_store_are_one_line(store) -> None:
     with pytest.raises(DataError) as e:
         within(120, lambda: expand_paths(closed))
     assert str(e.value).startswith(f"{closed}: cannot be listed (") and "\n" not in str(e.value)
+
+
+def test_denied_access_is_one_line_naming_the_uri(store) -> None:
+    from moto.core.authorization import enable_iam_authentication
+
+    spec, file = store["uri"]["eval"], expand_paths(store["uri"]["eval"])[0]
+    remote.forget_file_systems()  # a fresh connection, refused: the keys are no IAM user's
+    with enable_iam_authentication():
+        with pytest.raises(DataError) as listing:
+            expand_paths(spec)
+        with pytest.raises(DataError) as opening:
+            open_parquet(file)
+    assert str(listing.value).startswith(f"{spec}: cannot be listed (") and "\n" not in str(listing.value)
+    assert str(opening.value).startswith(f"file {file}: cannot be read (") and "\n" not in str(opening.value)
