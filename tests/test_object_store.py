@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from data import remote
-from data.errors import DataError
+from data.errors import DataError, UserError
 from data.files import expand_paths, open_parquet
 from data.preprocess import Options, fit
 from data.schema import infer_schema
@@ -227,3 +227,28 @@ def test_denied_access_is_one_line_naming_the_uri(store) -> None:
             open_parquet(file)
     assert str(listing.value).startswith(f"{spec}: cannot be listed (") and "\n" not in str(listing.value)
     assert str(opening.value).startswith(f"file {file}: cannot be read (") and "\n" not in str(opening.value)
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["train", "--out", "s3://b/run"], "--out"),
+    (["fit", "--data", "x/", "--out", "s3://b/prep"], "--out"),
+    (["eval", "--checkpoint", "s3://b/run", "--data", "x/"], "--checkpoint"),
+    (["eval", "--checkpoint", "run", "--data", "x/", "--scores", "s3://b/s.parquet"], "--scores"),
+    (["predict", "--checkpoint", "run", "--data", "x/", "--out", "gs://b/p.parquet"], "--out"),
+])
+def test_a_uri_for_a_run_directory_or_an_output_is_one_line(argv: list[str], flag: str, capsys,
+                                                            tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)  # were it taken as a path, it would be made here
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "only data may be a URI" in err and f" {flag} " in err and "\n" not in err, err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_data_preprocessing_as_a_uri_is_one_line(tiny_data, tmp_path: Path) -> None:
+    from dlrm.config import load_config
+    from dlrm.train.inputs import resolve_data
+
+    cfg = load_config(TINY, [f"data.train={tiny_data['train']}", "data.preprocessing=s3://b/prep"])
+    with pytest.raises(UserError, match="^data.preprocessing s3://b/prep: run directories .* only data may be a URI$"):
+        resolve_data(cfg)
