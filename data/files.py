@@ -27,6 +27,7 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 from data.atomic import AtomicPath
 from data.errors import DataError, one_line
@@ -52,7 +53,9 @@ def expand_paths(spec: str | list[str]) -> list[str]:
     in name order, less those with a part starting with '_' or '.' below the pattern's
     fixed directories unless the pattern's own part there does. A string is split at
     commas unless it names an existing path whole; a list's entries are not split. Duplicates (the same file however reached: its real path) are dropped, first
-    occurrence kept. A part that matches nothing is a :class:`DataError` naming it.
+    occurrence kept. A part that matches nothing is a :class:`DataError` naming it. A URI
+    (``s3://bucket/train/``) is listed through its file system under the same rules
+    (:func:`data.remote.expand_uri`); its duplicates are the same URI, normalized.
     """
     if isinstance(spec, str):
         whole = spec.strip()  # a path with a comma in its name, given alone
@@ -145,7 +148,7 @@ def hive_partitions(files: list[str]) -> dict[str, str]:
     directory: the key's column is in the directory names, not in the files."""
     keys: dict[str, str] = {}
     for path in files:
-        for part in Path(path).parent.parts:
+        for part in Path(urlsplit(path).path if is_uri(path) else path).parent.parts:  # no query
             key, eq, _ = part.partition("=")
             if eq and key:
                 keys.setdefault(key, part)

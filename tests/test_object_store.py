@@ -279,3 +279,11 @@ def test_a_row_group_is_read_in_one_ranged_get(store) -> None:
         log.removeHandler(handler)
         log.setLevel(level)
     assert table.num_columns == 40 and opened <= 1 and len(gets) - opened == 1, gets
+
+
+def test_a_query_is_no_hive_partition() -> None:
+    from data.files import hive_partitions
+
+    files = ["s3://b/date=1/part-0.parquet?endpoint_override=http://h:9000&scheme=http",
+             "file:///data/x/part-1.parquet"]
+    assert hive_partitions(files) == {"date": "date=1"}
