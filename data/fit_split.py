@@ -271,13 +271,14 @@ def _bar(total: int, what: str, on: bool):
 def _do(job: tuple, bar=None) -> object:
     """One share: its sketch, or its :class:`Counted`; or the error line."""
     share, what, columns, dense, skip, width, sketch, floor = job
-    from data.files import open_parquet
+    from data.files import LastOpened
 
     out = Sketch(width) if what == "sketch" else Counted()
     counters: dict[str, ValueCounter] = {}
+    opened = LastOpened()
     for index, path, g in share:
         try:
-            table = open_parquet(path).read_row_group(g, columns=list(columns) + dense)
+            table = opened(path).read_row_group(g, columns=list(columns) + dense)
         except (pa.ArrowException, OSError) as e:
             if skip:
                 continue

@@ -287,7 +287,7 @@ def _sample(files: list[str], schema: Schema, tables: list[str], skip: bool
             ) -> tuple[dict[str, ValueCounter], int, int]:
     """Value counts of ``tables`` over row groups spread evenly over ``files`` until
     :data:`SAMPLE_ROWS` rows; (counters, rows, row groups read)."""
-    from data.files import open_parquet
+    from data.files import LastOpened, open_parquet
 
     groups = []
     for f in files:
@@ -300,10 +300,11 @@ def _sample(files: list[str], schema: Schema, tables: list[str], skip: bool
     columns = [f.name for f in schema.sparse if f.table_name in tables]
     counters = {t: ValueCounter() for t in tables}
     rows = read = 0
+    opened = LastOpened()
     for i in picks:
         path, g, _ = groups[i]
         try:
-            table = open_parquet(path).read_row_group(g, columns=columns)
+            table = opened(path).read_row_group(g, columns=columns)
         except (pa.ArrowException, OSError) as e:
             if skip:
                 continue
