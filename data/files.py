@@ -24,7 +24,9 @@ import glob
 import itertools
 import os
 import re
+from collections import OrderedDict
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
@@ -178,6 +180,38 @@ def open_parquet(path: str, read_dictionary: list[str] | None = None) -> pq.Parq
         raise DataError(f"not a readable Parquet file ({one_line(e)})", file=path) from None
     except pa.ArrowException as e:
         raise DataError(f"not a readable Parquet file ({one_line(e)})", file=path) from None
+
+
+@dataclass(frozen=True)
+class Footer:
+    """What a file's footer says: its row groups (``metadata``) and its columns."""
+
+    metadata: pq.FileMetaData
+    schema_arrow: pa.Schema
+
+
+_FOOTERS: OrderedDict[str, Footer] = OrderedDict()  # URI → its footer, most recent last
+_FOOTERS_KEPT = 1 << 16
+
+
+def footer(path: str) -> Footer:
+    """``path``'s footer, for code that reads no rows (checks, counts, the schema); errors as
+    :func:`open_parquet`'s. A local file's is read each time. A URI's is read once per
+    process: a run's start consults each footer about a dozen times (screening, schema,
+    header, fit), and on a store each reading costs a HEAD and a GET. A store replaces an
+    object whole; one replaced while a run reads it is still caught, as locally, by the
+    reader, which opens the file afresh and checks its row groups' rows."""
+    if not is_uri(path):
+        pf = open_parquet(path)
+        return Footer(pf.metadata, pf.schema_arrow)
+    found = _FOOTERS.get(path)
+    if found is None:
+        pf = open_parquet(path)
+        found = _FOOTERS[path] = Footer(pf.metadata, pf.schema_arrow)
+        if len(_FOOTERS) > _FOOTERS_KEPT:
+            _FOOTERS.popitem(last=False)
+    _FOOTERS.move_to_end(path)
+    return found
 
 
 class LastOpened:

@@ -113,11 +113,11 @@ def count_split(files: list[str], schema: Schema, tables: set[str], skip: bool,
     """Counters of ``tables`` over all row groups of ``files``, this rank counting
     ``groups[rank::world]``, the counts of all ranks merged; the dense statistics of the
     same pass, and the rows read."""
-    from data.files import open_parquet
+    from data.files import footer
 
     groups, rows = [], []
     for f in files:
-        meta = open_parquet(f).metadata
+        meta = footer(f).metadata
         for g in range(meta.num_row_groups):
             if meta.row_group(g).num_rows:  # an empty group holds nothing (and may type columns null)
                 groups.append((len(groups), f, g))

@@ -243,12 +243,12 @@ def _decide_auto(files: list[str], schema: Schema, choice: dict[str, str],
     groups spread over the files (:data:`SAMPLE_ROWS` rows) estimates the distinct
     count (Chao1: seen + f1^2 / 2 f2, a lower-bias estimate from the values seen once
     and twice); identity when twice that reaches max id + 1, as the full pass decides."""
-    from data.files import open_parquet
+    from data.files import footer
 
     auto = [t for t, enc in choice.items() if enc == "auto-count"]
     if not auto:
         return {}
-    total = sum(open_parquet(f).metadata.num_rows for f in files)
+    total = sum(footer(f).metadata.num_rows for f in files)
     why, sample = {}, []
     for table in auto:
         lo, hi = _table_range(schema, table, ranges)
@@ -287,11 +287,11 @@ def _sample(files: list[str], schema: Schema, tables: list[str], skip: bool
             ) -> tuple[dict[str, ValueCounter], int, int]:
     """Value counts of ``tables`` over row groups spread evenly over ``files`` until
     :data:`SAMPLE_ROWS` rows; (counters, rows, row groups read)."""
-    from data.files import LastOpened, open_parquet
+    from data.files import LastOpened, footer
 
     groups = []
     for f in files:
-        md = open_parquet(f).metadata
+        md = footer(f).metadata
         groups += [(f, g, md.row_group(g).num_rows) for g in range(md.num_row_groups)
                    if md.row_group(g).num_rows]  # an empty one may type its columns null
     mean = max(sum(n for *_, n in groups) // max(len(groups), 1), 1)
@@ -395,9 +395,9 @@ def _bar(files: list[str], on: bool):
         return None
     from tqdm import tqdm
 
-    from data.files import open_parquet
+    from data.files import footer
 
-    total = sum(open_parquet(f).metadata.num_rows for f in files)
+    total = sum(footer(f).metadata.num_rows for f in files)
     return tqdm(total=total, desc="fit: counting", unit=" rows", unit_scale=True, disable=None)
 
 

@@ -287,3 +287,23 @@ def test_a_query_is_no_hive_partition() -> None:
     files = ["s3://b/date=1/part-0.parquet?endpoint_override=http://h:9000&scheme=http",
              "file:///data/x/part-1.parquet"]
     assert hive_partitions(files) == {"date": "date=1"}
+
+
+def test_an_object_replaced_after_its_footer_was_read_is_caught_by_the_reader(store) -> None:
+    """footer() keeps a URI's footer for the process; the reader opens the object afresh,
+    so a smaller object put in its place is one line, not rows read with old offsets."""
+    from data.files import footer
+    from data.reader import ParquetReader
+
+    src = expand_paths(str(store["local"]["eval"]))[0]
+    fs, key = remote.resolve(f"s3://{BUCKET}/replaced/part-0.parquet")
+    table = pq.read_table(src)
+    pq.write_table(table, key, filesystem=fs, row_group_size=4000)
+    files = expand_paths(f"s3://{BUCKET}/replaced/")
+    schema = infer_schema(files)
+    assert footer(files[0]).metadata.num_rows == table.num_rows
+    pq.write_table(table.slice(0, 3000), key, filesystem=fs, row_group_size=1000)
+    assert footer(files[0]).metadata.num_rows == table.num_rows  # kept: the run's view
+    reader = ParquetReader(files, schema, 512, shuffle=False)
+    with pytest.raises(DataError, match=f"^file {files[0]}, row group 0: holds 1000 rows, 4000 when"):
+        list(reader.epoch(0))
