@@ -24,6 +24,7 @@ import glob
 import itertools
 import os
 import re
+import threading
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -44,7 +45,6 @@ if TYPE_CHECKING:
 
 _GLOB_CHARS = re.compile(r"[*?\[]")
 _PART = re.compile(r"^part-(\d{5,})\.parquet$")
-_PRIVATE = PRIVATE
 
 
 def expand_paths(spec: str | list[str]) -> list[str]:
@@ -106,8 +106,8 @@ def _private_match(rel: tuple[str, ...], pattern: tuple[str, ...]) -> bool:
     """Whether a match's parts below the fixed directories hold a '.' or '_' name the
     pattern did not ask for: ``out/**/*`` skips ``out/_temporary/0/part-0.parquet`` and
     ``out/_SUCCESS``; ``out/_tmp/*`` and ``out/_*`` get what they name."""
-    asked = any(p.startswith(_PRIVATE) for p in pattern)
-    return not asked and any(r.startswith(_PRIVATE) for r in rel)
+    asked = any(p.startswith(PRIVATE) for p in pattern)
+    return not asked and any(r.startswith(PRIVATE) for r in rel)
 
 
 def _other_files_hint(item: str) -> str:
@@ -124,7 +124,7 @@ def _other_files_hint(item: str) -> str:
         if not root.is_dir():
             return ""
         others = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()
-                        and not any(r.startswith(_PRIVATE) for r in p.relative_to(root).parts))
+                        and not any(r.startswith(PRIVATE) for r in p.relative_to(root).parts))
         nested = any(os.sep in o for o in others)
         glob_spec = os.path.join(item, "**", "*") if nested else os.path.join(item, "*")
     if not others:
@@ -139,7 +139,7 @@ def _parquet_below(root: Path) -> list[str]:
     out = []
     for p in root.rglob("*.parquet"):
         rel = p.relative_to(root).parts
-        if p.is_file() and not any(r.startswith(_PRIVATE) for r in rel):
+        if p.is_file() and not any(r.startswith(PRIVATE) for r in rel):
             out.append(str(p))
     return sorted(out, key=natural_key)
 
@@ -192,6 +192,7 @@ class Footer:
 
 _FOOTERS: OrderedDict[str, Footer] = OrderedDict()  # URI → its footer, most recent last
 _FOOTERS_KEPT = 1 << 16
+_FOOTERS_LOCK = threading.Lock()
 
 
 def footer(path: str) -> Footer:
@@ -204,13 +205,16 @@ def footer(path: str) -> Footer:
     if not is_uri(path):
         pf = open_parquet(path)
         return Footer(pf.metadata, pf.schema_arrow)
-    found = _FOOTERS.get(path)
+    with _FOOTERS_LOCK:
+        found = _FOOTERS.get(path)
     if found is None:
         pf = open_parquet(path)
-        found = _FOOTERS[path] = Footer(pf.metadata, pf.schema_arrow)
+        found = Footer(pf.metadata, pf.schema_arrow)
+    with _FOOTERS_LOCK:  # a prefetch thread may ask too
+        _FOOTERS[path] = found
+        _FOOTERS.move_to_end(path)
         if len(_FOOTERS) > _FOOTERS_KEPT:
             _FOOTERS.popitem(last=False)
-    _FOOTERS.move_to_end(path)
     return found
 
 

@@ -336,10 +336,11 @@ def id_ranges(files: list[str], names: list[str]) -> dict[str, tuple[int, int]]:
     none."""
     import pyarrow.compute as pc
 
-    from data.files import footer, open_parquet
+    from data.files import LastOpened, footer
 
     best = dict.fromkeys(names, -1)
     low = dict.fromkeys(names, 0)
+    opened = LastOpened()  # a file without statistics is opened once, not per row group
     for path in files:
         md = footer(path).metadata
         paths = [md.schema.column(j).path for j in range(md.num_columns)]
@@ -355,7 +356,7 @@ def id_ranges(files: list[str], names: list[str]) -> dict[str, tuple[int, int]]:
                     best[name] = max(best[name], int(stats.max))
                     low[name] = min(low[name], int(stats.min))
                     continue
-                col = open_parquet(path).read_row_group(g, columns=[name]).column(name)
+                col = opened(path).read_row_group(g, columns=[name]).column(name)
                 if column_kind(col.type) == _INT_LIST:
                     col = pc.list_flatten(col)
                 bounds = pc.min_max(col).as_py()
