@@ -152,9 +152,12 @@ def test_vocabulary_fit_equals_the_local_fit(store) -> None:
 
 
 def _train(out: Path, train: str, eval_: str) -> None:
+    # data.workers=0: "auto" starts decode workers on a CUDA machine, from a forkserver that an
+    # earlier test may have started before this module set AWS_ENDPOINT_URL (workers on a
+    # store: test_reader_batches_equal_the_local_files)
     assert main(["train", "--config", str(TINY), "--out", str(out),
                  *tiny_overrides(**{"data.train": train, "data.eval": eval_, "train.max_steps": 12,
-                                    "train.eval_every": 12})]) == 0
+                                    "train.eval_every": 12, "data.workers": 0})]) == 0
 
 
 def test_train_eval_predict_equal_the_local_runs(store, tmp_path: Path, capsys) -> None:
@@ -189,7 +192,8 @@ def test_fit_on_a_uri_equals_the_local_fit(store, tmp_path: Path) -> None:
     assert main(["train", "--config", str(TINY), "--out", str(tmp_path / "run"),
                  *tiny_overrides(**{"data.train": store["uri"]["strings"], "data.eval": "",
                                     "data.label": "click", "data.preprocessing": tmp_path / "local",
-                                    "train.max_steps": 2, "data.batch_size": 256})]) == 0
+                                    "train.max_steps": 2, "data.batch_size": 256,
+                                    "data.workers": 0})]) == 0
 
 
 @pytest.mark.parametrize("spec, says", [
