@@ -3,8 +3,8 @@ an S3 server emulated by moto on this machine, not a real S3.
 
 References are the same data on the local disk: the files a spec names (the local rules of
 data/files.py on the same tree), the reader's batches (one thread and 2 decode workers), the
-vocabulary fit, a short ``dlrm train`` (parameters bit-equal), ``dlrm eval`` and ``dlrm
-predict``. Errors (a missing bucket, key or match, a store that does not answer, access
+vocabulary fit, a short ``dlrm train`` on 1 and 2 ranks (parameters bit-equal), ``dlrm eval``
+and ``dlrm predict``. Errors (a missing bucket, key or match, a store that does not answer, access
 denied by moto's IAM check) are one line naming the URI.
 """
 
@@ -25,6 +25,7 @@ from data.files import expand_paths, open_parquet
 from data.preprocess import Options, fit
 from data.schema import infer_schema
 from dlrm.cli import main
+from dlrm.config import load_config
 from tests.conftest import TINY, tiny_overrides
 from tests.data_helpers import within
 from tests.run_state import run_state
@@ -123,6 +124,8 @@ def _under(root: str, spec: str) -> str:
     return ",".join(root.rstrip("/") + "/" + part if part else root for part in spec.split(","))
 
 
+@pytest.mark.distributed
+@pytest.mark.slow
 def test_reader_batches_equal_the_local_files(store) -> None:
     schema = infer_schema(expand_paths(str(store["local"]["train"])))
     local = expand_paths(str(store["local"]["train"]))
@@ -137,6 +140,8 @@ def test_reader_batches_equal_the_local_files(store) -> None:
     assert_same(batches(expand_paths(spelled), schema, 2, shuffle_buffer=8192), want)
 
 
+@pytest.mark.distributed
+@pytest.mark.slow
 def test_vocabulary_fit_equals_the_local_fit(store) -> None:
     local = expand_paths(str(store["local"]["strings"]))
     schema = infer_schema(local, label="click")
@@ -160,6 +165,7 @@ def _train(out: Path, train: str, eval_: str) -> None:
                                     "train.eval_every": 12, "data.workers": 0})]) == 0
 
 
+@pytest.mark.slow
 def test_train_eval_predict_equal_the_local_runs(store, tmp_path: Path, capsys) -> None:
     local, uri = store["local"], store["uri"]
     _train(tmp_path / "local", str(local["train"]), str(local["eval"]))
@@ -209,6 +215,7 @@ def test_a_missing_bucket_key_or_match_is_one_line(store, spec: str, says: str) 
     assert says in str(e.value) and "\n" not in str(e.value), str(e.value)
 
 
+@pytest.mark.slow
 def test_a_missing_file_and_an_unreachable_store_are_one_line(store) -> None:
     gone = f"s3://{BUCKET}/train/part-99999.parquet"
     with pytest.raises(DataError, match=f"^file {gone}: does not exist$"):
@@ -311,3 +318,29 @@ def test_an_object_replaced_after_its_footer_was_read_is_caught_by_the_reader(st
     reader = ParquetReader(files, schema, 512, shuffle=False)
     with pytest.raises(DataError, match=f"^file {files[0]}, row group 0: holds 1000 rows, 4000 when"):
         list(reader.epoch(0))
+
+
+def _train_rank(rank: int, world_size: int, train_spec: str, out: Path) -> str:
+    from dlrm.train.trainer import train
+
+    cfg = load_config(TINY, tiny_overrides(**{"data.train": train_spec, "data.eval": "",
+                                             "data.label": "click", "data.batch_size": 256,
+                                             "train.max_steps": 6, "data.workers": 0}))
+    train(cfg, out, echo=lambda s: None)
+    return (out / "preprocessing.json").read_text()
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_two_ranks_on_a_uri_fit_and_train_as_on_the_local_files(store, tmp_path: Path) -> None:
+    """Each rank lists the store itself and counts its share of the fit (spawned ranks take
+    the environment this module set)."""
+    from tests.multiprocess import run_ranks
+
+    local = run_ranks(2, _train_rank, str(store["local"]["strings"]), tmp_path / "local")
+    remote_ = run_ranks(2, _train_rank, store["uri"]["strings"], tmp_path / "s3")
+    assert remote_ == local and local[0] == local[1]
+    want, got = run_state(tmp_path / "local"), run_state(tmp_path / "s3")
+    assert got.keys() == want.keys()
+    for key in want:
+        assert torch.equal(got[key], want[key]), key
