@@ -11,7 +11,9 @@ reads them in order). Names starting with '.' or '_' are skipped inside director
 in a glob's matches, at any depth below the glob's fixed directories (Spark's ``_SUCCESS``,
 ``.part-….crc``, ``_temporary/0/part-…`` of a job still writing, and
 ``.part-00000.parquet.tmp<pid>`` of our writer at work) unless the glob itself names such
-a part. A file named twice (through a symlink, ``..``, a directory and a glob) is read once. Every file is written
+a part. A file named twice (through a symlink, ``..``, a directory and a glob) is read once. A URI
+(``s3://bucket/train/``, ``gs://…``, ``hdfs://…``, ``file://…``) is listed and opened through
+pyarrow's file systems under the same rules (:mod:`data.remote`). Every file is written
 under such a temporary name and renamed when complete (:mod:`data.atomic`), so a
 reader never sees half a file.
 """
@@ -22,27 +24,27 @@ import glob
 import itertools
 import os
 import re
+import threading
+from collections import OrderedDict
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 from data.atomic import AtomicPath
 from data.errors import DataError, one_line
+from data.names import PRIVATE, natural_key
+from data.remote import expand_uri, is_uri, normalized, other_files, resolve
 
 if TYPE_CHECKING:
+    from typing import BinaryIO
+
     import pyarrow as pa
     import pyarrow.parquet as pq
 
 _GLOB_CHARS = re.compile(r"[*?\[]")
 _PART = re.compile(r"^part-(\d{5,})\.parquet$")
-_DIGITS = re.compile(r"(\d+)")
-_PRIVATE = (".", "_")
-
-
-def natural_key(path: str) -> list[str | int]:
-    """Sort key comparing the runs of digits in ``path`` as numbers: ``day_2`` < ``day_10``.
-    ``re.split`` with a group alternates text and digits, so like compares with like."""
-    return [int(t) if i % 2 else t for i, t in enumerate(_DIGITS.split(path))]
 
 
 def expand_paths(spec: str | list[str]) -> list[str]:
@@ -53,7 +55,9 @@ def expand_paths(spec: str | list[str]) -> list[str]:
     in name order, less those with a part starting with '_' or '.' below the pattern's
     fixed directories unless the pattern's own part there does. A string is split at
     commas unless it names an existing path whole; a list's entries are not split. Duplicates (the same file however reached: its real path) are dropped, first
-    occurrence kept. A part that matches nothing is a :class:`DataError` naming it.
+    occurrence kept. A part that matches nothing is a :class:`DataError` naming it. A URI
+    (``s3://bucket/train/``) is listed through its file system under the same rules
+    (:func:`data.remote.expand_uri`); its duplicates are the same URI, normalized.
     """
     if isinstance(spec, str):
         whole = spec.strip()  # a path with a comma in its name, given alone
@@ -63,14 +67,14 @@ def expand_paths(spec: str | list[str]) -> list[str]:
     items = [p for p in items if p]
     if not items:
         raise DataError(f"no data files given (spec {spec!r} is empty)")
-    found: dict[str, str] = {}  # real path → the name first given
+    found: dict[str, str] = {}  # real path (a URI: as the store names it) → the name first given
     for item in items:
-        matches = _expand_one(item)
+        matches = expand_uri(item) if is_uri(item) else _expand_one(item)
         if not matches:
             raise DataError(f"no Parquet files found for {item!r} (spec {spec!r})"
                             f"{_other_files_hint(item)}")
         for match in matches:
-            found.setdefault(os.path.realpath(match), match)
+            found.setdefault(normalized(match) if is_uri(match) else os.path.realpath(match), match)
     return list(found.values())
 
 
@@ -102,23 +106,29 @@ def _private_match(rel: tuple[str, ...], pattern: tuple[str, ...]) -> bool:
     """Whether a match's parts below the fixed directories hold a '.' or '_' name the
     pattern did not ask for: ``out/**/*`` skips ``out/_temporary/0/part-0.parquet`` and
     ``out/_SUCCESS``; ``out/_tmp/*`` and ``out/_*`` get what they name."""
-    asked = any(p.startswith(_PRIVATE) for p in pattern)
-    return not asked and any(r.startswith(_PRIVATE) for r in rel)
+    asked = any(p.startswith(PRIVATE) for p in pattern)
+    return not asked and any(r.startswith(PRIVATE) for r in rel)
 
 
 def _other_files_hint(item: str) -> str:
     """For a directory with no ``*.parquet`` below it: the files it does hold (Hive and
     Hadoop name Parquet parts ``000000_0``, ``part-00000`` with no suffix), and how to
     name them."""
-    root = Path(item).expanduser()
-    if not root.is_dir():
-        return ""
-    others = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()
-                    and not any(r.startswith(_PRIVATE) for r in p.relative_to(root).parts))
+    if is_uri(item):
+        others = other_files(item)
+        head, mark, query = item.partition("?")  # the glob goes before a URI's query
+        glob_spec = head.rstrip("/") + ("/**/*" if any("/" in o for o in others) else "/*") \
+            + mark + query
+    else:
+        root = Path(item).expanduser()
+        if not root.is_dir():
+            return ""
+        others = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()
+                        and not any(r.startswith(PRIVATE) for r in p.relative_to(root).parts))
+        nested = any(os.sep in o for o in others)
+        glob_spec = os.path.join(item, "**", "*") if nested else os.path.join(item, "*")
     if not others:
         return ""
-    nested = any(os.sep in o for o in others)
-    glob_spec = os.path.join(item, "**", "*") if nested else os.path.join(item, "*")
     return (f": a directory gives the files named *.parquet below it, and it holds "
             f"{len(others)} other file(s), e.g. {others[0]}; name them with a glob, "
             f"e.g. {glob_spec}")
@@ -129,7 +139,7 @@ def _parquet_below(root: Path) -> list[str]:
     out = []
     for p in root.rglob("*.parquet"):
         rel = p.relative_to(root).parts
-        if p.is_file() and not any(r.startswith(_PRIVATE) for r in rel):
+        if p.is_file() and not any(r.startswith(PRIVATE) for r in rel):
             out.append(str(p))
     return sorted(out, key=natural_key)
 
@@ -140,7 +150,7 @@ def hive_partitions(files: list[str]) -> dict[str, str]:
     directory: the key's column is in the directory names, not in the files."""
     keys: dict[str, str] = {}
     for path in files:
-        for part in Path(path).parent.parts:
+        for part in Path(urlsplit(path).path if is_uri(path) else path).parent.parts:  # no query
             key, eq, _ = part.partition("=")
             if eq and key:
                 keys.setdefault(key, part)
@@ -155,13 +165,80 @@ def open_parquet(path: str, read_dictionary: list[str] | None = None) -> pq.Parq
     import pyarrow.parquet as pq
 
     try:
+        if is_uri(path):  # pre_buffer: a row group's column chunks in one ranged GET, not one each
+            fs, inner = resolve(path)
+            return pq.ParquetFile(inner, read_dictionary=read_dictionary or None, filesystem=fs,
+                                  pre_buffer=True)
         return pq.ParquetFile(path, read_dictionary=read_dictionary or None)
     except FileNotFoundError:
         raise DataError("does not exist", file=path) from None
     except KeyError as e:  # a column of read_dictionary is not there
         raise DataError(f"has no column {one_line(e)}", file=path) from None
-    except (pa.ArrowException, OSError) as e:
+    except OSError as e:
+        if is_uri(path) and not isinstance(e, pa.ArrowInvalid):  # the store said no
+            raise DataError(f"cannot be read ({one_line(e)})", file=path) from None
         raise DataError(f"not a readable Parquet file ({one_line(e)})", file=path) from None
+    except pa.ArrowException as e:
+        raise DataError(f"not a readable Parquet file ({one_line(e)})", file=path) from None
+
+
+@dataclass(frozen=True)
+class Footer:
+    """What a file's footer says: its row groups (``metadata``) and its columns."""
+
+    metadata: pq.FileMetaData
+    schema_arrow: pa.Schema
+
+
+_FOOTERS: OrderedDict[str, Footer] = OrderedDict()  # URI → its footer, most recent last
+_FOOTERS_KEPT = 1 << 16
+_FOOTERS_LOCK = threading.Lock()
+
+
+def footer(path: str) -> Footer:
+    """``path``'s footer, for code that reads no rows (checks, counts, the schema); errors as
+    :func:`open_parquet`'s. A local file's is read each time. A URI's is read once per
+    process: a run's start consults each footer about a dozen times (screening, schema,
+    header, fit), and on a store each reading costs a HEAD and a GET. A store replaces an
+    object whole; one replaced while a run reads it is still caught, as locally, by the
+    reader, which opens the file afresh and checks its row groups' rows."""
+    if not is_uri(path):
+        pf = open_parquet(path)
+        return Footer(pf.metadata, pf.schema_arrow)
+    with _FOOTERS_LOCK:
+        found = _FOOTERS.get(path)
+    if found is None:
+        pf = open_parquet(path)
+        found = Footer(pf.metadata, pf.schema_arrow)
+    with _FOOTERS_LOCK:  # a prefetch thread may ask too
+        _FOOTERS[path] = found
+        _FOOTERS.move_to_end(path)
+        if len(_FOOTERS) > _FOOTERS_KEPT:
+            _FOOTERS.popitem(last=False)
+    return found
+
+
+class LastOpened:
+    """:func:`open_parquet` keeping the last file open: a pass over row groups in file order
+    reads each footer once (on an object store a HEAD and a GET each time, 2 of the 3
+    requests of a row group read alone), as the reader does."""
+
+    def __init__(self) -> None:
+        self._last: tuple[str, pq.ParquetFile] | None = None
+
+    def __call__(self, path: str) -> pq.ParquetFile:
+        if self._last is None or self._last[0] != path:
+            self._last = None  # a file that fails to open leaves none held
+            self._last = (path, open_parquet(path))
+        return self._last[1]
+
+
+def open_input(path: str) -> BinaryIO:
+    """``path`` (a local path or a URI) opened for reading bytes, with seek and tell."""
+    if is_uri(path):
+        fs, inner = resolve(path)
+        return fs.open_input_file(inner)
+    return open(path, "rb")
 
 
 def write_parts(

@@ -34,7 +34,7 @@ SAMPLE_GROUPS = 4  # row groups spread over the files, read by every rank
 def floors(sketch: Sketch, groups: list[tuple[int, str, int]], columns: dict[str, str],
            caps: dict[str, int], min_frequency: int, skip: bool) -> dict[str, int]:
     """table → the count floor of its exact pass (min_frequency where nothing is cut)."""
-    from data.files import open_parquet
+    from data.files import LastOpened
 
     capped = {n: t for n, t in columns.items() if caps.get(t, 0) > 1 and t in sketch.tables}
     out = {t: min_frequency for t in columns.values()}
@@ -43,10 +43,11 @@ def floors(sketch: Sketch, groups: list[tuple[int, str, int]], columns: dict[str
     want = min(len(groups), SAMPLE_GROUPS)
     picks = sorted({int(i * len(groups) / want) for i in range(want)})
     seen: dict[str, ValueCounter] = {t: ValueCounter() for t in capped.values()}
+    opened = LastOpened()
     for i in picks:
         _, path, g = groups[i]
         try:
-            table = open_parquet(path).read_row_group(g, columns=list(capped))
+            table = opened(path).read_row_group(g, columns=list(capped))
         except (pa.ArrowException, OSError) as e:
             if skip:
                 continue

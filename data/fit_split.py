@@ -113,11 +113,11 @@ def count_split(files: list[str], schema: Schema, tables: set[str], skip: bool,
     """Counters of ``tables`` over all row groups of ``files``, this rank counting
     ``groups[rank::world]``, the counts of all ranks merged; the dense statistics of the
     same pass, and the rows read."""
-    from data.files import open_parquet
+    from data.files import footer
 
     groups, rows = [], []
     for f in files:
-        meta = open_parquet(f).metadata
+        meta = footer(f).metadata
         for g in range(meta.num_row_groups):
             if meta.row_group(g).num_rows:  # an empty group holds nothing (and may type columns null)
                 groups.append((len(groups), f, g))
@@ -271,13 +271,14 @@ def _bar(total: int, what: str, on: bool):
 def _do(job: tuple, bar=None) -> object:
     """One share: its sketch, or its :class:`Counted`; or the error line."""
     share, what, columns, dense, skip, width, sketch, floor = job
-    from data.files import open_parquet
+    from data.files import LastOpened
 
     out = Sketch(width) if what == "sketch" else Counted()
     counters: dict[str, ValueCounter] = {}
+    opened = LastOpened()
     for index, path, g in share:
         try:
-            table = open_parquet(path).read_row_group(g, columns=list(columns) + dense)
+            table = opened(path).read_row_group(g, columns=list(columns) + dense)
         except (pa.ArrowException, OSError) as e:
             if skip:
                 continue

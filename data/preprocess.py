@@ -42,7 +42,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from data.dense_transform import DenseStats, apply_transform
-from data.errors import DataError, UserError
+from data.errors import DataError, UserError, one_line
 from data.fit_exchange import Exchange
 from data.fit_split import Split, count_split
 from data.hashing import splitmix64
@@ -243,12 +243,12 @@ def _decide_auto(files: list[str], schema: Schema, choice: dict[str, str],
     groups spread over the files (:data:`SAMPLE_ROWS` rows) estimates the distinct
     count (Chao1: seen + f1^2 / 2 f2, a lower-bias estimate from the values seen once
     and twice); identity when twice that reaches max id + 1, as the full pass decides."""
-    from data.files import open_parquet
+    from data.files import footer
 
     auto = [t for t, enc in choice.items() if enc == "auto-count"]
     if not auto:
         return {}
-    total = sum(open_parquet(f).metadata.num_rows for f in files)
+    total = sum(footer(f).metadata.num_rows for f in files)
     why, sample = {}, []
     for table in auto:
         lo, hi = _table_range(schema, table, ranges)
@@ -287,11 +287,11 @@ def _sample(files: list[str], schema: Schema, tables: list[str], skip: bool
             ) -> tuple[dict[str, ValueCounter], int, int]:
     """Value counts of ``tables`` over row groups spread evenly over ``files`` until
     :data:`SAMPLE_ROWS` rows; (counters, rows, row groups read)."""
-    from data.files import open_parquet
+    from data.files import LastOpened, footer
 
     groups = []
     for f in files:
-        md = open_parquet(f).metadata
+        md = footer(f).metadata
         groups += [(f, g, md.row_group(g).num_rows) for g in range(md.num_row_groups)
                    if md.row_group(g).num_rows]  # an empty one may type its columns null
     mean = max(sum(n for *_, n in groups) // max(len(groups), 1), 1)
@@ -300,10 +300,11 @@ def _sample(files: list[str], schema: Schema, tables: list[str], skip: bool
     columns = [f.name for f in schema.sparse if f.table_name in tables]
     counters = {t: ValueCounter() for t in tables}
     rows = read = 0
+    opened = LastOpened()
     for i in picks:
         path, g, _ = groups[i]
         try:
-            table = open_parquet(path).read_row_group(g, columns=columns)
+            table = opened(path).read_row_group(g, columns=columns)
         except (pa.ArrowException, OSError) as e:
             if skip:
                 continue
@@ -394,9 +395,9 @@ def _bar(files: list[str], on: bool):
         return None
     from tqdm import tqdm
 
-    from data.files import open_parquet
+    from data.files import footer
 
-    total = sum(open_parquet(f).metadata.num_rows for f in files)
+    total = sum(footer(f).metadata.num_rows for f in files)
     return tqdm(total=total, desc="fit: counting", unit=" rows", unit_scale=True, disable=None)
 
 
@@ -504,8 +505,10 @@ def footer_digest(path: str) -> str:
     """sha256 of a Parquet file's footer (metadata + length + magic): it holds every
     row group's offsets, sizes and statistics, so a rewritten file changes it; reading
     it costs one seek, not a pass."""
+    from data.files import open_input
+
     try:
-        with open(path, "rb") as fh:
+        with open_input(path) as fh:
             fh.seek(0, 2)
             size = fh.tell()
             fh.seek(max(size - 8, 0))
@@ -514,12 +517,14 @@ def footer_digest(path: str) -> str:
             fh.seek(max(size - 8 - length, 0))
             return hashlib.sha256(fh.read()).hexdigest()
     except OSError as e:
-        raise DataError(f"cannot be read ({e.strerror})", file=path) from None
+        raise DataError(f"cannot be read ({e.strerror or one_line(e)})", file=path) from None
 
 
 def footer_digests(files: list[str]) -> dict[str, str]:
     """file name → :func:`footer_digest` (names, so a moved data set still matches)."""
-    return {Path(f).name: footer_digest(f) for f in files}
+    from data.remote import file_name
+
+    return {file_name(f): footer_digest(f) for f in files}
 
 
 def check_data(prep: Preprocessing, files: list[str], where: Path) -> None:

@@ -102,19 +102,19 @@ def exemplar(files: list[str]) -> str:
     """The file whose footer gives the dataset's columns and types: the first holding
     rows (a 0-row part pandas wrote from an empty frame types its string columns null),
     the first file if none does."""
-    from data.files import open_parquet
+    from data.files import footer
 
     for path in files:
-        if open_parquet(path).metadata.num_rows:
+        if footer(path).metadata.num_rows:
             return path
     return files[0]
 
 
 def column_types(path: str, columns: list[str]) -> dict[str, pa.DataType]:
     """Arrow type of each of ``columns`` in a file's footer."""
-    from data.files import open_parquet
+    from data.files import footer
 
-    arrow = open_parquet(path).schema_arrow
+    arrow = footer(path).schema_arrow
     return {c: arrow.field(c).type for c in columns}
 
 
@@ -189,7 +189,7 @@ def infer_schema(
     With ``on_error="skip"`` files that cannot be read or whose columns differ from the
     first's are left out (the reader reports them); otherwise such a file is a DataError.
     """
-    from data.files import open_parquet
+    from data.files import footer
 
     if not files:
         raise DataError("no data files to infer a schema from")
@@ -197,7 +197,7 @@ def infer_schema(
         files = _readable(files)
     rows, tables = dict(rows or {}), dict(tables or {})
     source = exemplar(files)
-    first = open_parquet(source).schema_arrow
+    first = footer(source).schema_arrow
     if first.get_field_index(label) < 0:
         raise DataError("label column is missing", file=source, column=label)
     kinds = _kinds(first, label, dense, sparse, exclude, [source, *files])
@@ -301,12 +301,12 @@ def _categorical_columns(first: pa.Schema, kinds: dict[str, str], dense: list[st
 
 def _readable(files: list[str]) -> list[str]:
     """The files whose footers open; a DataError naming the first if none does."""
-    from data.files import open_parquet
+    from data.files import footer
 
     out, first_error = [], None
     for path in files:
         try:
-            open_parquet(path)
+            footer(path)
             out.append(path)
         except DataError as e:
             first_error = first_error or e
@@ -318,9 +318,9 @@ def _readable(files: list[str]) -> list[str]:
 
 def _families(path: str, columns: list[str], sparse: set[str]) -> list[str | None]:
     """value_family of each column in a file's footer (None where it is missing)."""
-    from data.files import open_parquet
+    from data.files import footer
 
-    arrow = open_parquet(path).schema_arrow
+    arrow = footer(path).schema_arrow
     return [value_family(arrow.field(c).type, c not in sparse)
             if arrow.get_field_index(c) >= 0 else None for c in columns]
 
@@ -336,13 +336,13 @@ def id_ranges(files: list[str], names: list[str]) -> dict[str, tuple[int, int]]:
     none."""
     import pyarrow.compute as pc
 
-    from data.files import open_parquet
+    from data.files import LastOpened, footer
 
     best = dict.fromkeys(names, -1)
     low = dict.fromkeys(names, 0)
+    opened = LastOpened()  # a file without statistics is opened once, not per row group
     for path in files:
-        pf = open_parquet(path)
-        md = pf.metadata
+        md = footer(path).metadata
         paths = [md.schema.column(j).path for j in range(md.num_columns)]
         leaf = {}
         for name in names:
@@ -356,7 +356,7 @@ def id_ranges(files: list[str], names: list[str]) -> dict[str, tuple[int, int]]:
                     best[name] = max(best[name], int(stats.max))
                     low[name] = min(low[name], int(stats.min))
                     continue
-                col = pf.read_row_group(g, columns=[name]).column(name)
+                col = opened(path).read_row_group(g, columns=[name]).column(name)
                 if column_kind(col.type) == _INT_LIST:
                     col = pc.list_flatten(col)
                 bounds = pc.min_max(col).as_py()
@@ -383,7 +383,7 @@ def screen_files(files: list[str], schema: Schema, on_error: str = "fail") -> Sc
     naming the file and column (``on_error="fail"``), or is left out and recorded
     (``"skip"``). Either way a dataset of 0 usable rows is a DataError.
     """
-    from data.files import open_parquet
+    from data.files import footer
 
     if not files:
         raise DataError("no data files given")
@@ -392,7 +392,7 @@ def screen_files(files: list[str], schema: Schema, on_error: str = "fail") -> Sc
     for path in files:
         rows = None
         try:
-            pf = open_parquet(path)
+            pf = footer(path)
             rows = pf.metadata.num_rows
             types = _column_types(pf.schema_arrow, path, schema, seen, empty=not rows)
         except DataError as e:

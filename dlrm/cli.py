@@ -32,7 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from data.errors import UserError
-from data.outputs import output_dir
+from data.outputs import local_path, output_dir
 from dlrm.train.preemption import PREEMPTED, ignore_agent_signals
 
 
@@ -167,6 +167,9 @@ def cmd_eval(argv: list[str]) -> int:
     keep = [c.strip() for c in a.keep.split(",") if c.strip()]
     if keep and not a.scores:
         raise UserError("--keep names columns of the --scores file: give --scores FILE.parquet too")
+    local_path(a.checkpoint, "--checkpoint")
+    if a.scores:
+        local_path(a.scores, "--scores")
     if a.scores and Path(a.scores).is_dir():
         raise UserError(f"--scores {a.scores}: is a directory; name a .parquet file")
     if a.scores:
@@ -197,6 +200,8 @@ def cmd_predict(argv: list[str]) -> int:
     p.add_argument("--strict-ids", action="store_true",
                    help="refuse an id past its trained table (default: look it up as nothing and count it)")
     a = p.parse_args(argv)
+    local_path(a.checkpoint, "--checkpoint")
+    local_path(a.out, "--out")
     if Path(a.out).is_dir():
         raise UserError(f"--out {a.out}: is a directory; name a .parquet file")
     output_dir(Path(a.out).parent, "--out")

@@ -22,7 +22,7 @@ from typing import Any
 
 from data.atomic import atomic_path
 from data.errors import DataError, UserError
-from data.files import expand_paths, open_parquet
+from data.files import expand_paths, footer, open_parquet
 from dlrm.eval.scorer import Scorer
 
 
@@ -39,7 +39,7 @@ def predict_files(run: str | Path, data: str, out: str | Path, keep: list[str],
     with Scorer(run, device, strict_ids) as scorer:
         schema = scorer.schema
         features = [c for c in schema.columns if c != schema.label]
-        first = open_parquet(files[0]).schema_arrow
+        first = footer(files[0]).schema_arrow
         for name in keep:
             if name == "score":
                 raise UserError("--keep score: the file has its own 'score' column; keep others")

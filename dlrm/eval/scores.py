@@ -21,7 +21,7 @@ import numpy as np
 
 from data.atomic import atomic_path
 from data.errors import DataError, UserError
-from data.files import open_parquet
+from data.files import footer, open_parquet
 
 RESERVED = ("score", "label")
 
@@ -31,7 +31,7 @@ def check_keep(files: list[str], keep: list[str], label: str) -> None:
     for name in keep:
         if name in RESERVED or name == label:
             raise UserError(f"--keep {name}: the scores file has its own {name!r} column; keep others")
-        if open_parquet(files[0]).schema_arrow.get_field_index(name) < 0:
+        if footer(files[0]).schema_arrow.get_field_index(name) < 0:
             raise DataError("column is missing (named by --keep)", file=files[0], column=name)
 
 
@@ -41,12 +41,12 @@ def write_scores(path: str | Path, files: list[str], scores: np.ndarray, labels:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    rows = sum(open_parquet(f).metadata.num_rows for f in files)
+    rows = sum(footer(f).metadata.num_rows for f in files)
     if rows != len(scores):
         raise UserError(f"--scores: {len(scores):,} rows were scored of the data's {rows:,} "
                         "(data.on_error=skip dropped some): the scores cannot be put in the "
                         "data's order; evaluate without --scores, or fix the data")
-    fields = [pa.field(n, open_parquet(files[0]).schema_arrow.field(n).type) for n in keep]
+    fields = [pa.field(n, footer(files[0]).schema_arrow.field(n).type) for n in keep]
     schema = pa.schema([*fields, pa.field("score", pa.float64()), pa.field("label", pa.float32())])
     final = Path(path)
     final.parent.mkdir(parents=True, exist_ok=True)

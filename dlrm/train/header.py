@@ -20,7 +20,7 @@ from collections import Counter
 from pathlib import Path
 
 from data.errors import DataError
-from data.files import hive_partitions, open_parquet
+from data.files import footer, hive_partitions
 from data.roles import declared_roles
 from data.schema import Schema, column_kind, exemplar, type_name
 from dlrm.config import Config
@@ -35,7 +35,7 @@ def _rows(files: list[str]) -> tuple[int, int]:
     rows = unreadable = 0
     for f in files:
         try:
-            rows += open_parquet(f).metadata.num_rows
+            rows += footer(f).metadata.num_rows
         except DataError:
             unreadable += 1
     return rows, unreadable
@@ -52,7 +52,7 @@ def integer_sparse_columns(cfg: Config, schema: Schema, first_file: str) -> list
     none: counts and ages look the same as ids in a footer. Empty when it was given."""
     if cfg.data.sparse:
         return []
-    arrow = open_parquet(first_file).schema_arrow
+    arrow = footer(first_file).schema_arrow
     roles = declared_roles(arrow) if not cfg.data.dense else None
     declared = set(roles.sparse) if roles else set()
     return [f.name for f in schema.sparse if f.name not in declared
@@ -80,7 +80,7 @@ def left_out_warning(schema: Schema, first_file: str, exclude: list[str] | None 
     """One line naming the columns no feature can take (timestamps, decimals, structs,
     ...): inferred away, they were dropped without a word. Columns ``data.exclude``
     names are left out on purpose."""
-    arrow = open_parquet(first_file).schema_arrow
+    arrow = footer(first_file).schema_arrow
     used = set(schema.columns) | set(exclude or [])
     left = [f"{f.name} ({type_name(f.type)})" for f in arrow
             if f.name not in used and column_kind(f.type) == "other"]
@@ -96,7 +96,7 @@ def partition_warning(files: list[str]) -> str | None:
     is not inside the files: nothing reads a directory name, so the column was dropped
     without a word."""
     keys = hive_partitions(files)
-    arrow = open_parquet(exemplar(files)).schema_arrow
+    arrow = footer(exemplar(files)).schema_arrow
     missing = {k: d for k, d in keys.items() if arrow.get_field_index(k) < 0}
     if not missing:
         return None
@@ -112,7 +112,7 @@ def _ends(names: list[str]) -> list[str]:
 
 def _schema_line(cfg: Config, schema: Schema, first_file: str) -> str:
     given = [k for k, v in (("data.dense", cfg.data.dense), ("data.sparse", cfg.data.sparse)) if v]
-    roles = None if given else declared_roles(open_parquet(first_file).schema_arrow)
+    roles = None if given else declared_roles(footer(first_file).schema_arrow)
     how = ("as given by " + " and ".join(given) if given else
            f"as the files declare (written by {roles.written_by or 'a dlrm writer'})" if roles else
            "inferred from the footer: float, bool -> dense; integer, string, list -> sparse")

@@ -23,6 +23,7 @@ from data.decode_workers import auto_workers, available_cores
 from data.errors import DataError
 from data.files import expand_paths
 from data.merged import MergedReader
+from data.outputs import local_path
 from data.reader import ParquetReader
 from data.schema import Schema, check_files, infer_schema, screen_files
 from dlrm.checkpoint.manager import checkpoints
@@ -79,6 +80,7 @@ def resolve_data(cfg: Config, run_dir: str | Path | None = None) -> RunData:
     if saved is not None and saved.is_file():
         prep = prep_io.load(saved.parent)
     elif cfg.data.preprocessing:
+        local_path(cfg.data.preprocessing, "data.preprocessing")
         prep = prep_io.load(Path(cfg.data.preprocessing), usable)
         check_fit_covers(prep, schema, cfg.data.preprocessing)
     else:
