@@ -27,16 +27,19 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from data.errors import UserError
 from data.preprocess import footer_digest
+from data.remote import is_uri
 
 
 def data_identity(files: list[str], batches_per_epoch: int) -> dict[str, Any]:
     """{"files": [[path below the common directory, footer sha256], ...] in the files'
     order, "batches_per_epoch": the reader's batches in an epoch of them}."""
-    root = os.path.commonpath([os.path.dirname(os.path.abspath(f)) for f in files]) if files else ""
-    return {"files": [[os.path.relpath(os.path.abspath(f), root), footer_digest(f)] for f in files],
+    keys = [urlsplit(f).path if is_uri(f) else os.path.abspath(f) for f in files]  # s3://b/k: /k
+    root = os.path.commonpath([os.path.dirname(k) for k in keys]) if files else ""
+    return {"files": [[os.path.relpath(k, root), footer_digest(f)] for k, f in zip(keys, files, strict=True)],
             "batches_per_epoch": batches_per_epoch}
 
 
