@@ -156,12 +156,12 @@ def test_vocabulary_fit_equals_the_local_fit(store) -> None:
         assert got.data == want.data  # footer sha256 by file name: the reuse check's record
 
 
-def _train(out: Path, train: str, eval_: str) -> None:
+def _train(out: Path, train: str, eval_: str, steps: int = 12) -> None:
     # data.workers=0: "auto" starts decode workers on a CUDA machine, from a forkserver that an
     # earlier test may have started before this module set AWS_ENDPOINT_URL (workers on a
     # store: test_reader_batches_equal_the_local_files)
     assert main(["train", "--config", str(TINY), "--out", str(out),
-                 *tiny_overrides(**{"data.train": train, "data.eval": eval_, "train.max_steps": 12,
+                 *tiny_overrides(**{"data.train": train, "data.eval": eval_, "train.max_steps": steps,
                                     "train.eval_every": 12, "data.workers": 0})]) == 0
 
 
@@ -170,10 +170,14 @@ def test_train_eval_predict_equal_the_local_runs(store, tmp_path: Path, capsys) 
     local, uri = store["local"], store["uri"]
     _train(tmp_path / "local", str(local["train"]), str(local["eval"]))
     _train(tmp_path / "s3", uri["train"], uri["eval"] + "part-*.parquet")
-    want, got = run_state(tmp_path / "local"), run_state(tmp_path / "s3")
-    assert got.keys() == want.keys()
-    for key in want:
-        assert torch.equal(got[key], want[key]), key
+    _train(tmp_path / "resumed", uri["train"], "", steps=5)  # a resume checks the store's files
+    _train(tmp_path / "resumed", uri["train"], "", steps=12)  # (footers, dlrm/train/same_data.py)
+    want = run_state(tmp_path / "local")
+    for run in ("s3", "resumed"):
+        got = run_state(tmp_path / run)
+        assert got.keys() == want.keys()
+        for key in want:
+            assert torch.equal(got[key], want[key]), (run, key)
     for where, data in [("local", str(local["eval"])), ("s3", uri["eval"])]:
         assert main(["eval", "--checkpoint", str(tmp_path / "local"), "--data", data,
                      "--scores", str(tmp_path / f"eval-{where}.parquet"), "--keep", "C1"]) == 0
