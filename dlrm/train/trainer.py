@@ -222,9 +222,10 @@ class Trainer:
         overlap = eval_overlap(self.train_data, data.eval_files) if info.is_main and data.eval_files else None
         if overlap:
             say(overlap)
-        if resumed:
-            check_resume_data(load_meta(self.resumed_from).get("train_data"), self.train_data,
-                              self.resumed_from, self.progress.step_in_epoch, self.progress.epoch, say)
+        if resumed and check_resume_data(load_meta(self.resumed_from).get("train_data"), self.train_data,
+                                         self.resumed_from, self.progress.step_in_epoch,
+                                         self.progress.epoch, say):
+            self.progress.epoch, self.progress.step_in_epoch = self.progress.epoch + 1, 0
         steps_per_epoch = -(-self.reader.steps_per_epoch() // cfg.train.accumulate)  # optimizer steps
         self.total_steps = cfg.train.max_steps or cfg.train.epochs * steps_per_epoch
         self.best = best_eval(cfg, run_dir, info, self.progress.global_step if resumed else None)
