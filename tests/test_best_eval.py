@@ -90,6 +90,32 @@ def test_a_preempted_run_resumes_with_its_best_and_stops_at_the_same_step(tiny_d
     assert (resumed["early_stopped"], resumed["best"]) == (straight["early_stopped"], straight["best"])
 
 
+def test_a_run_stopped_between_the_best_save_and_its_mark_keeps_the_best(tiny_data, tmp_path: Path,
+                                                                        monkeypatch) -> None:
+    """The process dies after the improving eval's checkpoint is saved and before best.json
+    names it; the resumed run must name it and keep it as the run never stopped does (it
+    kept the eval before's, and pruned the best one at the next save)."""
+    straight = train(_cfg(tiny_data), tmp_path / "straight", echo=lambda s: None)
+    mark = trainer_mod.mark
+
+    def dies_at_the_best(best, run_dir, keep, info):
+        if best.step == straight["best"]["step"]:
+            raise KeyboardInterrupt("killed before best.json is written")
+        mark(best, run_dir, keep, info)
+
+    monkeypatch.setattr(trainer_mod, "mark", dies_at_the_best)
+    run = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt):
+        train(_cfg(tiny_data), run, echo=lambda s: None)
+    monkeypatch.setattr(trainer_mod, "mark", mark)
+    resumed = train(_cfg(tiny_data), run, echo=lambda s: None)
+    best = straight["best"]
+    assert (resumed["early_stopped"], resumed["best"]) == (straight["early_stopped"], best)
+    assert json.loads((run / "checkpoints" / "best.json").read_text())["checkpoint"] == best["checkpoint"]
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == sorted(
+        p.name for p in (tmp_path / "straight" / "checkpoints").iterdir())
+
+
 def _train_on_rank(rank: int, world_size: int, tiny_data: dict, run: Path) -> dict:
     return train(_cfg(tiny_data), run, echo=lambda s: None)
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dlrm.checkpoint.manager import CHECKPOINTS, mark_best
+from dlrm.checkpoint.manager import CHECKPOINTS, best_checkpoint, mark_best
 from dlrm.parallel.distributed import DistInfo, broadcast_object
 
 HIGHER_IS_BETTER = {"auc": True, "logloss": False}
@@ -85,7 +85,18 @@ def best_eval(cfg: Any, run_dir: Path, info: DistInfo, resumed_step: int | None)
     evals = _logged_evals(run_dir / "metrics.jsonl", resumed_step) if info.is_main else None
     for step, metrics in broadcast_object(evals, info) or []:
         best.after_eval(step, metrics)
+    _mark_again(best, run_dir, t.keep_checkpoints, info)
     return best
+
+
+def _mark_again(best: BestEval, run_dir: Path, keep_checkpoints: int, info: DistInfo) -> None:
+    """A run stopped between an improving eval's save and its mark (a crash, a kill):
+    best.json still names the eval before, and the pruning would take the best one's
+    checkpoint. The replayed best is named now, where its checkpoint is there."""
+    name = best.record()["checkpoint"]
+    if (name is not None and info.is_main and best_checkpoint(run_dir) != name
+            and (Path(run_dir) / CHECKPOINTS / name).is_dir()):
+        mark_best(run_dir, best.record(), keep_checkpoints)
 
 
 def mark(best: BestEval, run_dir: Path, keep_checkpoints: int, info: DistInfo) -> None:
