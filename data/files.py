@@ -11,13 +11,15 @@ reads them in order). Names starting with '.' or '_' are skipped inside director
 in a glob's matches, at any depth below the glob's fixed directories (Spark's ``_SUCCESS``,
 ``.part-….crc``, ``_temporary/0/part-…`` of a job still writing, and
 ``.part-00000.parquet.tmp<pid>`` of our writer at work) unless the glob itself names such
-a part. A file named twice (through a symlink, ``..``, a directory and a glob) is read once. Every file is written
+a part (that part alone: ``_*/*`` skips ``_tmp/_SUCCESS``). A file named twice (through a
+symlink, ``..``, a directory and a glob) is read once. Every file is written
 under such a temporary name and renamed when complete (:mod:`data.atomic`), so a
 reader never sees half a file.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import glob
 import itertools
 import os
@@ -101,9 +103,23 @@ def _glob_root(path: Path) -> tuple[Path, tuple[str, ...]]:
 def _private_match(rel: tuple[str, ...], pattern: tuple[str, ...]) -> bool:
     """Whether a match's parts below the fixed directories hold a '.' or '_' name the
     pattern did not ask for: ``out/**/*`` skips ``out/_temporary/0/part-0.parquet`` and
-    ``out/_SUCCESS``; ``out/_tmp/*`` and ``out/_*`` get what they name."""
-    asked = any(p.startswith(_PRIVATE) for p in pattern)
-    return not asked and any(r.startswith(_PRIVATE) for r in rel)
+    ``out/_SUCCESS``; ``out/_*`` and ``out/_*/x/*`` get what they name, and only that:
+    ``out/_*/*`` skips ``out/_tmp/_SUCCESS`` (a pattern part answers for the name it
+    matches, not for every part of the match)."""
+    return not _asked_for(rel, pattern)
+
+
+def _asked_for(rel: tuple[str, ...], pattern: tuple[str, ...]) -> bool:
+    """Whether ``pattern`` matches ``rel`` part by part with each '.'/'_' name matched by a
+    pattern part starting so (``**`` takes any number of parts, none of them private)."""
+    if not pattern:
+        return not rel
+    head, rest = pattern[0], pattern[1:]
+    if head == "**":
+        return _asked_for(rel, rest) or (bool(rel) and not rel[0].startswith(_PRIVATE)
+                                          and _asked_for(rel[1:], pattern))
+    return (bool(rel) and fnmatch.fnmatchcase(rel[0], head)
+            and (head.startswith(_PRIVATE) or not rel[0].startswith(_PRIVATE)) and _asked_for(rel[1:], rest))
 
 
 def _other_files_hint(item: str) -> str:

@@ -80,6 +80,21 @@ def test_expand_paths_skips_private_directories_at_any_depth_of_a_glob(tmp_path:
     assert expand_paths(f"{t}/out/_temporary/**/*.parquet") == [f"{t}/out/_temporary/0/part-00000.parquet"]
 
 
+def test_a_glob_naming_a_private_directory_still_skips_the_private_names_in_it(tmp_path: Path) -> None:
+    """``_*/*`` took ``_tmp/_SUCCESS`` (a '_' part of the pattern let every '_' name of
+    the match through), which is no Parquet file; a '_' part answers for the names it
+    matches, as a fixed ``_tmp/*`` always did."""
+    for rel in ["_tmp/x.parquet", "_tmp/_SUCCESS", "_tmp/_y.parquet", "_tmp/_part/z.parquet"]:
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("")
+    t = str(tmp_path)
+    assert expand_paths(f"{t}/_tmp/*") == [f"{t}/_tmp/x.parquet"]
+    assert expand_paths(f"{t}/_*/*") == [f"{t}/_tmp/x.parquet"]
+    assert expand_paths(f"{t}/_*/**/*") == [f"{t}/_tmp/x.parquet"]
+    assert expand_paths(f"{t}/_*/_*.parquet") == [f"{t}/_tmp/_y.parquet"]
+    assert expand_paths(f"{t}/_*/_part/*") == [f"{t}/_tmp/_part/z.parquet"]
+
+
 def test_a_path_with_a_comma_is_named_whole_or_in_a_list(tmp_path: Path) -> None:
     """A comma-separated string was always split: a directory named ``a,b`` could not be
     read. Named whole (it exists) or as a list entry, it is one path."""
