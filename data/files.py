@@ -41,10 +41,12 @@ _DIGITS = re.compile(r"(\d+)")
 _PRIVATE = (".", "_")
 
 
-def natural_key(path: str) -> list[str | int]:
+def natural_key(path: str) -> tuple[list[str | int], str]:
     """Sort key comparing the runs of digits in ``path`` as numbers: ``day_2`` < ``day_10``.
-    ``re.split`` with a group alternates text and digits, so like compares with like."""
-    return [int(t) if i % 2 else t for i, t in enumerate(_DIGITS.split(path))]
+    ``re.split`` with a group alternates text and digits, so like compares with like.
+    Names equal as numbers (``x1``, ``x01``) go by their text: a directory's listing
+    order is no order, and every rank must read the files in the same one."""
+    return [int(t) if i % 2 else t for i, t in enumerate(_DIGITS.split(path))], path
 
 
 def expand_paths(spec: str | list[str]) -> list[str]:

@@ -65,6 +65,23 @@ def test_expand_paths_orders_numbers_as_numbers(tmp_path: Path) -> None:
     assert expand_paths(f"{tmp_path}/day_*/*.parquet") == want
 
 
+def test_names_equal_as_numbers_take_one_order_whatever_the_listing(tmp_path: Path, monkeypatch) -> None:
+    """``x1`` and ``x01`` compare equal as numbers: the listing's order (the file
+    system's, and a rank's) was kept. Now text order breaks the tie, listed either way."""
+    import glob as glob_mod
+
+    for name in ["x01.parquet", "x1.parquet", "x001.parquet", "x2.parquet"]:
+        (tmp_path / name).write_text("")
+    t = str(tmp_path)
+    want = [f"{t}/{n}" for n in ["x001.parquet", "x01.parquet", "x1.parquet", "x2.parquet"]]
+    listed = glob_mod.glob
+    for order in (sorted, lambda xs: sorted(xs, reverse=True)):
+        monkeypatch.setattr(glob_mod, "glob", lambda p, order=order, **k: order(listed(p, **k)))
+        monkeypatch.setattr(Path, "rglob", lambda self, p, order=order: iter(order(self.glob(f"**/{p}"))))
+        assert expand_paths(f"{t}/x*.parquet") == want
+        assert expand_paths(t) == want
+
+
 def test_expand_paths_skips_private_directories_at_any_depth_of_a_glob(tmp_path: Path) -> None:
     """``out/**/*`` matched ``out/_temporary/0/part-00000.parquet`` of a Spark job still
     writing (only the last name was checked); a glob that names the directory gets it."""
