@@ -82,7 +82,7 @@ def best_eval(cfg: Any, run_dir: Path, info: DistInfo, resumed_step: int | None)
     best = BestEval(t.best_metric, t.early_stop, t.keep_best)
     if not best.active or resumed_step is None:
         return best
-    evals = _logged_evals(run_dir / "metrics.jsonl", resumed_step) if info.is_main else None
+    evals = list(logged_evals(run_dir / "metrics.jsonl", resumed_step).items()) if info.is_main else None
     for step, metrics in broadcast_object(evals, info) or []:
         best.after_eval(step, metrics)
     _mark_again(best, run_dir, t.keep_checkpoints, info)
@@ -105,12 +105,12 @@ def mark(best: BestEval, run_dir: Path, keep_checkpoints: int, info: DistInfo) -
         mark_best(run_dir, best.record(), keep_checkpoints)
 
 
-def _logged_evals(path: Path, up_to: int) -> list[tuple[int, dict[str, Any]]]:
-    """The evals of steps <= ``up_to`` in step order, the last record of a step (a
-    resumed run evaluates a step again after a crash)."""
+def logged_evals(path: Path, up_to: int) -> dict[int, dict[str, Any]]:
+    """RUN/metrics.jsonl's eval metrics by step, steps <= ``up_to``, in step order: the
+    last record of a step (a resumed run evaluates a step again after a crash)."""
     found: dict[int, dict[str, Any]] = {}
     for line in path.read_text().splitlines() if path.is_file() else []:
         record = json.loads(line) if '"eval"' in line else {}
         if record.get("event") == "eval" and record.get("step", up_to + 1) <= up_to:
-            found[record["step"]] = record
-    return sorted(found.items())
+            found[record["step"]] = {k: v for k, v in record.items() if k not in ("event", "step")}
+    return dict(sorted(found.items()))

@@ -69,7 +69,7 @@ from dlrm.parallel.parallelize import build_model
 from dlrm.parallel.planning import describe, plan_from_config, run_tables
 from dlrm.parallel.shared_dir import check_shared_dir
 from dlrm.train.bad_data_report import BadDataReport
-from dlrm.train.best import best_eval, mark
+from dlrm.train.best import best_eval, logged_evals, mark
 from dlrm.train.dense_graphs import DenseGraphs
 from dlrm.train.dense_graphs import why_not as dense_graphs_why_not
 from dlrm.train.device_prefetch import DevicePrefetcher
@@ -561,13 +561,9 @@ class Trainer:
     def _logged_eval(self) -> dict[str, Any] | None:
         """The metrics of the eval RUN/metrics.jsonl holds for this step, if any (rank 0
         reads; every rank gets the answer: whether to evaluate is collective)."""
-        found = None
+        step, found = self.progress.global_step, None
         if self.info.is_main and self.eval_reader is not None:
-            path = self.run_dir / "metrics.jsonl"
-            for line in path.read_text().splitlines() if path.is_file() else []:
-                record = json.loads(line) if '"eval"' in line else {}
-                if record.get("event") == "eval" and record.get("step") == self.progress.global_step:
-                    found = {k: v for k, v in record.items() if k not in ("event", "step")}
+            found = logged_evals(self.run_dir / "metrics.jsonl", step).get(step)
         return broadcast_object(found, self.info)  # type: ignore[return-value]
 
     def save(self) -> None:
