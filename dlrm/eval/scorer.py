@@ -15,7 +15,8 @@ behind one call, with the run's own preprocessing.
 
 A score here is the score `dlrm eval --scores` writes for the same row: the same
 decoding and the same model, in batches of ``data.eval_batch_size``. The label column
-may be absent (it is not scored); other columns beside the data's are ignored. The
+may be absent, or hold anything (rows not labelled yet: NaN, None): it is not read, as
+``dlrm predict`` does not read it; other columns beside the data's are ignored. The
 model is loaded once, on ``device`` (default cpu), in this process alone: a serving
 process under torchrun does not join its job. A bad value is one DataError naming the
 column and the row (counted within the rows given).
@@ -66,8 +67,8 @@ class Scorer:
         return scores.numpy()
 
     def _table(self, rows: Any) -> Any:
-        """``rows`` as a pyarrow Table with every column of the schema (a zero label
-        added where there is none)."""
+        """``rows`` as a pyarrow Table with every column of the schema (the label, never
+        scored, replaced by zeros: the reader refuses a null one)."""
         import pyarrow as pa
 
         if isinstance(rows, pa.RecordBatch):
@@ -77,8 +78,9 @@ class Scorer:
         else:  # pandas, or anything pyarrow takes as columns
             table = pa.Table.from_pandas(rows, preserve_index=False) if hasattr(rows, "iloc") else pa.table(rows)
         label = self.schema.label
-        if label not in table.column_names:
-            table = table.append_column(label, pa.array(np.zeros(table.num_rows, np.float32)))
+        if label in table.column_names:
+            table = table.drop_columns([label])
+        table = table.append_column(label, pa.array(np.zeros(table.num_rows, np.float32)))
         missing = [c for c in self.schema.columns if c not in table.column_names]
         if missing:
             raise DataError(f"column is missing from the rows to score (the model reads "
