@@ -227,7 +227,7 @@ class Trainer:
                                          self.progress.epoch, say):
             self.progress.epoch, self.progress.step_in_epoch = self.progress.epoch + 1, 0
         steps_per_epoch = -(-self.reader.steps_per_epoch() // cfg.train.accumulate)  # optimizer steps
-        self.total_steps = cfg.train.max_steps or cfg.train.epochs * steps_per_epoch
+        self.total_steps = self.planned_steps = cfg.train.max_steps or cfg.train.epochs * steps_per_epoch
         self.best = best_eval(cfg, run_dir, info, self.progress.global_step if resumed else None)
         if self.best.stopped:  # it stopped early before: it resumes as finished
             self.total_steps = self.progress.global_step
@@ -547,6 +547,11 @@ class Trainer:
             self.log.write({"event": "early_stop", "step": step, "best": self.best.record()})
             self.total_steps = step
 
+    def _stopped_early(self) -> bool:
+        """Whether early_stop ended the run before its planned steps: the run's final eval
+        may be the one that runs out of patience, but the run trained all its steps."""
+        return self.best.stopped and self.progress.global_step < self.planned_steps
+
     def _eval_missed(self) -> bool:
         """A resumed run whose step had an eval due that never ran: a run stopped by a
         signal saves and leaves without it (its grace period is short), so the resumed
@@ -620,7 +625,7 @@ class Trainer:
         """What this invocation did: the steps it trained and their rate. A run resumed
         at its last step trains none (no rate to give), nor do warm-up steps alone."""
         step, trained = self.progress.global_step, summary["trained_steps"]
-        if not trained and self.best.stopped:
+        if not trained and self._stopped_early():
             return f"nothing trained: the run stopped early at step {step} (train.early_stop)"
         if not trained and step >= self.total_steps:
             return f"nothing trained: the run was already complete at step {step} of {self.total_steps}"
@@ -647,7 +652,7 @@ class Trainer:
             summary.update({f"eval_{k}": v for k, v in self.last_eval.items()})
         if self.best.active and self.best.step is not None:
             summary["best"] = self.best.record()
-            if self.best.stopped:
+            if self._stopped_early():
                 summary["early_stopped"] = self.progress.global_step
         if self.bad_data is not None:
             summary["bad_data"] = self.bad_data.write()
