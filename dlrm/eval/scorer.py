@@ -68,7 +68,9 @@ class Scorer:
 
     def _table(self, rows: Any) -> Any:
         """``rows`` as a pyarrow Table with every column of the schema (the label, never
-        scored, replaced by zeros: the reader refuses a null one)."""
+        scored, replaced by zeros: the reader refuses a null one). A dictionary of
+        numbers (a pandas ``category`` column of ids) is taken as its values; the reader
+        takes only strings dictionary-encoded, as it reads them."""
         import pyarrow as pa
 
         if isinstance(rows, pa.RecordBatch):
@@ -77,6 +79,9 @@ class Scorer:
             table = rows
         else:  # pandas, or anything pyarrow takes as columns
             table = pa.Table.from_pandas(rows, preserve_index=False) if hasattr(rows, "iloc") else pa.table(rows)
+        for i, field in enumerate(table.schema):  # pandas "category" columns of numbers
+            if pa.types.is_dictionary(field.type) and not _text(field.type.value_type):
+                table = table.set_column(i, field.name, table.column(i).cast(field.type.value_type))
         label = self.schema.label
         if label in table.column_names:
             table = table.drop_columns([label])
@@ -96,3 +101,10 @@ class Scorer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _text(value_type: Any) -> bool:
+    import pyarrow as pa
+
+    return any(f(value_type) for f in (pa.types.is_string, pa.types.is_large_string, pa.types.is_binary,
+                                       pa.types.is_large_binary))
