@@ -34,6 +34,7 @@ import itertools
 import json
 import math
 import os
+import re
 import shutil
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
@@ -116,11 +117,19 @@ def in_day_order(inputs: list[str]) -> tuple[list[str], str | None]:
     from data.files import natural_key
 
     by_number = sorted(inputs, key=natural_key)
-    if inputs != sorted(inputs) or by_number == inputs:
+    if not _text_sorted(inputs) or by_number == inputs:
         return list(inputs), None
     names = [os.path.basename(x) for x in by_number]
     return by_number, (f"note: inputs taken in day order ({names[0]}, ..., {names[-1]}); the "
                        f"shell's glob had sorted them as text ({os.path.basename(inputs[-1])} last)")
+
+
+def _text_sorted(inputs: list[str]) -> bool:
+    """Whether ``inputs`` are in a shell glob's order: the C locale's (bytes) or that of a
+    locale such as en_US.UTF-8, whose first level passes over punctuation: it lists
+    ``day_10.gz`` before ``day_1.gz`` ('0' before 'g'), which byte order does not."""
+    letters = [re.sub(r"[\W_]+", "", x).casefold() for x in inputs]
+    return inputs == sorted(inputs) or letters == sorted(letters)
 
 
 def held_out_note(inputs: list[str], eval_days: int) -> str | None:

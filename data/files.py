@@ -11,9 +11,10 @@ reads them in order). Names starting with '.' or '_' are skipped inside director
 in a glob's matches, at any depth below the glob's fixed directories (Spark's ``_SUCCESS``,
 ``.part-….crc``, ``_temporary/0/part-…`` of a job still writing, and
 ``.part-00000.parquet.tmp<pid>`` of our writer at work) unless the glob itself names such
-a part. A file named twice (through a symlink, ``..``, a directory and a glob) is read once. A URI
-(``s3://bucket/train/``, ``gs://…``, ``hdfs://…``, ``file://…``) is listed and opened through
-pyarrow's file systems under the same rules (:mod:`data.remote`). Every file is written
+a part (that part alone: ``_*/*`` skips ``_tmp/_SUCCESS``). A file named twice (through a
+symlink, ``..``, a directory and a glob) is read once. A URI (``s3://bucket/train/``,
+``gs://…``, ``hdfs://…``, ``file://…``) is listed and opened through pyarrow's file
+systems under the same rules (:mod:`data.remote`). Every file is written
 under such a temporary name and renamed when complete (:mod:`data.atomic`), so a
 reader never sees half a file.
 """
@@ -34,7 +35,7 @@ from urllib.parse import urlsplit
 
 from data.atomic import AtomicPath
 from data.errors import DataError, one_line
-from data.names import PRIVATE, natural_key
+from data.names import PRIVATE, glob_takes, natural_key
 from data.remote import expand_uri, is_uri, normalized, other_files, resolve
 
 if TYPE_CHECKING:
@@ -104,10 +105,10 @@ def _glob_root(path: Path) -> tuple[Path, tuple[str, ...]]:
 
 def _private_match(rel: tuple[str, ...], pattern: tuple[str, ...]) -> bool:
     """Whether a match's parts below the fixed directories hold a '.' or '_' name the
-    pattern did not ask for: ``out/**/*`` skips ``out/_temporary/0/part-0.parquet`` and
-    ``out/_SUCCESS``; ``out/_tmp/*`` and ``out/_*`` get what they name."""
-    asked = any(p.startswith(PRIVATE) for p in pattern)
-    return not asked and any(r.startswith(PRIVATE) for r in rel)
+    pattern did not ask for (:func:`data.names.glob_takes`): ``out/**/*`` skips
+    ``out/_temporary/0/part-0.parquet`` and ``out/_SUCCESS``; ``out/_*`` and
+    ``out/_*/x/*`` get what they name, and only that: ``out/_*/*`` skips ``out/_tmp/_SUCCESS``."""
+    return not glob_takes(rel, pattern)
 
 
 def _other_files_hint(item: str) -> str:

@@ -22,15 +22,14 @@ S3-compatible store). One FileSystem per scheme, authority and query is kept per
 
 from __future__ import annotations
 
-import fnmatch
 import re
 from functools import cache
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from data.errors import DataError, one_line
 from data.names import PRIVATE as _PRIVATE
-from data.names import natural_key
+from data.names import glob_takes, natural_key
 
 if TYPE_CHECKING:
     import pyarrow.fs as pafs
@@ -120,14 +119,11 @@ def expand_uri(item: str) -> list[str]:
         below = [p for p in listed if _below(p, base) and _usable(_rel(p, base))]
         return [store.uri(p) for p in sorted(below, key=natural_key)]
     pattern = parts[first:]
-    asked = any(p.startswith(_PRIVATE) for p in pattern)
-    hits: list[tuple[list[str | int], list[str | int], str]] = []
+    hits: list[tuple[Any, Any, str]] = []
     for path in listed:
         rel = _rel(path, base)
-        if not asked and any(r.startswith(_PRIVATE) for r in rel):
-            continue
         for n in range(len(rel), 0, -1):  # the whole key, else the prefix a pattern matched
-            if _match(rel[:n], pattern) and (n == len(rel) or _usable(rel[n:])):
+            if glob_takes(rel[:n], pattern) and (n == len(rel) or _usable(rel[n:])):
                 hits.append((natural_key("/".join(rel[:n])), natural_key(path), path))
                 break
     return [store.uri(p) for _, _, p in sorted(hits)]
@@ -173,13 +169,3 @@ def _rel(path: str, base: str) -> list[str]:
 def _usable(rel: list[str]) -> bool:
     """A key found below a prefix the spec named: a ``*.parquet``, no private part."""
     return rel[-1].endswith(".parquet") and not any(r.startswith(_PRIVATE) for r in rel)
-
-
-def _match(rel: list[str], pattern: list[str]) -> bool:
-    """Whether the parts ``rel`` match the glob ``pattern`` part by part; ``**`` matches
-    any number of parts (as ``glob.glob(..., recursive=True)``)."""
-    if not pattern:
-        return not rel
-    if pattern[0] == "**":
-        return any(_match(rel[i:], pattern[1:]) for i in range(len(rel) + 1))
-    return bool(rel) and fnmatch.fnmatchcase(rel[0], pattern[0]) and _match(rel[1:], pattern[1:])

@@ -69,6 +69,22 @@ def test_early_stop_ends_the_run_where_the_rule_says_and_keeps_the_best(tiny_dat
     assert (curves.best, curves.early_stop) == (summary["best"], stop_step)
 
 
+def test_a_final_eval_out_of_patience_is_no_early_stop(tiny_data, tmp_path: Path) -> None:
+    """max_steps set to the straight run's stop step: the same evals, the last of them the
+    run's final one, which used up the patience. The run trained every step it was given,
+    yet its summary said early_stopped and its rerun 'the run stopped early'."""
+    straight = train(_cfg(tiny_data), tmp_path / "straight", echo=lambda s: None)
+    stop = straight["early_stopped"]
+    run = tmp_path / "run"
+    summary = train(_cfg(tiny_data, **{"train.max_steps": stop}), run, echo=lambda s: None)
+    assert summary["steps"] == summary["trained_steps"] == stop and summary["best"] == straight["best"]
+    assert "early_stopped" not in summary
+    lines: list[str] = []
+    again = train(_cfg(tiny_data, **{"train.max_steps": stop}), run, echo=lines.append)
+    assert again["trained_steps"] == 0 and "early_stopped" not in again
+    assert any(f"nothing trained: the run was already complete at step {stop} of {stop}" in x for x in lines), lines
+
+
 @pytest.mark.slow
 def test_a_preempted_run_resumes_with_its_best_and_stops_at_the_same_step(tiny_data, tmp_path: Path,
                                                                         monkeypatch) -> None:
@@ -88,6 +104,32 @@ def test_a_preempted_run_resumes_with_its_best_and_stops_at_the_same_step(tiny_d
     monkeypatch.setattr(trainer_mod.Trainer, "step", step)
     resumed = train(_cfg(tiny_data), run, echo=lambda s: None)
     assert (resumed["early_stopped"], resumed["best"]) == (straight["early_stopped"], straight["best"])
+
+
+def test_a_run_stopped_between_the_best_save_and_its_mark_keeps_the_best(tiny_data, tmp_path: Path,
+                                                                        monkeypatch) -> None:
+    """The process dies after the improving eval's checkpoint is saved and before best.json
+    names it; the resumed run must name it and keep it as the run never stopped does (it
+    kept the eval before's, and pruned the best one at the next save)."""
+    straight = train(_cfg(tiny_data), tmp_path / "straight", echo=lambda s: None)
+    mark = trainer_mod.mark
+
+    def dies_at_the_best(best, run_dir, keep, info):
+        if best.step == straight["best"]["step"]:
+            raise KeyboardInterrupt("killed before best.json is written")
+        mark(best, run_dir, keep, info)
+
+    monkeypatch.setattr(trainer_mod, "mark", dies_at_the_best)
+    run = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt):
+        train(_cfg(tiny_data), run, echo=lambda s: None)
+    monkeypatch.setattr(trainer_mod, "mark", mark)
+    resumed = train(_cfg(tiny_data), run, echo=lambda s: None)
+    best = straight["best"]
+    assert (resumed["early_stopped"], resumed["best"]) == (straight["early_stopped"], best)
+    assert json.loads((run / "checkpoints" / "best.json").read_text())["checkpoint"] == best["checkpoint"]
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == sorted(
+        p.name for p in (tmp_path / "straight" / "checkpoints").iterdir())
 
 
 def _train_on_rank(rank: int, world_size: int, tiny_data: dict, run: Path) -> dict:

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from data.criteo import convert_criteo
-from data.criteo_dataset import convert_criteo_dataset
+from data.criteo_dataset import convert_criteo_dataset, in_day_order
 from dlrm.cli import main
 from tests.test_criteo import HEAD10K, PADDLE, needs_shared
 
@@ -136,6 +136,18 @@ def test_a_shell_glob_of_days_holds_out_the_last_day(tmp_path: Path,
                  "--ids", "hash", "--max-ind-range", "100", "--workers", "1"]) == 0
     err = capsys.readouterr().err
     assert "day order" not in err and "holds out day_2" in err, err
+
+
+def test_a_glob_of_gz_days_in_a_utf8_locales_order_is_put_in_day_order() -> None:
+    """bash lists ``day_*.gz`` under en_US.UTF-8 (glibc's collation passes over '_' and
+    '.' first, and a digit sorts before a letter) as below: not byte order, so the list
+    was taken as the user's own and ``--eval-days 1`` held out day_9.gz, not day_23.gz."""
+    listed = [f"/data/day_{d}.gz" for d in (0, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 1, 20, 21, 22, 23,
+                                            2, 3, 4, 5, 6, 7, 8, 9)]
+    assert listed != sorted(listed)
+    ordered, note = in_day_order(listed)
+    assert ordered == [f"/data/day_{d}.gz" for d in range(24)] and note is not None
+    assert in_day_order(listed[::-1]) == (listed[::-1], None)  # the user's own order is kept
 
 
 @needs_shared

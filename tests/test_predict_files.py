@@ -71,3 +71,30 @@ def test_a_bad_value_is_one_line_naming_where_and_nothing_is_written(trained: Pa
     assert main(["predict", "--checkpoint", str(trained), "--data", str(tmp_path / "bad"),
                  "--out", str(out)]) == 2
     assert "column 'C4': column is missing" in capsys.readouterr().err
+
+
+def test_a_kept_column_of_other_types_in_other_files_is_widened_or_one_line(trained: Path, tiny_data,
+                                                                             tmp_path: Path, capsys) -> None:
+    """An id column int32 in one file and int64 in the next: the first file's type was the
+    output's, and the next file's ids past int32 stopped predict with a pyarrow traceback."""
+    rows = _unlabeled(tiny_data, tmp_path / "ok").drop_columns(["label"])
+    ids = np.arange(rows.num_rows, dtype=np.int64) + 2**40
+    data = tmp_path / "mixed"
+    data.mkdir()
+    pq.write_table(rows.slice(0, 4000).append_column("id", pa.array(np.arange(4000, dtype=np.int32))),
+                   data / "part-00000.parquet")
+    pq.write_table(rows.slice(4000).append_column("id", pa.array(ids[4000:])), data / "part-00001.parquet")
+    out = tmp_path / "scores.parquet"
+    assert main(["predict", "--checkpoint", str(trained), "--data", str(data), "--out", str(out),
+                 "--keep", "id"]) == 0
+    got = pq.read_table(out).column("id")
+    assert got.type == pa.int64()
+    np.testing.assert_array_equal(got.to_numpy(), np.concatenate([np.arange(4000), ids[4000:]]))
+    pq.write_table(rows.slice(4000).append_column("id", pa.array([f"u{i}" for i in range(rows.num_rows - 4000)])),
+                   data / "part-00001.parquet")
+    capsys.readouterr()
+    assert main(["predict", "--checkpoint", str(trained), "--data", str(data), "--out", str(out),
+                 "--keep", "id"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "part-00001.parquet, column 'id': column kept by --keep is int32 in " in err, err
+    assert err.endswith("part-00000.parquet and string here: no one type holds both"), err

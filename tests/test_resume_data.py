@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from data.errors import UserError
+from dlrm.checkpoint.manifest import load_meta
 from dlrm.config import load_config
 from dlrm.train.trainer import train
 from tests.conftest import TINY, tiny_overrides
@@ -62,6 +63,10 @@ def test_a_rewritten_file_is_named(data: Path, tmp_path: Path) -> None:
 
 
 def test_more_files_between_epochs_are_a_note_and_the_next_epoch_reads_them(data: Path, tmp_path: Path) -> None:
+    """The checkpoint ended epoch 0: the resume starts epoch 1 over the files as they are
+    now. Before, it went on in epoch 0 from batch 20 of the new stream (26 batches now),
+    training its tail as the rest of epoch 0 (with fewer batches than 20 it stopped on a
+    start_step past the epoch's end)."""
     run = tmp_path / "run"
     _run(data, run, 20)  # one whole epoch
     shutil.copy(min(data.glob("*.parquet")), data / "part-99999.parquet")
@@ -69,8 +74,10 @@ def test_more_files_between_epochs_are_a_note_and_the_next_epoch_reads_them(data
     summary = _run(data, run, 26, lines)
     assert summary["trained_steps"] == 6
     assert any(x.startswith("note: data.train changed since step-000000020 (part-99999.parquet is new")
-               and x.endswith("the run goes on at the start of epoch 0 over the files as they are now")
+               and x.endswith("the run goes on at the start of epoch 1 over the files as they are now")
                for x in lines), lines
+    progress = load_meta(run / "checkpoints" / "step-000000026")["progress"]
+    assert (progress["epoch"], progress["step_in_epoch"]) == (1, 6)  # epoch 1's first 6 batches
 
 
 def test_an_eval_set_holding_training_files_or_copies_warns(data: Path, tiny_data, tmp_path: Path) -> None:

@@ -65,6 +65,23 @@ def test_expand_paths_orders_numbers_as_numbers(tmp_path: Path) -> None:
     assert expand_paths(f"{tmp_path}/day_*/*.parquet") == want
 
 
+def test_names_equal_as_numbers_take_one_order_whatever_the_listing(tmp_path: Path, monkeypatch) -> None:
+    """``x1`` and ``x01`` compare equal as numbers: the listing's order (the file
+    system's, and a rank's) was kept. Now text order breaks the tie, listed either way."""
+    import glob as glob_mod
+
+    for name in ["x01.parquet", "x1.parquet", "x001.parquet", "x2.parquet"]:
+        (tmp_path / name).write_text("")
+    t = str(tmp_path)
+    want = [f"{t}/{n}" for n in ["x001.parquet", "x01.parquet", "x1.parquet", "x2.parquet"]]
+    listed = glob_mod.glob
+    for order in (sorted, lambda xs: sorted(xs, reverse=True)):
+        monkeypatch.setattr(glob_mod, "glob", lambda p, order=order, **k: order(listed(p, **k)))
+        monkeypatch.setattr(Path, "rglob", lambda self, p, order=order: iter(order(self.glob(f"**/{p}"))))
+        assert expand_paths(f"{t}/x*.parquet") == want
+        assert expand_paths(t) == want
+
+
 def test_expand_paths_skips_private_directories_at_any_depth_of_a_glob(tmp_path: Path) -> None:
     """``out/**/*`` matched ``out/_temporary/0/part-00000.parquet`` of a Spark job still
     writing (only the last name was checked); a glob that names the directory gets it."""
@@ -78,6 +95,21 @@ def test_expand_paths_skips_private_directories_at_any_depth_of_a_glob(tmp_path:
     assert expand_paths(f"{t}/out/**/*.parquet") == kept
     assert expand_paths(f"{t}/out") == kept
     assert expand_paths(f"{t}/out/_temporary/**/*.parquet") == [f"{t}/out/_temporary/0/part-00000.parquet"]
+
+
+def test_a_glob_naming_a_private_directory_still_skips_the_private_names_in_it(tmp_path: Path) -> None:
+    """``_*/*`` took ``_tmp/_SUCCESS`` (a '_' part of the pattern let every '_' name of
+    the match through), which is no Parquet file; a '_' part answers for the names it
+    matches, as a fixed ``_tmp/*`` always did."""
+    for rel in ["_tmp/x.parquet", "_tmp/_SUCCESS", "_tmp/_y.parquet", "_tmp/_part/z.parquet"]:
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("")
+    t = str(tmp_path)
+    assert expand_paths(f"{t}/_tmp/*") == [f"{t}/_tmp/x.parquet"]
+    assert expand_paths(f"{t}/_*/*") == [f"{t}/_tmp/x.parquet"]
+    assert expand_paths(f"{t}/_*/**/*") == [f"{t}/_tmp/x.parquet"]
+    assert expand_paths(f"{t}/_*/_*.parquet") == [f"{t}/_tmp/_y.parquet"]
+    assert expand_paths(f"{t}/_*/_part/*") == [f"{t}/_tmp/_part/z.parquet"]
 
 
 def test_a_path_with_a_comma_is_named_whole_or_in_a_list(tmp_path: Path) -> None:

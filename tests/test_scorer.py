@@ -51,6 +51,10 @@ def test_scores_of_a_table_a_frame_and_a_batch_are_the_evals(trained: Path, tiny
         frame = rows.slice(1000, 2345).to_pandas().drop(columns=["label"])  # no label, a slice
         # cut into other batches than the eval's: a matmul's float32 sums may differ in the last bit
         np.testing.assert_allclose(scorer.score(frame), want[1000:3345], rtol=1e-6, atol=0)
+        unlabelled = frame.assign(label=np.nan)  # rows not labelled yet: a null label was refused
+        np.testing.assert_allclose(scorer.score(unlabelled), want[1000:3345], rtol=1e-6, atol=0)
+        categories = frame.astype({"C1": "category", "I3": "category"})  # was "type dictionary<...> does not fit"
+        np.testing.assert_allclose(scorer.score(categories), want[1000:3345], rtol=1e-6, atol=0)
         batch = rows.slice(17, 5).to_batches()[0]
         np.testing.assert_allclose(scorer.score(batch), want[17:22], rtol=1e-6, atol=0)
         assert scorer.score(rows.slice(0, 0)).shape == (0,)
@@ -89,6 +93,8 @@ def test_string_vocabularies_and_an_int8_export(tiny_data, tmp_path: Path) -> No
         want = _eval_scores(model, tmp_path / "eval", tmp_path / f"{model.name}.parquet")
         with Scorer(model) as scorer:
             np.testing.assert_array_equal(scorer.score(data["eval"].to_pandas()), want)
+            words = data["eval"].to_pandas().astype({"C2": "category"})  # dictionary<string>, as read
+            np.testing.assert_array_equal(scorer.score(words), want)
     assert not np.array_equal(_eval_scores(run, tmp_path / "eval", tmp_path / "a.parquet"),
                               _eval_scores(export, tmp_path / "eval", tmp_path / "b.parquet"))
 

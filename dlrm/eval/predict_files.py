@@ -4,6 +4,7 @@ impressions), written beside columns of the data.
     dlrm predict --checkpoint RUN --data PATH --out FILE.parquet [--keep id,hour]
 
     FILE.parquet    [kept columns, as in the data]  score (float64)
+                    (a kept column of other types in other files: the type holding all)
                     one row per data row, in the data's order: file by file, row group by
                     row group, as the files list them
 
@@ -39,13 +40,9 @@ def predict_files(run: str | Path, data: str, out: str | Path, keep: list[str],
     with Scorer(run, device, strict_ids) as scorer:
         schema = scorer.schema
         features = [c for c in schema.columns if c != schema.label]
-        first = footer(files[0]).schema_arrow
-        for name in keep:
-            if name == "score":
-                raise UserError("--keep score: the file has its own 'score' column; keep others")
-            if first.get_field_index(name) < 0:
-                raise DataError("column is missing (named by --keep)", file=files[0], column=name)
-        fields = [first.field(n) for n in keep]
+        if "score" in keep:
+            raise UserError("--keep score: the file has its own 'score' column; keep others")
+        fields = _kept_fields(files, keep)
         out_schema = pa.schema([*fields, pa.field("score", pa.float64())])
         # single-hot string columns read dictionary-encoded, as the reader reads them (each
         # distinct value mapped once); not a kept one, which is written as the data has it
@@ -68,6 +65,36 @@ def predict_files(run: str | Path, data: str, out: str | Path, keep: list[str],
                     rows += table.num_rows
     return {"out": str(final), "rows": rows, "files": len(files), "device": device,
             "unseen_ids": scorer.unseen_ids}
+
+
+def _kept_fields(files: list[str], keep: list[str]) -> list[Any]:
+    """The kept columns as the output file holds them: each one's type in every file,
+    widened where files differ (int32 in one, int64 in another: int64; the first file's
+    type failed the others' values); one line for a column missing from a file or of
+    types no one type holds (int and string)."""
+    import pyarrow as pa
+
+    schemas = []
+    for path in files:
+        schema = footer(path).schema_arrow
+        for name in keep:
+            if schema.get_field_index(name) < 0:
+                raise DataError("column is missing (named by --keep)", file=path, column=name)
+        fields = [schema.field(n) for n in keep]
+        schemas.append(pa.schema([f.with_type(f.type.value_type) if pa.types.is_dictionary(f.type) else f
+                                  for f in fields]))
+    try:
+        return list(pa.unify_schemas(schemas, promote_options="permissive"))
+    except (pa.ArrowTypeError, pa.ArrowInvalid):
+        for name in keep:
+            types: dict[str, str] = {}  # each type, and the first file holding it
+            for schema, path in zip(schemas, files, strict=True):
+                types.setdefault(str(schema.field(name).type), path)
+            if len(types) > 1:
+                (a, first), (b, other) = list(types.items())[:2]
+                raise DataError(f"column kept by --keep is {a} in {first} and {b} here: no one type "
+                                "holds both", file=other, column=name) from None
+        raise
 
 
 def _row_groups(pf: Any) -> list[tuple[int, int]]:

@@ -15,7 +15,8 @@ behind one call, with the run's own preprocessing.
 
 A score here is the score `dlrm eval --scores` writes for the same row: the same
 decoding and the same model, in batches of ``data.eval_batch_size``. The label column
-may be absent (it is not scored); other columns beside the data's are ignored. The
+may be absent, or hold anything (rows not labelled yet: NaN, None): it is not read, as
+``dlrm predict`` does not read it; other columns beside the data's are ignored. The
 model is loaded once, on ``device`` (default cpu), in this process alone: a serving
 process under torchrun does not join its job. A bad value is one DataError naming the
 column and the row (counted within the rows given).
@@ -68,8 +69,10 @@ class Scorer:
         return scores.numpy()
 
     def _table(self, rows: Any) -> Any:
-        """``rows`` as a pyarrow Table with every column of the schema (a zero label
-        added where there is none)."""
+        """``rows`` as a pyarrow Table with every column of the schema (the label, never
+        scored, replaced by zeros: the reader refuses a null one). A dictionary of
+        numbers (a pandas ``category`` column of ids) is taken as its values; the reader
+        takes only strings dictionary-encoded, as it reads them."""
         import pyarrow as pa
 
         if isinstance(rows, pa.RecordBatch):
@@ -78,10 +81,14 @@ class Scorer:
             table = rows
         else:  # pandas, or anything pyarrow takes as columns
             table = pa.Table.from_pandas(rows, preserve_index=False) if hasattr(rows, "iloc") else pa.table(rows)
-        label, names = self.schema.label, set(table.column_names)
-        if label not in names:
-            table = table.append_column(label, pa.array(np.zeros(table.num_rows, np.float32)))
-            names.add(label)
+        for i, field in enumerate(table.schema):  # pandas "category" columns of numbers
+            if pa.types.is_dictionary(field.type) and not _text(field.type.value_type):
+                table = table.set_column(i, field.name, table.column(i).cast(field.type.value_type))
+        label = self.schema.label
+        if label in table.column_names:
+            table = table.drop_columns([label])
+        table = table.append_column(label, pa.array(np.zeros(table.num_rows, np.float32)))
+        names = set(table.column_names)  # a set: column_names is a list built per call
         missing = [c for c in self.schema.columns if c not in names]
         if missing:
             raise DataError(f"column is missing from the rows to score (the model reads "
@@ -97,3 +104,10 @@ class Scorer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _text(value_type: Any) -> bool:
+    import pyarrow as pa
+
+    return any(f(value_type) for f in (pa.types.is_string, pa.types.is_large_string, pa.types.is_binary,
+                                       pa.types.is_large_binary))

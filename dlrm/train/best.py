@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dlrm.checkpoint.manager import CHECKPOINTS, mark_best
+from dlrm.checkpoint.manager import CHECKPOINTS, best_checkpoint, mark_best
 from dlrm.parallel.distributed import DistInfo, broadcast_object
 
 HIGHER_IS_BETTER = {"auc": True, "logloss": False}
@@ -82,10 +82,21 @@ def best_eval(cfg: Any, run_dir: Path, info: DistInfo, resumed_step: int | None)
     best = BestEval(t.best_metric, t.early_stop, t.keep_best)
     if not best.active or resumed_step is None:
         return best
-    evals = _logged_evals(run_dir / "metrics.jsonl", resumed_step) if info.is_main else None
+    evals = list(logged_evals(run_dir / "metrics.jsonl", resumed_step).items()) if info.is_main else None
     for step, metrics in broadcast_object(evals, info) or []:
         best.after_eval(step, metrics)
+    _mark_again(best, run_dir, t.keep_checkpoints, info)
     return best
+
+
+def _mark_again(best: BestEval, run_dir: Path, keep_checkpoints: int, info: DistInfo) -> None:
+    """A run stopped between an improving eval's save and its mark (a crash, a kill):
+    best.json still names the eval before, and the pruning would take the best one's
+    checkpoint. The replayed best is named now, where its checkpoint is there."""
+    name = best.record()["checkpoint"]
+    if (name is not None and info.is_main and best_checkpoint(run_dir) != name
+            and (Path(run_dir) / CHECKPOINTS / name).is_dir()):
+        mark_best(run_dir, best.record(), keep_checkpoints)
 
 
 def mark(best: BestEval, run_dir: Path, keep_checkpoints: int, info: DistInfo) -> None:
@@ -94,12 +105,12 @@ def mark(best: BestEval, run_dir: Path, keep_checkpoints: int, info: DistInfo) -
         mark_best(run_dir, best.record(), keep_checkpoints)
 
 
-def _logged_evals(path: Path, up_to: int) -> list[tuple[int, dict[str, Any]]]:
-    """The evals of steps <= ``up_to`` in step order, the last record of a step (a
-    resumed run evaluates a step again after a crash)."""
+def logged_evals(path: Path, up_to: int) -> dict[int, dict[str, Any]]:
+    """RUN/metrics.jsonl's eval metrics by step, steps <= ``up_to``, in step order: the
+    last record of a step (a resumed run evaluates a step again after a crash)."""
     found: dict[int, dict[str, Any]] = {}
     for line in path.read_text().splitlines() if path.is_file() else []:
         record = json.loads(line) if '"eval"' in line else {}
         if record.get("event") == "eval" and record.get("step", up_to + 1) <= up_to:
-            found[record["step"]] = record
-    return sorted(found.items())
+            found[record["step"]] = {k: v for k, v in record.items() if k not in ("event", "step")}
+    return dict(sorted(found.items()))

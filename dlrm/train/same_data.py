@@ -10,8 +10,9 @@ one read per file), and the batches an epoch of them had. A resume compares:
 
     same files                  resumes as always
     other files, mid-epoch      one line naming the first difference, and the ways out
-    other files, between        a note: the next epoch reads the files as they are now
-    epochs                      (more days of data for the epochs still to run)
+    other files, between        a note, and the next epoch starts at once over the files
+    epochs                      as they are now (more days of data for the epochs still
+                                to run); the epoch the checkpoint ended is not read again
 
 Paths are relative, so a data set moved or mounted elsewhere is the same data. A
 checkpoint saved before this was recorded is not checked.
@@ -44,18 +45,22 @@ def data_identity(files: list[str], batches_per_epoch: int) -> dict[str, Any]:
 
 
 def check_resume_data(then: dict[str, Any] | None, now: dict[str, Any], ckpt: Path,
-                      step_in_epoch: int, epoch: int, say: Callable[[str], None]) -> None:
+                      step_in_epoch: int, epoch: int, say: Callable[[str], None]) -> bool:
     """Refuse (mid-epoch) or note (between epochs) training files other than the
     checkpoint's; nothing when they are the same or the checkpoint did not record them.
     ``step_in_epoch``: the checkpoint's batches into ``epoch`` (all of them: the epoch
-    ended, and the next starts on the files as they are)."""
+    ended, and the next starts on the files as they are). Whether the caller must start
+    the next epoch now: an ended epoch's position, its old batch count, means nothing in
+    the new files' stream (more batches: their tail would be trained as the rest of the
+    ended epoch; fewer: past the epoch's end)."""
     if then is None or then["files"] == now["files"]:
-        return
+        return False
     change = _first_change(then["files"], now["files"])
-    if step_in_epoch in (0, then["batches_per_epoch"]):
+    ended = step_in_epoch == then["batches_per_epoch"]
+    if step_in_epoch == 0 or ended:
         say(f"note: data.train changed since {ckpt.name} ({change}); the run goes on at the start "
-            f"of epoch {epoch} over the files as they are now")
-        return
+            f"of epoch {epoch + ended} over the files as they are now")
+        return ended
     raise UserError(f"checkpoint {ckpt}: data.train changed since it was saved ({change}), in the "
                     f"middle of epoch {epoch}: resuming would train some of the epoch's rows twice "
                     f"and others never. Put the files back as they were, or start a new run from "

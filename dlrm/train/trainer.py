@@ -69,7 +69,7 @@ from dlrm.parallel.parallelize import build_model
 from dlrm.parallel.planning import describe, plan_from_config, run_tables
 from dlrm.parallel.shared_dir import check_shared_dir
 from dlrm.train.bad_data_report import BadDataReport
-from dlrm.train.best import best_eval, mark
+from dlrm.train.best import best_eval, logged_evals, mark
 from dlrm.train.dense_graphs import DenseGraphs
 from dlrm.train.dense_graphs import why_not as dense_graphs_why_not
 from dlrm.train.device_prefetch import DevicePrefetcher
@@ -222,11 +222,12 @@ class Trainer:
         overlap = eval_overlap(self.train_data, data.eval_files) if info.is_main and data.eval_files else None
         if overlap:
             say(overlap)
-        if resumed:
-            check_resume_data(load_meta(self.resumed_from).get("train_data"), self.train_data,
-                              self.resumed_from, self.progress.step_in_epoch, self.progress.epoch, say)
+        if resumed and check_resume_data(load_meta(self.resumed_from).get("train_data"), self.train_data,
+                                         self.resumed_from, self.progress.step_in_epoch,
+                                         self.progress.epoch, say):
+            self.progress.epoch, self.progress.step_in_epoch = self.progress.epoch + 1, 0
         steps_per_epoch = -(-self.reader.steps_per_epoch() // cfg.train.accumulate)  # optimizer steps
-        self.total_steps = cfg.train.max_steps or cfg.train.epochs * steps_per_epoch
+        self.total_steps = self.planned_steps = cfg.train.max_steps or cfg.train.epochs * steps_per_epoch
         self.best = best_eval(cfg, run_dir, info, self.progress.global_step if resumed else None)
         if self.best.stopped:  # it stopped early before: it resumes as finished
             self.total_steps = self.progress.global_step
@@ -546,6 +547,11 @@ class Trainer:
             self.log.write({"event": "early_stop", "step": step, "best": self.best.record()})
             self.total_steps = step
 
+    def _stopped_early(self) -> bool:
+        """Whether early_stop ended the run before its planned steps: the run's final eval
+        may be the one that runs out of patience, but the run trained all its steps."""
+        return self.best.stopped and self.progress.global_step < self.planned_steps
+
     def _eval_missed(self) -> bool:
         """A resumed run whose step had an eval due that never ran: a run stopped by a
         signal saves and leaves without it (its grace period is short), so the resumed
@@ -560,13 +566,9 @@ class Trainer:
     def _logged_eval(self) -> dict[str, Any] | None:
         """The metrics of the eval RUN/metrics.jsonl holds for this step, if any (rank 0
         reads; every rank gets the answer: whether to evaluate is collective)."""
-        found = None
+        step, found = self.progress.global_step, None
         if self.info.is_main and self.eval_reader is not None:
-            path = self.run_dir / "metrics.jsonl"
-            for line in path.read_text().splitlines() if path.is_file() else []:
-                record = json.loads(line) if '"eval"' in line else {}
-                if record.get("event") == "eval" and record.get("step") == self.progress.global_step:
-                    found = {k: v for k, v in record.items() if k not in ("event", "step")}
+            found = logged_evals(self.run_dir / "metrics.jsonl", step).get(step)
         return broadcast_object(found, self.info)  # type: ignore[return-value]
 
     def save(self) -> None:
@@ -623,7 +625,7 @@ class Trainer:
         """What this invocation did: the steps it trained and their rate. A run resumed
         at its last step trains none (no rate to give), nor do warm-up steps alone."""
         step, trained = self.progress.global_step, summary["trained_steps"]
-        if not trained and self.best.stopped:
+        if not trained and self._stopped_early():
             return f"nothing trained: the run stopped early at step {step} (train.early_stop)"
         if not trained and step >= self.total_steps:
             return f"nothing trained: the run was already complete at step {step} of {self.total_steps}"
@@ -650,7 +652,7 @@ class Trainer:
             summary.update({f"eval_{k}": v for k, v in self.last_eval.items()})
         if self.best.active and self.best.step is not None:
             summary["best"] = self.best.record()
-            if self.best.stopped:
+            if self._stopped_early():
                 summary["early_stopped"] = self.progress.global_step
         if self.bad_data is not None:
             summary["bad_data"] = self.bad_data.write()
