@@ -122,7 +122,7 @@ def expand_uri(item: str) -> list[str]:
     hits: list[tuple[Any, Any, str]] = []
     for path in listed:
         rel = _rel(path, base)
-        for n in range(len(rel), 0, -1):  # the whole key, else the prefix a pattern matched
+        for n in range(1, len(rel) + 1):  # the shortest prefix matched: a directory glob.glob matches
             if glob_takes(rel[:n], pattern) and (n == len(rel) or _usable(rel[n:])):
                 hits.append((natural_key("/".join(rel[:n])), natural_key(path), path))
                 break

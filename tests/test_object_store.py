@@ -101,7 +101,8 @@ def _rel(files: list[str], prefix: str) -> list[str]:
 
 
 SPECS = ["", "day_10", "*", "*/*.parquet", "**/*.parquet", "day_*", "day_2/part-0.parquet",
-         "_temporary/*/*", "k=1/*", "part-*.parquet", "day_10/*,day_10/,day_2//part-0.parquet"]
+         "_temporary/*/*", "k=1/*", "part-*.parquet", "day_10/*,day_10/,day_2//part-0.parquet",
+         "**/*", "_*/*/*"]
 
 
 @pytest.mark.parametrize("spec", SPECS)
