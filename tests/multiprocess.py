@@ -9,6 +9,7 @@ and its return value (picklable) comes back in rank order.
 
 from __future__ import annotations
 
+import gc
 import os
 import pickle
 import socket
@@ -43,6 +44,10 @@ def _entry(rank: int, world_size: int, port: int, backend: str, out_dir: str, fn
         Path(out_dir, f"{rank}.err").write_text(traceback.format_exc())
         raise
     finally:
+        # objects a caught exception's traceback kept in a cycle (a model and its process
+        # groups) are freed now, not by the collector at exit after the groups are gone:
+        # gloo aborted there ("terminate called without an active exception") now and then
+        gc.collect()
         dist.destroy_process_group()
 
 
