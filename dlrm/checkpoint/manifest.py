@@ -143,18 +143,41 @@ def verify(ckpt: Path, meta: dict[str, Any], info: Any = None, names: list[str] 
     manifest = meta["files"]
     mine = sorted(manifest if names is None else names)[info.rank::info.world_size]
     with ThreadPoolExecutor(HASH_THREADS) as pool:  # sha256 and reads release the GIL
-        found = pool.map(lambda name: _check_file(Path(ckpt), name, manifest[name], hash_files), mine)
-        problem = next((p for p in found if p), None)
-    problems = [p for p in all_gather_objects(problem, info) if p]
-    if problems:
-        raise CheckpointCorrupt(f"checkpoint {ckpt}: {problems[0]}")
+        found = list(pool.map(lambda name: check_file(Path(ckpt), name, manifest, hash_files), mine))
+    gathered = all_gather_objects(first_verdicts(found), info)
+    raise_verdicts(ckpt, gathered)
 
 
-def check_file(ckpt: Path, name: str, manifest: dict[str, Any]) -> str | None:
-    """Why file ``name`` of ``ckpt`` differs from its entry in ``manifest`` (meta.json's
-    "files": missing, another size, another sha256), or None. One file, this process:
-    a caller hashing on threads of its own gathers the verdicts itself."""
-    return _check_file(Path(ckpt), name, manifest.get(name))
+def check_file(ckpt: Path, name: str, manifest: dict[str, Any], hash_file: bool = True
+               ) -> tuple[str | None, str | None]:
+    """(why file ``name`` of ``ckpt`` differs from its entry in ``manifest``: missing,
+    another size, another sha256; why it cannot be read: an I/O error), each or None.
+    One file, this process: a caller hashing on threads of its own gathers the
+    verdicts itself (:func:`first_verdicts`, :func:`raise_verdicts`). An unreadable file
+    is a verdict, not an exception: raised on one rank before the gather, it left the
+    other ranks waiting in it."""
+    try:
+        return _check_file(Path(ckpt), name, manifest.get(name), hash_file), None
+    except OSError as e:
+        return None, f"{name} cannot be read ({e.strerror or e})"
+
+
+def first_verdicts(found: list[tuple[str | None, str | None]]) -> tuple[str | None, str | None]:
+    """This rank's first difference and first read error among ``found``."""
+    return (next((c for c, _ in found if c), None), next((u for _, u in found if u), None))
+
+
+def raise_verdicts(ckpt: Path, gathered: list[tuple[str | None, str | None]]) -> None:
+    """Every rank's verdicts: a read error first, as a CheckpointError (the storage failed,
+    not the checkpoint: a resume must not move it aside as corrupt), else the first
+    difference as a CheckpointCorrupt."""
+    unreadable = next((u for _, u in gathered if u), None)
+    if unreadable:
+        raise CheckpointError(f"checkpoint {ckpt}: {unreadable}; nothing was moved or changed: "
+                              "try again once the storage reads")
+    corrupt = next((c for c, _ in gathered if c), None)
+    if corrupt:
+        raise CheckpointCorrupt(f"checkpoint {ckpt}: {corrupt}")
 
 
 def _check_file(ckpt: Path, name: str, want: Any, hash_file: bool = True) -> str | None:

@@ -50,12 +50,13 @@ from data.schema import Schema
 from dlrm.checkpoint.manager import CHECKPOINTS, TABLES, checkpoints, find_checkpoint
 from dlrm.checkpoint.manifest import (
     HASH_THREADS,
-    CheckpointCorrupt,
     CheckpointError,
     check_file,
     check_preprocessing,
+    first_verdicts,
     load_meta,
     load_state,
+    raise_verdicts,
     schema_from_json,
     verify,
 )
@@ -288,11 +289,9 @@ def _fill_tables(path: Path, meta: dict[str, Any], index: dict[str, Any], tables
                     carried += sum(n for at, n in filled if _counted_here(tables, table, at, info.rank))
         except (CheckpointError, OSError) as e:
             error = f"checkpoint {path.parent}: {e}" if isinstance(e, OSError) else str(e)
-        corrupt = next((v for v in verdicts if v), None)
-    everyone = all_gather_objects((corrupt, error), info)
-    corrupt = next((c for c, _ in everyone if c), None)
-    if corrupt:  # a changed piece first: it would explain an error of the gather
-        raise CheckpointCorrupt(f"checkpoint {path.parent}: {corrupt}")
+        mine = first_verdicts(list(verdicts))
+    everyone = all_gather_objects((mine, error), info)
+    raise_verdicts(path.parent, [v for v, _ in everyone])  # first: it would explain a gather error
     raise_first([e for _, e in everyone])
     copied.rows = sum(int(n) for n in all_gather_objects(carried, info))
 
