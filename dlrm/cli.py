@@ -164,7 +164,7 @@ def cmd_eval(argv: list[str]) -> int:
     p.add_argument("--keep", default="",
                    help="with --scores: data columns written beside them (comma-separated, e.g. id,hour)")
     a = p.parse_args(argv)
-    keep = [c.strip() for c in a.keep.split(",") if c.strip()]
+    keep = list(dict.fromkeys(c.strip() for c in a.keep.split(",") if c.strip()))  # a name given twice: once
     if keep and not a.scores:
         raise UserError("--keep names columns of the --scores file: give --scores FILE.parquet too")
     local_path(a.checkpoint, "--checkpoint")
@@ -207,7 +207,7 @@ def cmd_predict(argv: list[str]) -> int:
     output_dir(Path(a.out).parent, "--out")
     from dlrm.eval.predict_files import predict_files
 
-    keep = [c.strip() for c in a.keep.split(",") if c.strip()]
+    keep = list(dict.fromkeys(c.strip() for c in a.keep.split(",") if c.strip()))  # a name given twice: once
     print(json.dumps(predict_files(a.checkpoint, a.data, a.out, keep, a.device, a.strict_ids)))
     return 0
 

@@ -42,7 +42,7 @@ def test_scores_of_unlabeled_rows_are_the_evals_in_the_datas_order(trained: Path
     capsys.readouterr()
     out = tmp_path / "out" / "scores.parquet"
     assert main(["predict", "--checkpoint", str(trained), "--data", str(tmp_path / "unlabeled"),
-                 "--out", str(out), "--keep", "C1,I3", "--device", "cpu"]) == 0
+                 "--out", str(out), "--keep", "C1,I3,C1", "--device", "cpu"]) == 0
     assert '"rows": 10000' in capsys.readouterr().out
     got = pq.read_table(out)
     assert got.column_names == ["C1", "I3", "score"]
