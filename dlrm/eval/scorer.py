@@ -33,6 +33,7 @@ import torch
 
 from data.errors import DataError, UserError
 from data.reader import decode_table
+from data.schema import column_kind
 from dlrm.eval.evaluate import open_scored
 from dlrm.eval.model import eval_model
 from dlrm.eval.predict import predict
@@ -82,7 +83,7 @@ class Scorer:
         else:  # pandas, or anything pyarrow takes as columns
             table = pa.Table.from_pandas(rows, preserve_index=False) if hasattr(rows, "iloc") else pa.table(rows)
         for i, field in enumerate(table.schema):  # pandas "category" columns of numbers
-            if pa.types.is_dictionary(field.type) and not _text(field.type.value_type):
+            if pa.types.is_dictionary(field.type) and column_kind(field.type.value_type) != "category":
                 table = table.set_column(i, field.name, table.column(i).cast(field.type.value_type))
         label = self.schema.label
         if label in table.column_names:
@@ -105,9 +106,3 @@ class Scorer:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-
-def _text(value_type: Any) -> bool:
-    import pyarrow as pa
-
-    return any(f(value_type) for f in (pa.types.is_string, pa.types.is_large_string, pa.types.is_binary,
-                                       pa.types.is_large_binary))
