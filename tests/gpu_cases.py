@@ -95,11 +95,20 @@ def assert_runs_close(got: Path, want: Path, label: str, rtol: float = DEVICE_RT
 # ------------------------------------------------------------------ bodies
 
 
+# Sparse Adam divides by the root of its second moment, which for a near-zero, partly
+# cancelled gradient is rounding-sized: such an element steps by about lr either way,
+# and the tables' difference reaches the MLPs. The first H200 run: adam, fused, mean
+# pooling, 1.33e-4 on the bottom MLP's first weight (the other Adam cases under 1e-4).
+# 3e-4 still leaves a real bug (one row updated wrongly: ~3e-3) ten times over.
+OPTIMIZER_RTOL = {"optim.sparse=adam": 3e-4}
+
+
 def device_equals_cpu(data: dict[str, Path], tmp: Path, device: str, *extra: str) -> None:
     """One process on ``device`` against the same run on the CPU."""
     run(data, tmp / "cpu", "cpu", *extra)
     run(data, tmp / device, device, *extra)
-    assert_runs_close(tmp / device, tmp / "cpu", f"{device} vs cpu {extra}")
+    rtol = max([DEVICE_RTOL, *(OPTIMIZER_RTOL.get(x, 0.0) for x in extra)])
+    assert_runs_close(tmp / device, tmp / "cpu", f"{device} vs cpu {extra}", rtol)
 
 
 def hotline_equals_plain(data: dict[str, Path], tmp: Path, device: str, *extra: str,

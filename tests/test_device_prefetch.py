@@ -88,10 +88,10 @@ def test_cuda_prefetch_equals_plain_copies_on_a_side_stream(tiny, monkeypatch) -
     for batch in prefetcher:
         got.append(batch)
         torch.cuda.current_stream().synchronize()
+    monkeypatch.undo()  # before the checks' own copies to the host, which it would record
     assert_same([b.to("cpu") for b in got], [b.to("cpu") for b in want])
     default = torch.cuda.default_stream()
-    assert streams and all(s != default and nb and pinned for s, nb, pinned in streams)
-    monkeypatch.undo()
+    assert streams and all(s != default and nb and pinned for s, nb, pinned in streams), streams
     static = static_like(want[0], device)
     first = DevicePrefetcher(iter(reader_batches(tiny)), device).next(into=static)
     torch.cuda.synchronize()

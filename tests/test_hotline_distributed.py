@@ -118,7 +118,7 @@ def test_hotline_ranks_on_the_triton_hot_tier_equal_one_process(small_data, tmp_
     the same one fused update. Reference: ordinary training in one process on the same
     global batches (the Triton kernels interpreted on the CPU; on the GPU machine both
     ranks share the GPU, their collectives through the host)."""
-    import tests.kernel_cases  # noqa: F401
+    from tests.kernel_cases import DEVICE
 
     run_ranks(2, train_triton, small_data, tmp_path)
     run = tmp_path / "triton_W2"
@@ -126,5 +126,9 @@ def test_hotline_ranks_on_the_triton_hot_tier_equal_one_process(small_data, tmp_
     overrides = case_overrides(1, "rowwise_adagrad", ("train.max_steps=4",)) + ["data.order_world_size=2"]
     train(config_for(small_data, overrides), ref, echo=lambda s: None)
     assert summary(run)["hotline"]["hot_tier_triton"] == 1.0
-    assert_states_close(run_state(run), run_state(ref), "hotline triton W=2", RTOL.get("rowwise_adagrad", 1e-5))
-    torch.testing.assert_close(losses(run), losses(ref), rtol=1e-5, atol=1e-7)
+    # on a GPU cuBLAS sums two half-batch matmuls (then the all-reduce) and one whole
+    # one in other orders: the first H200 run, 3.0e-5 on the bottom MLP's first weight;
+    # the CUDA-against-CPU tolerance of tests/gpu_cases.py there
+    rtol = RTOL.get("rowwise_adagrad", 1e-5) if DEVICE.type == "cpu" else 1e-4
+    assert_states_close(run_state(run), run_state(ref), "hotline triton W=2", rtol)
+    torch.testing.assert_close(losses(run), losses(ref), rtol=rtol, atol=1e-7)

@@ -14,7 +14,8 @@ audited by name: on CUDA each one is a wait for the GPU.
 
 Under ``TRITON_INTERPRET=1`` a kernel launch runs as Python over numpy, issuing torch
 ops of its own (copies in and out); the audit counts the launch as one op and looks
-away from what the interpreter does inside it.
+away from what the interpreter does inside it. On a GPU a compiled launch issues no
+torch op: the audit counts it by its ``JITFunction.run``.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ class SyncAudit(TorchDispatchMode):
         self._in_kernel = False
 
     def __enter__(self) -> Self:
-        self._patch_triton_interpreter()
+        self._patch_triton_launches()
         return super().__enter__()
 
     def __exit__(self, *exc: object) -> None:
@@ -79,26 +80,38 @@ class SyncAudit(TorchDispatchMode):
             self.violations.append(f"{name} across devices")
         return func(*args, **kwargs)
 
-    def _patch_triton_interpreter(self) -> None:
+    def _patch_triton_launches(self) -> None:
+        """Count each Triton launch as one op: in the interpreter (whose own torch ops
+        inside the launch are looked away from) and on a real GPU, where a launch
+        issues no torch op at all (the first H200 run of the stacks' audit test
+        counted 0 launches)."""
         try:
-            from triton.runtime import interpreter
+            from triton.runtime import interpreter, jit
         except ImportError:
             return
-        original = interpreter.GridExecutor.__call__
         audit = self
+        original_interpreted = interpreter.GridExecutor.__call__
+        original_compiled = jit.JITFunction.run
 
-        def launch(executor: Any, *args: Any, **kwargs: Any) -> Any:
+        def interpreted(executor: Any, *args: Any, **kwargs: Any) -> Any:
             audit.ops[f"triton.{executor.fn.__name__}"] += 1
             audit._in_kernel = True
             try:
-                return original(executor, *args, **kwargs)
+                return original_interpreted(executor, *args, **kwargs)
             finally:
                 audit._in_kernel = False
 
-        interpreter.GridExecutor.__call__ = launch
+        def compiled(function: Any, *args: Any, **kwargs: Any) -> Any:
+            if not kwargs.get("warmup"):
+                audit.ops[f"triton.{function.fn.__name__}"] += 1
+            return original_compiled(function, *args, **kwargs)
+
+        interpreter.GridExecutor.__call__ = interpreted
+        jit.JITFunction.run = compiled
 
         def unpatch() -> None:
-            interpreter.GridExecutor.__call__ = original
+            interpreter.GridExecutor.__call__ = original_interpreted
+            jit.JITFunction.run = original_compiled
 
         self._unpatch = unpatch
 
