@@ -19,7 +19,7 @@ import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-KERNELS = {"_pooled_kernel", "_runs_kernel", "_linearize_kernel", "_round_kernel"}
+KERNELS = {"_pooled_kernel", "_runs_kernel", "_segments_kernel", "_linearize_kernel", "_round_kernel"}
 
 pytestmark = [
     pytest.mark.slow,

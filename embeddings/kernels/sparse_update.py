@@ -8,17 +8,31 @@
         ▼
     sorted  [3 3 7 7 7 9]    order [4 0 1 2 5 3]   (positions of the lookups)
              ^   ^     ^     a run starts where sorted[i] != sorted[i-1]
-        │ _runs: program i returns unless a run starts at i; else it walks the run,
-        │ summing grad_pooled[bag_of[order[k]]] (x 1/len for mean) in lookup order,
-        │ and applies the optimizer to that one row, or writes (id, row) at slot i
+        │ _segments: a run longer than SEGMENT (32) lookups is cut, from its head,
+        │ into segments of 32; the program at each later segment's start sums it
+        │ into partial[i // 32]
+        │ _runs: program i returns unless a run starts at i; else it sums the run's
+        │ first segment, grad_pooled[bag_of[order[k]]] (x 1/len for mean) in lookup
+        │ order, adds the later segments' partials in order, and applies the
+        │ optimizer to that one row, or writes (id, row) at slot i
         ▼
     weight and optimizer state updated in place     |   KV gradient (ids, rows)
+
+Why segments: a hot id's run is long (Zipf ids, a 3-row table: about 2,000 of a
+4,096-sample batch), and one program walking it serially, a chain of dependent
+loads per lookup, was the step's longest kernel (the first H200 profile of
+configs/bench_gpu.yaml: 1.4 ms of a Hotline step's 3.1 ms of GPU time). Segmented,
+its program walks 32 lookups and about len/32 partials. A run of at most 32 lookups
+is summed exactly as before, bit for bit; a longer one in a fixed order too (the
+segments start at its head, not at absolute positions, so a run sums the same
+wherever it sits in the sort: one table alone or stacked with others).
 
 A feature whose row_base is -1 belongs to another stack (one process, tables of
 several dtypes: embeddings/dtype_stacks.py): its lookups linearize to OTHER_STACK,
 sort after every row and no program applies them.
 
-Every shape is N, known before the step: no unique, no host sync. Each row is
+Every shape is N (the partials N // 32 + 1), known before the step: no unique, no
+host sync. Each row is
 written by exactly one program (its run's head), so no atomics are needed, and the
 sum is taken in the same order as ``KVGradient.from_lookups``. (One atomic add, rare:
 an fp16 row whose write made finite values inf counts them in a per-feature counter,
@@ -80,14 +94,21 @@ def _linearize_kernel(values_ptr, offsets_ptr, row_base_ptr, linear_ptr, bag_of_
         tl.store(bag_of_ptr + j, bag)
 
 
+# Lookups one program sums; a run's later segments are summed by programs of their own.
+SEGMENT = 32
+_SEGMENT = tl.constexpr(SEGMENT)  # the kernels' view of it (a global they may read)
+
+
 @triton.jit
-def _run_gradient(sorted_ptr, order_ptr, bag_of_ptr, offsets_ptr, grad_ptr, i, row, n,
-                  batch, stride_b, stride_f, cols, in_row,
-                  MEAN: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Sum of the gradient rows of the run of ``row`` that starts at sorted position i."""
+def _segment_gradient(sorted_ptr, order_ptr, bag_of_ptr, offsets_ptr, grad_ptr, i, row, n,
+                      batch, stride_b, stride_f, cols, in_row,
+                      MEAN: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Sum of the gradient rows of ``row``'s lookups at sorted positions i, i+1, ...:
+    at most SEGMENT of them, up to the run's end."""
     acc = tl.zeros([BLOCK_D], dtype=tl.float32)
     k = i
-    more = k < n
+    end = tl.minimum(i + _SEGMENT, n)
+    more = k < end
     while more:
         bag = tl.load(bag_of_ptr + tl.load(order_ptr + k))
         src = grad_ptr + (bag % batch) * stride_b + (bag // batch) * stride_f + cols
@@ -97,8 +118,43 @@ def _run_gradient(sorted_ptr, order_ptr, bag_of_ptr, offsets_ptr, grad_ptr, i, r
             g = g / tl.maximum(length, 1).to(tl.float32)
         acc += g
         k += 1
-        nxt = tl.load(sorted_ptr + k, mask=k < n, other=-1)
-        more = (k < n) & (nxt == row)
+        nxt = tl.load(sorted_ptr + k, mask=k < end, other=-1)
+        more = (k < end) & (nxt == row)
+    return acc
+
+
+@triton.jit
+def _segments_kernel(sorted_ptr, order_ptr, bag_of_ptr, offsets_ptr, grad_ptr, head_of_ptr, partial_ptr,
+                     n, batch, dim, stride_b, stride_f, MEAN: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Program i: where a run's second, third, ... segment starts at i (SEGMENT, 2 x
+    SEGMENT, ... after its head), that segment's gradient sum into partial[i // SEGMENT]
+    (unique: two such starts are more than SEGMENT apart)."""
+    i = tl.program_id(0)
+    row = tl.load(sorted_ptr + i)
+    head = tl.load(head_of_ptr + i)
+    if (i != head) & ((i - head) % _SEGMENT == 0) & (row != OTHER_STACK):
+        cols = tl.arange(0, BLOCK_D)
+        in_row = cols < dim
+        g = _segment_gradient(sorted_ptr, order_ptr, bag_of_ptr, offsets_ptr, grad_ptr, i, row, n,
+                              batch, stride_b.to(tl.int64), stride_f.to(tl.int64), cols, in_row,
+                              MEAN, BLOCK_D)
+        tl.store(partial_ptr + (i // _SEGMENT).to(tl.int64) * dim + cols, g, mask=in_row)
+
+
+@triton.jit
+def _run_gradient(sorted_ptr, order_ptr, bag_of_ptr, offsets_ptr, grad_ptr, partial_ptr, i, row, n,
+                  batch, dim, stride_b, stride_f, cols, in_row,
+                  MEAN: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Sum of the gradient rows of the run of ``row`` that starts at sorted position i:
+    its first segment, then the later segments' partials in order."""
+    acc = _segment_gradient(sorted_ptr, order_ptr, bag_of_ptr, offsets_ptr, grad_ptr, i, row, n,
+                            batch, stride_b, stride_f, cols, in_row, MEAN, BLOCK_D)
+    j = i + _SEGMENT
+    more = (j < n) & (tl.load(sorted_ptr + j, mask=j < n, other=-1) == row)
+    while more:
+        acc += tl.load(partial_ptr + (j // _SEGMENT).to(tl.int64) * dim + cols, mask=in_row, other=0.0)
+        j += _SEGMENT
+        more = (j < n) & (tl.load(sorted_ptr + j, mask=j < n, other=-1) == row)
     return acc
 
 
@@ -185,7 +241,7 @@ def _updated_row(g, w, at, in_row, row, dim, lr, state_ptr, state2_ptr, step_ptr
 
 @triton.jit
 def _runs_kernel(
-    sorted_ptr, order_ptr, bag_of_ptr, offsets_ptr, grad_ptr,
+    sorted_ptr, order_ptr, bag_of_ptr, offsets_ptr, grad_ptr, partial_ptr,
     weight_ptr, state_ptr, state2_ptr, lr_ptr, step_ptr, out_ids_ptr, out_rows_ptr,
     n, batch, dim, stride_b, stride_f, eps, beta1, beta2, log_beta1, log_beta2,
     wbits_ptr, seed_h, rstep_ptr, keys_ptr, row_shift_ptr, col0_ptr, row_map_ptr,
@@ -199,8 +255,8 @@ def _runs_kernel(
     if ((i == 0) | (row != prev)) & (row != OTHER_STACK):
         cols = tl.arange(0, BLOCK_D)
         in_row = cols < dim
-        g = _run_gradient(sorted_ptr, order_ptr, bag_of_ptr, offsets_ptr, grad_ptr, i, row, n,
-                          batch, stride_b.to(tl.int64), stride_f.to(tl.int64), cols, in_row,
+        g = _run_gradient(sorted_ptr, order_ptr, bag_of_ptr, offsets_ptr, grad_ptr, partial_ptr, i, row, n,
+                          batch, dim, stride_b.to(tl.int64), stride_f.to(tl.int64), cols, in_row,
                           MEAN, BLOCK_D)
         at = row * dim + cols
         if OPT == 0:  # KV gradient: (id, summed row) at the run's head
@@ -241,6 +297,27 @@ def _sorted_runs(
     return sorted_ids, order, bag_of
 
 
+def _run_heads(sorted_ids: torch.Tensor) -> torch.Tensor:
+    """[N]: the sorted position where each position's run starts (a running maximum of
+    the starts' positions: static shapes, no host sync)."""
+    n = sorted_ids.numel()
+    positions = torch.arange(n, device=sorted_ids.device)
+    starts = torch.ones(n, dtype=torch.bool, device=sorted_ids.device)
+    starts[1:] = sorted_ids[1:] != sorted_ids[:-1]
+    return torch.cummax(torch.where(starts, positions, 0), dim=0).values
+
+
+def _segment_partials(sorted_ids, order, bag_of, offsets, grad_pooled, n, batch, dim, stride_b, stride_f,
+                      mean) -> torch.Tensor:
+    """[N // SEGMENT + 1, dim]: the later segments' sums of the long runs (the rest of
+    the buffer is never read)."""
+    partial = torch.empty(n // SEGMENT + 1, dim, dtype=torch.float32, device=grad_pooled.device)
+    _segments_kernel[(n,)](sorted_ids, order, bag_of, offsets, grad_pooled, _run_heads(sorted_ids), partial,
+                           n, batch, dim, stride_b, stride_f, MEAN=mean, BLOCK_D=block_d(dim),
+                           num_warps=warps(dim))
+    return partial
+
+
 def _launch_runs(grad_pooled, values, offsets, row_base, batch, mean, feature_major,
                  opt, weight, states, lr, step, out_ids, out_rows, eps=0.0, betas=(0.0, 0.0),
                  rounding: KernelRounding | None = None, state_keys=(0, 0)):
@@ -251,6 +328,9 @@ def _launch_runs(grad_pooled, values, offsets, row_base, batch, mean, feature_ma
     dim = grad_pooled.shape[-1] if feature_major else grad_pooled.shape[1] // num_features
     stride_b, stride_f = (dim, batch * dim) if feature_major else (num_features * dim, dim)
     sorted_ids, order, bag_of = _sorted_runs(values, offsets, row_base, batch)
+    grad_pooled = grad_pooled.contiguous()
+    partial = _segment_partials(sorted_ids, order, bag_of, offsets, grad_pooled, n, batch, dim, stride_b,
+                                stride_f, mean)
     dummy = sorted_ids  # an unused pointer argument (its OPT never reads it)
     state, state2 = (list(states) + [dummy, dummy])[:2]
     half = NONE if rounding is None else half_code(weight.dtype)
@@ -262,7 +342,7 @@ def _launch_runs(grad_pooled, values, offsets, row_base, batch, mean, feature_ma
     state_bits = [t.view(torch.int16) if half_state else dummy for t in (state, state2)]
     overflow = rounding.overflow if rounding is not None and half == FP16 else None
     _runs_kernel[(n,)](
-        sorted_ids, order, bag_of, offsets, grad_pooled.contiguous(),
+        sorted_ids, order, bag_of, offsets, grad_pooled, partial,
         dummy if weight is None else weight, state, state2,
         dummy if lr is None else lr, dummy if step is None else step,
         dummy if out_ids is None else out_ids, dummy if out_rows is None else out_rows,
