@@ -97,3 +97,40 @@ def test_cuda_prefetch_equals_plain_copies_on_a_side_stream(tiny, monkeypatch) -
     torch.cuda.synchronize()
     assert first is static and torch.equal(static.sparse.offsets(), want[0].sparse.offsets())
     assert_same([static.to("cpu")], [want[0].to("cpu")])
+
+
+@pytest.mark.parametrize("workers,prefetch", [(0, 2), (2, 2)])
+def test_the_reader_pins_batches_off_the_consumers_thread(tiny, monkeypatch, workers: int,
+                                                          prefetch: int) -> None:
+    """``pin_memory=True`` (training on CUDA): every batch goes through ``Batch.pin_memory``
+    in a reader thread, not the thread that takes the batches, and the batches are those
+    of a reader that does not pin. (This CPU build cannot page-lock: the spy stands in
+    for the copy; the gpu test below checks real pinned batches.)"""
+    import threading
+
+    files, schema = tiny
+    threads = []
+
+    def spying_pin(self: Batch) -> Batch:
+        threads.append(threading.current_thread())
+        return Batch(self.dense.clone(), self.sparse, self.labels.clone())
+
+    want = list(ParquetReader(files, schema, 16, shuffle=True, seed=1, workers=workers,
+                              prefetch=prefetch).epoch(0))
+    monkeypatch.setattr(Batch, "pin_memory", spying_pin)
+    reader = ParquetReader(files, schema, 16, shuffle=True, seed=1, workers=workers, prefetch=prefetch,
+                           pin_memory=True)
+    got = list(reader.epoch(0))
+    reader.close()
+    assert_same(got, want)
+    assert len(threads) == len(want) > 0
+    assert threading.current_thread() not in threads
+
+
+@pytest.mark.gpu
+def test_cuda_reader_hands_out_pinned_batches(tiny) -> None:
+    files, schema = tiny
+    want = reader_batches(tiny)
+    got = list(ParquetReader(files, schema, 16, shuffle=True, seed=1, prefetch=2, pin_memory=True).epoch(0))
+    assert all(b.dense.is_pinned() and b.sparse.values().is_pinned() and b.labels.is_pinned() for b in got)
+    assert_same(got, want)

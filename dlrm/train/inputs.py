@@ -199,12 +199,14 @@ def saved_shuffle_buffer(run_dir: Path) -> int | None:
 
 def make_reader(
     cfg: Config, files: list[str], schema: Schema, train: bool, rank: int = 0, world_size: int = 1,
-    preprocess: prep_io.Preprocessing | None = None,
+    preprocess: prep_io.Preprocessing | None = None, pin_memory: bool = False,
 ) -> ParquetReader | MergedReader:
     """This rank's reader; with data.order_world_size=W on one process, the merged
-    reader of a W-rank job's ranks (same global batches, same order)."""
+    reader of a W-rank job's ranks (same global batches, same order). ``pin_memory``
+    (training on CUDA): batches page-locked by the reader's thread (the merged
+    reader's are made on the consumer's thread: not pinned)."""
 
-    def reader(r: int, w: int, prefetch: int, workers: int = 0) -> ParquetReader:
+    def reader(r: int, w: int, prefetch: int, workers: int = 0, pin: bool = False) -> ParquetReader:
         return ParquetReader(
             files,
             schema,
@@ -220,12 +222,13 @@ def make_reader(
             on_error=cfg.data.on_error,
             preprocess=preprocess,
             workers=workers,
+            pin_memory=pin,
         )
 
     order = cfg.data.order_world_size
     if order > 1 and world_size == 1:
         return MergedReader([reader(r, order, cfg.data.prefetch) for r in range(order)])
-    return reader(rank, world_size, cfg.data.prefetch, decode_workers(cfg))
+    return reader(rank, world_size, cfg.data.prefetch, decode_workers(cfg), pin_memory)
 
 
 def decode_workers(cfg: Config) -> int:

@@ -214,8 +214,9 @@ class Trainer:
         self.dense_opt = build_dense_optimizer(cfg, model.dense_parameters())
         resumed = self.resumed = self._resume()
         self.first_step = self.progress.global_step  # where this invocation starts
+        cuda = info.device.type == "cuda"  # batches pinned by the reader's thread, copied as DMA
         self.reader = make_reader(cfg, data.train_files, self.schema, True, info.rank,
-                                  info.world_size, data.preprocess)
+                                  info.world_size, data.preprocess, pin_memory=cuda)
         # the training files in stream order, recorded with each checkpoint; a resume over others
         self.train_data = broadcast_object(
             data_identity(data.train_files, self.reader.steps_per_epoch()) if info.is_main else None, info)
@@ -233,7 +234,7 @@ class Trainer:
             self.total_steps = self.progress.global_step
         self.eval_reader = (
             make_reader(cfg, data.eval_files, self.schema, False, info.rank, info.world_size,
-                        data.preprocess)
+                        data.preprocess, pin_memory=cuda)
             if data.eval_files else None
         )
         self.bad_data = None  # data.on_error=skip: what the readers dropped, RUN/bad_data.jsonl
