@@ -64,3 +64,37 @@ def test_rate_counts_the_wait_for_queued_work_not_the_steps_host_time() -> None:
     clock.now += 1.0
     meter.add_step(12, 10, started, 0.0, 1.0, 0.0)
     assert meter.summary()["samples_per_s"] == pytest.approx(110 / 3.0)
+
+
+def test_a_wait_while_the_device_still_ran_is_hidden() -> None:
+    """Steps whose batch arrived while the device still ran the previous one (a queued
+    GPU step) waited on the host only: ``host_wait_share`` counts them, the share the
+    warning reads does not. Timed steps: waits 0.3 (device busy) and 0.2 (idle)."""
+    clock = Clock()
+    meter = Meter(DistInfo(), time_sections=False, warmup=1, clock=clock)
+    for step, (wait, idle) in enumerate([(0.9, True), (0.3, False), (0.2, True)], start=1):
+        started = clock.now
+        clock.now += 1.0
+        meter.add_step(step, 10, started, wait, 0.5, 0.1, device_idle=idle)
+    summary = meter.summary()
+    assert summary["data_wait_share"] == pytest.approx(0.2 / 2)
+    assert summary["host_wait_share"] == pytest.approx((0.3 + 0.2) / 2)
+    assert meter.reader_warning() is None  # 10%: not above
+    assert Meter(DistInfo(), time_sections=False).device_idle()  # a CPU step is done when it returns
+
+
+@pytest.mark.gpu
+def test_cuda_device_idle_sees_queued_work() -> None:
+    """On CUDA the meter asks an event behind the last step: not idle while its work
+    runs, idle once it has finished (no wait either way)."""
+    import torch
+
+    meter = Meter(DistInfo(device=torch.device("cuda")), time_sections=False)
+    a = torch.randn(4096, 4096, device="cuda")
+    for _ in range(50):  # ~tens of ms of queued work
+        a = a @ a
+        a = a / a.norm()
+    meter.step_queued()
+    assert not meter.device_idle()
+    torch.cuda.synchronize()
+    assert meter.device_idle()

@@ -363,12 +363,14 @@ class Trainer:
             if not batches:
                 continue  # the epoch ended: the next one starts
             wait = time.perf_counter() - t_fetch
+            idle = self.meter.device_idle()  # was the device waiting too (CUDA: an event query)
             done = self.step(batches)
+            self.meter.step_queued()
             self.progress.step_in_epoch = first + len(batches)
             if self.trace:
                 self.trace.write(self.progress, first, batches)
             self.meter.add_step(self.progress.global_step, done.rows, t_fetch,
-                                wait, done.inside_s, done.dense_update_s)
+                                wait, done.inside_s, done.dense_update_s, idle)
             bar.update(1)
             stop = self._on_schedule(bar, preemption.signum)
             if stop:
