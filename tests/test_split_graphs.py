@@ -7,7 +7,8 @@ split's buffers, checks everything around the capture, in the trainer's Hotline 
 equal those of eager splits, bit for bit (reference: a ``HotlineSteps`` without
 graphs); two graphs are needed (with one, the split made ahead overwrites the one in
 use, and the test sees it); a refresh captures again; a batch of another shape splits
-eager.
+eager. hotline.graph_split's modes: auto and on graph where they can, off never, and
+only on says why not where they cannot.
 """
 
 from __future__ import annotations
@@ -95,3 +96,48 @@ def test_where_graphs_cannot_split() -> None:
     assert why_not(load_config(TINY), cuda, 1) is None
     assert why_not(load_config(TINY, ["embeddings.dtypes.C1=bf16"]), cuda, 1).startswith("tables of several dtypes")
     assert why_not(load_config(TINY, ["train.accumulate=2"]), cuda, 1).startswith("train.accumulate")
+
+
+@pytest.mark.parametrize("mode,graphed", [("auto", True), ("on", True), ("off", False)])
+def test_graph_split_modes_where_graphs_can_run(monkeypatch, mode: str, graphed: bool) -> None:
+    """Where the splits can be graphed (why_not None, as on one GPU; stand-in graphs
+    here): auto and on graph them, off does not; none of the three says anything."""
+    from types import SimpleNamespace
+
+    from dlrm.config import load_config
+    from dlrm.train import hotline
+    from tests.conftest import TINY
+
+    monkeypatch.setattr(hotline, "split_graphs_why_not", lambda *a: None)
+    monkeypatch.setattr(hotline, "GraphedSplits",
+                        lambda emb: GraphedSplits(emb, graph=StandInGraph, capture=stand_in_capture))
+    coll, _, _ = _setup(False)
+    lines: list[str] = []
+    steps = hotline.HotlineSteps(SimpleNamespace(embeddings=coll),
+                                 load_config(TINY, ["hotline.budget=1KB", f"hotline.graph_split={mode}"]),
+                                 say=lines.append)
+    assert (steps.split_graphs is not None, lines) == (graphed, [])
+    if graphed:  # and they do split
+        compare_ahead(steps, _steps(coll), [single_hot(coll, s) for s in range(2)])
+        assert steps.split_graphs.replays == 2
+    steps.close()
+
+
+def test_graph_split_on_says_why_not_where_auto_is_silent(monkeypatch) -> None:
+    """Where they cannot be graphed: eager under every mode; only on says why."""
+    from types import SimpleNamespace
+
+    from dlrm.config import load_config
+    from dlrm.train import hotline
+    from tests.conftest import TINY
+
+    monkeypatch.setattr(hotline, "split_graphs_why_not", lambda *a: "more than one process")
+    coll, _, _ = _setup(False)
+    said = "warning: hotline.graph_split=on: splits run eager: more than one process"
+    for mode, want in [("auto", []), ("off", []), ("on", [said])]:
+        lines: list[str] = []
+        steps = hotline.HotlineSteps(SimpleNamespace(embeddings=coll),
+                                     load_config(TINY, ["hotline.budget=1KB", f"hotline.graph_split={mode}"]),
+                                     say=lines.append)
+        assert steps.split_graphs is None and lines == want, mode
+        steps.close()

@@ -260,7 +260,7 @@ class Trainer:
         self.graphs, self.step_mode = self._graphs()
         if self.hotline is not None:
             self.step_mode += self._graph_dense(cfg.hotline.graph_dense)
-            self.step_mode += ", splits graphed (hotline.graph_split)" if self.hotline.split_graphs else ""
+            self.step_mode += ", splits graphed (hotline.graph_split)" if self.hotline.split_graphs is not None else ""
 
     def _graphs(self) -> tuple[GraphedStep | None, str]:
         """The captured step where train.cuda_graphs allows it (dlrm/train/graphs.py)."""
