@@ -139,3 +139,33 @@ def test_where_the_dense_model_cannot_be_graphed() -> None:
     assert why_not(load_config(TINY), cuda, 2).startswith("more than one process")
     assert why_not(load_config(TINY, ["train.accumulate=2"]), cuda, 1).startswith("train.accumulate")
     assert why_not(load_config(TINY, ["train.precision=bf16"]), cuda, 1).startswith("train.precision=bf16")
+
+
+def test_auto_graphs_the_dense_model_where_it_can_and_trains_as_eager(tiny_data, tmp_path, monkeypatch) -> None:
+    """hotline.graph_dense=auto (the default) where the dense model can be graphed
+    (why_not None, as on one GPU; stand-in graphs here): the trainer captures it, every
+    step replays it, the step mode says so, and the run ends equal, bit for bit, to the
+    same run with graph_dense=off (every parameter and optimizer state)."""
+    from dlrm.train import trainer as trainer_module
+    from tests import gpu_cases as cases
+    from tests.run_state import run_state
+
+    made: list[DenseGraphs] = []
+
+    def stand_in(arch, *args) -> DenseGraphs:
+        made.append(DenseGraphs(arch, *args, graph=StandInGraph, capture=stand_in_capture))
+        for part in (made[-1].bottom, made[-1].head):
+            bodies(part)
+        return made[-1]
+
+    base = (*cases.HOTLINE, "hotline.graph_split=off")
+    eager = cases.run(tiny_data, tmp_path / "off", "cpu", *base, "hotline.graph_dense=off", steps=6)
+    monkeypatch.setattr(trainer_module, "dense_graphs_why_not", lambda *a: None)
+    monkeypatch.setattr(trainer_module, "DenseGraphs", stand_in)
+    graphed = cases.run(tiny_data, tmp_path / "auto", "cpu", *base, steps=6)
+    assert "dense model graphed (hotline.graph_dense)" in graphed["step_mode"], graphed["step_mode"]
+    assert "graphed" not in eager["step_mode"]
+    assert len(made) == 1 and made[0].bottom.fwd.replays == made[0].head.bwd.replays == 6
+    got, want = run_state(tmp_path / "auto"), run_state(tmp_path / "off")
+    assert got.keys() == want.keys()
+    assert [k for k in want if not torch.equal(got[k], want[k])] == []
