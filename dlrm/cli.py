@@ -103,10 +103,13 @@ def cmd_train(argv: list[str]) -> int:
     p.add_argument("overrides", nargs="*", help="key.sub=value config overrides")
     a = p.parse_intermixed_args(argv)  # key=value before and after the options
     output_dir(a.out, "--out")
+    from dlrm.checkpoint.manager import checkpoints
     from dlrm.config import load_config
     from dlrm.train.trainer import train
 
-    cfg = load_config(a.config, a.overrides + ["train.print_config=true"] * a.print_config, warn=_rank0_print)
+    # a resume may keep a removed value its run started with (dlrm/config.py REMOVED_KEYS)
+    cfg = load_config(a.config, a.overrides + ["train.print_config=true"] * a.print_config, warn=_rank0_print,
+                      resuming=bool(checkpoints(Path(a.out))))
     summary = train(cfg, a.out)
     if summary.get("preempted"):
         ignore_agent_signals()  # checkpoint saved: this process only leaves now

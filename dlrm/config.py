@@ -174,7 +174,7 @@ class EmbeddingsConfig:
     # Hybrid parallel (more than one rank): the planner places every table unless
     # pinned here, within memory_per_rank (e.g. "16GB"; empty = no limit).
     # sharded: tables on the ranks per the plan; hotline: hot rows on the device,
-    # the rest in host memory, popular / non-popular micro-batches (see hotline:)
+    # the rest in host memory, one pass per mini-batch (see hotline:)
     placement: Literal["sharded", "hotline"] = "sharded"
     plan: dict[str, TablePlacement] = field(default_factory=dict)
     memory_per_rank: str = ""
@@ -190,18 +190,19 @@ class HotlineConfig:
     profile_seconds: float = 60.0  # profiling time bound
     refresh_every: int = 0  # steps; re-choose the hot rows from the batches since (0 = never)
     pipeline: bool = True  # gather cold rows on a host thread while the step's hot side runs
-    # once: the dense model (MLPs, interaction, loss) runs once per mini-batch, the cold
-    # rows gathered while the hot lookups and the bottom MLP run; per_micro_batch: the
-    # mini-batch is cut into a popular and a non-popular micro-batch, each a forward and
-    # backward (the Hotline paper's step: the dense model's ops dispatched twice)
-    dense_pass: Literal["once", "per_micro_batch"] = "once"
-    # the dense model's halves (bottom MLP; interaction and top MLP) as CUDA graphs in
-    # the eager Hotline step (one process, one pass, fp32; dlrm/train/dense_graphs.py).
-    # Off until measured on a GPU (scripts/gpu_session.sh bench runs it)
-    graph_dense: bool = False
-    # the on-device split of each mini-batch as CUDA graphs (one process, one table
-    # dtype, batches of one shape; dlrm/train/split_graphs.py). Off until measured
-    graph_split: bool = False
+    # The step is one pass per mini-batch: the dense model (MLPs, interaction, loss) runs
+    # once over it, the cold rows gathered while the hot lookups and the bottom MLP run.
+    # (hotline.dense_pass is gone: see REMOVED_KEYS below.)
+    # CUDA graphs inside the eager Hotline step; auto = on where they can run (CUDA, one
+    # process, and each option's own conditions), else off without a word (the summary's
+    # step_mode says which ran); on = asked for: where they cannot run, one warning line
+    # and the step eager; off = eager. YAML's true / false read as on / off.
+    # graph_dense: the dense model's halves (bottom MLP; interaction and top MLP), fp32,
+    # train.accumulate=1 (dlrm/train/dense_graphs.py). graph_split: the on-device split of
+    # each mini-batch, one table dtype (dlrm/train/split_graphs.py). One H200 (26 tables,
+    # budget 128MB, batch 4096): 1.32x with graph_dense, 1.43x with both (README).
+    graph_dense: Literal["auto", "on", "off"] = "auto"
+    graph_split: Literal["auto", "on", "off"] = "auto"
     # host threads gathering cold rows (each a slice of the ids into the pinned
     # buffer); 0 = min(4, CPU cores). host_embedding uses the same gather
     gather_threads: int = 0
@@ -288,9 +289,11 @@ class Config:
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
-                warn: Callable[[str], None] | None = None) -> Config:
+                warn: Callable[[str], None] | None = None, resuming: bool = False) -> Config:
     """Read ``path`` (YAML; None = defaults) and apply ``key.sub=value`` overrides.
-    ``warn``: told of keys set that this config does not read (config_rules.py)."""
+    ``warn``: told of keys set that this config does not read (config_rules.py) and of
+    removed keys kept (``REMOVED_KEYS``). ``resuming``: the config resumes a run that
+    has a checkpoint (a removed value it may have started with is then let through)."""
     raw: dict[str, Any] = {}
     if path is not None:
         p = Path(path)
@@ -320,6 +323,9 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             node[parts[-1]] = yaml.safe_load(value) if value != "" else ""
         except yaml.YAMLError:
             node[parts[-1]] = value
+    note = removed_key_note(raw, resuming)
+    if warn is not None and note is not None:
+        warn(note)
     cfg = from_dict(Config, raw, "")
     broken = check_config(cfg)
     if broken is not None:
@@ -330,10 +336,49 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     return cfg
 
 
+# --------------------------------------------------------------------------- removed keys
+
+# Keys that are gone, with the values a config from before could hold. A saved config
+# (RUN/config.yaml, a checkpoint's meta.json) of a run from before still loads (dlrm
+# eval, export, a resume): from_dict drops them; load_config says what became of them.
+REMOVED_KEYS: dict[str, tuple[str, ...]] = {"hotline.dense_pass": ("once", "per_micro_batch")}
+
+
+def _removed(key: str, value: Any) -> bool:
+    """Whether ``key`` is one of ``REMOVED_KEYS`` (a value it never held: a ConfigError)."""
+    old = REMOVED_KEYS.get(key)
+    if old is not None and value not in old:
+        raise ConfigError(f"config key {key}: {value!r} is not one of {list(old)} (a removed key: drop it)")
+    return old is not None
+
+
+def removed_key_note(raw: dict[str, Any], resuming: bool) -> str | None:
+    """What became of ``hotline.dense_pass`` in a config a user gives (None: not set).
+    ``per_micro_batch``, the Hotline paper's step (a popular and a non-popular
+    micro-batch, the dense model run on each), was removed after one H200 measured one
+    pass per mini-batch 1.41x faster: a new run asking for it is refused; a resume of a
+    run that had it goes on with one pass. Both steps are one optimizer step over the
+    mini-batch, tested equal to ordinary training; only the float sums' order differs."""
+    section = raw.get("hotline")
+    if not isinstance(section, dict) or "dense_pass" not in section:
+        return None
+    value = section["dense_pass"]
+    _removed("hotline.dense_pass", value)
+    if value == "once":
+        return "note: hotline.dense_pass=once is Hotline's only step now: the key can go"
+    why = ("removed after one H200 measured one pass per mini-batch 1.41x faster "
+           "(477,258 against 339,362 samples/s, configs/bench_gpu.yaml)")
+    if not resuming:
+        raise ConfigError(f"config key hotline.dense_pass=per_micro_batch: {why}; drop the key")
+    return (f"note: hotline.dense_pass=per_micro_batch was {why}; this resume trains one pass per "
+            "mini-batch: the same training maths (both equal ordinary training), float sums in another order")
+
+
 def from_dict(cls: type, raw: dict[str, Any], prefix: str) -> Any:
     """Build dataclass ``cls`` from ``raw``, checking keys and types."""
     if not isinstance(raw, dict):
         raise ConfigError(f"config key {prefix.rstrip('.') or '<root>'}: expected a mapping")
+    raw = {k: v for k, v in raw.items() if not _removed(f"{prefix}{k}", v)}
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(raw) - names)

@@ -44,14 +44,15 @@
 #      hotline / native >= 0.8x), native_bf16_tables and hotline_bf16_tables (issue 24:
 #      each over its fp32 row; Hotline's budget then holds twice the rows), in_memory
 #      (issue 23: native / in_memory >= 0.95)                       ($OUT/bench.json)
-#   2. hotline with hotline.dense_pass=per_micro_batch (two micro-batches, the dense model
-#      twice a step: the main row's one pass against it), then hotline with
-#      hotline.graph_dense=true (the dense model's halves replayed as CUDA graphs in the
-#      eager step), then with hotline.graph_split=true as well (the splits replayed)
+#   2. hotline with hotline.graph_dense=false hotline.graph_split=false: the main row runs
+#      the default (auto: on a GPU the dense model's halves and the splits replayed as CUDA
+#      graphs in the eager step), this A/B row what the graphs gain (1.43x on one H200 at
+#      153cd2f; hotline.dense_pass=per_micro_batch, 0.71x of one pass there, is removed)
 #   3. hotline with 3 steps under torch.profiler (operators' CPU and CUDA time: the first
 #      H200 bench found an eager Hotline step at ~12 ms where the GPU's work is ~1 ms),
 #      native with cuda_graphs=off (the main rows replay a captured step where they can)
-#   4. the hotline.budget sweep at 64MB, 512MB, 2GB (128MB is row 1's)
+#   4. the hotline.budget sweep at 64MB, 512MB, 2GB (128MB is row 1's; 210 s: at 153cd2f
+#      its 120 s ran out)
 #   5. native_fp16_tables, torch_baseline (each part's bench.json in runs.tgz)
 #   6. the embedding kernels alone (python -m dlrm.bench.kernels: bytes/s per path)
 # Rows that fail are listed and the others still run (dlrm bench --keep-going).
@@ -175,12 +176,8 @@ bench() {
   grep -E "^  [a-z_0-9]+@|FAILED|generated|hotline|from Parquet|tables:|steps:|gpu:|bound" \
     "$OUT/bench.log" | tail -30
   {
-    echo "== hotline, hotline.dense_pass=per_micro_batch (the main row: one pass per mini-batch; first: A/B of this commit)"
-    bench_part micro 45 --engines hotline "$@" hotline.dense_pass=per_micro_batch
-    echo "== hotline, hotline.graph_dense=true (the dense model's halves as CUDA graphs)"
-    bench_part gdense 45 --engines hotline "$@" hotline.graph_dense=true
-    echo "== hotline, graph_dense and graph_split (the splits replayed too)"
-    bench_part gboth 45 --engines hotline "$@" hotline.graph_dense=true hotline.graph_split=true
+    echo "== hotline, hotline.graph_dense=false hotline.graph_split=false (the main row: auto, graphed on a GPU)"
+    bench_part nographs 45 --engines hotline "$@" hotline.graph_dense=false hotline.graph_split=false
     # where a Hotline step's time goes: torch.profiler over 3 timed steps (CPU and CUDA
     # time per operator, the Chrome trace), in runs.tgz: prof/runs/hotline_1/profile/
     echo "== hotline, 3 steps under torch.profiler"
@@ -189,7 +186,7 @@ bench() {
     echo "== native, train.cuda_graphs=off (the rows above replay a captured step where they can)"
     bench_part eager 45 --engines native "$@" train.cuda_graphs=off
     echo "== hotline.budget sweep (128MB: the main rows)"
-    bench_part budgets 120 --engines "" --hotline-budgets 64MB,512MB,2GB "$@"
+    bench_part budgets 210 --engines "" --hotline-budgets 64MB,512MB,2GB "$@"
     echo "== native_fp16_tables, torch_baseline"
     bench_part extra 90 --engines native_fp16_tables,torch_baseline "$@"
     echo "== embedding kernels alone"

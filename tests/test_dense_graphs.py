@@ -103,7 +103,11 @@ def test_the_bottom_output_is_the_head_input_buffer() -> None:
     assert head.static_in[0].data_ptr() == bottom.static_out.data_ptr()
 
 
-def test_a_cpu_run_asking_for_graphs_says_why_not(tiny_data, tmp_path) -> None:
+@pytest.mark.parametrize("asked", ["true", "auto"])
+def test_a_cpu_run_says_why_not_only_when_graphs_are_asked_for(tiny_data, tmp_path, asked: str) -> None:
+    """hotline.graph_dense / graph_split on a CPU: ``true`` (YAML's boolean, read as on)
+    says in one line each why they run eager; ``auto`` (the default) runs eager without
+    a word. Either way nothing is graphed and the step mode says so."""
     from dlrm.config import load_config
     from dlrm.train.trainer import train
     from tests.conftest import TINY, tiny_overrides
@@ -111,11 +115,57 @@ def test_a_cpu_run_asking_for_graphs_says_why_not(tiny_data, tmp_path) -> None:
     said: list[str] = []
     cfg = load_config(TINY, tiny_overrides(**{"data.train": tiny_data["train"], "data.eval": ""})
                       + ["train.max_steps=2", "embeddings.placement=hotline", "hotline.budget=1MB",
-                         "hotline.graph_dense=true", "hotline.graph_split=true"])
+                         f"hotline.graph_dense={asked}", f"hotline.graph_split={asked}"])
     summary = train(cfg, tmp_path / "run", echo=said.append)
-    assert any("hotline.graph_dense: the dense model runs eager: no CUDA device" in s for s in said), said
-    assert any("hotline.graph_split: splits run eager: no CUDA device" in s for s in said), said
+    warned = [s for s in said if "hotline.graph_" in s]
+    if asked == "true":
+        assert cfg.hotline.graph_dense == cfg.hotline.graph_split == "on"
+        assert len(warned) == 2, said
+        assert sorted(warned) == ["warning: hotline.graph_dense=on: the dense model runs eager: no CUDA device",
+                                  "warning: hotline.graph_split=on: splits run eager: no CUDA device"], said
+    else:
+        assert warned == [], said
     assert summary["hotline"]["split_graphed"] == 0.0
     assert "graphed" not in summary["step_mode"]
-    assert why_not(load_config(TINY, ["hotline.dense_pass=per_micro_batch"]), torch.device("cuda"), 1) \
-        == "hotline.dense_pass=per_micro_batch (two batch sizes a step)"
+
+
+def test_where_the_dense_model_cannot_be_graphed() -> None:
+    from dlrm.config import load_config
+    from tests.conftest import TINY
+
+    cuda = torch.device("cuda")
+    assert why_not(load_config(TINY), torch.device("cpu"), 1) == "no CUDA device"
+    assert why_not(load_config(TINY), cuda, 1) is None
+    assert why_not(load_config(TINY), cuda, 2).startswith("more than one process")
+    assert why_not(load_config(TINY, ["train.accumulate=2"]), cuda, 1).startswith("train.accumulate")
+    assert why_not(load_config(TINY, ["train.precision=bf16"]), cuda, 1).startswith("train.precision=bf16")
+
+
+def test_auto_graphs_the_dense_model_where_it_can_and_trains_as_eager(tiny_data, tmp_path, monkeypatch) -> None:
+    """hotline.graph_dense=auto (the default) where the dense model can be graphed
+    (why_not None, as on one GPU; stand-in graphs here): the trainer captures it, every
+    step replays it, the step mode says so, and the run ends equal, bit for bit, to the
+    same run with graph_dense=off (every parameter and optimizer state)."""
+    from dlrm.train import trainer as trainer_module
+    from tests import gpu_cases as cases
+    from tests.run_state import run_state
+
+    made: list[DenseGraphs] = []
+
+    def stand_in(arch, *args) -> DenseGraphs:
+        made.append(DenseGraphs(arch, *args, graph=StandInGraph, capture=stand_in_capture))
+        for part in (made[-1].bottom, made[-1].head):
+            bodies(part)
+        return made[-1]
+
+    base = (*cases.HOTLINE, "hotline.graph_split=off")
+    eager = cases.run(tiny_data, tmp_path / "off", "cpu", *base, "hotline.graph_dense=off", steps=6)
+    monkeypatch.setattr(trainer_module, "dense_graphs_why_not", lambda *a: None)
+    monkeypatch.setattr(trainer_module, "DenseGraphs", stand_in)
+    graphed = cases.run(tiny_data, tmp_path / "auto", "cpu", *base, steps=6)
+    assert "dense model graphed (hotline.graph_dense)" in graphed["step_mode"], graphed["step_mode"]
+    assert "graphed" not in eager["step_mode"]
+    assert len(made) == 1 and made[0].bottom.fwd.replays == made[0].head.bwd.replays == 6
+    got, want = run_state(tmp_path / "auto"), run_state(tmp_path / "off")
+    assert got.keys() == want.keys()
+    assert [k for k in want if not torch.equal(got[k], want[k])] == []

@@ -120,40 +120,30 @@ def test_hotline_host_tier_pinned_and_cold_rows_on_a_side_stream(
     cases.host_tier_and_cold_copy(tiny_data, tmp_path, "cuda", monkeypatch)
 
 
-@pytest.mark.parametrize("dense_pass", ["per_micro_batch", "once"])
-def test_hotline_gather_and_copy_hidden_under_the_popular_micro_batch(
-    tiny_data, tmp_path: Path, dense_pass: str
-) -> None:
-    """Two measures of one run (8 steps, steps 3-6 under torch.profiler):
+def test_hotline_gather_and_copy_hidden_under_the_step_s_hot_side(tiny_data, tmp_path: Path) -> None:
+    """Two measures of one run (8 steps, steps 3-6 under torch.profiler; the default
+    graph options, so on a GPU the dense model and the splits are graphed):
 
     - the trainer's ``gather_hidden``: 1 - (time the step waited for the host thread)
       / (host gather + copy time), wall clock on the host: > 0 means part of the
-      gather ran while the popular micro-batch was being computed (one pass,
-      ``hotline.dense_pass=once``: while the hot lookups and the bottom MLP were);
+      gather ran while the step's hot lookups and bottom MLP were dispatched;
     - the GPU's own timeline (CUDA activity of the Chrome trace, which CUPTI stamps
       on the device): the cold rows' host-to-device copies run on a stream of their
-      own, from pinned memory, and (two micro-batches) most of their time falls inside
-      the device span of a popular micro-batch (the trainer names it with
-      record_function), i.e. the copy ran while the popular micro-batch was on the
-      GPU. How much of it ran under a kernel is printed, not asserted: this tiny
-      model's step is host-bound, so the SMs idle between kernels and a copy of a few
-      µs lands in such a gap."""
-    summary = cases.run(tiny_data, tmp_path / "hot", "cuda", *cases.HOTLINE, *cases.TIMELINE,
-                        f"hotline.dense_pass={dense_pass}", steps=8)
+      own, from pinned memory. How much of their time ran under a kernel is printed,
+      not asserted: this tiny model's step is host-bound, so the SMs idle between
+      kernels and a copy of a few µs lands in such a gap. (The Hotline paper's step,
+      whose copies fell under the popular micro-batch's span, is gone: one pass.)"""
+    summary = cases.run(tiny_data, tmp_path / "hot", "cuda", *cases.HOTLINE, *cases.TIMELINE, steps=8)
     stats = summary["hotline"]
     assert 0.2 < stats["popular_share"] < 0.9, stats  # both kinds of samples non-trivial
     assert stats["gather_ms"] > 0 and stats["transfer_ms"] > 0, stats
     assert stats["gather_hidden"] > 0, stats
     timeline = cases.gpu_timeline(tmp_path / "hot" / "profile" / "rank-0.json")
     copies = timeline["cold_copies"]
-    print(f"hotline timeline ({dense_pass}): {len(copies)} cold copies, {timeline['under_popular']:.0%} of "
-          f"their time inside a popular micro-batch's device span, {timeline['overlapped']:.0%} under "
-          f"compute kernels; stats {json.dumps(stats)}")
+    print(f"hotline timeline: {len(copies)} cold copies, {timeline['overlapped']:.0%} of their time under "
+          f"compute kernels; step {summary['step_mode']}; stats {json.dumps(stats)}")
     assert timeline["kernels"] > 0 and copies, timeline
     assert all("Pinned" in name for _, _, name in copies), copies  # DMA from page-locked memory
-    if dense_pass == "per_micro_batch":
-        assert timeline["popular"], "no hotline.popular span on the device timeline"
-        assert timeline["under_popular"] > 0.5, timeline
 
 
 # ------------------------------------------------------------------ torchrun, NCCL
@@ -319,9 +309,10 @@ def test_hotline_with_the_dense_model_graphed_equals_eager(tiny_data, tmp_path: 
     """hotline.graph_dense: the dense model's halves replayed as CUDA graphs inside the
     eager Hotline step (dlrm/train/dense_graphs.py) train as the eager step does (the
     same kernels; the tolerance of the graph test above), and the summary says the
-    graphs ran. tiny's batch (64) divides its data: every step replays."""
-    graphed = cases.run(tiny_data, tmp_path / "g", "cuda", *cases.HOTLINE, "hotline.graph_dense=true")
-    cases.run(tiny_data, tmp_path / "e", "cuda", *cases.HOTLINE)
+    graphs ran: by default (``auto``) on a GPU. tiny's batch (64) divides its data:
+    every step replays."""
+    graphed = cases.run(tiny_data, tmp_path / "g", "cuda", *cases.HOTLINE, "hotline.graph_split=off")
+    cases.run(tiny_data, tmp_path / "e", "cuda", *cases.HOTLINE, "hotline.graph_dense=off", "hotline.graph_split=off")
     assert "dense model graphed" in graphed["step_mode"], graphed["step_mode"]
     cases.assert_runs_close(tmp_path / "g", tmp_path / "e", "hotline graph_dense vs eager", rtol=1e-5)
 
@@ -333,9 +324,11 @@ def test_hotline_with_splits_and_dense_model_graphed_equals_eager(single_hot_dat
     (the graphs captured again against the new hot ids)."""
     both = ("hotline.graph_split=true", "hotline.graph_dense=true", "hotline.refresh_every=5")
     graphed = cases.run(single_hot_data, tmp_path / "g", "cuda", *cases.HOTLINE, *both)
-    cases.run(single_hot_data, tmp_path / "e", "cuda", *cases.HOTLINE, "hotline.refresh_every=5")
+    cases.run(single_hot_data, tmp_path / "e", "cuda", *cases.HOTLINE, "hotline.refresh_every=5",
+              "hotline.graph_dense=false", "hotline.graph_split=false")
     assert graphed["hotline"]["split_graphed"] > 0.5, graphed["hotline"]
     assert "dense model graphed" in graphed["step_mode"], graphed["step_mode"]
+    assert "splits graphed" in graphed["step_mode"], graphed["step_mode"]
     cases.assert_runs_close(tmp_path / "g", tmp_path / "e", "hotline graphs vs eager", rtol=1e-5)
 
 

@@ -2,13 +2,12 @@
 
 - The split made ahead gives the same passes (lookups, dense rows, labels, gathered
   cold rows) as a split made at the step (reference: a ``HotlineSteps`` that never
-  splits ahead), for one dtype and for several (``split_jointly``), with one pass per
-  mini-batch (``hotline.dense_pass=once``) and with two micro-batches.
-- Order: batch t+1 is split before batch t's first micro-batch is handed out and its
-  header is read after batch t's last one; at step t+1 nothing is split or read for it.
+  splits ahead), for one dtype and for several (``split_jointly``).
+- Order: batch t+1 is split before batch t's pass is handed out and its header is read
+  after it; at step t+1 nothing is split or read for it.
   Its cold ids were copied to the host then too, and its gather uses that copy.
 - A refresh between the split and its step: the split is made again against the new
-  hot set (the stale one's sizes differ: it would have cut other micro-batches);
+  hot set (the stale one's sizes differ: it would have cut the lookups otherwise);
   another batch than the one split ahead: split at its step.
 - Training with a refresh stays equal to ordinary training: tests/test_hotline_train.py
   (``resplits`` counted there).
@@ -53,11 +52,8 @@ def _setup(mixed: bool):
     return coll, batches, profile_of(tables, second)
 
 
-PASSES = {"once": 1, "per_micro_batch": 2}  # passes per mini-batch (the fixture's has cold lookups)
-
-
-def _steps(coll, dense_pass: str = "once") -> HotlineSteps:
-    cfg = load_config(TINY, ["hotline.budget=1KB", f"hotline.dense_pass={dense_pass}"])
+def _steps(coll) -> HotlineSteps:
+    cfg = load_config(TINY, ["hotline.budget=1KB"])
     return HotlineSteps(SimpleNamespace(embeddings=coll), cfg)
 
 
@@ -85,8 +81,8 @@ def _assert_same(got, want, label: str) -> None:
         assert got == want, label
 
 
-def _assert_same_parts(got: list, want: list, label: str, passes: int) -> None:
-    assert len(got) == len(want) == passes, label  # the fixture runs both micro-batches
+def _assert_same_parts(got: list, want: list, label: str) -> None:
+    assert len(got) == len(want) == 1, label  # one pass per mini-batch
     for (part, cold, last), (part_w, cold_w, last_w) in zip(got, want):
         cold, cold_w = (c.result() if isinstance(c, ColdInFlight) else c for c in (cold, cold_w))
         assert last == last_w, label
@@ -102,8 +98,8 @@ def _assert_same_parts(got: list, want: list, label: str, passes: int) -> None:
 
 
 def _assert_cold_ids_copied_ahead(handed: list, ahead: bool) -> None:
-    """The non-popular micro-batch of a split made ahead carries its cold ids, copied to
-    the host at the end of the step before, and its gather used those (not a copy of
+    """The pass of a split made ahead carries its cold ids, copied to the host at the
+    end of the step before, and its gather used those (not a copy of
     its own); a split made at the step carries none."""
     part, cold = handed[-1][0], handed[-1][1]
     if isinstance(cold, ColdInFlight):
@@ -139,13 +135,11 @@ def _spy(monkeypatch, coll, batches: list[Batch]) -> list[tuple[str, int]]:
     return events
 
 
-@pytest.mark.parametrize("dense_pass", list(PASSES))
 @pytest.mark.parametrize("mixed", [False, True])
-def test_split_ahead_equals_a_split_at_the_step(mixed: bool, dense_pass: str, monkeypatch) -> None:
+def test_split_ahead_equals_a_split_at_the_step(mixed: bool, monkeypatch) -> None:
     coll, batches, _ = _setup(mixed)
-    want = [_run(_steps(coll, dense_pass), b) for b in batches]  # every batch split at its own step
-    ahead = _steps(coll, dense_pass)
-    passes = PASSES[dense_pass]
+    want = [_run(_steps(coll), b) for b in batches]  # every batch split at its own step
+    ahead = _steps(coll)
     events = _spy(monkeypatch, coll, batches)
     for i, batch in enumerate(batches):
         upcoming = batches[i + 1] if i + 1 < len(batches) else None
@@ -153,11 +147,11 @@ def test_split_ahead_equals_a_split_at_the_step(mixed: bool, dense_pass: str, mo
         for item in ahead.micro_batches(batch, upcoming):
             events.append(("micro-batch", i))
             handed.append(item)
-        _assert_same_parts(handed, want[i], f"batch {i} mixed={mixed}", passes)
+        _assert_same_parts(handed, want[i], f"batch {i} mixed={mixed}")
         _assert_cold_ids_copied_ahead(handed, ahead=i > 0)
     # batch 0 at its step; every later one split during the step before, before that
-    # step's first pass, and its header read after that step's last one
-    runs = [[("micro-batch", i)] * passes for i in range(4)]
+    # step's pass, and its header read after it
+    runs = [[("micro-batch", i)] for i in range(4)]
     assert events == [("split", 0), ("read", 0),
                       ("split", 1), *runs[0], ("read", 1),
                       ("split", 2), *runs[1], ("read", 2),
@@ -168,20 +162,19 @@ def test_split_ahead_equals_a_split_at_the_step(mixed: bool, dense_pass: str, mo
     ahead.close()
 
 
-@pytest.mark.parametrize("dense_pass", list(PASSES))
 @pytest.mark.parametrize("mixed", [False, True])
-def test_a_refresh_between_the_split_and_its_step_makes_it_again(mixed: bool, dense_pass: str) -> None:
+def test_a_refresh_between_the_split_and_its_step_makes_it_again(mixed: bool) -> None:
     coll, batches, second = _setup(mixed)
-    steps = _steps(coll, dense_pass)
+    steps = _steps(coll)
     _run(steps, batches[0], batches[1])
     stale = steps._ahead
     assert stale is not None and stale.sizes is not None  # split and read during step 0
     coll.refresh(second)  # what after_step does at a refresh boundary
     got = _run(steps, batches[1])
-    want = _run(_steps(coll, dense_pass), batches[1])  # split at the step, against the new hot set
-    _assert_same_parts(got, want, f"after the refresh mixed={mixed}", PASSES[dense_pass])
+    want = _run(_steps(coll), batches[1])  # split at the step, against the new hot set
+    _assert_same_parts(got, want, f"after the refresh mixed={mixed}")
     _assert_cold_ids_copied_ahead(got, ahead=False)  # not the stale split's
-    fresh = _steps(coll, dense_pass)
+    fresh = _steps(coll)
     assert fresh._issue(batches[1]).read() != stale.sizes  # the stale split would cut others
     assert steps.stats()["resplits"] == 1
     steps.close()
@@ -192,7 +185,7 @@ def test_another_batch_than_the_one_split_ahead_is_split_at_its_step() -> None:
     steps = _steps(coll)
     _run(steps, batches[0], batches[1])
     got = _run(steps, batches[2])  # not the batch split ahead
-    _assert_same_parts(got, _run(_steps(coll), batches[2]), "another batch", 1)
+    _assert_same_parts(got, _run(_steps(coll), batches[2]), "another batch")
     assert steps.stats()["resplits"] == 1
     steps.close()
 
@@ -240,7 +233,7 @@ def test_the_next_gather_starts_after_the_update_and_reads_its_rows(mixed: bool)
     got = list(steps.micro_batches(batches[1]))
     assert got[0][1] is early
     want = _run(_steps(coll), batches[1])  # gathered at the step, after the update
-    _assert_same_parts(got, want, f"early gather mixed={mixed}", 1)
+    _assert_same_parts(got, want, f"early gather mixed={mixed}")
     rows = [c.rows for c in (_cold_parts(early.result()))]
     stale = [c.rows for c in _cold_parts(before.result())]
     assert any(not torch.equal(a, b) for a, b in zip(rows, stale))
@@ -257,7 +250,7 @@ def test_no_early_gather_for_a_split_a_refresh_made_stale() -> None:
     steps.after_step(1)
     assert steps._ahead is not None and steps._ahead.gather is None
     got = list(steps.micro_batches(batches[1]))
-    _assert_same_parts(got, _run(_steps(coll), batches[1]), "after a refresh", 1)
+    _assert_same_parts(got, _run(_steps(coll), batches[1]), "after a refresh")
     assert steps.stats()["resplits"] == 1
     steps.close()
 

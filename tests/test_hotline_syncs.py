@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
-import pytest
 import torch
 
 from dlrm.train.sync_audit import SyncAudit
@@ -177,13 +176,11 @@ def test_covering_coalesce_equals_from_lookups_bit_for_bit() -> None:
     assert torch.equal(got.ids, want.ids) and torch.equal(got.rows, want.rows)
 
 
-@pytest.mark.parametrize("dense_pass", ["once", "per_micro_batch"])
-def test_the_split_made_a_step_ahead_waits_for_nothing(monkeypatch, dense_pass: str) -> None:
+def test_the_split_made_a_step_ahead_waits_for_nothing(monkeypatch) -> None:
     """The trainer's Hotline step (dlrm/train/hotline.py) with the next mini-batch split
-    ahead: handing out this batch's passes (one, or two micro-batches; split made
-    during the previous step) and issuing the next batch's split issue no sync; the
-    next batch's header is read once, after this batch's passes (its own read is not
-    audited here)."""
+    ahead: handing out this batch's pass (its split made during the previous step) and
+    issuing the next batch's split issue no sync; the next batch's header is read once,
+    after this batch's pass (its own read is not audited here)."""
     from types import SimpleNamespace
 
     from data.batch import Batch
@@ -194,7 +191,7 @@ def test_the_split_made_a_step_ahead_waits_for_nothing(monkeypatch, dense_pass: 
     coll, _, _ = _collection()
     kjt = random_kjt(FEATURES, rows_of(coll.tables), batch=16, max_len=2, seed=3)  # both kinds of samples
     batches = [Batch(torch.zeros(16, 3), kjt, torch.zeros(16)) for _ in range(3)]  # three mini-batches
-    cfg = load_config(TINY, ["hotline.budget=1KB", f"hotline.dense_pass={dense_pass}"])
+    cfg = load_config(TINY, ["hotline.budget=1KB"])
     steps = HotlineSteps(SimpleNamespace(embeddings=coll), cfg)
     list(steps.micro_batches(batches[0], batches[1]))  # batch 1 split ahead, its header read
     before = dict(coll.tier.copied)
@@ -205,12 +202,8 @@ def test_the_split_made_a_step_ahead_waits_for_nothing(monkeypatch, dense_pass: 
     with SyncAudit() as audit:
         handed = [what for _, what, _ in steps.micro_batches(batches[1], batches[2])]
     assert audit.violations == [], audit.violations
-    if dense_pass == "once":  # one pass, its cold rows gathered by the thread
-        assert len(handed) == 1 and isinstance(handed[0], ColdInFlight)
-        cold = handed[0].result()
-    else:
-        assert handed == [HOT_ONLY, handed[1]] and handed[1] is not HOT_ONLY  # both micro-batches ran
-        cold = handed[1]
+    assert len(handed) == 1 and isinstance(handed[0], ColdInFlight)  # one pass, its cold rows by the thread
+    cold = handed[0].result()
     assert len(reads) == 1 and reads[0] is batches[2]  # the one host read: the next batch's header
     # the cold ids (copied ahead, at the end of the step before) counted once, with the rows
     u = cold.ids.numel()

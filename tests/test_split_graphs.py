@@ -7,7 +7,8 @@ split's buffers, checks everything around the capture, in the trainer's Hotline 
 equal those of eager splits, bit for bit (reference: a ``HotlineSteps`` without
 graphs); two graphs are needed (with one, the split made ahead overwrites the one in
 use, and the test sees it); a refresh captures again; a batch of another shape splits
-eager.
+eager. hotline.graph_split's modes: auto and on graph where they can, off never, and
+only on says why not where they cannot.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from data.jagged import JaggedFeatures
 from dlrm.train.split_graphs import GraphedSplits, why_not
 from tests.graph_stand_in import StandInGraph, stand_in_capture
 from tests.test_hotline import FEATURES
-from tests.test_hotline_ahead import PASSES, _assert_same_parts, _setup, _steps
+from tests.test_hotline_ahead import _assert_same_parts, _setup, _steps
 
 BATCH = 16
 
@@ -34,29 +35,28 @@ def single_hot(coll, seed: int, batch: int = BATCH) -> Batch:
     return Batch(torch.randn(batch, 3, generator=g), sparse, torch.rand(batch, generator=g))
 
 
-def graphed_steps(coll, dense_pass: str):
-    steps = _steps(coll, dense_pass)
-    steps.split_graphs = GraphedSplits(coll, dense_pass != "once", graph=StandInGraph, capture=stand_in_capture)
+def graphed_steps(coll):
+    steps = _steps(coll)
+    steps.split_graphs = GraphedSplits(coll, graph=StandInGraph, capture=stand_in_capture)
     return steps
 
 
-def compare_ahead(steps, reference, batches: list[Batch], passes: int) -> None:
+def compare_ahead(steps, reference, batches: list[Batch]) -> None:
     """Each batch's passes, the next batch split a step ahead (as the trainer runs them),
     against the reference's, compared before the next step (which may reuse buffers)."""
     for i, batch in enumerate(batches):
         upcoming = batches[i + 1] if i + 1 < len(batches) else None
         got = list(steps.micro_batches(batch, upcoming))
-        _assert_same_parts(got, list(reference.micro_batches(batch, upcoming)), f"batch {i}", passes)
+        _assert_same_parts(got, list(reference.micro_batches(batch, upcoming)), f"batch {i}")
         for s in (steps, reference):
             s.after_step(i + 1)
 
 
-@pytest.mark.parametrize("dense_pass", list(PASSES))
-def test_replayed_splits_give_the_eager_passes(dense_pass: str) -> None:
+def test_replayed_splits_give_the_eager_passes() -> None:
     coll, _, _ = _setup(False)
     batches = [single_hot(coll, s) for s in range(5)]
-    steps, reference = graphed_steps(coll, dense_pass), _steps(coll, dense_pass)
-    compare_ahead(steps, reference, batches, PASSES[dense_pass])
+    steps, reference = graphed_steps(coll), _steps(coll)
+    compare_ahead(steps, reference, batches)
     assert steps.split_graphs.captures == 1 and steps.split_graphs.replays == 5
     assert steps.stats(whole_run=True)["split_graphed"] == 1.0
     steps.close()
@@ -70,18 +70,18 @@ def test_one_graph_is_not_enough(monkeypatch) -> None:
     coll, _, _ = _setup(False)
     batches = [single_hot(coll, s) for s in range(3)]
     with pytest.raises(AssertionError):
-        compare_ahead(graphed_steps(coll, "once"), _steps(coll), batches, 1)
+        compare_ahead(graphed_steps(coll), _steps(coll), batches)
 
 
 def test_a_refresh_captures_again_and_another_shape_splits_eager() -> None:
     coll, _, second = _setup(False)
-    steps, reference = graphed_steps(coll, "once"), _steps(coll)
-    compare_ahead(steps, reference, [single_hot(coll, s) for s in range(2)], 1)
+    steps, reference = graphed_steps(coll), _steps(coll)
+    compare_ahead(steps, reference, [single_hot(coll, s) for s in range(2)])
     coll.refresh(second)  # new hot ids: the graphs read the old ones
-    compare_ahead(steps, reference, [single_hot(coll, 7)], 1)
+    compare_ahead(steps, reference, [single_hot(coll, 7)])
     assert steps.split_graphs.captures == 2
     replays = steps.split_graphs.replays
-    compare_ahead(steps, reference, [single_hot(coll, 8, batch=BATCH // 2)], 1)  # another shape: eager
+    compare_ahead(steps, reference, [single_hot(coll, 8, batch=BATCH // 2)])  # another shape: eager
     assert steps.split_graphs.replays == replays and steps.split_graphs.captures == 2
     steps.close()
     reference.close()
@@ -96,3 +96,48 @@ def test_where_graphs_cannot_split() -> None:
     assert why_not(load_config(TINY), cuda, 1) is None
     assert why_not(load_config(TINY, ["embeddings.dtypes.C1=bf16"]), cuda, 1).startswith("tables of several dtypes")
     assert why_not(load_config(TINY, ["train.accumulate=2"]), cuda, 1).startswith("train.accumulate")
+
+
+@pytest.mark.parametrize("mode,graphed", [("auto", True), ("on", True), ("off", False)])
+def test_graph_split_modes_where_graphs_can_run(monkeypatch, mode: str, graphed: bool) -> None:
+    """Where the splits can be graphed (why_not None, as on one GPU; stand-in graphs
+    here): auto and on graph them, off does not; none of the three says anything."""
+    from types import SimpleNamespace
+
+    from dlrm.config import load_config
+    from dlrm.train import hotline
+    from tests.conftest import TINY
+
+    monkeypatch.setattr(hotline, "split_graphs_why_not", lambda *a: None)
+    monkeypatch.setattr(hotline, "GraphedSplits",
+                        lambda emb: GraphedSplits(emb, graph=StandInGraph, capture=stand_in_capture))
+    coll, _, _ = _setup(False)
+    lines: list[str] = []
+    steps = hotline.HotlineSteps(SimpleNamespace(embeddings=coll),
+                                 load_config(TINY, ["hotline.budget=1KB", f"hotline.graph_split={mode}"]),
+                                 say=lines.append)
+    assert (steps.split_graphs is not None, lines) == (graphed, [])
+    if graphed:  # and they do split
+        compare_ahead(steps, _steps(coll), [single_hot(coll, s) for s in range(2)])
+        assert steps.split_graphs.replays == 2
+    steps.close()
+
+
+def test_graph_split_on_says_why_not_where_auto_is_silent(monkeypatch) -> None:
+    """Where they cannot be graphed: eager under every mode; only on says why."""
+    from types import SimpleNamespace
+
+    from dlrm.config import load_config
+    from dlrm.train import hotline
+    from tests.conftest import TINY
+
+    monkeypatch.setattr(hotline, "split_graphs_why_not", lambda *a: "more than one process")
+    coll, _, _ = _setup(False)
+    said = "warning: hotline.graph_split=on: splits run eager: more than one process"
+    for mode, want in [("auto", []), ("off", []), ("on", [said])]:
+        lines: list[str] = []
+        steps = hotline.HotlineSteps(SimpleNamespace(embeddings=coll),
+                                     load_config(TINY, ["hotline.budget=1KB", f"hotline.graph_split={mode}"]),
+                                     say=lines.append)
+        assert steps.split_graphs is None and lines == want, mode
+        steps.close()

@@ -125,7 +125,7 @@ def hotline_events(monkeypatch: pytest.MonkeyPatch, read: str) -> list[tuple[int
 # Step 1 of 3: the next mini-batch's split is issued before this one's pass runs (so
 # before anything of it waits), and its header, the step's one host read, is read after
 # it; step 1's own split was made (and its header read) during step 0. One pass over
-# the mini-batch (hotline.dense_pass=once, the default).
+# the mini-batch (Hotline's step).
 AHEAD = ["step", "split", "hotline.mini_batch", "header"]
 
 

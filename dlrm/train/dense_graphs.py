@@ -4,9 +4,9 @@ A Hotline step runs eager: its cold rows come from the host and its lookups' siz
 change every step, so the whole step cannot be captured as ``train.cuda_graphs``
 captures the native one (dlrm/train/graphs.py). On a GPU an eager step is
 host-bound (the first H200 figures: ~12 ms of op dispatch for ~1 ms of device work),
-and the dense model is half of its ops. With one pass per mini-batch
-(``hotline.dense_pass=once``) the dense model sees the mini-batch's static shapes, so
-each half is captured once and replayed:
+and the dense model is half of its ops. With one pass per mini-batch (Hotline's
+step) the dense model sees the mini-batch's static shapes, so each half is captured
+once and replayed:
 
     bottom   dense [B, n_dense] ──fwd graph──► [B, D]            (its input copied in)
     head     ([B, D], pooled [B, F*D]) ──fwd graph──► logits [B, 1]   (pooled copied in;
@@ -23,7 +23,7 @@ thread captures, which the default global mode forbids).
 
 The gradients the backward returns are the graphs' static buffers: the dense
 optimizer must read them before the next replay, so one backward a step (no
-``train.accumulate``, one pass). Another batch size (an epoch's short last batch)
+``train.accumulate``). Another batch size (an epoch's short last batch)
 and evaluation (``eval()``) run the modules eager.
 """
 
@@ -44,7 +44,6 @@ def why_not(cfg: Any, device: torch.device, world_size: int) -> str | None:
     reasons = [
         (device.type != "cuda", "no CUDA device"),
         (world_size > 1, "more than one process (DDP hooks the backward)"),
-        (cfg.hotline.dense_pass != "once", "hotline.dense_pass=per_micro_batch (two batch sizes a step)"),
         (cfg.train.accumulate != 1, "train.accumulate > 1 (the graphs' gradient buffers hold one pass)"),
         (cfg.train.precision != "fp32", f"train.precision={cfg.train.precision} (autocast)"),
         (cfg.data.on_error == "skip", "data.on_error=skip (batches of varying rows)"),

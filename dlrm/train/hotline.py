@@ -1,6 +1,6 @@
 """Hotline mode in the trainer: profile the hot rows, split and pipeline each step.
 
-One pass per mini-batch (``hotline.dense_pass=once``, the default):
+One pass per mini-batch:
 
     mini-batch ──to the device once, classified there (split stream; embeddings/hotline/split.py):
         │      its lookups hot first, then cold, each in batch order; the host reads
@@ -11,17 +11,17 @@ One pass per mini-batch (``hotline.dense_pass=once``, the default):
              gathered, H2D (a ``ColdInFlight``)
     one optimizer step (kept KV gradients), so the math is ordinary training
 
-``per_micro_batch`` (the Hotline paper's step): the mini-batch cut into a popular
-micro-batch (every lookup hot: no host row) and the rest; the popular one's forward
-and backward run while the host gathers the rest's cold rows. The dense model's ops
-are then dispatched twice a step, which a host-bound eager step pays for.
+The Hotline paper's step, a popular micro-batch (every lookup hot: no host row)
+trained while the host gathers the rest's cold rows, then the rest, ran here as
+``hotline.dense_pass=per_micro_batch`` until one H200 measured this one pass 1.41x
+faster (the dense model's ops dispatched once a step instead of twice; README).
 
 A step ahead: mini-batch t+1 is split while mini-batch t trains, so step t+1 starts
 with its header on the host and submits its gather at once (the trainer passes the
 next batch, ``upcoming``):
 
-    step t   | take split t | issue split t+1 (queued) | pass(es) of t | read header t+1 |
-    step t+1 | take split t+1 (made, read) | issue split t+2 | pass(es) of t+1 | ...
+    step t   | take split t | issue split t+1 (queued) | pass of t | read header t+1 |
+    step t+1 | take split t+1 (made, read) | issue split t+2 | pass of t+1 | ...
 
 What classifying ahead reads is the batch and the hot ids, never a host row. A
 split made against a hot set that a refresh (``after_step``) has since replaced is
@@ -36,10 +36,9 @@ step's ``step()`` queued that update, and reads the host rows only after it
 
 Several ranks: every rank splits its own share of the global batch; the host
 thread's "gather" is then the sharded host tier's lookup (ids all-to-all, the
-owners' host lookups, pooled all-to-all), which runs while the hot side (one
-pass) or the popular micro-batch computes. The pass with cold lookups (the one pass,
-or the non-popular micro-batch) runs on every rank, empty or
-not (its lookup is a collective, and it is the micro-batch DDP syncs on); the
+owners' host lookups, pooled all-to-all), which runs while the hot side computes.
+The pass runs on every rank with its cold lookups, empty or not (its lookup is a
+collective, and it is the pass DDP syncs on); the
 profile's counts are summed over the ranks, so every rank has the same hot rows.
 """
 
@@ -244,17 +243,9 @@ class HotlineSteps:
         self.tables: list[TableSpec] = self.embeddings.tables
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hotline-gather")
         self.device = self.embeddings.hot_device
-        # hotline.dense_pass=once: the split is not by popularity (one pass, batch order)
-        self.once = cfg.hotline.dense_pass == "once"
         # hotline.graph_split: splits replayed as CUDA graphs where they can be
         self.split_graphs: GraphedSplits | None = None
-        self.split_graphs_off: str | None = None  # why not, where asked for
-        if cfg.hotline.graph_split:
-            self.split_graphs_off = split_graphs_why_not(cfg, self.device, self.info.world_size)
-            if self.split_graphs_off is None:
-                self.split_graphs = GraphedSplits(self.embeddings, not self.once)
-            elif say is not None:
-                say(f"warning: hotline.graph_split: splits run eager: {self.split_graphs_off}")
+        self._graph_splits(cfg.hotline.graph_split, say)
         self._current: AheadSplit | None = None  # the split this step's passes read
         # CUDA: the side stream that copies each mini-batch in and classifies it
         self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
@@ -270,6 +261,16 @@ class HotlineSteps:
         self._total: dict[str, float] = {}
         self.reset_window()
 
+    def _graph_splits(self, mode: str, say: Callable[[str], None] | None) -> None:
+        """hotline.graph_split: auto = graphed where they can be, else eager without a
+        word; on = where they cannot, a warning line and eager; off = eager."""
+        why = "hotline.graph_split=off" if mode == "off" else split_graphs_why_not(
+            self.cfg, self.device, self.info.world_size)
+        if why is None:
+            self.split_graphs = GraphedSplits(self.embeddings)
+        elif mode == "on" and say is not None:
+            say(f"warning: hotline.graph_split=on: splits run eager: {why}")
+
     def reset_window(self) -> None:
         """Close the current window: add it to the run's totals, keep it as the last."""
         self._last = dict(self._window)
@@ -282,11 +283,9 @@ class HotlineSteps:
         """The mini-batch's passes through the model: (part on the device, its ``sparse``
         a ``MicroLookups``; its ``cold`` argument; whether it is the step's last).
 
-        ``hotline.dense_pass=once``: one pass, the whole mini-batch in its own order,
-        its cold rows a ``ColdInFlight`` the gather thread is filling (or ``HOT_ONLY``:
-        none). ``per_micro_batch``: (popular, HOT_ONLY, False), then (non-popular, its
-        cold rows, True); an empty part is skipped, but on several ranks the
-        non-popular one never is.
+        One pass: the whole mini-batch in its own order, its cold rows a
+        ``ColdInFlight`` the gather thread is filling (or ``HOT_ONLY``: none), the
+        step's last.
 
         ``upcoming``: the mini-batch that comes next (None: none, or not known). It is
         split here, before this batch's passes run (on CUDA on the split stream,
@@ -298,10 +297,7 @@ class HotlineSteps:
             self._ahead = self._issue(upcoming)
         dev, split = self._use(made)
         self._observe(batch, sizes)
-        if self.once:
-            yield from self._one_pass(batch, made, dev, split, sizes)
-        else:
-            yield from self._two_passes(batch, made, dev, split, sizes)
+        yield from self._one_pass(made, dev, split, sizes)
         if self._ahead is not None:
             # The next batch's header, read after this batch's work is queued. On CUDA
             # also the end of the split stream's reads of the hot ids: a refresh after
@@ -311,7 +307,7 @@ class HotlineSteps:
             if not self.embeddings.sharded:
                 self._ahead.copy_cold_ids(self._stream)
 
-    def _one_pass(self, batch: Batch, made: AheadSplit, dev: Batch, split: DeviceSplit | JointSplit,
+    def _one_pass(self, made: AheadSplit, dev: Batch, split: DeviceSplit | JointSplit,
                   sizes: Sizes) -> Iterator[tuple[Batch, Any, bool]]:
         """The whole mini-batch, once: its lookups in batch order (a split not by
         popularity, so hot ones first, then cold ones), the dense model over every
@@ -348,31 +344,6 @@ class HotlineSteps:
         """The pass's lookups and their cold gather, submitted to the gather thread."""
         whole = self._whole(made, sizes)
         return whole, ColdInFlight(self.pool.submit(self._gather, whole))
-
-    def _two_passes(self, batch: Batch, made: AheadSplit, dev: Batch, split: DeviceSplit | JointSplit,
-                    sizes: Sizes) -> Iterator[tuple[Batch, Any, bool]]:
-        """Popular, then non-popular micro-batch (``hotline.dense_pass=per_micro_batch``):
-        the gather runs while the popular one trains."""
-        emb = self.embeddings
-        # dense and labels in the split's sample order once: each micro-batch's a slice
-        ordered = (dev.dense.index_select(0, split.sample_order),
-                   dev.labels.index_select(0, split.sample_order))
-        rest_runs = batch.size > sizes.group0 or emb.sharded  # several ranks: a collective
-        future = rest = None
-        if rest_runs:
-            rest = self._part(ordered, split, sizes, 1)
-            rest.sparse.ready = made.ready  # the gather's copy waits for the split stream
-            made.give_cold_ids(rest.sparse)  # made ahead: its cold ids are on the host already
-            if self.cfg.hotline.pipeline:
-                future = self.pool.submit(self._gather, rest.sparse)
-        if sizes.group0:
-            yield self._part(ordered, split, sizes, 0), HOT_ONLY, not rest_runs
-        if rest is not None:
-            t0 = time.perf_counter()  # waiting for the gather (all of it without the pipeline)
-            cold = future.result() if future is not None else self._gather(rest.sparse)
-            self._window["wait"] += time.perf_counter() - t0
-            self._touch(cold)
-            yield rest, cold, True
 
     def _touch(self, cold: Any) -> None:
         """hotline.refresh_every with a plan in flight: the host rows this step's cold
@@ -430,7 +401,7 @@ class HotlineSteps:
         if graphs is not None and graphs.failed and self.say is not None:
             self.say(f"warning: hotline.graph_split: the capture failed, splits run eager: {graphs.failed}")
             self.say = None  # said once
-        return self.embeddings.split_on_device(dev.sparse, not self.once, host=batch.sparse), None
+        return self.embeddings.split_on_device(dev.sparse, by_popularity=False, host=batch.sparse), None
 
     def _use(self, made: AheadSplit) -> tuple[Batch, DeviceSplit | JointSplit]:
         """The split's tensors handed to the compute stream (CUDA: it waits for the
@@ -443,14 +414,6 @@ class HotlineSteps:
             for t in split_tensors(made.split):
                 t.record_stream(current)
         return made.dev, made.split
-
-    def _part(self, ordered: tuple[torch.Tensor, torch.Tensor], split: DeviceSplit | JointSplit,
-              sizes: Sizes, group: int) -> Batch:
-        """Micro-batch ``group``: its rows of ``ordered`` (dense and labels in the split's
-        sample order: static slices) and its lookups."""
-        rows = slice(0, sizes.group0) if group == 0 else slice(sizes.group0, None)
-        dense, labels = ordered
-        return Batch(dense[rows], self.embeddings.micro_batch(split, sizes, group), labels[rows])
 
     def _gather(self, micro: Any) -> Any:  # MicroLookups (or mixed.py's MixedMicro)
         cold = self.embeddings.gather_cold(micro)
@@ -470,7 +433,7 @@ class HotlineSteps:
             self.counts = count_accesses([batch.sparse], self.tables, into=self.counts)
 
     def gather_ahead(self) -> None:
-        """One pass, one process, the pipeline on: the next mini-batch's cold gather
+        """One process, the pipeline on: the next mini-batch's cold gather
         submitted now, after this step's update was queued (the trainer calls this
         after ``model.end_step()``, through ``after_step``), so it runs while the step
         loop logs, fetches the next batch and dispatches that step's hot side. Exact
@@ -479,7 +442,7 @@ class HotlineSteps:
         swapped the hot set: ``after_step`` runs the swap first) or has no cold row;
         several ranks gather by collectives, which stay in the step."""
         ahead, emb = self._ahead, self.embeddings
-        if (ahead is None or ahead.gather is not None or not self.once or not self.cfg.hotline.pipeline
+        if (ahead is None or ahead.gather is not None or not self.cfg.hotline.pipeline
                 or emb.sharded or ahead.version != emb.hot_version):
             return
         sizes = ahead.read()
@@ -562,8 +525,8 @@ class HotlineSteps:
 
     def stats(self, whole_run: bool = False) -> dict[str, float]:
         """Hit rate, popular share, host gather, transfer to the device and wait ms
-        per step, and the share of gather + transfer hidden behind the popular
-        micro-batch, over the window since the last call (then a new window starts)
+        per step, and the share of gather + transfer hidden behind the step's hot
+        side (its hot lookups, the bottom MLP), over the window since the last call (then a new window starts)
         or over the whole run. Several ranks: this rank's view."""
         self.reset_window()
         w = self._total if whole_run else self._last

@@ -1,6 +1,7 @@
 """``hotline.graph_split``: Hotline's on-device split captured as CUDA graphs and replayed.
 
-The split (embeddings/hotline/split.py) sizes every output by its input's size (no
+The split (embeddings/hotline/split.py; one pass per mini-batch: hot lookups, then
+cold ones, not by popularity) sizes every output by its input's size (no
 boolean-mask indexing, no nonzero, no unique), so for mini-batches of one shape (B
 samples, N ids in the collection's feature order: single-hot data always) it is the
 same ops every step: about 40 that the main thread dispatches. Captured, it is two
@@ -62,9 +63,9 @@ class GraphedSplits:
 
     SLOTS = 2
 
-    def __init__(self, emb: Any, by_popularity: bool, graph: Callable[[], Any] | None = None,
+    def __init__(self, emb: Any, graph: Callable[[], Any] | None = None,
                  capture: Callable[[Any], Any] | None = None) -> None:
-        self.emb, self.by_popularity = emb, by_popularity
+        self.emb = emb
         self.graph_type = graph or torch.cuda.CUDAGraph
         self.capture = capture or _cuda_capture
         self.slots: list[_Slot] = []
@@ -118,19 +119,19 @@ class GraphedSplits:
     def _capture_one(self, sparse: JaggedFeatures) -> _Slot:
         values, lengths = sparse.values().clone(), sparse.lengths().clone()
         static = JaggedFeatures(list(sparse.keys()), values, lengths, sparse.stride())
-        self.emb.split_on_device(static, self.by_popularity)  # warm-up: lazily made state
+        self.emb.split_on_device(static, by_popularity=False)  # warm-up: lazily made state
         graph = self.graph_type()
         with self.capture(graph):
-            split = self.emb.split_on_device(static, self.by_popularity)
+            split = self.emb.split_on_device(static, by_popularity=False)
         if hasattr(graph, "body"):  # a test's stand-in graph: its replay reruns the split
-            graph.body = lambda: _rerun(self.emb, static, self.by_popularity, split)
+            graph.body = lambda: _rerun(self.emb, static, split)
         return _Slot(graph, values, lengths, split)
 
 
-def _rerun(emb: Any, static: JaggedFeatures, by_popularity: bool, split: DeviceSplit) -> None:
+def _rerun(emb: Any, static: JaggedFeatures, split: DeviceSplit) -> None:
     """What a replay computes, eagerly: the split of the static inputs written into the
     captured split's buffers (a test's stand-in graph calls this; CUDA ignores it)."""
-    fresh = emb.split_on_device(static, by_popularity)
+    fresh = emb.split_on_device(static, by_popularity=False)
     for out, value in zip(split_tensors(split), split_tensors(fresh), strict=True):
         out.copy_(value)
 

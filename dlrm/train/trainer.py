@@ -2,9 +2,8 @@
 
     Trainer.step(batches)                    k = train.accumulate batches of this rank
         model.begin_step(sparse_lr)          sparse lr for a fused (in-backward) update
-        for each batch, each pass:           (Hotline: the batch once, its cold rows
-                                              gathered meanwhile; per_micro_batch: popular,
-                                              then non-popular; else the batch)
+        for each batch, its pass:            (Hotline: the batch once, its cold rows
+                                              gathered meanwhile; else the batch)
             loss = sum(BCE(model(dense, sparse))) * loss_scale
             loss.backward()                  KV gradients for the tables, dense grads for
                                              the MLPs (DDP syncs on the step's last one)
@@ -92,7 +91,6 @@ from dlrm.train.same_data import check_resume_data, data_identity, eval_overlap
 from dlrm.train.staged import StagedBatches
 from dlrm.train.trace import RowTrace
 from embeddings.collection import warn_fp16_overflow
-from embeddings.hotline.lookups import HOT_ONLY
 from embeddings.interface import Prefetched
 from embeddings.kernels import why_not_triton
 from embeddings.narrow import bf16_small_lr
@@ -182,13 +180,8 @@ def narrow_type_warning(cfg: Config, schema: Any, say: Callable[[str], None]) ->
 
 
 def micro_batch_name(sparse: Any) -> str:
-    """``hotline.mini_batch`` (one pass over the whole mini-batch) / ``hotline.popular``
-    / ``hotline.non_popular`` / ``micro_batch``."""
-    if isinstance(sparse, Prefetched):
-        if getattr(sparse.sparse, "whole", False):
-            return "hotline.mini_batch"
-        return "hotline.popular" if sparse.rows is HOT_ONLY else "hotline.non_popular"
-    return "micro_batch"
+    """``hotline.mini_batch`` (Hotline's one pass over the whole mini-batch) / ``micro_batch``."""
+    return "hotline.mini_batch" if isinstance(sparse, Prefetched) else "micro_batch"
 
 
 class StepDone(NamedTuple):
@@ -266,8 +259,9 @@ class Trainer:
         self._upcoming: Batch | None = None  # Hotline: the next step's first batch (``_peek_next``)
         self._staged: StagedBatches | None = None  # data.in_memory: batches read once
         self.graphs, self.step_mode = self._graphs()
-        if self.hotline is not None and cfg.hotline.graph_dense:
-            self.step_mode += self._graph_dense()
+        if self.hotline is not None:
+            self.step_mode += self._graph_dense(cfg.hotline.graph_dense)
+            self.step_mode += ", splits graphed (hotline.graph_split)" if self.hotline.split_graphs is not None else ""
 
     def _graphs(self) -> tuple[GraphedStep | None, str]:
         """The captured step where train.cuda_graphs allows it (dlrm/train/graphs.py)."""
@@ -281,11 +275,16 @@ class Trainer:
             return None, f"eager ({why})"
         return GraphedStep(self._captured_body, self.dense_opt, self.say, required=mode == "on"), ""
 
-    def _graph_dense(self) -> str:
+    def _graph_dense(self, mode: str) -> str:
         """hotline.graph_dense: the dense model's halves captured for this run's batch
-        (dlrm/train/dense_graphs.py); what the step mode then says. A capture that
-        fails leaves the dense model eager, said in one line."""
+        (dlrm/train/dense_graphs.py); what the step mode then says. auto: where they
+        can be, else eager without a word; on: where they cannot, a warning line. A
+        capture that fails leaves the dense model eager, said in one line."""
+        if mode == "off":
+            return ""
         why = dense_graphs_why_not(self.cfg, self.info.device, self.info.world_size)
+        if why is not None and mode == "auto":
+            return ""
         if why is None:
             model: Any = self.model
             arch, emb = unwrap(model.dense_arch), model.embeddings
@@ -296,7 +295,7 @@ class Trainer:
             except Exception as e:  # noqa: BLE001 - any capture error: the eager arch still works
                 arch.graphs = None
                 why = f"the capture failed: {type(e).__name__}: {e}"
-        self.say(f"warning: hotline.graph_dense: the dense model runs eager: {why}")
+        self.say(f"warning: hotline.graph_dense={mode}: the dense model runs eager: {why}")
         return ""
 
     def _resume(self) -> bool:
@@ -432,8 +431,8 @@ class Trainer:
         for i, batch in enumerate(batches):
             upcoming = batches[i + 1] if i + 1 < len(batches) else after
             for part, sparse, last in self._micro_batches(batch, upcoming):
-                # Named spans in a profile's trace (CPU and GPU): Hotline's popular and
-                # non-popular micro-batches can be told apart on the device timeline.
+                # Named spans in a profile's trace (CPU and GPU): Hotline's pass can be
+                # told apart from the rest of the step on the device timeline.
                 with torch.profiler.record_function(micro_batch_name(sparse)):
                     self._forward_backward(part, sparse, rows, sync=last and i == len(batches) - 1)
         t_dense = time.perf_counter()

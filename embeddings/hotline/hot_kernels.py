@@ -9,7 +9,8 @@
               fused backward + update launch for every hot row of the mini-batch
 
 Nothing here sizes a tensor by the data: the join is a stable sort of static size.
-The trainer's two micro-batches of one split skip it (``in_split_order``): the split
+Two micro-batches of one split (popular, then the rest; the trainer runs one pass
+since hotline.dense_pass was removed) skip it (``in_split_order``): the split
 has its hot lookups in the mini-batch's own order, so the join is the gradients' rows
 put back in that order, 2 ops where ``join`` issues some 20.
 """
