@@ -44,17 +44,21 @@
 #      hotline / native >= 0.8x), native_bf16_tables and hotline_bf16_tables (issue 24:
 #      each over its fp32 row; Hotline's budget then holds twice the rows), in_memory
 #      (issue 23: native / in_memory >= 0.95)                       ($OUT/bench.json)
-#   2. hotline with hotline.graph_dense=false hotline.graph_split=false: the main row runs
-#      the default (auto: on a GPU the dense model's halves and the splits replayed as CUDA
-#      graphs in the eager step), this A/B row what the graphs gain (1.43x on one H200 at
-#      153cd2f; hotline.dense_pass=per_micro_batch, 0.71x of one pass there, is removed)
-#   3. hotline with 3 steps under torch.profiler (operators' CPU and CUDA time: the first
-#      H200 bench found an eager Hotline step at ~12 ms where the GPU's work is ~1 ms),
-#      native with cuda_graphs=off (the main rows replay a captured step where they can)
-#   4. the hotline.budget sweep at 64MB, 512MB, 2GB (128MB is row 1's; 210 s: at 153cd2f
-#      its 120 s ran out)
-#   5. native_fp16_tables, torch_baseline (each part's bench.json in runs.tgz)
-#   6. the embedding kernels alone (python -m dlrm.bench.kernels: bytes/s per path)
+#   2. the A/Bs of this commit against the main rows: native with
+#      DLRM_KERNEL_RUN_SEGMENT=1073741824 (the Triton backward before run segments: one
+#      program walking each whole run; on the first H200 profile that kernel took 1.4 ms
+#      of a Hotline step's 3.1 ms of GPU time); hotline with hotline.graph_dense=false
+#      hotline.graph_split=false (the main row runs the default, auto: on a GPU the dense
+#      model's halves and the splits replayed as CUDA graphs in the eager step; 1.43x on
+#      one H200 at 153cd2f; hotline.dense_pass=per_micro_batch, 0.71x there, is removed)
+#   3. the embedding kernels alone (python -m dlrm.bench.kernels: bytes/s per path), with
+#      and without run segments
+#   4. hotline with 3 steps under torch.profiler (operators' CPU and CUDA time; the first
+#      H200 profile: an eager Hotline step of 8.6 ms held 3.1 ms of GPU work, no host sync)
+#   5. the hotline.budget sweep at 64MB, 512MB, 2GB (128MB is row 1's; at 153cd2f the
+#      sweep got no time)
+#   6. native with cuda_graphs=off, native_fp16_tables, torch_baseline (each part's
+#      bench.json in runs.tgz)
 # Rows that fail are listed and the others still run (dlrm bench --keep-going).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -176,21 +180,26 @@ bench() {
   grep -E "^  [a-z_0-9]+@|FAILED|generated|hotline|from Parquet|tables:|steps:|gpu:|bound" \
     "$OUT/bench.log" | tail -30
   {
+    # first the A/Bs of this session's changes, each against the main rows above (same
+    # machine, same run): the Triton backward before run segments, the graphs off
+    echo "== native, DLRM_KERNEL_RUN_SEGMENT=1073741824 (the backward before segments: one program per whole run)"
+    DLRM_KERNEL_RUN_SEGMENT=1073741824 bench_part noseg 45 --engines native "$@"
     echo "== hotline, hotline.graph_dense=false hotline.graph_split=false (the main row: auto, graphed on a GPU)"
     bench_part nographs 45 --engines hotline "$@" hotline.graph_dense=false hotline.graph_split=false
+    echo "== embedding kernels alone (run segments of 32, then before segments)"
+    timeout -k 5 "$(upto 40)" "$PY" -m dlrm.bench.kernels --config "$CONFIG"
+    DLRM_KERNEL_RUN_SEGMENT=1073741824 timeout -k 5 "$(upto 40)" "$PY" -m dlrm.bench.kernels --config "$CONFIG"
     # where a Hotline step's time goes: torch.profiler over 3 timed steps (CPU and CUDA
     # time per operator, the Chrome trace), in runs.tgz: prof/runs/hotline_1/profile/
     echo "== hotline, 3 steps under torch.profiler"
     bench_part prof 50 --engines hotline "$@" train.profile_start=90 train.profile_steps=3
     cp /tmp/bench_gpu/prof/runs/hotline_1/profile/rank-0.txt "$OUT"/hotline_profile.txt 2>/dev/null
+    echo "== hotline.budget sweep (128MB: the main rows)"
+    bench_part budgets 150 --engines "" --hotline-budgets 64MB,512MB,2GB "$@"
     echo "== native, train.cuda_graphs=off (the rows above replay a captured step where they can)"
     bench_part eager 45 --engines native "$@" train.cuda_graphs=off
-    echo "== hotline.budget sweep (128MB: the main rows)"
-    bench_part budgets 210 --engines "" --hotline-budgets 64MB,512MB,2GB "$@"
     echo "== native_fp16_tables, torch_baseline"
     bench_part extra 90 --engines native_fp16_tables,torch_baseline "$@"
-    echo "== embedding kernels alone"
-    timeout -k 5 "$(upto 60)" "$PY" -m dlrm.bench.kernels --config "$CONFIG"
   } >"$OUT/bench_extra.log" 2>&1
   grep -E "^  [a-z_0-9]+@|FAILED|^==|budget|GB/s|^ +[0-9]+[KMGT]?B " "$OUT/bench_extra.log" | tail -30
   tar czf "$OUT/runs.tgz" -C /tmp/bench_gpu --exclude='checkpoints' --exclude='data' . 2>/dev/null

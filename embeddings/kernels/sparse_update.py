@@ -53,6 +53,7 @@ numbers, so a captured CUDA graph replays with the current values.
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 import triton
@@ -95,7 +96,10 @@ def _linearize_kernel(values_ptr, offsets_ptr, row_base_ptr, linear_ptr, bag_of_
 
 
 # Lookups one program sums; a run's later segments are summed by programs of their own.
-SEGMENT = 32
+# DLRM_KERNEL_RUN_SEGMENT (read at import; a developer's A/B, not a setting): a huge
+# value is the kernel before segments, one program walking each whole run
+# (scripts/gpu_session.sh bench times both in one run).
+SEGMENT = int(os.environ.get("DLRM_KERNEL_RUN_SEGMENT", "32"))
 _SEGMENT = tl.constexpr(SEGMENT)  # the kernels' view of it (a global they may read)
 
 
