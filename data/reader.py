@@ -283,7 +283,7 @@ def _pinned(items: Iterator[tuple[Batch, list[BadRecord]]]
             ) -> Generator[tuple[Batch, list[BadRecord]], None, None]:
     """Each batch copied into page-locked memory (its H2D copy is then queued DMA),
     off the trainer's thread: a Hotline step and a graph-replayed step are bound by
-    that thread's time (the first H200 profile, 153cd2f: a Hotline step's GPU work
+    that thread's time (the 2026-11-26 H200 profile, 153cd2f: a Hotline step's GPU work
     3.1 ms of 8.6). With decode workers the shared-memory slot's copy is this pin (a
     pinned copy, data/shm_batch.py), taken here too; ``pin_memory()`` of a pinned
     batch is the batch itself."""

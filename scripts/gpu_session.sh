@@ -18,14 +18,14 @@
 #
 # tests, in order:
 #   1. first, up to 75 s, the Triton kernels' own tests (tests/test_kernels_*.py: the
-#      first H200 session's 140 s ran out before them, so they have never run compiled),
+#      2026-11-26 H200 session's 140 s ran out before them, so they have never run compiled),
 #      then up to 55 s the GPU tests of code no GPU has run yet or that failed on the
 #      last one (NEW_TESTS, a -k expression over the files in NEW_FILES), then the other
 #      gpu- and kernels-marked tests (tests/test_gpu.py's CUDA-equals-CPU matrix is
 #      most of it: ~40 s a case) in what is left before the reader, spread over
 #      12 pytest-xdist processes where xdist is installed (the image has it); then the
 #      failures alone, again, one process, so a failure caused by the sharing is told
-#      from a real one (the first H200 session: the Hotline timeline test failed under
+#      from a real one (the 2026-11-26 H200 session: the Hotline timeline test failed under
 #      12 processes and passed alone) ($OUT/test_gpu.log, test_gpu_rerun.log)
 #      Each test's outcome and time go to $OUT/test_gpu.jsonl as it ends (a cut run still
 #      names its failures: the first GPU session's 150 s ran out at 34% with ~20 F's
@@ -46,7 +46,7 @@
 #      (issue 23: native / in_memory >= 0.95)                       ($OUT/bench.json)
 #   2. the A/Bs of this commit against the main rows: native with
 #      DLRM_KERNEL_RUN_SEGMENT=1073741824 (the Triton backward before run segments: one
-#      program walking each whole run; on the first H200 profile that kernel took 1.4 ms
+#      program walking each whole run; on the 2026-11-26 H200 profile that kernel took 1.4 ms
 #      of a Hotline step's 3.1 ms of GPU time); hotline with hotline.graph_dense=false
 #      hotline.graph_split=false (the main row runs the default, auto: on a GPU the dense
 #      model's halves and the splits replayed as CUDA graphs in the eager step; 1.43x on
@@ -65,7 +65,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu_out}
 PY=${PY:-python3}
 CONFIG=${CONFIG:-configs/bench_gpu.yaml}  # a dry run elsewhere: a small config
-# fixed after the first H200 session (153cd2f), and the graph options it measured
+# fixed after the 2026-11-26 H200 session (153cd2f), and the graph options it measured
 NEW_TESTS=${NEW_TESTS:-"graph_replayed or (cuda_equals_cpu and adam and not single) or triton_hot_tier or prefetch or pinned or no_host_sync or scored_on_the_torch or graphed or cuda_device_idle"}
 NEW_FILES=${NEW_FILES:-"tests/test_gpu.py tests/test_hotline_distributed.py tests/test_device_prefetch.py tests/test_dtype_stacks.py tests/test_eval_kernels.py tests/test_data_wait.py"}
 mkdir -p "$OUT"

@@ -97,7 +97,7 @@ def assert_runs_close(got: Path, want: Path, label: str, rtol: float = DEVICE_RT
 
 # Sparse Adam divides by the root of its second moment, which for a near-zero, partly
 # cancelled gradient is rounding-sized: such an element steps by about lr either way,
-# and the tables' difference reaches the MLPs. The first H200 run: adam, fused, mean
+# and the tables' difference reaches the MLPs. The 2026-11-26 H200 run: adam, fused, mean
 # pooling, 1.33e-4 on the bottom MLP's first weight (the other Adam cases under 1e-4).
 # 3e-4 still leaves a real bug (one row updated wrongly: ~3e-3) ten times over.
 OPTIMIZER_RTOL = {"optim.sparse=adam": 3e-4}

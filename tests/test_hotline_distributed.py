@@ -127,7 +127,7 @@ def test_hotline_ranks_on_the_triton_hot_tier_equal_one_process(small_data, tmp_
     train(config_for(small_data, overrides), ref, echo=lambda s: None)
     assert summary(run)["hotline"]["hot_tier_triton"] == 1.0
     # on a GPU cuBLAS sums two half-batch matmuls (then the all-reduce) and one whole
-    # one in other orders: the first H200 run, 3.0e-5 on the bottom MLP's first weight;
+    # one in other orders: the 2026-11-26 H200 run, 3.0e-5 on the bottom MLP's first weight;
     # the CUDA-against-CPU tolerance of tests/gpu_cases.py there
     rtol = RTOL.get("rowwise_adagrad", 1e-5) if DEVICE.type == "cpu" else 1e-4
     assert_states_close(run_state(run), run_state(ref), "hotline triton W=2", rtol)

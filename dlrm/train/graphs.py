@@ -121,7 +121,7 @@ class GraphedStep:
 def _tensor_lrs(opt: torch.optim.Optimizer) -> None:
     """Each param group's lr as a device tensor (fused SGD and Adam read a tensor lr
     on the device), so a replay uses the lr of its step; and Adam's groups marked
-    ``capturable`` (torch refuses to capture its step otherwise: the first H200 run
+    ``capturable`` (torch refuses to capture its step otherwise: the 2026-11-26 H200 run
     of the graph test). Set here, after a resume loaded the groups, so a checkpoint
     of an eager run resumes graphed."""
     for group in opt.param_groups:

@@ -155,7 +155,7 @@ class Meter:
     def data_wait_share(self) -> float:
         """This rank's waits for input batches while its device had nothing queued, over
         its timed steps' wall time (in closed spans). On the CPU every wait; on CUDA a
-        wait during which the previous step still ran is hidden: the first H200 bench
+        wait during which the previous step still ran is hidden: the 2026-11-26 H200 bench
         (153cd2f, replayed steps) waited 27% of step time on the host, and trained 4%
         slower from Parquet than from batches staged in memory."""
         return self.exposed_wait / self.timed_seconds if self.timed_seconds else 0.0

@@ -83,7 +83,7 @@ class SyncAudit(TorchDispatchMode):
     def _patch_triton_launches(self) -> None:
         """Count each Triton launch as one op: in the interpreter (whose own torch ops
         inside the launch are looked away from) and on a real GPU, where a launch
-        issues no torch op at all (the first H200 run of the stacks' audit test
+        issues no torch op at all (the 2026-11-26 H200 run of the stacks' audit test
         counted 0 launches)."""
         try:
             from triton.runtime import interpreter, jit

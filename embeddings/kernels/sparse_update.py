@@ -20,7 +20,7 @@
 
 Why segments: a hot id's run is long (Zipf ids, a 3-row table: about 2,000 of a
 4,096-sample batch), and one program walking it serially, a chain of dependent
-loads per lookup, was the step's longest kernel (the first H200 profile of
+loads per lookup, was the step's longest kernel (the 2026-11-26 H200 profile of
 configs/bench_gpu.yaml: 1.4 ms of a Hotline step's 3.1 ms of GPU time). Segmented,
 its program walks 32 lookups and about len/32 partials. A run of at most 32 lookups
 is summed exactly as before, bit for bit; a longer one in a fixed order too (the
