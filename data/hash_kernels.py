@@ -9,8 +9,8 @@ string is hashed in registers:
                    hash_i = mix(len_i + mix(s + G) + G)             (splitmix64 twice)
 
 the same bits as the numpy recipe for every input (tests/test_hashing.py compares
-them). numba is an ordinary dependency; without it (the GPU machine's image)
-:func:`hash_strings` is None and data/hashing.py keeps the numpy recipe. numba is
+them). numba is an ordinary dependency (the GPU machine's image has it too); without
+it :func:`hash_strings` is None and data/hashing.py keeps the numpy recipe. numba is
 imported at the first string hashed, not with this module (a process that reads no
 strings never pays its import), and the kernel is cached on disk (``cache=True``): a
 process after the first loads it (about 0.1 s) instead of compiling it (about 1 s).
@@ -55,7 +55,8 @@ def hash_strings() -> Callable[[np.ndarray, np.ndarray, np.ndarray], None] | Non
         return None
     global _mix  # the kernel calls _mix: compiled too, inlined
     _mix = numba.njit(inline="always")(_mix_py)
-    return numba.njit(cache=True)(_hash_strings)
+    # nogil: arrays in, arrays out; the decode thread hashes while the trainer runs Python
+    return numba.njit(cache=True, nogil=True)(_hash_strings)
 
 
 _mix = _mix_py

@@ -16,8 +16,8 @@ registers, rows in parallel:
 
 Same bits as ``rounding.stochastic_round`` for every input (tests/test_rounding_cpu.py
 compares the two on random, tiny, huge, subnormal and non-finite values). numba is
-an ordinary dependency on CPU machines; where it is missing (the GPU machine's
-image), ``available()`` is False and callers keep the torch recipe.
+an ordinary dependency on CPU machines (the GPU machine's image has it too); where
+it is missing, ``available()`` is False and callers keep the torch recipe.
 
 The kernels themselves live in rounding_cpu_kernels.py, imported (with numba) at the
 first compiled call. A kernel compiles at its first call in a process (0.3-2 s each;

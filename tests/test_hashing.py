@@ -39,3 +39,40 @@ def test_string_hash_equals_the_python_reference(compiled: bool, monkeypatch: py
     assert np.array_equal(hashing.hash_bytes(offsets, data), want)
     # a slice whose offsets do not start at 0 (a chunk of a longer array)
     assert np.array_equal(hashing.hash_bytes(offsets[100:201], data), want[100:200])
+
+
+def test_the_compiled_string_hash_lets_other_threads_run() -> None:
+    """The reader hashes strings on its decoding thread beside the trainer's: the
+    compiled kernel releases the GIL (``nogil``). While ~0.2 s of hashing runs on
+    another thread, this thread's Python loop keeps turning; holding the GIL, its
+    longest pause was the kernel's whole run."""
+    import threading
+    import time
+
+    from data.hash_kernels import hash_strings
+
+    kernel = hash_strings()
+    if kernel is None:
+        pytest.skip("numba is not installed")
+    data = np.frombuffer(np.random.default_rng(0).bytes(160_000_000), dtype=np.uint8)
+    offsets = np.arange(0, data.size + 1, 40, dtype=np.int64)
+    out = np.empty(offsets.size - 1, dtype=np.uint64)
+    kernel(offsets[:3], data, out[:2])  # compiled (or loaded) first
+    spans = []
+
+    def hash_all() -> None:
+        t0 = time.perf_counter()
+        kernel(offsets, data, out)
+        spans.append((t0, time.perf_counter()))
+
+    worker = threading.Thread(target=hash_all)
+    ticks = []
+    worker.start()
+    while worker.is_alive():
+        ticks.append(time.perf_counter())
+    worker.join()
+    (start, end), = spans
+    inside = [t for t in ticks if start <= t <= end]
+    longest = max(b - a for a, b in zip([start, *inside], [*inside, end], strict=True))
+    assert end - start > 0.05, "the kernel ran too briefly to tell"
+    assert longest < 0.5 * (end - start), (longest, end - start)
