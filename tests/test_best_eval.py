@@ -155,3 +155,27 @@ def test_two_ranks_stop_together_at_their_logs_rule(tiny_data, tmp_path: Path) -
 def test_settings_without_evals_to_go_by_are_one_line(tiny_data, extra: dict, words: str) -> None:
     with pytest.raises(ConfigError, match=words.replace("(", r"\(")):
         _cfg(tiny_data, **extra)
+
+
+def test_a_resume_past_a_corrupt_best_checkpoint_drops_best_json(tiny_data, tmp_path: Path) -> None:
+    """best.json named the newest checkpoint; a resume found it corrupt, moved it aside
+    (``step-N.corrupt``) and loads the one before, which no eval precedes: best.json must
+    not go on naming the moved checkpoint (``dlrm eval`` of it would fail). The resumed
+    run's own evals name the best again as they come."""
+    from dlrm.parallel.distributed import DistInfo
+    from dlrm.train.best import best_eval
+
+    cfg = _cfg(tiny_data, **{"train.max_steps": 4, "train.eval_every": 4, "train.checkpoint_every": 2,
+                             "train.keep_checkpoints": 2, "train.early_stop": 0})
+    run = tmp_path / "run"
+    train(cfg, run, echo=lambda s: None)
+    checkpoints = run / "checkpoints"
+    best_json = checkpoints / "best.json"
+    named = json.loads(best_json.read_text())["checkpoint"]
+    newest = max(p.name for p in checkpoints.iterdir() if p.name.startswith("step-"))
+    assert named == newest  # the step-4 eval, the run's only one
+    (checkpoints / named).rename(checkpoints / f"{named}.corrupt")  # as the resume moves it
+    best = best_eval(cfg, run, DistInfo(), resumed_step=2)
+    assert best.record()["checkpoint"] is None and not best_json.exists()
+    resumed = train(cfg, run, echo=lambda s: None)  # steps 3-4 again, their eval names it anew
+    assert json.loads(best_json.read_text())["checkpoint"] == resumed["best"]["checkpoint"] == named

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dlrm.checkpoint.manager import CHECKPOINTS, best_checkpoint, mark_best
+from dlrm.checkpoint.manager import BEST, CHECKPOINTS, best_checkpoint, mark_best
 from dlrm.parallel.distributed import DistInfo, broadcast_object
 
 HIGHER_IS_BETTER = {"auc": True, "logloss": False}
@@ -92,11 +92,21 @@ def best_eval(cfg: Any, run_dir: Path, info: DistInfo, resumed_step: int | None)
 def _mark_again(best: BestEval, run_dir: Path, keep_checkpoints: int, info: DistInfo) -> None:
     """A run stopped between an improving eval's save and its mark (a crash, a kill):
     best.json still names the eval before, and the pruning would take the best one's
-    checkpoint. The replayed best is named now, where its checkpoint is there."""
+    checkpoint. The replayed best is named now, where its checkpoint is there.
+
+    A resume that fell back past a corrupt checkpoint (moved aside, ``step-N.corrupt``)
+    replays only the evals before it: where best.json named that one and no eval before
+    it is left to name, best.json goes (it named a checkpoint that is not there; the
+    replayed evals name the next best as they come)."""
+    if not info.is_main:
+        return
     name = best.record()["checkpoint"]
-    if (name is not None and info.is_main and best_checkpoint(run_dir) != name
-            and (Path(run_dir) / CHECKPOINTS / name).is_dir()):
+    checkpoints = Path(run_dir) / CHECKPOINTS
+    named = best_checkpoint(run_dir)
+    if name is not None and named != name and (checkpoints / name).is_dir():
         mark_best(run_dir, best.record(), keep_checkpoints)
+    elif name is None and named is not None and not (checkpoints / named).is_dir():
+        (checkpoints / BEST).unlink(missing_ok=True)
 
 
 def mark(best: BestEval, run_dir: Path, keep_checkpoints: int, info: DistInfo) -> None:
