@@ -70,6 +70,15 @@ def table_rows(cfg: Config) -> list[int]:
     return [feature.rows for feature in generator_schema(cfg.generate).sparse]
 
 
+def _run_segment(collection: LocalEmbeddingCollection) -> int | None:
+    """Lookups of one id a program of the Triton backward sums (None: the torch path)."""
+    if not collection.on_triton():
+        return None
+    from embeddings.kernels.sparse_update import SEGMENT  # imports triton
+
+    return SEGMENT
+
+
 def measure(cfg: Config, kernels: str, device: torch.device, calls: int) -> dict:
     dim, batch = cfg.model.embedding_dim, cfg.data.batch_size
     tables = [TableSpec(f"t{i}", rows=r, dim=dim, features=(f"C{i + 1}",))
@@ -83,7 +92,9 @@ def measure(cfg: Config, kernels: str, device: torch.device, calls: int) -> dict
     forward_s = _seconds(lambda: collection(sparse).detach(), device, calls)
     both_s = _seconds(lambda: collection(sparse).backward(grad), device, calls)
     lookups = sparse.values().numel()
-    distinct = int(torch.unique(sparse.values() + collection.feature_offsets.repeat_interleave(batch)).numel())
+    stacked = sparse.values() + collection.feature_offsets.repeat_interleave(batch)
+    counts = torch.unique(stacked, return_counts=True)[1]
+    distinct = int(counts.numel())
     row = dim * 4
     state_row = optimizer.state_bytes_per_row(dim)
     forward_bytes = lookups * (8 + row) + batch * len(tables) * row
@@ -92,7 +103,10 @@ def measure(cfg: Config, kernels: str, device: torch.device, calls: int) -> dict
     return {
         "kernels": kernels, "device": str(device), "tables": len(tables),
         "rows": collection.total_rows, "table_bytes": collection.total_rows * row, "dim": dim,
-        "batch": batch, "lookups": lookups, "distinct_rows": distinct, "optimizer": cfg.optim.sparse,
+        "batch": batch, "lookups": lookups, "distinct_rows": distinct,
+        # the Triton backward's serial part: a program walks a segment of a run of one id
+        "longest_run": int(counts.max()), "run_segment": _run_segment(collection),
+        "optimizer": cfg.optim.sparse,
         "forward_ms": forward_s * 1e3, "backward_update_ms": backward_s * 1e3,
         "forward_gbps": forward_bytes / forward_s / 1e9, "backward_update_gbps": backward_bytes / backward_s / 1e9,
     }
