@@ -18,7 +18,7 @@
         ▼
     weight and optimizer state updated in place     |   KV gradient (ids, rows)
 
-Why segments: a hot id's run is long (Zipf ids, a 3-row table: about 2,000 of a
+Why segments: a hot id's run is long (Zipf ids, a 3-row table: 1,444 of bench_gpu's
 4,096-sample batch), and one program walking it serially, a chain of dependent
 loads per lookup, was the step's longest kernel (the 2026-11-26 H200 profile of
 configs/bench_gpu.yaml: 1.4 ms of a Hotline step's 3.1 ms of GPU time). Segmented,
