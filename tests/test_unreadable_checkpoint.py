@@ -57,3 +57,42 @@ def test_an_unreadable_file_stops_every_rank_with_one_line(ckpt: Path) -> None:
     assert lines[0] == lines[1], lines
     assert f"{bad} cannot be read (Input/output error); nothing was moved or changed" in lines[0], lines
     assert list(ckpt.parent.glob("*.corrupt")) == []
+
+
+def _load_with_index_eio(rank: int, world_size: int, ckpt: Path) -> str:
+    """The checkpoint loaded into a two-rank model, tables/index.json failing with EIO on
+    rank 1 alone (its node's storage), as it is read for the tables."""
+    import pathlib
+
+    from dlrm.checkpoint.manager import load_checkpoint
+    from dlrm.config import Config, from_dict
+    from dlrm.parallel.parallelize import build_model
+
+    info = init_distributed("gloo", "cpu")
+    meta = load_meta(ckpt)
+    schema = manifest.schema_from_json(meta["schema"])
+    model = build_model(from_dict(Config, meta["config"], ""), schema, "cpu", info)
+    real = pathlib.Path.read_bytes
+
+    def failing(path: pathlib.Path) -> bytes:
+        if rank == 1 and path.name == "index.json":
+            raise OSError(errno.EIO, "Input/output error", str(path))
+        return real(path)
+
+    pathlib.Path.read_bytes = failing
+    try:
+        load_checkpoint(ckpt, model, None, None, schema, info)
+    except CheckpointCorrupt as e:
+        return f"corrupt: {e}"
+    except CheckpointError as e:
+        return str(e)
+    return "passed"
+
+
+@pytest.mark.distributed
+def test_an_index_one_rank_cannot_read_stops_every_rank(ckpt: Path) -> None:
+    """Read by every rank before the load's first collective: the rank that failed
+    raised alone before, and the other waited in the hashers' all-gather."""
+    lines = run_ranks(2, _load_with_index_eio, ckpt, timeout=120)
+    assert lines[0] == lines[1], lines
+    assert "index.json is unreadable" in lines[0] and "Input/output error" in lines[0], lines

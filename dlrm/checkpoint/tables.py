@@ -71,7 +71,7 @@ import torch.distributed as dist
 
 from data.atomic import free_bytes
 from data.errors import one_line
-from dlrm.checkpoint.manifest import CheckpointCorrupt, CheckpointError, digest
+from dlrm.checkpoint.manifest import CheckpointCorrupt, CheckpointError, digest, raise_verdicts
 from dlrm.checkpoint.pieces import Truncated, matrix, read_overlap, write_piece
 from embeddings.interface import TableState
 from embeddings.optim import SparseOptimizer
@@ -141,8 +141,7 @@ def load_embeddings(path: str | Path, tables: TableState,
     """
     path = Path(path)
     layout = _layout(tables, saving=False)
-    index = _read_index(path, None if expect is None else expect.get(INDEX, {}))
-    _check_fits(index, layout, path)
+    index = _read_index_everywhere(path, tables, layout, expect)
     by_key: dict[str, list[dict[str, Any]]] = {}
     for piece in index["pieces"]:
         by_key.setdefault(piece["key"], []).append(piece)
@@ -200,6 +199,31 @@ def _hashers(tables: TableState, jobs: list[tuple[str, _Block]], by_key: dict[st
     return out
 
 
+def _read_index_everywhere(path: Path, tables: TableState, layout: list[_Logical],
+                           expect: dict[str, dict[str, Any]] | None) -> dict[str, Any]:
+    """index.json read and checked on every rank, the verdicts gathered before the
+    load's first collective: a rank that alone cannot read it (an I/O error on its
+    node) raised before, and the others waited in that collective. A CheckpointError
+    (unreadable, missing, another model) comes first: where one rank could not read
+    it, a resume must not move the checkpoint aside as corrupt; else the first rank's
+    changed byte, as CheckpointCorrupt. Collective."""
+    verdict: tuple[str, str] | None = None
+    index: dict[str, Any] = {}
+    try:
+        index = _read_index(path, None if expect is None else expect.get(INDEX, {}))
+        _check_fits(index, layout, path)
+    except CheckpointCorrupt as e:
+        verdict = ("corrupt", str(e))
+    except CheckpointError as e:
+        verdict = ("error", str(e))
+    found = [v for v in _all_gather(tables, verdict) if v is not None]
+    for kind, error in (("error", CheckpointError), ("corrupt", CheckpointCorrupt)):
+        line = next((text for k, text in found if k == kind), None)
+        if line is not None:
+            raise error(line)
+    return index
+
+
 def _check_hashes(path: Path, tables: TableState, expect: dict[str, dict[str, Any]],
                   hashes: dict[str, Any]) -> None:
     """Compare what this rank hashed while reading with the manifest (files nobody
@@ -210,13 +234,15 @@ def _check_hashes(path: Path, tables: TableState, expect: dict[str, dict[str, An
     got = {name: h.hexdigest() for name, h in hashes.items()}
     hashed = _all_gather(tables, sorted(got))
     unread = sorted(set(expect) - {INDEX} - {n for names in hashed for n in names})
+    unreadable = None  # an I/O error is a verdict too, gathered: raised alone, the others hung
     for name in unread[rank::world]:
-        got[name] = digest(path / name)["sha256"] if (path / name).is_file() else "missing"
+        try:
+            got[name] = digest(path / name)["sha256"] if (path / name).is_file() else "missing"
+        except OSError as e:
+            unreadable = unreadable or f"{path.name}/{name} cannot be read ({e.strerror or e})"
     problem = next((f"{path.name}/{name} does not match its sha256 (corrupt: a changed byte)"
                     for name, sha in sorted(got.items()) if sha != expect[name].get("sha256")), None)
-    for error in _all_gather(tables, problem):
-        if error:
-            raise CheckpointCorrupt(f"checkpoint {path.parent}: {error}")
+    raise_verdicts(path.parent, [(c, u) for c, u in _all_gather(tables, (problem, unreadable))])
 
 
 # --------------------------------------------------------------------------- layout
