@@ -9,8 +9,8 @@
     sorted  [3 3 7 7 7 9]    order [4 0 1 2 5 3]   (positions of the lookups)
              ^   ^     ^     a run starts where sorted[i] != sorted[i-1]
         │ _segments: a run longer than SEGMENT (32) lookups is cut, from its head,
-        │ into segments of 32; the program at each later segment's start sums it
-        │ into partial[i // 32]
+        │ into segments of 32; one program per 32 sorted positions finds the later
+        │ segment starting among them (at most one) and sums it into partial[i // 32]
         │ _runs: program i returns unless a run starts at i; else it sums the run's
         │ first segment, grad_pooled[bag_of[order[k]]] (x 1/len for mean) in lookup
         │ order, adds the later segments' partials in order, and applies the
@@ -96,10 +96,12 @@ def _linearize_kernel(values_ptr, offsets_ptr, row_base_ptr, linear_ptr, bag_of_
 
 
 # Lookups one program sums; a run's later segments are summed by programs of their own.
-# DLRM_KERNEL_RUN_SEGMENT (read at import; a developer's A/B, not a setting): a huge
-# value is the kernel before segments, one program walking each whole run
-# (scripts/gpu_session.sh bench times both in one run).
+# DLRM_KERNEL_RUN_SEGMENT (read at import; a developer's A/B, not a setting; a power of
+# two): one above any batch's lookups, 2**30, is the kernel before segments, one
+# program walking each whole run (scripts/gpu_session.sh bench times both in one run).
 SEGMENT = int(os.environ.get("DLRM_KERNEL_RUN_SEGMENT", "32"))
+if SEGMENT < 1 or SEGMENT & (SEGMENT - 1):
+    raise ValueError(f"DLRM_KERNEL_RUN_SEGMENT={SEGMENT} is not a power of two")
 _SEGMENT = tl.constexpr(SEGMENT)  # the kernels' view of it (a global they may read)
 
 
@@ -130,19 +132,24 @@ def _segment_gradient(sorted_ptr, order_ptr, bag_of_ptr, offsets_ptr, grad_ptr, 
 @triton.jit
 def _segments_kernel(sorted_ptr, order_ptr, bag_of_ptr, offsets_ptr, grad_ptr, head_of_ptr, partial_ptr,
                      n, batch, dim, stride_b, stride_f, MEAN: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Program i: where a run's second, third, ... segment starts at i (SEGMENT, 2 x
-    SEGMENT, ... after its head), that segment's gradient sum into partial[i // SEGMENT]
-    (unique: two such starts are more than SEGMENT apart)."""
-    i = tl.program_id(0)
-    row = tl.load(sorted_ptr + i)
-    head = tl.load(head_of_ptr + i)
-    if (i != head) & ((i - head) % _SEGMENT == 0) & (row != OTHER_STACK):
+    """Program k, over sorted positions [k * SEGMENT, (k + 1) * SEGMENT): where a run's
+    second, third, ... segment starts there (SEGMENT, 2 x SEGMENT, ... after its head),
+    that segment's gradient sum into partial[k]. At most one starts in a window: two
+    such starts are more than SEGMENT apart (each follows SEGMENT lookups of its run)."""
+    k = tl.program_id(0)
+    positions = k * _SEGMENT + tl.arange(0, _SEGMENT)
+    inside = positions < n
+    heads = tl.load(head_of_ptr + positions, mask=inside, other=0)
+    rows = tl.load(sorted_ptr + positions, mask=inside, other=OTHER_STACK)
+    starts = inside & (positions != heads) & ((positions - heads) % _SEGMENT == 0) & (rows != OTHER_STACK)
+    i = tl.max(tl.where(starts, positions, -1), axis=0)
+    if i >= 0:
         cols = tl.arange(0, BLOCK_D)
         in_row = cols < dim
-        g = _segment_gradient(sorted_ptr, order_ptr, bag_of_ptr, offsets_ptr, grad_ptr, i, row, n,
-                              batch, stride_b.to(tl.int64), stride_f.to(tl.int64), cols, in_row,
+        g = _segment_gradient(sorted_ptr, order_ptr, bag_of_ptr, offsets_ptr, grad_ptr, i, tl.load(sorted_ptr + i),
+                              n, batch, stride_b.to(tl.int64), stride_f.to(tl.int64), cols, in_row,
                               MEAN, BLOCK_D)
-        tl.store(partial_ptr + (i // _SEGMENT).to(tl.int64) * dim + cols, g, mask=in_row)
+        tl.store(partial_ptr + k.to(tl.int64) * dim + cols, g, mask=in_row)
 
 
 @triton.jit
@@ -313,12 +320,15 @@ def _run_heads(sorted_ids: torch.Tensor) -> torch.Tensor:
 
 def _segment_partials(sorted_ids, order, bag_of, offsets, grad_pooled, n, batch, dim, stride_b, stride_f,
                       mean) -> torch.Tensor:
-    """[N // SEGMENT + 1, dim]: the later segments' sums of the long runs (the rest of
-    the buffer is never read)."""
-    partial = torch.empty(n // SEGMENT + 1, dim, dtype=torch.float32, device=grad_pooled.device)
-    _segments_kernel[(n,)](sorted_ids, order, bag_of, offsets, grad_pooled, _run_heads(sorted_ids), partial,
-                           n, batch, dim, stride_b, stride_f, MEAN=mean, BLOCK_D=block_d(dim),
-                           num_warps=warps(dim))
+    """[N // SEGMENT + 1, dim]: the later segments' sums of the long runs, one program
+    per SEGMENT positions (the rest of the buffer is never read). No run is longer than
+    a segment when N is not: nothing to launch."""
+    windows = -(-n // SEGMENT)
+    partial = torch.empty(windows + 1, dim, dtype=torch.float32, device=grad_pooled.device)
+    if n > SEGMENT:
+        _segments_kernel[(windows,)](sorted_ids, order, bag_of, offsets, grad_pooled, _run_heads(sorted_ids),
+                                     partial, n, batch, dim, stride_b, stride_f, MEAN=mean, BLOCK_D=block_d(dim),
+                                     num_warps=warps(dim))
     return partial
 
 
