@@ -102,12 +102,17 @@ def test_torchrun_hotline_resume_across_a_refresh_is_bit_equal(small_data, tmp_p
         assert torch.equal(got[key], want[key]), key
 
 
+# 4 steps of 128 samples: interpreted on the CPU, the all-gathered update's programs are
+# most of the test's time (256-sample batches took 70 s, 128 48 s)
+TRITON_STEPS = ("train.max_steps=4", "data.batch_size=128")
+
+
 def train_triton(rank: int, world_size: int, data: dict[str, Path], out: Path) -> None:
     import tests.kernel_cases  # noqa: F401 - TRITON_INTERPRET=1 before triton loads (no GPU)
 
     # gloo: on the GPU machine the two ranks share its one GPU, which NCCL refuses
     overrides = case_overrides(world_size, "rowwise_adagrad", (*HOTLINE, "embeddings.kernels=triton",
-                                                               "train.max_steps=4", "train.backend=gloo"))
+                                                               *TRITON_STEPS, "train.backend=gloo"))
     train(config_for(data, overrides), out / "triton_W2", echo=lambda s: None)
 
 
@@ -123,7 +128,7 @@ def test_hotline_ranks_on_the_triton_hot_tier_equal_one_process(small_data, tmp_
     run_ranks(2, train_triton, small_data, tmp_path)
     run = tmp_path / "triton_W2"
     ref = tmp_path / "ref"
-    overrides = case_overrides(1, "rowwise_adagrad", ("train.max_steps=4",)) + ["data.order_world_size=2"]
+    overrides = case_overrides(1, "rowwise_adagrad", TRITON_STEPS) + ["data.order_world_size=2"]
     train(config_for(small_data, overrides), ref, echo=lambda s: None)
     assert summary(run)["hotline"]["hot_tier_triton"] == 1.0
     # on a GPU cuBLAS sums two half-batch matmuls (then the all-reduce) and one whole
