@@ -40,8 +40,13 @@ def _verify_with_eio(rank: int, world_size: int, ckpt: Path, bad: str) -> str:
         return real(path, *args, **kwargs)
 
     manifest.digest = failing
+    return _outcome(lambda: verify(ckpt, load_meta(ckpt), info))
+
+
+def _outcome(check) -> str:
+    """What ``check()`` ended with, as one comparable line per rank."""
     try:
-        verify(ckpt, load_meta(ckpt), info)
+        check()
     except CheckpointCorrupt as e:
         return f"corrupt: {e}"
     except CheckpointError as e:
@@ -80,13 +85,7 @@ def _load_with_index_eio(rank: int, world_size: int, ckpt: Path) -> str:
         return real(path)
 
     pathlib.Path.read_bytes = failing
-    try:
-        load_checkpoint(ckpt, model, None, None, schema, info)
-    except CheckpointCorrupt as e:
-        return f"corrupt: {e}"
-    except CheckpointError as e:
-        return str(e)
-    return "passed"
+    return _outcome(lambda: load_checkpoint(ckpt, model, None, None, schema, info))
 
 
 @pytest.mark.distributed
