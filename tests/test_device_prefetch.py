@@ -134,3 +134,23 @@ def test_cuda_reader_hands_out_pinned_batches(tiny) -> None:
     got = list(ParquetReader(files, schema, 16, shuffle=True, seed=1, prefetch=2, pin_memory=True).epoch(0))
     assert all(b.dense.is_pinned() and b.sparse.values().is_pinned() and b.labels.is_pinned() for b in got)
     assert_same(got, want)
+
+
+def test_a_pinning_reader_left_early_serves_the_next_epoch_and_closes(tiny, monkeypatch) -> None:
+    """With workers the pin stage is a thread of its own between the workers' batches
+    and the trainer: an epoch left after one batch (a preemption, an early stop) stops
+    it, the next epoch's batches are the plain reader's, and close() ends the workers."""
+    from tests.test_reader_workers import within
+
+    files, schema = tiny
+    monkeypatch.setattr(Batch, "pin_memory", lambda self: Batch(self.dense.clone(), self.sparse, self.labels))
+    kw = {"shuffle": True, "seed": 3, "shuffle_buffer": 24}
+    want = list(ParquetReader(files, schema, 12, **kw).epoch(1))
+    reader = ParquetReader(files, schema, 12, workers=2, prefetch=2, pin_memory=True, **kw)
+    left = reader.epoch(0)
+    within(120, lambda: next(left))
+    left.close()
+    assert_same(within(120, lambda: list(reader.epoch(1))), want)
+    assert len(reader.worker_pids()) == 2
+    reader.close()
+    assert reader.worker_pids() == []
