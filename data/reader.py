@@ -279,7 +279,7 @@ class ParquetReader:
         return rows, found
 
 
-def _pinned(items: Iterator[tuple[Batch, list[BadRecord]]]
+def _pinned(items: Generator[tuple[Batch, list[BadRecord]], None, None]
             ) -> Generator[tuple[Batch, list[BadRecord]], None, None]:
     """Each batch copied into page-locked memory (its H2D copy is then queued DMA),
     off the trainer's thread: a Hotline step and a graph-replayed step are bound by
@@ -291,8 +291,7 @@ def _pinned(items: Iterator[tuple[Batch, list[BadRecord]]]
         for batch, found in items:
             yield batch.pin_memory(), found
     finally:
-        if isinstance(items, Generator):
-            items.close()
+        items.close()
 
 
 class _Windows:

@@ -264,8 +264,9 @@ class HotlineSteps:
     def _graph_splits(self, mode: str, say: Callable[[str], None] | None) -> None:
         """hotline.graph_split: auto = graphed where they can be, else eager without a
         word; on = where they cannot, a warning line and eager; off = eager."""
-        why = "hotline.graph_split=off" if mode == "off" else split_graphs_why_not(
-            self.cfg, self.device, self.info.world_size)
+        if mode == "off":
+            return
+        why = split_graphs_why_not(self.cfg, self.device, self.info.world_size)
         if why is None:
             self.split_graphs = GraphedSplits(self.embeddings)
         elif mode == "on" and say is not None:

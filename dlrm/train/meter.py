@@ -84,7 +84,9 @@ class Meter:
         self.timed_rows, self.timed_seconds, self.timed_steps = 0, 0.0, 0
         self.timed_wait = 0.0  # seconds of the timed steps the host waited for a batch
         self.exposed_wait = 0.0  # of which the device had nothing queued (see ``device_idle``)
-        self._queued: torch.cuda.Event | None = None  # the last step's work, on CUDA
+        # recorded behind each step's work on CUDA (one event, recorded again each step;
+        # never recorded, it reads as done)
+        self._queued = torch.cuda.Event() if info.device.type == "cuda" else None
         # the open span: the clock at its first step's fetch, and whether it is timed
         self.span_start: float | None = None
         self.span_timed, self.span_rows = False, 0
@@ -97,8 +99,7 @@ class Meter:
 
     def step_queued(self) -> None:
         """After a step's work is queued: on CUDA an event behind it (no wait)."""
-        if self.info.device.type == "cuda":
-            self._queued = torch.cuda.Event()
+        if self._queued is not None:
             self._queued.record()
 
     def device_idle(self) -> bool:

@@ -31,10 +31,10 @@ A feature whose row_base is -1 belongs to another stack (one process, tables of
 several dtypes: embeddings/dtype_stacks.py): its lookups linearize to OTHER_STACK,
 sort after every row and no program applies them.
 
-Every shape is N (the partials N // 32 + 1), known before the step: no unique, no
-host sync. Each row is
-written by exactly one program (its run's head), so no atomics are needed, and the
-sum is taken in the same order as ``KVGradient.from_lookups``. (One atomic add, rare:
+Every shape is N (the partials N / 32), known before the step: no unique, no host
+sync. Each row is written by exactly one program (its run's head), so no atomics are
+needed, and a run of at most 32 lookups is summed in the same order as
+``KVGradient.from_lookups`` (a longer one in its segments' order, above). (One atomic add, rare:
 an fp16 row whose write made finite values inf counts them in a per-feature counter,
 ``KernelRounding.overflow``, for the one-line warning of embeddings/narrow.py.)
 
@@ -320,11 +320,12 @@ def _run_heads(sorted_ids: torch.Tensor) -> torch.Tensor:
 
 def _segment_partials(sorted_ids, order, bag_of, offsets, grad_pooled, n, batch, dim, stride_b, stride_f,
                       mean) -> torch.Tensor:
-    """[N // SEGMENT + 1, dim]: the later segments' sums of the long runs, one program
-    per SEGMENT positions (the rest of the buffer is never read). No run is longer than
-    a segment when N is not: nothing to launch."""
+    """[ceil(N / SEGMENT), dim]: the later segments' sums of the long runs, one program
+    per SEGMENT positions, row k for the segment starting in window k (the rest of the
+    buffer is never read). No run is longer than a segment when N is not: nothing to
+    launch."""
     windows = -(-n // SEGMENT)
-    partial = torch.empty(windows + 1, dim, dtype=torch.float32, device=grad_pooled.device)
+    partial = torch.empty(max(windows, 1), dim, dtype=torch.float32, device=grad_pooled.device)
     if n > SEGMENT:
         _segments_kernel[(windows,)](sorted_ids, order, bag_of, offsets, grad_pooled, _run_heads(sorted_ids),
                                      partial, n, batch, dim, stride_b, stride_f, MEAN=mean, BLOCK_D=block_d(dim),
