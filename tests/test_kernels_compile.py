@@ -19,7 +19,8 @@ import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-KERNELS = {"_pooled_kernel", "_runs_kernel", "_segments_kernel", "_linearize_kernel", "_round_kernel"}
+KERNELS = {"_pooled_kernel", "_runs_kernel", "_segments_kernel", "_linearize_kernel", "_round_kernel",
+           "_two_tier_kernel"}
 
 pytestmark = [
     pytest.mark.slow,
@@ -37,7 +38,8 @@ def test_every_launched_specialization_compiles_for_sm90(tmp_path: Path) -> None
          "-p", "no:cacheprovider", "-o", "addopts=", "tests/test_kernels_pooled.py",
          "tests/test_kernels_update.py", "tests/test_kernels_rounding.py",
          "tests/test_kernels_collection.py", "tests/test_kernels_overflow.py",
-         "tests/test_hotline_kernels.py", "tests/test_hotline_kernels_half.py", "tests/test_dtype_stacks.py"],
+         "tests/test_hotline_kernels.py", "tests/test_hotline_kernels_half.py", "tests/test_dtype_stacks.py",
+         "tests/test_kernels_two_tier.py"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=1200, check=False)
     assert record.is_file(), proc.stdout[-3000:] + proc.stderr[-3000:]
     compiled = json.loads(record.read_text())

@@ -46,3 +46,12 @@ def backward_kv_reference(grad_pooled, values, offsets, row_base, batch, mean, f
         per_bag = grad_pooled.view(batch, num_features, -1).transpose(0, 1).reshape(num_features * batch, -1)
     weights = _per_lookup_scale(offsets, bag_of) if mean else None
     return KVGradient.from_lookups(ids, per_bag, index=bag_of, weights=weights)
+
+
+def two_tier_reference(hot_weight, cold_rows, is_hot, slot, cold_local, offsets, features, batch, mean):
+    """``two_tier.two_tier_forward``: both tiers as one table, [hot rows; cold rows],
+    each lookup's row its slot, or the hot rows' count + its cold row."""
+    table = torch.cat([hot_weight.float(), cold_rows.float()])
+    ids = torch.where(is_hot, slot, hot_weight.shape[0] + cold_local)
+    return pooled_reference(table, ids, offsets, torch.zeros(features, dtype=torch.int64, device=ids.device),
+                            batch, mean)

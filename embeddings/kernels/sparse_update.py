@@ -424,6 +424,23 @@ def backward_kv(
     The kernel writes each run's (id, row) at its head's sorted position, in a
     buffer of N; dropping the other slots is a boolean select, the one host sync of
     this path (the unfused path: replicated tables and gradient accumulation)."""
+    out_ids, out_rows = backward_kv_heads(grad_pooled, values, offsets, row_base, batch, mean, feature_major)
+    keep = out_ids >= 0
+    return KVGradient(out_ids[keep], out_rows[keep])
+
+
+def backward_kv_heads(
+    grad_pooled: torch.Tensor,
+    values: torch.Tensor,
+    offsets: torch.Tensor,
+    row_base: torch.Tensor,
+    batch: int,
+    mean: bool,
+    feature_major: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids [N], rows [N, D]): each run's id and summed row at its head's sorted
+    position, -1 (rows unwritten) elsewhere and for ``OTHER_STACK`` runs; static
+    shapes, no host sync (a captured Hotline step scatters them by id)."""
     n = values.numel()
     dim = grad_pooled.shape[-1] if feature_major else grad_pooled.shape[1] // row_base.numel()
     out_ids = torch.full((n,), -1, dtype=torch.int64, device=values.device)
@@ -431,5 +448,4 @@ def backward_kv(
     if n:
         _launch_runs(grad_pooled, values, offsets, row_base, batch, mean, feature_major,
                      KV, None, [], None, None, out_ids, out_rows)
-    keep = out_ids >= 0
-    return KVGradient(out_ids[keep], out_rows[keep])
+    return out_ids, out_rows

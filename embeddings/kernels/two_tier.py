@@ -1,0 +1,113 @@
+"""Hotline's lookup over both tiers in one launch, every shape fixed by the batch.
+
+A Hotline mini-batch's lookups, each either in the hot tier (a slot of the device's
+hot rows) or cold (a row of the step's staged cold rows, gathered by the host):
+
+    is_hot     [N]        [ 1 0 1 | 1 1 | 0 ]       feature-major bags, as the reader's
+    slot       [N]        hot-tier slot              (read where hot)
+    cold_local [N]        row of ``cold_rows``       (read where cold; < U)
+    offsets    [F*B + 1]  bag p = f*B + b holds lookups offsets[p]:offsets[p+1]
+    hot_weight [H, D]     the hot tier               cold_rows [C, D]  first U staged
+        │ program p: acc = Σ (hot_weight[slot[j]] if is_hot[j] else cold_rows[cold_local[j]])
+        │            in fp32; mean: acc / max(len, 1) (the WHOLE bag: both tiers' lookups)
+        ▼
+    pooled [B, F*D] fp32, sample-major
+
+Nothing is sized by the data: N, F*B and C (>= U) are the captured step's, so the
+lookup runs inside a CUDA graph (dlrm/train/hotline_graph.py) whatever the split
+of a step. The backward is the sparse update's kernels (sparse_update.py) run twice
+over the same bags: the hot lookups' ids are the slots with the cold ones masked to
+``OTHER_STACK`` (fused update of the hot rows), the cold ones' ids their
+``cold_local`` with the hot ones masked (KV gradient rows by cold row, which go home
+to the host tier) — ``masked_ids``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+from embeddings.kernels.pooled import block_d, warps
+from embeddings.kernels.sparse_update import OTHER_STACK
+
+MASKED = OTHER_STACK.value  # an id the update's kernels sort last and never apply
+
+
+@triton.jit
+def _two_tier_kernel(
+    hot_ptr, cold_ptr, is_hot_ptr, slot_ptr, cold_local_ptr, offsets_ptr, out_ptr,
+    batch, dim, stride_b, stride_f, MEAN: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    bag = tl.program_id(0)
+    feature = bag // batch
+    sample = bag % batch
+    start = tl.load(offsets_ptr + bag)
+    end = tl.load(offsets_ptr + bag + 1)
+    cols = tl.arange(0, BLOCK_D)
+    in_row = cols < dim
+    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    for j in range(start, end):
+        if tl.load(is_hot_ptr + j) != 0:
+            row = tl.load(slot_ptr + j).to(tl.int64)
+            acc += tl.load(hot_ptr + row * dim + cols, mask=in_row, other=0.0).to(tl.float32)
+        else:
+            row = tl.load(cold_local_ptr + j).to(tl.int64)
+            acc += tl.load(cold_ptr + row * dim + cols, mask=in_row, other=0.0).to(tl.float32)
+    if MEAN:
+        acc = acc / tl.maximum(end - start, 1).to(tl.float32)
+    dst = out_ptr + sample.to(tl.int64) * stride_b + feature.to(tl.int64) * stride_f + cols
+    tl.store(dst, acc, mask=in_row)
+
+
+def two_tier_forward(hot_weight: torch.Tensor, cold_rows: torch.Tensor, is_hot: torch.Tensor,
+                     slot: torch.Tensor, cold_local: torch.Tensor, offsets: torch.Tensor,
+                     features: int, batch: int, mean: bool) -> torch.Tensor:
+    """Pooled [B, F*D] fp32 of both tiers' lookups (see the module docstring);
+    ``is_hot`` as uint8 or bool."""
+    dim = cold_rows.shape[1]
+    out = torch.empty(batch, features * dim, dtype=torch.float32, device=cold_rows.device)
+    if features * batch:
+        _two_tier_kernel[(features * batch,)](
+            hot_weight, cold_rows, is_hot.view(torch.uint8), slot, cold_local, offsets, out,
+            batch, dim, features * dim, dim, MEAN=mean, BLOCK_D=block_d(dim), num_warps=warps(dim),
+        )
+    return out
+
+
+def masked_ids(is_hot: torch.Tensor, slot: torch.Tensor, cold_local: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the hot lookups' slots, cold ones ``MASKED``; the cold lookups' rows of the
+    staged cold rows, hot ones ``MASKED``), both [N] int64: the ids the update's kernels
+    sort, each pass applying only its own tier's runs."""
+    masked = torch.full_like(slot, MASKED)
+    return torch.where(is_hot, slot, masked), torch.where(is_hot, masked, cold_local)
+
+
+BackwardHandler = Callable[[torch.Tensor], None]
+
+
+class _TwoTierLookup(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, hot_weight: torch.Tensor, cold_rows: torch.Tensor, is_hot: torch.Tensor,
+                slot: torch.Tensor, cold_local: torch.Tensor, offsets: torch.Tensor, features: int,
+                batch: int, mean: bool, on_backward: BackwardHandler) -> torch.Tensor:  # type: ignore[override]
+        ctx.on_backward = on_backward
+        return two_tier_forward(hot_weight, cold_rows, is_hot, slot, cold_local, offsets, features, batch, mean)
+
+    @staticmethod
+    def backward(ctx: Any, grad_pooled: torch.Tensor) -> tuple[None, ...]:  # type: ignore[override]
+        ctx.on_backward(grad_pooled.contiguous())
+        return (None,) * 10
+
+
+def two_tier_lookup(hot_weight: torch.Tensor, cold_rows: torch.Tensor, is_hot: torch.Tensor,
+                    slot: torch.Tensor, cold_local: torch.Tensor, offsets: torch.Tensor, features: int,
+                    batch: int, mean: bool, on_backward: BackwardHandler) -> torch.Tensor:
+    """``two_tier_forward`` under autograd: the backward hands the pooled gradient
+    [B, F*D] to ``on_backward`` (which updates both tiers; no autograd gradient)."""
+    return _TwoTierLookup.apply(hot_weight, cold_rows, is_hot, slot, cold_local, offsets, features,
+                                batch, mean, on_backward)

@@ -1,0 +1,101 @@
+"""The two-tier lookup (embeddings/kernels/two_tier.py) against plain torch.
+
+Reference: both tiers as one table, [hot rows; staged cold rows], through
+``embedding_bag`` (forward) and dense autograd (backward): the hot rows' fused SGD
+update and the cold rows' KV gradient, by cold row, must equal the dense gradient's
+rows of each tier.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.kernel_cases import DEVICE
+
+pytest.importorskip("triton")
+pytestmark = pytest.mark.kernels
+
+from embeddings.kernels.reference import pooled_reference, two_tier_reference
+from embeddings.kernels.sparse_update import backward_kv_heads, backward_update
+from embeddings.kernels.two_tier import masked_ids, two_tier_forward, two_tier_lookup
+from embeddings.optim import make_sparse_optimizer
+
+FEATURES, BATCH, DIM = 3, 6, 5
+HOT, STAGED, CAPACITY = 4, 5, 9  # hot rows; cold rows staged (U); the cold buffer's rows
+
+
+def case(multi_hot: bool, seed: int, dtype: torch.dtype = torch.float32):
+    """(hot [H, D], cold [C, D] first U staged, is_hot, slot, cold_local, offsets): each
+    lookup hot with p 0.6; every staged cold row used by at least one lookup."""
+    gen = torch.Generator().manual_seed(seed)
+    bags = FEATURES * BATCH
+    lengths = torch.randint(0, 4, (bags,), generator=gen) if multi_hot else torch.ones(bags, dtype=torch.int64)
+    if multi_hot:
+        lengths[2] = 0
+    n = int(lengths.sum())
+    is_hot = torch.rand(n, generator=gen) < 0.6
+    is_hot[:STAGED] = False  # cold lookups enough to use every staged row
+    slot = torch.randint(0, HOT, (n,), generator=gen)
+    cold_local = torch.randint(0, STAGED, (n,), generator=gen)
+    cold_local[:STAGED] = torch.arange(STAGED)
+    slot[~is_hot] = 10_000  # meaningless where cold: never read
+    cold_local[is_hot] = 10_000  # meaningless where hot
+    offsets = torch.zeros(bags + 1, dtype=torch.int64)
+    offsets[1:] = lengths.cumsum(0)
+    hot = torch.randn(HOT, DIM, generator=gen).to(dtype)
+    cold = torch.randn(CAPACITY, DIM, generator=gen).to(dtype)
+    return [t.to(DEVICE) for t in (hot, cold, is_hot, slot, cold_local, offsets)]
+
+
+@pytest.mark.parametrize("mean", [False, True])
+@pytest.mark.parametrize("multi_hot", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_two_tier_forward_equals_one_table(mean: bool, multi_hot: bool, dtype: torch.dtype) -> None:
+    hot, cold, is_hot, slot, cold_local, offsets = case(multi_hot, seed=1, dtype=dtype)
+    got = two_tier_forward(hot, cold, is_hot, slot, cold_local, offsets, FEATURES, BATCH, mean)
+    safe_slot, safe_local = slot.clamp(max=HOT - 1), cold_local.clamp(max=CAPACITY - 1)
+    want = two_tier_reference(hot, cold, is_hot, safe_slot, safe_local, offsets, FEATURES, BATCH, mean)
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("mean", [False, True])
+@pytest.mark.parametrize("multi_hot", [False, True])
+def test_two_tier_backward_updates_hot_rows_and_returns_cold_rows(mean: bool, multi_hot: bool) -> None:
+    """SGD on the hot rows in the kernel, the cold rows' gradient by cold row: each the
+    dense autograd gradient of its tier's rows in the one-table reference."""
+    hot, cold, is_hot, slot, cold_local, offsets = case(multi_hot, seed=2)
+    lr = 0.5
+    grad_out = torch.randn(BATCH, FEATURES * DIM, generator=torch.Generator().manual_seed(3)).to(DEVICE)
+
+    table = torch.cat([hot, cold]).requires_grad_(True)
+    ids = torch.where(is_hot, slot.clamp(max=HOT - 1), HOT + cold_local.clamp(max=CAPACITY - 1))
+    zeros = torch.zeros(FEATURES, dtype=torch.int64, device=DEVICE)
+    (pooled_reference(table, ids, offsets, zeros, BATCH, mean) * grad_out).sum().backward()
+    dense_grad = table.grad
+
+    weight = hot.clone().requires_grad_(True)
+    cold_grad = torch.zeros(CAPACITY + 1, DIM, device=DEVICE)
+    optimizer = make_sparse_optimizer("sgd")
+    lr_t = torch.full((1,), lr, device=DEVICE)
+
+    def on_backward(grad: torch.Tensor) -> None:
+        hot_ids, cold_ids = masked_ids(is_hot, slot, cold_local)
+        backward_update(grad, hot_ids, offsets, zeros, BATCH, mean, False, weight.data, optimizer, {}, lr_t)
+        out_ids, out_rows = backward_kv_heads(grad, cold_ids, offsets, zeros, BATCH, mean, False)
+        cold_grad.index_copy_(0, torch.where(out_ids >= 0, out_ids, CAPACITY), out_rows)
+
+    pooled = two_tier_lookup(weight, cold, is_hot, slot, cold_local, offsets, FEATURES, BATCH, mean, on_backward)
+    (pooled * grad_out).sum().backward()
+    torch.testing.assert_close(weight.data, hot - lr * dense_grad[:HOT], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(cold_grad[:STAGED], dense_grad[HOT:HOT + STAGED], rtol=1e-5, atol=1e-6)
+    assert weight.grad is None  # the update is the kernel's: no dense gradient of the hot rows
+
+
+def test_masked_ids_leave_each_pass_its_own_tier() -> None:
+    is_hot = torch.tensor([True, False, True, False])
+    slot, cold_local = torch.tensor([3, 99, 1, 99]), torch.tensor([99, 0, 99, 2])
+    hot_ids, cold_ids = masked_ids(is_hot, slot, cold_local)
+    masked = 1 << 62
+    assert hot_ids.tolist() == [3, masked, 1, masked]
+    assert cold_ids.tolist() == [masked, 0, masked, 2]
