@@ -17,7 +17,7 @@ pytest.importorskip("triton")
 pytestmark = pytest.mark.kernels
 
 from embeddings.kernels.reference import pooled_reference, two_tier_reference
-from embeddings.kernels.sparse_update import backward_kv_heads, backward_update
+from embeddings.kernels.sparse_update import backward_rows_by_id, backward_update
 from embeddings.kernels.two_tier import masked_ids, two_tier_forward, two_tier_lookup
 from embeddings.optim import make_sparse_optimizer
 
@@ -75,20 +75,20 @@ def test_two_tier_backward_updates_hot_rows_and_returns_cold_rows(mean: bool, mu
     dense_grad = table.grad
 
     weight = hot.clone().requires_grad_(True)
-    cold_grad = torch.zeros(CAPACITY + 1, DIM, device=DEVICE)
+    cold_grad = torch.full((CAPACITY, DIM), float('nan'), device=DEVICE)
     optimizer = make_sparse_optimizer("sgd")
     lr_t = torch.full((1,), lr, device=DEVICE)
 
     def on_backward(grad: torch.Tensor) -> None:
         hot_ids, cold_ids = masked_ids(is_hot, slot, cold_local)
         backward_update(grad, hot_ids, offsets, zeros, BATCH, mean, False, weight.data, optimizer, {}, lr_t)
-        out_ids, out_rows = backward_kv_heads(grad, cold_ids, offsets, zeros, BATCH, mean, False)
-        cold_grad.index_copy_(0, torch.where(out_ids >= 0, out_ids, CAPACITY), out_rows)
+        backward_rows_by_id(grad, cold_ids, offsets, zeros, BATCH, mean, False, cold_grad)
 
     pooled = two_tier_lookup(weight, cold, is_hot, slot, cold_local, offsets, FEATURES, BATCH, mean, on_backward)
     (pooled * grad_out).sum().backward()
     torch.testing.assert_close(weight.data, hot - lr * dense_grad[:HOT], rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(cold_grad[:STAGED], dense_grad[HOT:HOT + STAGED], rtol=1e-5, atol=1e-6)
+    assert cold_grad[STAGED:].isnan().all()  # rows past U: never written
     assert weight.grad is None  # the update is the kernel's: no dense gradient of the hot rows
 
 

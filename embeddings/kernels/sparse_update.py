@@ -258,7 +258,7 @@ def _runs_kernel(
     wbits_ptr, seed_h, rstep_ptr, keys_ptr, row_shift_ptr, col0_ptr, row_map_ptr,
     sbits_ptr, s2bits_ptr, skey, s2key, overflow_ptr,
     OPT: tl.constexpr, MEAN: tl.constexpr, BLOCK_D: tl.constexpr, HALF: tl.constexpr,
-    SHALF: tl.constexpr, ROW_MAP: tl.constexpr, OVERFLOW: tl.constexpr,
+    SHALF: tl.constexpr, ROW_MAP: tl.constexpr, OVERFLOW: tl.constexpr, BY_ID: tl.constexpr,
 ):
     i = tl.program_id(0)
     row = tl.load(sorted_ptr + i)
@@ -270,7 +270,9 @@ def _runs_kernel(
                           batch, dim, stride_b.to(tl.int64), stride_f.to(tl.int64), cols, in_row,
                           MEAN, BLOCK_D)
         at = row * dim + cols
-        if OPT == 0:  # KV gradient: (id, summed row) at the run's head
+        if OPT == 0 and BY_ID:  # the summed row at its id (a small id space: 0..U-1)
+            tl.store(out_rows_ptr + row * dim + cols, g, mask=in_row)
+        elif OPT == 0:  # KV gradient: (id, summed row) at the run's head
             tl.store(out_ids_ptr + i, row)
             tl.store(out_rows_ptr + i.to(tl.int64) * dim + cols, g, mask=in_row)
         else:
@@ -335,9 +337,10 @@ def _segment_partials(sorted_ids, order, bag_of, offsets, grad_pooled, n, batch,
 
 def _launch_runs(grad_pooled, values, offsets, row_base, batch, mean, feature_major,
                  opt, weight, states, lr, step, out_ids, out_rows, eps=0.0, betas=(0.0, 0.0),
-                 rounding: KernelRounding | None = None, state_keys=(0, 0)):
+                 rounding: KernelRounding | None = None, state_keys=(0, 0), by_id: bool = False):
     """``states``: the optimizer's state tensors the kernel updates; fp16/bf16 ones are
-    rounded with ``rounding``, in the streams of ``state_keys`` (crc32 of their names)."""
+    rounded with ``rounding``, in the streams of ``state_keys`` (crc32 of their names).
+    ``by_id`` (KV): each run's row at ``out_rows[id]``, no ids written."""
     n = values.numel()
     num_features = row_base.numel()
     dim = grad_pooled.shape[-1] if feature_major else grad_pooled.shape[1] // num_features
@@ -365,7 +368,7 @@ def _launch_runs(grad_pooled, values, offsets, row_base, batch, mean, feature_ma
         math.log(betas[0]) if betas[0] > 0 else 0.0, math.log(betas[1]) if betas[1] > 0 else 0.0,
         *rounds, *state_bits, *state_keys, dummy if overflow is None else overflow,
         OPT=opt, MEAN=mean, BLOCK_D=block_d(dim), HALF=half, SHALF=half_state, ROW_MAP=row_map is not None,
-        OVERFLOW=overflow is not None,
+        OVERFLOW=overflow is not None, BY_ID=by_id,
         num_warps=warps(dim),
     )
 
@@ -424,23 +427,6 @@ def backward_kv(
     The kernel writes each run's (id, row) at its head's sorted position, in a
     buffer of N; dropping the other slots is a boolean select, the one host sync of
     this path (the unfused path: replicated tables and gradient accumulation)."""
-    out_ids, out_rows = backward_kv_heads(grad_pooled, values, offsets, row_base, batch, mean, feature_major)
-    keep = out_ids >= 0
-    return KVGradient(out_ids[keep], out_rows[keep])
-
-
-def backward_kv_heads(
-    grad_pooled: torch.Tensor,
-    values: torch.Tensor,
-    offsets: torch.Tensor,
-    row_base: torch.Tensor,
-    batch: int,
-    mean: bool,
-    feature_major: bool,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(ids [N], rows [N, D]): each run's id and summed row at its head's sorted
-    position, -1 (rows unwritten) elsewhere and for ``OTHER_STACK`` runs; static
-    shapes, no host sync (a captured Hotline step scatters them by id)."""
     n = values.numel()
     dim = grad_pooled.shape[-1] if feature_major else grad_pooled.shape[1] // row_base.numel()
     out_ids = torch.full((n,), -1, dtype=torch.int64, device=values.device)
@@ -448,4 +434,24 @@ def backward_kv_heads(
     if n:
         _launch_runs(grad_pooled, values, offsets, row_base, batch, mean, feature_major,
                      KV, None, [], None, None, out_ids, out_rows)
-    return out_ids, out_rows
+    keep = out_ids >= 0
+    return KVGradient(out_ids[keep], out_rows[keep])
+
+
+def backward_rows_by_id(
+    grad_pooled: torch.Tensor,
+    values: torch.Tensor,
+    offsets: torch.Tensor,
+    row_base: torch.Tensor,
+    batch: int,
+    mean: bool,
+    feature_major: bool,
+    out_rows: torch.Tensor,
+) -> None:
+    """Each looked-up id's summed gradient row written at ``out_rows[id]`` (fp32, as
+    many rows as ids; the rows of ids not looked up are left as they were): the KV
+    gradient of a small id space with no select, static shapes, no host sync (a
+    captured Hotline step's cold rows: ids 0..U-1, embeddings/hotline/static_step.py)."""
+    if values.numel():
+        _launch_runs(grad_pooled, values, offsets, row_base, batch, mean, feature_major,
+                     KV, None, [], None, None, None, out_rows, by_id=True)
