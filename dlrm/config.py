@@ -203,6 +203,11 @@ class HotlineConfig:
     # budget 128MB, batch 4096): 1.32x with graph_dense, 1.43x with both (README).
     graph_dense: Literal["auto", "on", "off"] = "auto"
     graph_split: Literal["auto", "on", "off"] = "auto"
+    # graph_step: the whole step captured and replayed, the cold rows staged into static
+    # buffers (dlrm/train/hotline_graph.py): one process, one table dtype, the hot tier
+    # on the Triton kernels, fp32. Off by default until a GPU measures it (scripts/
+    # gpu_session.sh bench: the hotline_graph_step row); on replaces graph_dense.
+    graph_step: Literal["auto", "on", "off"] = "off"
     # host threads gathering cold rows (each a slice of the ids into the pinned
     # buffer); 0 = min(4, CPU cores). host_embedding uses the same gather
     gather_threads: int = 0

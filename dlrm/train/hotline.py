@@ -272,6 +272,12 @@ class HotlineSteps:
         elif mode == "on" and say is not None:
             say(f"warning: hotline.graph_split=on: splits run eager: {why}")
 
+    @property
+    def current_split(self) -> DeviceSplit | JointSplit:
+        """The split the running step's pass reads (``micro_batches`` made it current)."""
+        assert self._current is not None
+        return self._current.split
+
     def reset_window(self) -> None:
         """Close the current window: add it to the run's totals, keep it as the last."""
         self._last = dict(self._window)

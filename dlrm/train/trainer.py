@@ -79,6 +79,8 @@ from dlrm.train.graphs import why_not as graphs_why_not
 from dlrm.train.header import header
 from dlrm.train.host_memory import reuse_freed_memory
 from dlrm.train.hotline import HotlineSteps, make_profile
+from dlrm.train.hotline_graph import HotlineGraph
+from dlrm.train.hotline_graph import why_not as hotline_graph_why_not
 from dlrm.train.inputs import RunData, make_reader, resolve_data, resolve_shuffle_buffer
 from dlrm.train.lookahead import Lookahead
 from dlrm.train.meter import JsonLog, Meter
@@ -91,6 +93,7 @@ from dlrm.train.same_data import check_resume_data, data_identity, eval_overlap
 from dlrm.train.staged import StagedBatches
 from dlrm.train.trace import RowTrace
 from embeddings.collection import warn_fp16_overflow
+from embeddings.hotline.split import DeviceSplit
 from embeddings.interface import Prefetched
 from embeddings.kernels import why_not_triton
 from embeddings.narrow import bf16_small_lr
@@ -259,8 +262,12 @@ class Trainer:
         self._upcoming: Batch | None = None  # Hotline: the next step's first batch (``_peek_next``)
         self._staged: StagedBatches | None = None  # data.in_memory: batches read once
         self.graphs, self.step_mode = self._graphs()
-        if self.hotline is not None:
+        self.hotline_graph = self._hotline_graph(cfg.hotline.graph_step) if self.hotline is not None else None
+        if self.hotline_graph is not None:
+            self.step_mode = "hotline step static (hotline.graph_step)"
+        elif self.hotline is not None:
             self.step_mode += self._graph_dense(cfg.hotline.graph_dense)
+        if self.hotline is not None:
             self.step_mode += ", splits graphed (hotline.graph_split)" if self.hotline.split_graphs is not None else ""
 
     def _graphs(self) -> tuple[GraphedStep | None, str]:
@@ -274,6 +281,23 @@ class Trainer:
                 raise ConfigError(f"train.cuda_graphs=on: the step cannot be captured here: {why}")
             return None, f"eager ({why})"
         return GraphedStep(self._captured_body, self.dense_opt, self.say, required=mode == "on"), ""
+
+    def _hotline_graph(self, mode: str) -> HotlineGraph | None:
+        """hotline.graph_step (dlrm/train/hotline_graph.py): auto = captured where it can
+        be, else eager without a word; on = where it cannot, a warning line and eager
+        (without CUDA but on the Triton kernels, interpreted: uncaptured, said)."""
+        if mode == "off":
+            return None
+        model: Any = self.model
+        cuda = self.info.device.type == "cuda"
+        why = hotline_graph_why_not(self.cfg, model.embeddings, self.info.world_size, capture=cuda)
+        if why is None and (cuda or mode == "on"):
+            if not cuda:
+                self.say("hotline.graph_step=on: no CUDA device: the static step runs uncaptured")
+            return HotlineGraph(self._captured_body, self.dense_opt, model.embeddings, self.say, capture=cuda)
+        if mode == "on":
+            self.say(f"warning: hotline.graph_step=on: the step runs eager: {why or 'no CUDA device'}")
+        return None
 
     def _graph_dense(self, mode: str) -> str:
         """hotline.graph_dense: the dense model's halves captured for this run's batch
@@ -420,6 +444,12 @@ class Trainer:
                 done = self._graph_step(batches[0], rows, factor, t0)
                 if done is not None:
                     return done
+        elif self.hotline_graph is not None:
+            self.hotline_graph.set_dense_lr(self.cfg.optim.dense_lr * factor)
+            if step - self.first_step >= GRAPH_WARMUP and len(batches) == 1:
+                if self.hotline_graph.fits(batches[0]):
+                    return self._hotline_static_step(batches[0], rows, factor, t0)
+                self.hotline_graph.eager += 1
         else:
             for group in self.dense_opt.param_groups:
                 group["lr"] = self.cfg.optim.dense_lr * factor
@@ -464,6 +494,29 @@ class Trainer:
             graphs.eager_after_capture += graphs.graph is not None
             return None
         self.meter.add_loss(loss, part.size)
+        self.progress.global_step += 1
+        return StepDone(rows, time.perf_counter() - t0, 0.0)
+
+    def _hotline_static_step(self, batch: Batch, rows: int, factor: float, t0: float) -> StepDone:
+        """The Hotline step as one static step (dlrm/train/hotline_graph.py): the pass's
+        split and cold rows loaded, the graph replayed; eager where its capture failed."""
+        hotline, graph = self.hotline, self.hotline_graph
+        assert hotline is not None and graph is not None
+        step = self.progress.global_step
+        self.model.begin_step(self.cfg.optim.sparse_lr * factor)
+        after, self._upcoming = self._upcoming, None
+        for part, cold, _ in hotline.micro_batches(batch, after):  # one pass
+            split = hotline.current_split
+            assert isinstance(split, DeviceSplit)  # one table dtype (hotline_graph.why_not)
+            loss = graph.run(part, split, cold, step)
+            if loss is None:  # the capture failed: this step eager, as every later one
+                self.dense_opt.zero_grad(set_to_none=True)
+                self._forward_backward(part, Prefetched(part.sparse, cold), rows, sync=True)
+                self.dense_opt.step()
+            else:
+                self.meter.add_loss(loss, part.size)
+        self.model.end_step()
+        hotline.after_step(step + 1)
         self.progress.global_step += 1
         return StepDone(rows, time.perf_counter() - t0, 0.0)
 
@@ -640,6 +693,9 @@ class Trainer:
 
     def _summary(self, preempted: int = 0) -> dict[str, Any]:
         self.step_mode = self.graphs.summary() if self.graphs is not None else self.step_mode
+        if self.hotline_graph is not None and self.hotline is not None:
+            split = ", splits graphed (hotline.graph_split)" if self.hotline.split_graphs is not None else ""
+            self.step_mode = self.hotline_graph.summary() + split
         summary: dict[str, Any] = {"event": "summary", "steps": self.progress.global_step,
                                    "trained_steps": self.progress.global_step - self.first_step,
                                    "step_mode": self.step_mode,

@@ -258,6 +258,11 @@ class LocalHostTier:
         return bags.view(features, batch, dim).transpose(0, 1).reshape(batch, features * dim)
 
     # ------------------------------------------------------------------ updates
+    def receive_rows(self, host_ids: torch.Tensor, rows: torch.Tensor) -> None:
+        """A captured step's cold gradient, ``rows`` [U, D] on the device (of
+        ``host_ids``, in their order): home as a backward's would go (``_receive``)."""
+        self._receive(host_ids, KVGradient(host_ids, rows))
+
     def _receive(self, host_ids: torch.Tensor, grad: KVGradient) -> None:
         """The cold gradient (rows of ids 0..U-1): its rows go home, D2H into pinned
         memory on CUDA, not waited for here; its ids are already there."""

@@ -170,9 +170,7 @@ class HotTier(nn.Module):
                        ) -> torch.Tensor:
         from embeddings.kernels.lookup import Bags, triton_pooled_lookup  # imports triton
 
-        row_base = self._row_base.get(features)
-        if row_base is None or row_base.device != self.device:
-            row_base = self._row_base[features] = torch.zeros(features, dtype=torch.int64, device=self.device)
+        row_base = self.zero_row_base(features)
         bags = Bags(slots, bag_offsets(lengths), row_base, lengths.numel() // max(features, 1), False, True)
         held = partial(self._held, source)
         pooled = triton_pooled_lookup(self.weight, bags, held).view(-1, self.weight.shape[1])
@@ -180,6 +178,32 @@ class HotTier(nn.Module):
             assert whole_lengths is not None
             pooled = pooled * (1.0 / whole_lengths.clamp(min=1).to(torch.float32)).unsqueeze(1)
         return pooled
+
+    def zero_row_base(self, features: int) -> torch.Tensor:
+        """[F] zeros on the device: every feature's first row in the hot weight (slots
+        are rows of it), made once per feature count."""
+        row_base = self._row_base.get(features)
+        if row_base is None or row_base.device != self.device:
+            row_base = self._row_base[features] = torch.zeros(features, dtype=torch.int64, device=self.device)
+        return row_base
+
+    def update_static(self, grad_pooled: torch.Tensor, slots: torch.Tensor, offsets: torch.Tensor,
+                      features: int, batch: int, mean: bool) -> None:
+        """A captured step's hot update (static_step.py): the fused update over a whole
+        mini-batch's bags [B, F*D], ``slots`` [N] with the cold lookups masked
+        (``OTHER_STACK``). Counts as ``update_held`` counts (Adam's step, the rounding
+        step: on the device)."""
+        from embeddings.kernels.sparse_update import backward_update
+
+        backward_update(grad_pooled, slots, offsets, self.zero_row_base(features), batch, mean, False,
+                        self.weight.data, self.optimizer, self.state, self._device_lr(), self._kernel_rounding())
+
+    def _device_lr(self) -> torch.Tensor:
+        """The lr as a [1] device tensor the update kernel reads (``set_lr`` fills it):
+        made before a capture, so a replay reads the step's lr."""
+        if self._lr_on_device is None or self._lr_on_device.device != self.device:
+            self._lr_on_device = torch.full((1,), self.lr, dtype=torch.float32, device=self.device)
+        return self._lr_on_device
 
     def _held(self, source: tuple[DeviceSplit, int] | None, grad_pooled: torch.Tensor, bags: Bags) -> None:
         """Triton backward: fused, update now; kept, hold it for ``update_held``."""
@@ -200,8 +224,7 @@ class HotTier(nn.Module):
                 sources: list[tuple[DeviceSplit, int] | None] | None = None) -> None:
         from embeddings.kernels.sparse_update import backward_update
 
-        if self._lr_on_device is None or self._lr_on_device.device != self.device:
-            self._lr_on_device = torch.full((1,), self.lr, dtype=torch.float32, device=self.device)
+        lr = self._device_lr()
         if parts:
             row_base = parts[0][1].row_base
             joined = in_split_order(parts, sources or [])
@@ -215,7 +238,7 @@ class HotTier(nn.Module):
                 raise RuntimeError("Hotline on several ranks: a step with no hot lookup pass")
             grad, slots, offsets, batch = gather_ranks((grad, slots, offsets, batch), row_base, self.group)
         backward_update(grad, slots, offsets, row_base, batch, False, True, self.weight.data,
-                        self.optimizer, self.state, self._lr_on_device, self._kernel_rounding())
+                        self.optimizer, self.state, lr, self._kernel_rounding())
 
     def _kernel_rounding(self) -> KernelRounding | None:
         """Half weight or state (or an fp32 group beside half ones: it counts too): the

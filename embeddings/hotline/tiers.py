@@ -53,6 +53,7 @@ from embeddings.hotline.split import (
     micro_lookups,
     split_on_device,
 )
+from embeddings.hotline.static_step import StaticLookups, static_pooled
 from embeddings.interface import Prefetched, TableState
 from embeddings.jagged import in_feature_order
 from embeddings.kernels import KernelChoice
@@ -139,6 +140,8 @@ class HotlineEmbeddingCollection(EmbeddingCollection):
         self.hot = HotTier(optimizer, fused, self.tables, rounding_seed, kernels, one_process=plan is None,
                            group=group)
         self._last: tuple[int, int, int, int, int] | None = None
+        # a static step's cold gradient was sent: its hot rows are updated already
+        self._static_done = False
         self.profile = profile
         # Bumped whenever the hot tier is (re)loaded: a split made before classified
         # against other hot ids (the trainer's split made a step ahead checks it).
@@ -329,16 +332,21 @@ class HotlineEmbeddingCollection(EmbeddingCollection):
         return self.tier.gather_cold(micro, self.hot.device)
 
     # ------------------------------------------------------------------ forward
-    def start(self, sparse: KeyedJagged | Prefetched) -> HotStarted:
+    def start(self, sparse: KeyedJagged | Prefetched | StaticLookups) -> HotStarted | torch.Tensor:
         """The hot side of a lookup, launched: it needs no host row, so the model's
         bottom MLP runs after it while the cold rows (``ColdInFlight``: still being
-        gathered by the trainer's thread) arrive; ``finish`` adds them."""
+        gathered by the trainer's thread) arrive; ``finish`` adds them. A captured
+        step's ``StaticLookups`` (cold rows staged already): the whole lookup, one launch."""
+        if isinstance(sparse, StaticLookups):
+            return self.static_lookup(sparse)
         micro, cold = self._micro_and_cold(sparse)
         return HotStarted(micro, cold, self.tier.hot_part(micro, self.hot))
 
-    def finish(self, started: HotStarted) -> torch.Tensor:
+    def finish(self, started: HotStarted | torch.Tensor) -> torch.Tensor:
         """[B, F*D] of a started lookup: its cold rows taken (waited for if in flight,
         gathered here if none came), the cold part added to the hot one."""
+        if isinstance(started, torch.Tensor):  # a StaticLookups' lookup: done in ``start``
+            return started
         micro, cold = started.micro, started.cold
         if isinstance(cold, ColdInFlight):
             cold = cold.result()
@@ -347,6 +355,20 @@ class HotlineEmbeddingCollection(EmbeddingCollection):
         pooled, cold_rows = self.tier.pool(micro, self.hot, None if cold is HOT_ONLY else cold, started.hot)
         self._last = (micro.hot_slots.numel(), micro.lookups, micro.popular, micro.batch, cold_rows)
         return scale_grad(pooled, self.grad_scale)
+
+    def static_lookup(self, static: StaticLookups) -> torch.Tensor:
+        """[B, F*D] of a captured step's lookups (static_step.py): its backward updates
+        the hot rows and writes the cold rows' gradient; the step's end then sends
+        that home (``send_static_cold``) and ``step`` leaves the hot tier alone."""
+        return scale_grad(static_pooled(self.hot, static, self.mean), self.grad_scale)
+
+    def send_static_cold(self, static: StaticLookups, cold: ColdRows | None) -> None:
+        """After a static step's backward was queued: ``cold``'s U rows' gradient goes
+        home (D2H, applied by the host tier's ``step``). Called outside any capture."""
+        self._static_done = True
+        if cold is not None and cold.rows.shape[0]:
+            unique = cold.rows.shape[0]
+            self.tier.receive_rows(cold.host_ids, static.cold_grad[:unique])
 
     def forward(self, sparse: KeyedJagged | Prefetched) -> torch.Tensor:
         """[B, F*D]. A ``Prefetched`` input carries its cold rows, from
@@ -396,6 +418,10 @@ class HotlineEmbeddingCollection(EmbeddingCollection):
         """Apply kept gradients: once per tier, even when empty (Adam counts steps).
         Several ranks: hot gradients are all-gathered first, so replicas stay equal."""
         if self.fused:
+            return
+        if self._static_done:  # a static step: its backward updated the hot rows already
+            self._static_done = False
+            self.tier.step()
             return
         if self.hot.on_triton():  # one sort, one fused backward + update for both micro-batches
             self.hot.update_held()

@@ -302,7 +302,9 @@ def _sorted_runs(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(sorted stacked ids, their lookup positions, the bag of each lookup), all [N]."""
     n = values.numel()
-    linear = torch.empty(n, dtype=torch.int64, device=values.device)
+    # OTHER_STACK where no bag reaches: a captured Hotline step's lookups past this
+    # batch's (static_step.py: buffers of a multi-hot batch's capacity) are never applied
+    linear = torch.full((n,), OTHER_STACK.value, dtype=torch.int64, device=values.device)
     bag_of = torch.empty(n, dtype=torch.int64, device=values.device)
     _linearize_kernel[(row_base.numel() * batch,)](values, offsets, row_base, linear, bag_of, batch,
                                                    num_warps=1)

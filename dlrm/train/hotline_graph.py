@@ -1,0 +1,168 @@
+"""``hotline.graph_step``: Hotline's whole step captured once, then replayed.
+
+The eager Hotline step is host-bound on a GPU: one H200 took 8.6 ms a step to
+dispatch 3.1 ms of device work (134 kernels), and graphing the dense model and the
+split (hotline.graph_dense, graph_split) left it at 0.42x the captured native step.
+Here the whole step is one replay; only what needs the host stays outside:
+
+    host (main thread)                            device
+    split of t, made a step ahead; header read    (split stream; dlrm/train/hotline.py)
+    cold rows of t: gather thread, H2D ──────────► rows [U, D]       (copy stream)
+    ``load``: the split's lookups, the U rows ───► static buffers    (device to device)
+    replay ──────────────────────────────────────► two-tier lookup, dense model, loss,
+                                                   backward: hot rows updated in the
+                                                   kernel, cold rows' gradient by row;
+                                                   the dense optimizer
+    cold_grad[:U] home (host tier) ◄──────────────  D2H; the host-update thread applies it
+
+The buffers are embeddings/hotline/static_step.py's: every shape is the batch's (N
+lookups, F*B bags, C = N cold rows), so one capture serves every split of a
+same-shaped batch. Another shape (an epoch's short last batch) runs that step
+eager. A refresh (hotline.refresh_every) loads new hot-tier tensors: the next step
+captures again (``captures`` counts them).
+
+Exact as the eager step (tests/test_hotline_graph.py): the same lookups, sums,
+updates, and the host tier's order of reads and writes (a gather of step t+1
+rereads the rows step t's update writes, host_local.py).
+
+Without CUDA (hotline.graph_step=on with the hot tier on interpreted Triton kernels,
+as the tests run it) the same static step runs uncaptured: its buffers and updates
+are checked, not its speed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from data.batch import Batch
+from dlrm.train.graphs import _tensor_lrs
+from embeddings.hotline.lookups import HOT_ONLY, ColdInFlight, ColdRows
+from embeddings.hotline.split import DeviceSplit
+from embeddings.hotline.static_step import StaticLookups
+
+
+def why_not(cfg: Any, embeddings: Any, world_size: int, capture: bool) -> str | None:
+    """Why this run's Hotline step cannot be static (None: it can), and ``capture``d
+    (CUDA: the dense optimizer must read its lr from a tensor)."""
+    from embeddings.hotline.tiers import HotlineEmbeddingCollection
+
+    one_group = isinstance(embeddings, HotlineEmbeddingCollection)
+    reasons = [
+        (world_size > 1, "more than one process (the host tier's all-to-alls and DDP run eager)"),
+        (not one_group, "tables of several dtypes (a hot tier per dtype)"),
+        (one_group and not embeddings.on_triton(), "the hot tier is not on the Triton kernels"),
+        (cfg.train.accumulate != 1, "train.accumulate > 1"),
+        (cfg.train.precision != "fp32", f"train.precision={cfg.train.precision}"),
+        (capture and cfg.optim.dense not in ("sgd", "adam"), f"optim.dense={cfg.optim.dense}"),
+        (cfg.data.on_error == "skip", "data.on_error=skip (batches of varying rows)"),
+        (cfg.train.profile_steps > 0, "train.profile_steps (profiled steps run eager)"),
+    ]
+    return next((why for broken, why in reasons if broken), None)
+
+
+class HotlineGraph:
+    """The static step's buffers, its graph and what it counts (module docstring)."""
+
+    def __init__(self, body: Callable[[Batch], torch.Tensor], dense_opt: torch.optim.Optimizer,
+                 embeddings: Any, say: Callable[[str], None], capture: bool) -> None:
+        """``body(batch)``: forward, loss, backward, dense update; returns the summed
+        loss (the trainer's captured body). ``capture``: on CUDA; else uncaptured."""
+        self.body, self.dense_opt, self.embeddings, self.say = body, dense_opt, embeddings, say
+        self.capture = capture
+        self.static: Batch | None = None
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.version: object = None  # the hot set the graph was captured against
+        self.loss: torch.Tensor | None = None
+        self.failed: str | None = None
+        self.steps = self.replays = self.captures = self.eager = 0
+        if capture:
+            _tensor_lrs(dense_opt)
+
+    def set_dense_lr(self, lr: float) -> None:
+        """The dense lr of the coming step: a device fill where a replay reads it."""
+        for group in self.dense_opt.param_groups:
+            if isinstance(group["lr"], torch.Tensor):
+                group["lr"].fill_(lr)
+            else:
+                group["lr"] = lr
+
+    def fits(self, batch: Batch) -> bool:
+        """Whether host ``batch`` can take the static step: no capture failed, and it
+        fits the buffers (B samples, at most their N ids, the dense width), or none
+        were made yet."""
+        s = self.static
+        if self.failed is not None:
+            return False
+        return s is None or (s.sparse.fits(batch.size, len(batch.sparse.keys()), batch.sparse.values().numel())
+                             and tuple(batch.dense.shape) == tuple(s.dense.shape))
+
+    def run(self, part: Batch, split: DeviceSplit, cold: Any, step: int) -> torch.Tensor | None:
+        """One step on ``part`` (on the device; its ``split``; its cold rows as the
+        Hotline pass hands them): buffers loaded, the graph replayed (captured first,
+        or again after a refresh); the cold gradient sent home. The step's summed loss,
+        or None where the capture failed (this step then runs eager)."""
+        rows = _cold_rows(cold)
+        if self.static is None:
+            weight = self.embeddings.hot.weight  # in the tables' type, as the host rows
+            lookups = StaticLookups.like(split, weight.shape[1], weight.dtype)
+            self.static = Batch(part.dense.clone(), lookups, part.labels.clone())
+        static = self.static
+        static.dense.copy_(part.dense, non_blocking=True)
+        static.labels.copy_(part.labels, non_blocking=True)
+        static.sparse.load(split, rows)
+        if not self.capture:
+            self.dense_opt.zero_grad(set_to_none=True)
+            loss = self.body(static)
+        elif self.graph is None or self.version != self.embeddings.hot_version:
+            loss = self._capture(step)
+            if loss is None:
+                return None
+        else:
+            self.graph.replay()
+            self.replays += 1
+            loss = self.loss
+        self.embeddings.send_static_cold(static.sparse, rows)
+        self.steps += 1
+        return loss
+
+    def _capture(self, step: int) -> torch.Tensor | None:
+        """Capture the step on the loaded buffers and replay it once; None (said once)
+        where the capture fails: the run goes on eager."""
+        assert self.static is not None
+        self.graph = None
+        try:
+            self.dense_opt.zero_grad(set_to_none=True)
+            graph = torch.cuda.CUDAGraph()
+            # thread_local: the gather, host-update and reader threads call CUDA meanwhile
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+                self.loss = self.body(self.static)
+        except Exception as e:  # noqa: BLE001 - a capture error is a RuntimeError of any kind
+            self.failed = f"capture failed at step {step}: {str(e).splitlines()[0][:200]}"
+            self.say(f"warning: hotline.graph_step: {self.failed}; the step runs eager")
+            torch.cuda.synchronize()
+            return None
+        self.graph, self.version = graph, self.embeddings.hot_version
+        self.captures += 1
+        graph.replay()
+        self.replays += 1
+        return self.loss
+
+    def summary(self) -> str:
+        """What the run's static steps were, for the step mode line."""
+        if self.failed:
+            return f"hotline step eager ({self.failed})"
+        how = f"captured {self.captures}x, replayed" if self.capture else "uncaptured (no CUDA device)"
+        return f"hotline step static: {self.steps} steps ({how}), {self.eager} other-shape steps eager"
+
+
+def _cold_rows(cold: Any) -> ColdRows | None:
+    """The pass's cold rows, waited for (None: every lookup hot)."""
+    if cold is HOT_ONLY:
+        return None
+    if isinstance(cold, ColdInFlight):
+        cold = cold.result()
+    assert isinstance(cold, ColdRows)
+    return cold

@@ -1,0 +1,122 @@
+"""Hotline's lookup with every shape fixed by the batch: what a captured step reads.
+
+    split of mini-batch t (split.py)            host gather of its U cold rows (host_local.py)
+        │ is_hot, slot, cold_local [N]             │ rows [U, D] on the device (copy stream)
+        ▼ copied into (``load``)                   ▼ copied into rows 0..U-1
+    StaticLookups   is_hot, slot, cold_local [N], lengths [F*B], cold_rows [C, D]
+        │ forward   kernels/two_tier.py: one launch over both tiers
+        │ backward  hot rows: the fused update (as the eager step's held one, in the kernel);
+        │           cold rows: their gradient by cold row into cold_grad [C, D]
+        ▼
+    after the step: cold_grad[:U] D2H to the host tier (its update thread applies it)
+
+F*B and the capacity C (lookups and cold rows: U <= N, at most every lookup cold and
+distinct) are the captured batch's, so a CUDA graph of the whole step
+(dlrm/train/hotline_graph.py) replays for any split of a batch of B samples and at
+most C lookups: C = N single-hot, N + N/4 multi-hot (N varies by batch). Lookups
+past a batch's N are stale and never read (no bag reaches them; the update's sort
+puts them last, unapplied), nor are cold rows past U (every cold lookup's
+``cold_local`` is below U; the host reads ``cold_grad[:U]`` only).
+
+Exact as the eager step: the same rows, the same sums (the update's kernels sum
+each run in lookup order), one optimizer step per tier per step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+from typing import TYPE_CHECKING
+
+import torch
+
+from embeddings.jagged import bag_offsets
+
+if TYPE_CHECKING:
+    from embeddings.hotline.hot_tier import HotTier
+    from embeddings.hotline.lookups import ColdRows
+    from embeddings.hotline.split import DeviceSplit
+
+
+@dataclass
+class StaticLookups:
+    """A captured step's lookup buffers (see the module docstring)."""
+
+    is_hot: torch.Tensor  # [N] bool
+    slot: torch.Tensor  # [N] int64, read where hot
+    cold_local: torch.Tensor  # [N] int64, read where cold
+    lengths: torch.Tensor  # [F*B] int64
+    cold_rows: torch.Tensor  # [C, D] the tables' dtype, first U staged
+    cold_grad: torch.Tensor  # [C, D] fp32, first U written by the backward
+    batch: int
+    num_features: int
+
+    @classmethod
+    def like(cls, split: DeviceSplit, dim: int, dtype: torch.dtype) -> StaticLookups:
+        """Buffers for batches of ``split``'s shapes (not its values: ``load`` copies
+        them): B samples, F features, N lookups; multi-hot (N varies by batch) a
+        quarter more lookups, so most later batches fit too."""
+        lookups = split.lookups
+        n, device = lookups.ids.numel(), lookups.ids.device
+        bags = lookups.lengths.numel()
+        capacity = max(n if n == bags else n + n // 4, 1)
+        return cls(torch.zeros(capacity, dtype=torch.bool, device=device),
+                   torch.zeros(capacity, dtype=torch.int64, device=device),
+                   torch.zeros(capacity, dtype=torch.int64, device=device), torch.zeros_like(lookups.lengths),
+                   torch.zeros(capacity, dim, dtype=dtype, device=device),
+                   torch.zeros(capacity, dim, dtype=torch.float32, device=device),
+                   lookups.batch, lookups.num_features)
+
+    @property
+    def capacity(self) -> int:
+        """Lookups (and cold rows) the buffers hold."""
+        return self.is_hot.numel()
+
+    def fits(self, batch: int, features: int, lookups: int) -> bool:
+        """Whether a batch of ``batch`` samples, ``features`` features and ``lookups``
+        ids fits these buffers."""
+        return batch == self.batch and features == self.num_features and lookups <= self.capacity
+
+    def load(self, split: DeviceSplit, cold: ColdRows | None) -> None:
+        """``split``'s lookups and ``cold``'s U rows (None: no cold lookup) copied in,
+        on the current stream (device to device; the cold rows' copy waits for their
+        H2D copy's event, the host does not)."""
+        lookups = split.lookups
+        n = lookups.ids.numel()  # past n: stale, never read (no bag reaches them)
+        self.is_hot[:n].copy_(lookups.is_hot, non_blocking=True)
+        self.slot[:n].copy_(lookups.slot, non_blocking=True)
+        self.cold_local[:n].copy_(split.cold_local, non_blocking=True)
+        self.lengths.copy_(lookups.lengths, non_blocking=True)
+        if cold is None or cold.rows.shape[0] == 0:
+            return
+        rows = cold.rows.detach()
+        if rows.device.type == "cuda":
+            current = torch.cuda.current_stream(rows.device)
+            if cold.ready is not None:
+                current.wait_event(cold.ready)
+            rows.record_stream(current)
+        self.cold_rows[:rows.shape[0]].copy_(rows, non_blocking=True)
+
+
+def static_pooled(hot: HotTier, static: StaticLookups, mean: bool) -> torch.Tensor:
+    """Pooled [B, F*D] of ``static``'s lookups over the hot tier and the staged cold
+    rows; the backward updates the hot rows and writes the cold rows' gradient."""
+    from embeddings.kernels.two_tier import two_tier_lookup  # imports triton
+
+    offsets = bag_offsets(static.lengths)
+    backward = partial(_backward, hot, static, offsets, mean)
+    return two_tier_lookup(hot.weight, static.cold_rows, static.is_hot, static.slot, static.cold_local,
+                           offsets, static.num_features, static.batch, mean, backward)
+
+
+def _backward(hot: HotTier, static: StaticLookups, offsets: torch.Tensor, mean: bool,
+              grad_pooled: torch.Tensor) -> None:
+    """Both tiers' passes of the update's kernels over the same bags, each with the
+    other tier's lookups masked: the hot rows updated, the cold rows' gradient by row."""
+    from embeddings.kernels.sparse_update import backward_rows_by_id
+    from embeddings.kernels.two_tier import masked_ids
+
+    hot_ids, cold_ids = masked_ids(static.is_hot, static.slot, static.cold_local)
+    hot.update_static(grad_pooled, hot_ids, offsets, static.num_features, static.batch, mean)
+    backward_rows_by_id(grad_pooled, cold_ids, offsets, hot.zero_row_base(static.num_features), static.batch,
+                        mean, False, static.cold_grad)
