@@ -40,7 +40,9 @@
 # bench (configs/bench_gpu.yaml: 26 Criteo-Kaggle-sized tables, 8.6 GB fp32, 100 steps
 # of 4096), in order:
 #   1. the rows the open issues are judged by, each printed as it ends: native (fp32
-#      tables), hotline and host_embedding (issue 22: hotline / host_embedding >= 2x,
+#      tables), hotline, hotline_static (hotline.graph_step=on: the whole step captured,
+#      built 2026-11-26 without a GPU; off by default until this row beats hotline) and
+#      host_embedding (issue 22: hotline / host_embedding >= 2x,
 #      hotline / native >= 0.8x), native_bf16_tables and hotline_bf16_tables (issue 24:
 #      each over its fp32 row; Hotline's budget then holds twice the rows), in_memory
 #      (issue 23: native / in_memory >= 0.95)                       ($OUT/bench.json)
@@ -67,8 +69,9 @@ OUT=${OUT:-gpu_out}
 PY=${PY:-python3}
 CONFIG=${CONFIG:-configs/bench_gpu.yaml}  # a dry run elsewhere: a small config
 # fixed after the 2026-11-26 H200 session (153cd2f), and the graph options it measured
-NEW_TESTS=${NEW_TESTS:-"graph_replayed or (cuda_equals_cpu and adam and not single) or triton_hot_tier or prefetch or pinned or no_host_sync or scored_on_the_torch or graphed or cuda_device_idle"}
-NEW_FILES=${NEW_FILES:-"tests/test_gpu.py tests/test_hotline_distributed.py tests/test_device_prefetch.py tests/test_dtype_stacks.py tests/test_eval_kernels.py tests/test_data_wait.py"}
+# and hotline.graph_step (2026-11-26, no GPU: tests/test_hotline_graph.py, captured here)
+NEW_TESTS=${NEW_TESTS:-"static_hotline or graph_replayed or (cuda_equals_cpu and adam and not single) or triton_hot_tier or prefetch or pinned or no_host_sync or scored_on_the_torch or graphed or cuda_device_idle"}
+NEW_FILES=${NEW_FILES:-"tests/test_hotline_graph.py tests/test_gpu.py tests/test_hotline_distributed.py tests/test_device_prefetch.py tests/test_dtype_stacks.py tests/test_eval_kernels.py tests/test_data_wait.py"}
 mkdir -p "$OUT"
 export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 {
@@ -174,7 +177,7 @@ bench_part() {
 bench() {
   local code
   bench_part main 350 \
-    --engines native,hotline,host_embedding,native_bf16_tables,hotline_bf16_tables,in_memory "$@" \
+    --engines native,hotline,hotline_static,host_embedding,native_bf16_tables,hotline_bf16_tables,in_memory "$@" \
     >"$OUT/bench.log" 2>&1
   code=$?
   cp /tmp/bench_gpu/main/bench.json "$OUT"/ 2>/dev/null  # the rest in runs.tgz: 8 files come back

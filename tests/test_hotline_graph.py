@@ -16,7 +16,11 @@ import pytest
 from tests.kernel_cases import DEVICE  # noqa: F401  (sets TRITON_INTERPRET=1 without a GPU)
 
 pytest.importorskip("triton")
+pytestmark = pytest.mark.kernels  # scripts/gpu_session.sh runs them on a GPU, captured
 
+from dlrm.config import load_config
+from dlrm.train.trainer import train
+from tests.conftest import TINY, tiny_overrides
 from tests.run_state import RTOL, assert_states_close, run_state
 from tests.test_hotline_train import run
 
@@ -37,3 +41,30 @@ def test_static_hotline_step_equals_ordinary_training(tiny_data, tmp_path: Path,
     assert summary["step_mode"].startswith("hotline step static: 4 steps"), summary["step_mode"]
     stats = summary["hotline"]
     assert stats["hot_hit_rate"] < 0.9 and stats["popular_share"] < 0.5  # cold rows staged and sent home
+
+
+@pytest.mark.slow
+def test_static_hotline_step_with_refreshes_equals_ordinary_training(tiny_data, tmp_path: Path) -> None:
+    """hotline.refresh_every loads new hot-tier tensors between static steps (on a GPU:
+    each refresh captures the step again)."""
+    steps = ("train.max_steps=8", "optim.sparse=rowwise_adagrad", "optim.dense=adam")
+    run(tiny_data, tmp_path / "plain", *steps, "data.batch_size=64")
+    summary = run(tiny_data, tmp_path / "hot", *steps, *STATIC, "hotline.refresh_every=2")
+    assert_states_close(run_state(tmp_path / "hot"), run_state(tmp_path / "plain"), "static hotline refresh",
+                        RTOL.get("rowwise_adagrad", 1e-5))
+    assert summary["hotline"]["refreshes"] >= 2
+    assert summary["step_mode"].startswith("hotline step static: 5 steps"), summary["step_mode"]
+
+
+def test_graph_step_on_says_why_it_runs_eager(tiny_data, tmp_path: Path) -> None:
+    """``on`` where the step cannot be static (the hot tier on torch's kernels): one
+    warning line, the run trains eager."""
+    lines: list[str] = []
+    cfg = load_config(TINY, tiny_overrides(**{"data.train": tiny_data["train"], "data.eval": ""})
+                      + ["train.max_steps=2", "embeddings.placement=hotline", "hotline.graph_step=on",
+                         "embeddings.kernels=torch"])
+    summary = train(cfg, tmp_path / "run", echo=lines.append)
+    warned = [line for line in lines if "hotline.graph_step" in line]
+    assert warned == [("warning: hotline.graph_step=on: the step runs eager: the hot tier is not on the "
+                      "Triton kernels")], warned
+    assert "static" not in summary["step_mode"]

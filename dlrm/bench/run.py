@@ -60,6 +60,9 @@ ENGINES = {
     # the step rate the Parquet input keeps.
     "in_memory": ["embeddings.backend=native", "data.in_memory=true"],
     "hotline": ["embeddings.placement=hotline"],
+    # Hotline with its whole step captured and replayed (hotline.graph_step, off by
+    # default until measured): beside hotline, the eager step with its graphed parts
+    "hotline_static": ["embeddings.placement=hotline", "hotline.graph_step=on"],
     # Half-precision tables (issue 24): the same engine with every table stored in
     # bf16 / fp16, beside native's fp32 rows (``vs_fp32_tables``: rate and table bytes).
     "native_bf16_tables": ["embeddings.backend=native", "embeddings.dtype=bf16"],
