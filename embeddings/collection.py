@@ -426,16 +426,19 @@ class LocalEmbeddingCollection(EmbeddingCollection):
         self._kept = []
         return grad
 
-    def apply_gradient(self, grad: KVGradient, row_sq_mean: torch.Tensor | None = None) -> None:
+    def apply_gradient(self, grad: KVGradient, row_sq_mean: torch.Tensor | None = None,
+                       count: bool = True) -> None:
         """One optimizer step with ``grad`` (an empty one still counts as a step);
-        ``row_sq_mean``: see ``SparseOptimizer.apply``."""
+        ``row_sq_mean``: see ``SparseOptimizer.apply``. ``count`` False: a later part
+        of a step whose first part counted it (the rounding step and Adam's)."""
         with section("embedding_update"):
             rounder = None
             if self.optimizer.rounding:  # half weight or state; an fp32 stack beside half ones counts too
-                self.state["rounding_step"] += 1
+                if count:
+                    self.state["rounding_step"] += 1
                 rounder = self._round_rows  # an fp32 weight ignores it; a half state rounds with it
             self.optimizer.apply(self.weight.data, self.state, grad, self.lr, row_sq_mean=row_sq_mean,
-                                 rounder=rounder)
+                                 rounder=rounder, count=count)
             if self.weight_dtype == torch.float16:
                 self._warn_overflow()
 

@@ -128,6 +128,7 @@ class SparseOptimizer(ABC):
         lr: float,
         row_sq_mean: torch.Tensor | None = None,
         rounder: Rounder | None = None,
+        count: bool = True,
     ) -> None:
         """Update ``weight[grad.ids]`` and their state in place.
 
@@ -135,7 +136,9 @@ class SparseOptimizer(ABC):
         ``grad.rows`` hold only some columns (row-wise Adagrad needs the whole row).
         ``rounder``: a half-precision weight's rounding coordinates of ids (add_rows);
         half state (``state_dtype``) is rounded at the same coordinates, in a stream of
-        its own (``put_state``).
+        its own (``put_state``). ``count`` False: the rest of a step applied in parts,
+        whose first part counted it (Adam's step; the host tier applies the rows the
+        next gather reads first, hotline/host_local.py).
         """
 
     def state_bytes_per_row(self, dim: int) -> int:
@@ -205,6 +208,7 @@ class SparseSGD(SparseOptimizer):
         lr: float,
         row_sq_mean: torch.Tensor | None = None,
         rounder: Rounder | None = None,
+        count: bool = True,
     ) -> None:
         add_rows(weight, grad.ids, grad.rows, -lr, rounder)
 
@@ -228,6 +232,7 @@ class SparseAdagrad(SparseOptimizer):
         lr: float,
         row_sq_mean: torch.Tensor | None = None,
         rounder: Rounder | None = None,
+        count: bool = True,
     ) -> None:
         new = get_state(state, "sum", grad.ids).addcmul_(grad.rows, grad.rows)
         put_state(state, "sum", grad.ids, new, rounder)
@@ -247,6 +252,7 @@ class RowWiseAdagrad(SparseOptimizer):
         lr: float,
         row_sq_mean: torch.Tensor | None = None,
         rounder: Rounder | None = None,
+        count: bool = True,
     ) -> None:
         acc = state["sum"]
         if row_sq_mean is None:
@@ -280,9 +286,11 @@ class SparseAdam(SparseOptimizer):
         lr: float,
         row_sq_mean: torch.Tensor | None = None,
         rounder: Rounder | None = None,
+        count: bool = True,
     ) -> None:
         b1, b2 = self.betas
-        state["step"] += 1
+        if count:
+            state["step"] += 1
         step = int(state["step"])
         ids, g = grad.ids, grad.rows
         m = get_state(state, "exp_avg", ids).lerp_(g, 1 - b1)

@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -273,7 +274,7 @@ def test_the_gather_waits_only_for_the_updates_of_the_rows_it_reads(monkeypatch)
     first = handed[0][1].result()
     release = threading.Event()
     apply = tier._apply
-    monkeypatch.setattr(tier, "_apply", lambda kept: (release.wait(10), apply(kept))[1])
+    monkeypatch.setattr(tier, "_apply", lambda *args: (release.wait(10), apply(*args))[1])
     seen: list[bool] = []  # at each row gather: whether the update had ended
     gather = tier._gather_rows
     monkeypatch.setattr(tier, "_gather_rows", lambda *a: seen.append(release.is_set()) or gather(*a))
@@ -291,3 +292,50 @@ def test_the_gather_waits_only_for_the_updates_of_the_rows_it_reads(monkeypatch)
     assert int(shared.sum()) > 0 and got.late_rows == int(shared.sum())
     assert not torch.equal(got.rows[shared], before_rows[shared])  # the update really wrote them
     steps.close()
+
+
+def test_the_update_writes_the_rows_the_next_gather_reads_first(monkeypatch) -> None:
+    """``announce_next_reads``: the step's host update applies the next mini-batch's cold
+    rows first and the next gather waits for that part only. With the rest of the
+    update held back, the gather ends; its rows equal a gather made after the whole
+    update (the shared rows read again); and the host tables after the update equal,
+    bit for bit, those of the same step applied in one part (Adam's step counted once)."""
+    import threading
+
+    coll, batches, _ = _setup(False)
+    tier, steps = coll.tier, _steps(coll)
+    handed = list(steps.micro_batches(batches[0], batches[1]))
+    tables = tier.collection
+    apply, rest_applied = tables.apply_gradient, threading.Event()
+
+    def held(grad, row_sq_mean=None, count=True):  # the update's second part waits
+        if not count:
+            time.sleep(1.0)
+        apply(grad, row_sq_mean, count)
+        if not count:
+            rest_applied.set()
+
+    monkeypatch.setattr(tables, "apply_gradient", held)
+    coll.set_lr(0.5)
+    for part, cold, _ in handed:
+        (coll(Prefetched(part.sparse, cold)) ** 2).sum().backward()
+    steps.announce_next_reads()
+    coll.step()
+    steps.after_step(1)
+    got = steps._ahead.gather.result()
+    assert not rest_applied.is_set()  # the gather did not wait for the update's second part
+    tier.wait_updates()
+    assert rest_applied.is_set()
+    monkeypatch.undo()
+    want = _run(_steps(coll), batches[1])[0][1].result()  # after the whole update
+    assert torch.equal(got.host_ids, want.host_ids) and torch.equal(got.rows, want.rows)
+    assert got.late_rows > 0  # rows both batches read: written by the first part, read again
+
+    ref, _, _ = _setup(False)  # the same step, its update in one part
+    ref_steps = _steps(ref)
+    _train_pass(ref, list(ref_steps.micro_batches(batches[0], batches[1])))
+    for name, tensor in {"weight": ref.tier.collection.weight.data, **ref.tier.collection.state}.items():
+        mine = tables.weight.data if name == "weight" else tables.state[name]
+        assert torch.equal(mine, tensor), name
+    steps.close()
+    ref_steps.close()

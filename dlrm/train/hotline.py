@@ -70,7 +70,7 @@ from embeddings.hotline.split import (
     split_tensors,
     unique_cold_ids,
 )
-from embeddings.hotline.tiers import HOT_ONLY
+from embeddings.hotline.tiers import HOT_ONLY, HotlineEmbeddingCollection
 from embeddings.optim import make_sparse_optimizer
 from embeddings.plan.sizes import format_bytes, parse_size
 from embeddings.table import TableSpec
@@ -438,6 +438,19 @@ class HotlineSteps:
         w["popular"] += sizes.popular / max(batch.size, 1)
         if self.cfg.hotline.refresh_every:  # in place, O(the batch's ids); the host's copy of them
             self.counts = count_accesses([batch.sparse], self.tables, into=self.counts)
+
+    def announce_next_reads(self) -> None:
+        """Before the step's host update is queued (the trainer calls this before
+        ``model.end_step()``): the next mini-batch's cold ids, copied to the host a step
+        ahead, go to the host tier, whose update then writes those rows first; the next
+        gather waits for them only, not for the whole update (one process, one table
+        dtype; a gather that reads other rows, after a refresh, waits for all of it)."""
+        ahead, emb = self._ahead, self.embeddings
+        if (ahead is None or ahead.cold_ids is None or len(ahead.cold_ids) != 1
+                or not isinstance(emb, HotlineEmbeddingCollection) or emb.sharded):
+            return
+        ids, ready = ahead.cold_ids[0]
+        emb.tier.expect_reads(ids, ready)
 
     def gather_ahead(self) -> None:
         """One process, the pipeline on: the next mini-batch's cold gather

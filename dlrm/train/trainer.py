@@ -468,6 +468,8 @@ class Trainer:
         t_dense = time.perf_counter()
         self.dense_opt.step()
         dense_update = time.perf_counter() - t_dense
+        if self.hotline:
+            self.hotline.announce_next_reads()  # the host update writes the next gather's rows first
         self.model.end_step()
         if self.hotline:
             self.hotline.after_step(step + 1)
@@ -515,6 +517,7 @@ class Trainer:
                 self.dense_opt.step()
             else:
                 self.meter.add_loss(loss, part.size)
+        hotline.announce_next_reads()
         self.model.end_step()
         hotline.after_step(step + 1)
         self.progress.global_step += 1

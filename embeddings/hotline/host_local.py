@@ -79,6 +79,12 @@ class LocalHostTier:
         # only to read the rows it writes (``_gather_updated``)
         self._writing: tuple[Future[None], torch.Tensor] | None = None
         self._before_writing: Future[None] | None = None
+        # The host ids the next gather will read (``expect_reads``: the next mini-batch's
+        # unique cold ids, split a step ahead), and the event after their D2H copy. The
+        # next queued update writes those rows first and says so in ``_first_written``
+        # ((the future, those ids)): the gather then waits for them only.
+        self._next_reads: tuple[torch.Tensor, torch.cuda.Event | None] | None = None
+        self._first_written: tuple[Future[None], torch.Tensor] | None = None
         self._lr: float | None = None  # the last lr queued for the host tables
         self._copy_stream = torch.cuda.Stream(hot_device) if hot_device.type == "cuda" else None
         self.optimizer = optimizer
@@ -204,7 +210,11 @@ class LocalHostTier:
         self._gather_rows(source, host_ids, rows)  # the rows the update writes: read again below
         late = torch.isin(host_ids, writing[1]).nonzero().flatten()
         t1 = time.perf_counter()
-        writing[0].result()
+        first = self._first_written
+        if first is not None and first[1].shape == host_ids.shape and torch.equal(first[1], host_ids):
+            first[0].result()  # this gather's rows were written first (``expect_reads``)
+        else:
+            writing[0].result()
         waited += time.perf_counter() - t1
         if late.numel():
             rows.index_copy_(0, late, source.index_select(0, host_ids.index_select(0, late)))
@@ -309,27 +319,54 @@ class LocalHostTier:
             self._lr = lr
             self._later(self._tables.set_lr, lr)
 
+    def expect_reads(self, host_ids: torch.Tensor, ready: torch.cuda.Event | None) -> None:
+        """The host ids (sorted, unique) the next gather will read, complete after
+        ``ready``: the next ``step``'s update writes those rows first, and that gather
+        waits for them only, not for the whole update (``_gather_updated``)."""
+        self._next_reads = (host_ids, ready)
+
     def step(self) -> None:
         """Queue the kept cold gradients' update on the host-update thread: the
         trainer goes on (the next popular micro-batch needs no host row); the next
         gather, and every other reader of the host rows, waits for it (see
         ``collection``)."""
         kept, self._kept = self._kept, []
+        first, self._next_reads = self._next_reads, None
         before = self._pending
-        self._later(self._apply, kept)
+        written_first: Future[None] | None = Future() if first is not None else None
+        self._later(self._apply, kept, first, written_first)
         written = [grad.ids for grad, _ in kept if grad.ids.numel()]
         if written:  # the newest update that writes rows, and what came before it (FIFO)
             self._writing, self._before_writing = (self._pending, torch.cat(written)), before
+            self._first_written = (written_first, first[0]) if written_first is not None and first else None
 
-    def _apply(self, kept: list[tuple[KVGradient, torch.cuda.Event | None]]) -> None:
-        """On the host-update thread: wait for the gradients' D2H copies, apply them once."""
+    def _apply(self, kept: list[tuple[KVGradient, torch.cuda.Event | None]],
+               first: tuple[torch.Tensor, torch.cuda.Event | None] | None = None,
+               written_first: Future[None] | None = None) -> None:
+        """On the host-update thread: wait for the gradients' D2H copies, apply them
+        as one step. ``first`` (the ids the next gather reads): those rows' part first,
+        counting the step, then ``written_first`` is set, then the rest (the same rows,
+        the same arithmetic: the optimizers are row by row)."""
         tables = self._tables
-        if kept:
-            grad = KVGradient.cat(_arrived(kept))
-        else:
-            ids = torch.zeros(0, dtype=torch.int64, device=tables.weight.device)
-            grad = KVGradient(ids, tables.weight.new_zeros(0, tables.dim))
-        tables.apply_gradient(grad)
+        try:
+            if kept:
+                grad = KVGradient.cat(_arrived(kept))
+            else:
+                ids = torch.zeros(0, dtype=torch.int64, device=tables.weight.device)
+                grad = KVGradient(ids, tables.weight.new_zeros(0, tables.dim))
+            if first is None or grad.ids.numel() == 0:
+                tables.apply_gradient(grad)
+            else:
+                if first[1] is not None:
+                    first[1].synchronize()  # their D2H copy, queued a step ago
+                read_next = torch.isin(grad.ids, first[0])
+                tables.apply_gradient(KVGradient(grad.ids[read_next], grad.rows[read_next]))
+                _settle(written_first)
+                tables.apply_gradient(KVGradient(grad.ids[~read_next], grad.rows[~read_next]), count=False)
+        except BaseException as e:
+            _settle(written_first, e)
+            raise
+        _settle(written_first)
 
     def _later(self, fn: Callable[..., None], *args: object) -> None:
         """Run ``fn`` on the single host-update thread, after what was queued before."""
@@ -346,6 +383,16 @@ class LocalHostTier:
         """The host tables, once the queued updates are in: every read goes through here."""
         self.wait_updates()
         return self._tables
+
+
+def _settle(future: Future[None] | None, error: BaseException | None = None) -> None:
+    """``future`` done (with ``error``), once; None or done already: nothing."""
+    if future is None or future.done():
+        return
+    if error is None:
+        future.set_result(None)
+    else:
+        future.set_exception(error)
 
 
 def _pinned_copy(t: torch.Tensor) -> torch.Tensor:
