@@ -19,7 +19,8 @@ pytest.importorskip("triton")
 pytestmark = pytest.mark.kernels  # scripts/gpu_session.sh runs them on a GPU, captured
 
 from dlrm.config import load_config
-from dlrm.train.trainer import train
+from dlrm.train.sync_audit import SyncAudit
+from dlrm.train.trainer import Trainer, train
 from tests.conftest import TINY, tiny_overrides
 from tests.run_state import RTOL, assert_states_close, run_state
 from tests.test_hotline_train import run
@@ -68,3 +69,29 @@ def test_graph_step_on_says_why_it_runs_eager(tiny_data, tmp_path: Path) -> None
     assert warned == [("warning: hotline.graph_step=on: the step runs eager: the hot tier is not on the "
                       "Triton kernels")], warned
     assert "static" not in summary["step_mode"]
+
+
+@pytest.mark.slow
+def test_the_static_step_body_has_no_host_sync(tiny_data, tmp_path: Path, monkeypatch) -> None:
+    """What the graph holds (the trainer's body on the static buffers) has no op a CUDA
+    capture refuses: no host read, no data-dependent shape, no copy between devices
+    (dlrm/train/sync_audit.py), and it is a few dozen launches (the eager Hotline step
+    issues some 130; the README's count)."""
+    audits: list[SyncAudit] = []
+    body = Trainer._captured_body
+
+    def audited(self, part):
+        with SyncAudit() as audit:
+            loss = body(self, part)
+        audits.append(audit)
+        return loss
+
+    monkeypatch.setattr(Trainer, "_captured_body", audited)
+    # SGD on the dense side: CPU Adam reads its step on the host (CUDA's capturable one does not)
+    summary = run(tiny_data, tmp_path / "hot", "train.max_steps=5", "optim.sparse=adam", "optim.dense=sgd", *STATIC)
+    assert summary["step_mode"].startswith("hotline step static: 2 steps"), summary["step_mode"]
+    assert len(audits) == 2
+    for audit in audits:
+        assert audit.violations == [], audit.violations
+        assert audit.ops["triton._two_tier_kernel"] == 1 and audit.ops["triton._runs_kernel"] == 2
+        print(f"static step body: {audit.compute_ops} ops")
