@@ -46,7 +46,8 @@
 #      hotline / native >= 0.8x), native_bf16_tables and hotline_bf16_tables (issue 24:
 #      each over its fp32 row; Hotline's budget then holds twice the rows), in_memory
 #      (issue 23: native / in_memory >= 0.95)                       ($OUT/bench.json)
-#   2. the A/Bs of this commit against the main rows: native with
+#   2. hotline_static_bf16_tables (issue 24, beside hotline_static); the A/Bs of this
+#      commit against the main rows: native with
 #      DLRM_KERNEL_RUN_SEGMENT=1073741824 (the Triton backward before run segments: one
 #      program walking each whole run; on the 2026-11-26 H200 profile that kernel took 1.4 ms
 #      of a Hotline step's 3.1 ms of GPU time); hotline with hotline.graph_dense=false
@@ -184,7 +185,11 @@ bench() {
   grep -E "^  [a-z_0-9]+@|FAILED|generated|hotline|from Parquet|tables:|steps:|gpu:|bound" \
     "$OUT/bench.log" | tail -30
   {
-    # first the A/Bs of this session's changes, each against the main rows above (same
+    # first the static step with bf16 tables (issue 24: hotline_bf16_tables / hotline
+    # >= 1.0; the eager step's slower host update is off the captured step's path)
+    echo "== hotline_static_bf16_tables (hotline.graph_step=on, bf16 tables)"
+    bench_part staticbf16 45 --engines hotline_static_bf16_tables "$@"
+    # then the A/Bs of this session's changes, each against the main rows above (same
     # machine, same run): the Triton backward before run segments, the graphs off
     echo "== native, DLRM_KERNEL_RUN_SEGMENT=1073741824 (the backward before segments: one program per whole run)"
     DLRM_KERNEL_RUN_SEGMENT=1073741824 bench_part noseg 45 --engines native "$@"

@@ -69,6 +69,8 @@ ENGINES = {
     "native_fp16_tables": ["embeddings.backend=native", "embeddings.dtype=fp16"],
     # Hotline with bf16 tables: twice the hot rows in the same hotline.budget (beside hotline)
     "hotline_bf16_tables": ["embeddings.placement=hotline", "embeddings.dtype=bf16"],
+    "hotline_static_bf16_tables": ["embeddings.placement=hotline", "embeddings.dtype=bf16",
+                                   "hotline.graph_step=on"],
     "host_embedding": ["embeddings.placement=hotline", "hotline.budget=1B", "hotline.pipeline=false"],
 }
 SECTIONS = ("data_wait", "input_alltoall", "lookup", "output_alltoall", "mlp",
