@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.kernel_cases import DEVICE  # noqa: F401  (sets TRITON_INTERPRET=1 without a GPU)
 
@@ -95,3 +96,17 @@ def test_the_static_step_body_has_no_host_sync(tiny_data, tmp_path: Path, monkey
         assert audit.violations == [], audit.violations
         assert audit.ops["triton._two_tier_kernel"] == 1 and audit.ops["triton._runs_kernel"] == 2
         print(f"static step body: {audit.compute_ops} ops")
+
+
+@pytest.mark.slow
+def test_static_hotline_step_with_bf16_tables_equals_ordinary_training(tiny_data, tmp_path: Path) -> None:
+    """bf16 tables: the static step's hot update rounds stochastically in the kernel at
+    the rows' full-table coordinates, the host tier as the eager step's (batch 32:
+    interpreted, a rounded row's update is slow)."""
+    steps = ("train.max_steps=5", "optim.sparse=rowwise_adagrad", "optim.dense=adam", "embeddings.dtype=bf16")
+    run(tiny_data, tmp_path / "plain", *steps, "data.batch_size=32")
+    summary = run(tiny_data, tmp_path / "hot", *steps, *STATIC, "data.batch_size=32")
+    hot = run_state(tmp_path / "hot")
+    assert hot["tables.C1.weight"].dtype == torch.bfloat16
+    assert_states_close(hot, run_state(tmp_path / "plain"), "static hotline bf16", RTOL.get("rowwise_adagrad", 1e-5))
+    assert summary["step_mode"].startswith("hotline step static: 2 steps"), summary["step_mode"]
