@@ -88,8 +88,7 @@ def test_bench_rows_ratios_and_limit(bench: Path) -> None:
         assert limit[key] > 0, key
     tiny = load_config(TINY, SMALL).generate
     for (engine, _), r in rows.items():  # what each row trained, from its own summary
-        dtype = {"native_bf16_tables": "bf16", "native_fp16_tables": "fp16",
-                 "hotline_bf16_tables": "bf16"}.get(engine, "fp32")
+        dtype = engine.rsplit("_", 2)[1] if engine.endswith("_tables") else "fp32"  # native_bf16_tables: bf16
         assert r["tables"] == {"count": tiny.sparse, "rows": tiny.sparse * tiny.table_rows[0],
                                "bytes": tiny.sparse * tiny.table_rows[0] * 16 * (4 if dtype == "fp32" else 2),
                                "dtype": dtype}, engine
