@@ -36,6 +36,8 @@
 #      16 workers would share them (README, "Old default against auto"). bench_gpu's
 #      64k-row groups line up with 65,536-row windows, so the double decode auto avoids
 #      is small here (1.13x measured on the CPU)
+#      then, time left, 16 workers with data.prefetch=16 (a whole window ahead per
+#      worker: does the 16-worker figure scale when no worker waits for the consumer?)
 #   3. the vocabulary fit at data.fit_workers 0,16 (issue 26: $OUT/fit.json)
 # bench (configs/bench_gpu.yaml: 26 Criteo-Kaggle-sized tables, 8.6 GB fp32, 100 steps
 # of 4096), in order:
@@ -154,6 +156,16 @@ tests() {
     data.shuffle_buffer=${READER_WINDOW:-65536} >"$OUT/reader.log" 2>&1
   cp /tmp/bench_reader/bench.json "$OUT"/reader.json 2>/dev/null
   tail -10 "$OUT/reader.log"
+  # 16 workers again, each decoding a whole window (16 batches) ahead instead of 4: if
+  # the 2026-11-26 3.81x at 16 workers was the consumer waiting on the one worker whose
+  # window it reads (the others stopped 4 batches in), this one scales (into reader.log)
+  if [ "$(left)" -gt 60 ]; then
+    echo "== reader: 16 workers, data.prefetch=16"
+    timeout -k 5 "$(upto 30)" "$PY" -m dlrm bench --config "$CONFIG" --reader-only \
+      --workers 16 --out /tmp/bench_reader16 generate.rows=${READER_ROWS:-1048576} \
+      data.shuffle_buffer=${READER_WINDOW:-65536} data.prefetch=16 >>"$OUT/reader.log" 2>&1
+    grep -E "steady|windows" "$OUT/reader.log" | tail -4
+  fi
   if [ "$(left)" -gt 25 ]; then
     echo "== vocabulary fit: rows/s by data.fit_workers"
     timeout -k 5 "$(left)" "$PY" -m dlrm bench --config "$CONFIG" --fit-only \

@@ -41,8 +41,10 @@ def test_epoch_rate_counts_every_row(tmp_path: Path, workers: int) -> None:
     assert rate["steady"] > 0
     # the window it read in: auto for 10-row groups is 65,536 rows (one window here)
     assert (rate["shuffle_buffer"], rate["window_rows"], rate["windows"]) == (65536, 65536, 1)
-    rate = epoch_rate(files, schema, 16, workers, steady_epochs=1, shuffle_buffer=40)
+    assert rate["prefetch"] == 4  # the reader's default: batches decoded ahead per worker
+    rate = epoch_rate(files, schema, 16, workers, steady_epochs=1, shuffle_buffer=40, prefetch=7)
     assert (rate["shuffle_buffer"], rate["window_rows"], rate["windows"]) == (40, 32, 6)
+    assert rate["rows"] == 170 and rate["prefetch"] == 7
 
 
 def test_format_workers_ratios() -> None:
@@ -60,3 +62,7 @@ def test_format_workers_ratios() -> None:
     sweep = {"bench": {"0": {"rows_per_s": 100.0, **window}}}
     assert format_workers(sweep).splitlines()[1] == (
         "reader bench windows: 262,144 rows (data.shuffle_buffer 262,144), 4 per epoch")
+    sweep = {"bench": {"0": {"rows_per_s": 100.0, **window, "prefetch": 16}}}
+    assert format_workers(sweep).splitlines()[1] == (
+        "reader bench windows: 262,144 rows (data.shuffle_buffer 262,144), 4 per epoch; "
+        "data.prefetch 16 batches ahead per worker")

@@ -35,21 +35,22 @@ STEADY_EPOCHS = 3  # epochs timed per count once its workers run (median: a shar
 
 
 def reader_sweep(files: list[str], schema: Any, batch_size: int, workers: list[int],
-                 out: Path, shuffle_buffer: int | str = "auto") -> dict[str, Any]:
+                 out: Path, shuffle_buffer: int | str = "auto", prefetch: int = 4) -> dict[str, Any]:
     """{"bench": {count: rates}, "avazu": {count: rates}} for each count in ``workers``,
-    shuffling in windows of ``shuffle_buffer`` rows (the run's data.shuffle_buffer)."""
+    shuffling in windows of ``shuffle_buffer`` rows (the run's data.shuffle_buffer), each
+    worker decoding up to ``prefetch`` batches ahead (data.prefetch)."""
     import pyarrow as pa
 
     threads = pa.cpu_count()
     pa.set_cpu_count(1)  # one core per count's decoder: the workers hold themselves to one
     try:
-        return _sweep(files, schema, batch_size, workers, out, shuffle_buffer)
+        return _sweep(files, schema, batch_size, workers, out, shuffle_buffer, prefetch)
     finally:
         pa.set_cpu_count(threads)
 
 
 def _sweep(files: list[str], schema: Any, batch_size: int, workers: list[int],
-           out: Path, shuffle_buffer: int | str) -> dict[str, Any]:
+           out: Path, shuffle_buffer: int | str, prefetch: int) -> dict[str, Any]:
     from data import preprocess
 
     strings = avazu_files(files, out / "avazu")
@@ -58,21 +59,22 @@ def _sweep(files: list[str], schema: Any, batch_size: int, workers: list[int],
     cases = {"bench": (files, schema, None), "avazu": (strings, prep.apply(avazu_schema), prep)}
     result: dict[str, Any] = {}
     for name, (paths, sch, p) in cases.items():
-        epoch_rate(paths, sch, batch_size, 0, p, shuffle_buffer=shuffle_buffer)  # warm-up
-        result[name] = {str(w): epoch_rate(paths, sch, batch_size, w, p,
-                                           shuffle_buffer=shuffle_buffer) for w in workers}
+        epoch_rate(paths, sch, batch_size, 0, p, shuffle_buffer=shuffle_buffer, prefetch=prefetch)  # warm-up
+        result[name] = {str(w): epoch_rate(paths, sch, batch_size, w, p, shuffle_buffer=shuffle_buffer,
+                                           prefetch=prefetch) for w in workers}
     return result
 
 
 def epoch_rate(files: list[str], schema: Any, batch_size: int, workers: int,
                prep: Any = None, steady_epochs: int = STEADY_EPOCHS,
-               shuffle_buffer: int | str = "auto") -> dict[str, float]:
+               shuffle_buffer: int | str = "auto", prefetch: int = 4) -> dict[str, float]:
     """Shuffled epochs of one fresh reader at ``workers``: the first one's rows/s and
     start-up seconds, then the steady rows/s of ``steady_epochs`` more; and the window
-    it shuffled in (its rows, the shuffle_buffer it came from, windows per epoch)."""
+    it shuffled in (its rows, the shuffle_buffer it came from, windows per epoch) and
+    ``prefetch``, the batches each worker (or the one thread) decodes ahead."""
     from data.reader import ParquetReader
 
-    reader = ParquetReader(files, schema, batch_size, shuffle=True, prefetch=4,
+    reader = ParquetReader(files, schema, batch_size, shuffle=True, prefetch=prefetch,
                            preprocess=prep, workers=workers, shuffle_buffer=shuffle_buffer)
     try:
         t0 = time.perf_counter()
@@ -91,7 +93,7 @@ def epoch_rate(files: list[str], schema: Any, batch_size: int, workers: int,
     return {"rows_per_s": rows / (t2 - t0), "startup_s": t1 - t0,
             "steady": float(np.median(steady)) if steady else 0.0, "rows": rows,
             "window_rows": reader.window_rows, "shuffle_buffer": reader.shuffle_buffer,
-            "windows": -(-rows // reader.window_rows)}
+            "windows": -(-rows // reader.window_rows), "prefetch": prefetch}
 
 
 def avazu_files(files: list[str], out: Path) -> list[str]:
@@ -176,5 +178,6 @@ def _window_line(name: str, by_count: dict[str, Any]) -> list[str]:
     if r is None:
         return []
     line = (f"reader {name} windows: {r['window_rows']:,} rows (data.shuffle_buffer "
-            f"{r['shuffle_buffer']:,}), {r['windows']} per epoch")
+            f"{r['shuffle_buffer']:,}), {r['windows']} per epoch"
+            + (f"; data.prefetch {r['prefetch']} batches ahead per worker" if "prefetch" in r else ""))
     return [line]

@@ -229,7 +229,7 @@ def reader_only(a: argparse.Namespace, cfg: Config, out: Path, data_dir: Path) -
 
         reader["workers"] = reader_sweep(reader.pop("files"), reader.pop("schema"),
                                          cfg.data.batch_size, a.workers, out,
-                                         window_setting(cfg.data.shuffle_buffer))
+                                         window_setting(cfg.data.shuffle_buffer), cfg.data.prefetch)
         print(format_workers(reader["workers"]))
     reader.pop("files", None), reader.pop("schema", None)
     path = out / "bench.json"  # kept beside the training rows of an earlier bench
