@@ -158,11 +158,12 @@ tests() {
   tail -10 "$OUT/reader.log"
   # 16 workers again, each decoding a whole window (16 batches) ahead instead of 4: if
   # the 2026-11-26 3.81x at 16 workers was the consumer waiting on the one worker whose
-  # window it reads (the others stopped 4 batches in), this one scales (into reader.log)
+  # window it reads (the others stopped 4 batches in), this one scales (into reader.log;
+  # the same --out: its dataset is reused, and reader.json was copied above)
   if [ "$(left)" -gt 60 ]; then
     echo "== reader: 16 workers, data.prefetch=16"
     timeout -k 5 "$(upto 30)" "$PY" -m dlrm bench --config "$CONFIG" --reader-only \
-      --workers 16 --out /tmp/bench_reader16 generate.rows=${READER_ROWS:-1048576} \
+      --workers 16 --out /tmp/bench_reader generate.rows=${READER_ROWS:-1048576} \
       data.shuffle_buffer=${READER_WINDOW:-65536} data.prefetch=16 >>"$OUT/reader.log" 2>&1
     grep -E "steady|windows" "$OUT/reader.log" | tail -4
   fi
