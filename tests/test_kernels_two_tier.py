@@ -82,7 +82,7 @@ def test_two_tier_backward_updates_hot_rows_and_returns_cold_rows(mean: bool, mu
     def on_backward(grad: torch.Tensor) -> None:
         hot_ids, cold_ids = masked_ids(is_hot, slot, cold_local)
         backward_update(grad, hot_ids, offsets, zeros, BATCH, mean, False, weight.data, optimizer, {}, lr_t)
-        backward_rows_by_id(grad, cold_ids, offsets, zeros, BATCH, mean, False, cold_grad)
+        backward_rows_by_id(grad, cold_ids, offsets, zeros, BATCH, mean, cold_grad)
 
     pooled = two_tier_lookup(weight, cold, is_hot, slot, cold_local, offsets, FEATURES, BATCH, mean, on_backward)
     (pooled * grad_out).sum().backward()

@@ -119,4 +119,4 @@ def _backward(hot: HotTier, static: StaticLookups, offsets: torch.Tensor, mean: 
     hot_ids, cold_ids = masked_ids(static.is_hot, static.slot, static.cold_local)
     hot.update_static(grad_pooled, hot_ids, offsets, static.num_features, static.batch, mean)
     backward_rows_by_id(grad_pooled, cold_ids, offsets, hot.zero_row_base(static.num_features), static.batch,
-                        mean, False, static.cold_grad)
+                        mean, static.cold_grad)

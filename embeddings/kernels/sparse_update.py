@@ -440,20 +440,13 @@ def backward_kv(
     return KVGradient(out_ids[keep], out_rows[keep])
 
 
-def backward_rows_by_id(
-    grad_pooled: torch.Tensor,
-    values: torch.Tensor,
-    offsets: torch.Tensor,
-    row_base: torch.Tensor,
-    batch: int,
-    mean: bool,
-    feature_major: bool,
-    out_rows: torch.Tensor,
-) -> None:
+def backward_rows_by_id(grad_pooled: torch.Tensor, values: torch.Tensor, offsets: torch.Tensor,
+                        row_base: torch.Tensor, batch: int, mean: bool, out_rows: torch.Tensor) -> None:
     """Each looked-up id's summed gradient row written at ``out_rows[id]`` (fp32, as
-    many rows as ids; the rows of ids not looked up are left as they were): the KV
-    gradient of a small id space with no select, static shapes, no host sync (a
-    captured Hotline step's cold rows: ids 0..U-1, embeddings/hotline/static_step.py)."""
+    many rows as ids; the rows of ids not looked up are left as they were), from a
+    sample-major ``grad_pooled`` [B, F*D]: the KV gradient of a small id space with no
+    select, static shapes, no host sync (a captured Hotline step's cold rows: ids
+    0..U-1, embeddings/hotline/static_step.py)."""
     if values.numel():
-        _launch_runs(grad_pooled, values, offsets, row_base, batch, mean, feature_major,
+        _launch_runs(grad_pooled, values, offsets, row_base, batch, mean, False,
                      KV, None, [], None, None, None, out_rows, by_id=True)
