@@ -110,3 +110,20 @@ def test_static_hotline_step_with_bf16_tables_equals_ordinary_training(tiny_data
     assert hot["tables.C1.weight"].dtype == torch.bfloat16
     assert_states_close(hot, run_state(tmp_path / "plain"), "static hotline bf16", RTOL.get("rowwise_adagrad", 1e-5))
     assert summary["step_mode"].startswith("hotline step static: 2 steps"), summary["step_mode"]
+
+
+def test_the_buffers_are_made_for_a_full_batch_only() -> None:
+    """A short batch (an epoch's last) reaching the first static step runs eager: buffers
+    made from it would fit no full batch after it."""
+    from data.batch import Batch
+    from data.jagged import JaggedFeatures
+    from dlrm.train.hotline_graph import HotlineGraph
+
+    def batch(size: int) -> Batch:
+        sparse = JaggedFeatures(["a", "b"], torch.zeros(2 * size, dtype=torch.int64),
+                                torch.ones(2 * size, dtype=torch.int64))
+        return Batch(torch.zeros(size, 3), sparse, torch.zeros(size))
+
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+    graph = HotlineGraph(lambda b: torch.zeros(()), opt, None, print, capture=False, batch_size=8)
+    assert not graph.fits(batch(5)) and graph.fits(batch(8))

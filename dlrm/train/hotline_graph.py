@@ -67,11 +67,12 @@ class HotlineGraph:
     """The static step's buffers, its graph and what it counts (module docstring)."""
 
     def __init__(self, body: Callable[[Batch], torch.Tensor], dense_opt: torch.optim.Optimizer,
-                 embeddings: Any, say: Callable[[str], None], capture: bool) -> None:
+                 embeddings: Any, say: Callable[[str], None], capture: bool, batch_size: int) -> None:
         """``body(batch)``: forward, loss, backward, dense update; returns the summed
-        loss (the trainer's captured body). ``capture``: on CUDA; else uncaptured."""
+        loss (the trainer's captured body). ``capture``: on CUDA; else uncaptured.
+        ``batch_size``: the run's; the buffers are made for a batch of that many."""
         self.body, self.dense_opt, self.embeddings, self.say = body, dense_opt, embeddings, say
-        self.capture = capture
+        self.capture, self.batch_size = capture, batch_size
         self.static: Batch | None = None
         self.graph: torch.cuda.CUDAGraph | None = None
         self.version: object = None  # the hot set the graph was captured against
@@ -92,12 +93,14 @@ class HotlineGraph:
     def fits(self, batch: Batch) -> bool:
         """Whether host ``batch`` can take the static step: no capture failed, and it
         fits the buffers (B samples, at most their N ids, the dense width), or none
-        were made yet."""
+        were made yet and it has the run's batch size."""
         s = self.static
         if self.failed is not None:
             return False
-        return s is None or (s.sparse.fits(batch.size, len(batch.sparse.keys()), batch.sparse.values().numel())
-                             and tuple(batch.dense.shape) == tuple(s.dense.shape))
+        if s is None:  # not made from a short batch (an epoch's last): the full ones would not fit
+            return batch.size == self.batch_size
+        return (s.sparse.fits(batch.size, len(batch.sparse.keys()), batch.sparse.values().numel())
+                and tuple(batch.dense.shape) == tuple(s.dense.shape))
 
     def run(self, part: Batch, split: DeviceSplit, cold: Any, step: int) -> torch.Tensor | None:
         """One step on ``part`` (on the device; its ``split``; its cold rows as the

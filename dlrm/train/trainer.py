@@ -294,7 +294,8 @@ class Trainer:
         if why is None and (cuda or mode == "on"):
             if not cuda:
                 self.say("hotline.graph_step=on: no CUDA device: the static step runs uncaptured")
-            return HotlineGraph(self._captured_body, self.dense_opt, model.embeddings, self.say, capture=cuda)
+            return HotlineGraph(self._captured_body, self.dense_opt, model.embeddings, self.say, capture=cuda,
+                                batch_size=self.cfg.data.batch_size)
         if mode == "on":
             self.say(f"warning: hotline.graph_step=on: the step runs eager: {why or 'no CUDA device'}")
         return None
