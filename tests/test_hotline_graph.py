@@ -127,3 +127,32 @@ def test_the_buffers_are_made_for_a_full_batch_only() -> None:
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
     graph = HotlineGraph(lambda b: torch.zeros(()), opt, None, print, capture=False, batch_size=8)
     assert not graph.fits(batch(5)) and graph.fits(batch(8))
+
+
+@pytest.mark.slow
+def test_the_cold_path_copies_only_the_cold_rows_and_their_ids(tiny_data, tmp_path: Path, monkeypatch) -> None:
+    """Over a run with static steps, the host tier's copies between host and device are,
+    per step with U cold rows, exactly the U ids (D2H), the U rows (H2D) and their U
+    gradient rows (D2H, fp32): nothing table-sized, nothing twice (issue 22)."""
+    from embeddings.hotline.host_local import LocalHostTier
+
+    gathered: list[tuple[int, int]] = []  # (U, row bytes) of each gather
+    gather = LocalHostTier.gather_cold
+
+    def counted(self, micro, device):
+        cold = gather(self, micro, device)
+        gathered.append((cold.rows.shape[0], cold.rows.shape[1] * cold.rows.element_size()))
+        return cold
+
+    monkeypatch.setattr(LocalHostTier, "gather_cold", counted)
+    tiers: list[LocalHostTier] = []
+    init = LocalHostTier.__init__
+    monkeypatch.setattr(LocalHostTier, "__init__", lambda self, *a, **k: (tiers.append(self), init(self, *a, **k))[1])
+    summary = run(tiny_data, tmp_path / "hot", "train.max_steps=6", "optim.sparse=sgd", *STATIC)
+    assert summary["step_mode"].startswith("hotline step static: 3 steps"), summary["step_mode"]
+    (tier,) = tiers
+    steps = [(u, row) for u, row in gathered if u]
+    assert len(steps) == 6  # every step had cold rows (budget: a tenth of the rows)
+    assert tier.copied["h2d"] == sum(u * row for u, row in steps)
+    assert tier.copied["d2h"] == sum(u * 8 + u * 16 * 4 for u, _ in steps)  # ids, fp32 gradient rows (dim 16)
+    assert tier.copied["copies"] == 3 * len(steps)
