@@ -32,6 +32,7 @@ are checked, not its speed.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -79,6 +80,7 @@ class HotlineGraph:
         self.loss: torch.Tensor | None = None
         self.failed: str | None = None
         self.steps = self.replays = self.captures = self.eager = 0
+        self.capture_s = 0.0  # seconds the captures took (each refresh's is a pause of the run)
         if capture:
             _tensor_lrs(dense_opt)
 
@@ -136,6 +138,7 @@ class HotlineGraph:
         where the capture fails: the run goes on eager."""
         assert self.static is not None
         self.graph = None
+        t0 = time.perf_counter()
         try:
             self.dense_opt.zero_grad(set_to_none=True)
             graph = torch.cuda.CUDAGraph()
@@ -149,6 +152,7 @@ class HotlineGraph:
             return None
         self.graph, self.version = graph, self.embeddings.hot_version
         self.captures += 1
+        self.capture_s += time.perf_counter() - t0
         graph.replay()
         self.replays += 1
         return self.loss
@@ -157,7 +161,8 @@ class HotlineGraph:
         """What the run's static steps were, for the step mode line."""
         if self.failed:
             return f"hotline step eager ({self.failed})"
-        how = f"captured {self.captures}x, replayed" if self.capture else "uncaptured (no CUDA device)"
+        how = (f"captured {self.captures}x in {1000 * self.capture_s / max(self.captures, 1):.0f} ms each, replayed"
+               if self.capture else "uncaptured (no CUDA device)")
         return f"hotline step static: {self.steps} steps ({how}), {self.eager} other-shape steps eager"
 
 
