@@ -346,25 +346,34 @@ def _main(argv: list[str] | None) -> int:
         ok = code in (0, PREEMPTED)  # a preempted run's ranks all stopped at the same step
         return code
     except UserError as e:
-        print(f"dlrm {verb}: error: {e}", file=sys.stderr)
+        _error_line(f"dlrm {verb}: error: {e}")
         return 2
     except KeyboardInterrupt:
-        print(f"dlrm {verb}: interrupted", file=sys.stderr)
+        _error_line(f"dlrm {verb}: interrupted")
         return 130
     except OSError as e:
         line = _unwritable(e)
         if line is None:
             raise  # a bug: keep the traceback
-        print(f"dlrm {verb}: error: {line}", file=sys.stderr)
+        _error_line(f"dlrm {verb}: error: {line}")
         return 2
     except RuntimeError as e:
         line = _collective_failure(e)
         if line is None:
             raise  # a bug: keep the traceback
-        print(f"dlrm {verb}: error: {line}", file=sys.stderr)
+        _error_line(f"dlrm {verb}: error: {line}")
         return 3
     finally:
         _leave_process_group(together=ok)
+
+
+def _error_line(line: str) -> None:
+    """``line`` to stderr in one write, newline included: under torchrun every rank
+    writes its error to the same pipe, and ``print``'s two writes (the text, then the
+    newline) let two ranks' lines run together on one line (seen 2026-11-26)."""
+    sys.stderr.flush()
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
 
 
 # A disk that is full, over quota, read-only or not ours: the user's to fix, whatever wrote.
