@@ -43,8 +43,9 @@
 # of 4096), in order:
 #   1. the rows the open issues are judged by, each printed as it ends: native (fp32
 #      tables), hotline, hotline_static (hotline.graph_step=on: the whole step captured,
-#      built 2026-11-26 without a GPU; off by default until this row beats hotline) and
-#      host_embedding (issue 22: hotline / host_embedding >= 2x,
+#      built 2026-11-26 without a GPU; off by default until this row beats hotline),
+#      host_embedding and host_embedding_static (the baseline with the step captured too:
+#      hotline_static's fair comparison) (issue 22: hotline / host_embedding >= 2x,
 #      hotline / native >= 0.8x), native_bf16_tables and hotline_bf16_tables (issue 24:
 #      each over its fp32 row; Hotline's budget then holds twice the rows), in_memory
 #      (issue 23: native / in_memory >= 0.95)                       ($OUT/bench.json)
@@ -191,7 +192,7 @@ bench_part() {
 bench() {
   local code
   bench_part main 350 \
-    --engines native,hotline,hotline_static,host_embedding,native_bf16_tables,hotline_bf16_tables,in_memory "$@" \
+    --engines native,hotline,hotline_static,host_embedding,host_embedding_static,native_bf16_tables,hotline_bf16_tables,in_memory "$@" \
     >"$OUT/bench.log" 2>&1
   code=$?
   cp /tmp/bench_gpu/main/bench.json "$OUT"/ 2>/dev/null  # the rest in runs.tgz: 8 files come back

@@ -48,7 +48,7 @@ def test_bench_rows_ratios_and_limit(bench: Path) -> None:
                          ("torch_baseline", 1), ("in_memory", 1), ("hotline", 1),
                          ("native_bf16_tables", 1), ("native_fp16_tables", 1),
                          ("hotline_bf16_tables", 1), ("host_embedding", 1), ("hotline_static", 1),
-                         ("hotline_static_bf16_tables", 1)}
+                         ("hotline_static_bf16_tables", 1), ("host_embedding_static", 1)}
     # hotline.graph_step=on on the CPU (the hot tier on torch's kernels): the eager step, said
     assert "static" not in rows["hotline_static", 1]["step_mode"]
     assert rows["native", 1]["vs_in_memory"] == pytest.approx(

@@ -72,6 +72,9 @@ ENGINES = {
     "hotline_static_bf16_tables": ["embeddings.placement=hotline", "embeddings.dtype=bf16",
                                    "hotline.graph_step=on"],
     "host_embedding": ["embeddings.placement=hotline", "hotline.budget=1B", "hotline.pipeline=false"],
+    # the same baseline with the whole step captured: hotline_static's fair comparison
+    "host_embedding_static": ["embeddings.placement=hotline", "hotline.budget=1B", "hotline.pipeline=false",
+                              "hotline.graph_step=on"],
 }
 SECTIONS = ("data_wait", "input_alltoall", "lookup", "output_alltoall", "mlp",
             "embedding_update", "dense_update")
