@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.kernel_cases import DEVICE  # noqa: F401  (sets TRITON_INTERPRET=1 without a GPU)
+from tests.kernel_cases import DEVICE  # sets TRITON_INTERPRET=1 without a GPU
 
 pytest.importorskip("triton")
 pytestmark = pytest.mark.kernels  # scripts/gpu_session.sh runs them on a GPU, captured
@@ -25,6 +25,13 @@ from dlrm.train.trainer import Trainer, train
 from tests.conftest import TINY, tiny_overrides
 from tests.run_state import RTOL, assert_states_close, run_state
 from tests.test_hotline_train import run
+
+
+def tolerance(optim: str) -> float:
+    """The Hotline tests' on the CPU; on a GPU two CUDA runs (atomics, cuBLAS's orders)
+    differ more: tests/gpu_cases.py's DEVICE_RTOL, 1e-4."""
+    return RTOL.get(optim, 1e-5) if DEVICE.type == "cpu" else 1e-4
+
 
 # a budget of about a tenth of the rows: most samples have a cold lookup
 STATIC = ("embeddings.placement=hotline", "hotline.budget=160KB", "embeddings.kernels=triton",
@@ -39,7 +46,7 @@ def test_static_hotline_step_equals_ordinary_training(tiny_data, tmp_path: Path,
     run(tiny_data, tmp_path / "plain", *steps, "data.batch_size=64")
     summary = run(tiny_data, tmp_path / "hot", *steps, *STATIC)
     assert_states_close(run_state(tmp_path / "hot"), run_state(tmp_path / "plain"), f"static hotline {optim}",
-                        RTOL.get(optim, 1e-5))
+                        tolerance(optim))
     assert summary["step_mode"].startswith("hotline step static: 4 steps"), summary["step_mode"]
     stats = summary["hotline"]
     assert stats["hot_hit_rate"] < 0.9 and stats["popular_share"] < 0.5  # cold rows staged and sent home
@@ -53,7 +60,7 @@ def test_static_hotline_step_with_refreshes_equals_ordinary_training(tiny_data, 
     run(tiny_data, tmp_path / "plain", *steps, "data.batch_size=64")
     summary = run(tiny_data, tmp_path / "hot", *steps, *STATIC, "hotline.refresh_every=2")
     assert_states_close(run_state(tmp_path / "hot"), run_state(tmp_path / "plain"), "static hotline refresh",
-                        RTOL.get("rowwise_adagrad", 1e-5))
+                        tolerance("rowwise_adagrad"))
     assert summary["hotline"]["refreshes"] >= 2
     assert summary["step_mode"].startswith("hotline step static: 5 steps"), summary["step_mode"]
 
@@ -91,7 +98,7 @@ def test_the_static_step_body_has_no_host_sync(tiny_data, tmp_path: Path, monkey
     # SGD on the dense side: CPU Adam reads its step on the host (CUDA's capturable one does not)
     summary = run(tiny_data, tmp_path / "hot", "train.max_steps=5", "optim.sparse=adam", "optim.dense=sgd", *STATIC)
     assert summary["step_mode"].startswith("hotline step static: 2 steps"), summary["step_mode"]
-    assert len(audits) == 2
+    assert len(audits) == (2 if DEVICE.type == "cpu" else 1)  # CUDA: the body runs at the capture only
     for audit in audits:
         assert audit.violations == [], audit.violations
         assert audit.ops["triton._two_tier_kernel"] == 1 and audit.ops["triton._runs_kernel"] == 2
@@ -108,7 +115,7 @@ def test_static_hotline_step_with_bf16_tables_equals_ordinary_training(tiny_data
     summary = run(tiny_data, tmp_path / "hot", *steps, *STATIC, "data.batch_size=32")
     hot = run_state(tmp_path / "hot")
     assert hot["tables.C1.weight"].dtype == torch.bfloat16
-    assert_states_close(hot, run_state(tmp_path / "plain"), "static hotline bf16", RTOL.get("rowwise_adagrad", 1e-5))
+    assert_states_close(hot, run_state(tmp_path / "plain"), "static hotline bf16", tolerance("rowwise_adagrad"))
     assert summary["step_mode"].startswith("hotline step static: 2 steps"), summary["step_mode"]
 
 
