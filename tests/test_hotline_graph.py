@@ -35,15 +35,15 @@ def tolerance(optim: str) -> float:
 
 # a budget of about a tenth of the rows: most samples have a cold lookup
 STATIC = ("embeddings.placement=hotline", "hotline.budget=160KB", "embeddings.kernels=triton",
-          "hotline.graph_step=on", "data.batch_size=64")
+          "hotline.graph_step=on", "data.batch_size=32")  # 32: interpreted kernels, a step's time
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("optim", ["sgd", "rowwise_adagrad", "adam"])
+@pytest.mark.parametrize("optim", ["sgd", "adam"])  # row-wise Adagrad: the refresh and bf16 tests
 def test_static_hotline_step_equals_ordinary_training(tiny_data, tmp_path: Path, optim: str) -> None:
     """3 eager warm-up steps, then static ones (single-hot tiny data: every batch fits)."""
     steps = ("train.max_steps=7", f"optim.sparse={optim}", "optim.dense=adam")  # adam: capturable
-    run(tiny_data, tmp_path / "plain", *steps, "data.batch_size=64")
+    run(tiny_data, tmp_path / "plain", *steps, "data.batch_size=32")
     summary = run(tiny_data, tmp_path / "hot", *steps, *STATIC)
     assert_states_close(run_state(tmp_path / "hot"), run_state(tmp_path / "plain"), f"static hotline {optim}",
                         tolerance(optim))
@@ -57,7 +57,7 @@ def test_static_hotline_step_with_refreshes_equals_ordinary_training(tiny_data, 
     """hotline.refresh_every loads new hot-tier tensors between static steps (on a GPU:
     each refresh captures the step again)."""
     steps = ("train.max_steps=8", "optim.sparse=rowwise_adagrad", "optim.dense=adam")
-    run(tiny_data, tmp_path / "plain", *steps, "data.batch_size=64")
+    run(tiny_data, tmp_path / "plain", *steps, "data.batch_size=32")
     summary = run(tiny_data, tmp_path / "hot", *steps, *STATIC, "hotline.refresh_every=2")
     assert_states_close(run_state(tmp_path / "hot"), run_state(tmp_path / "plain"), "static hotline refresh",
                         tolerance("rowwise_adagrad"))
@@ -112,7 +112,7 @@ def test_static_hotline_step_with_bf16_tables_equals_ordinary_training(tiny_data
     interpreted, a rounded row's update is slow)."""
     steps = ("train.max_steps=5", "optim.sparse=rowwise_adagrad", "optim.dense=adam", "embeddings.dtype=bf16")
     run(tiny_data, tmp_path / "plain", *steps, "data.batch_size=32")
-    summary = run(tiny_data, tmp_path / "hot", *steps, *STATIC, "data.batch_size=32")
+    summary = run(tiny_data, tmp_path / "hot", *steps, *STATIC)
     hot = run_state(tmp_path / "hot")
     assert hot["tables.C1.weight"].dtype == torch.bfloat16
     assert_states_close(hot, run_state(tmp_path / "plain"), "static hotline bf16", tolerance("rowwise_adagrad"))
