@@ -163,3 +163,16 @@ def test_the_cold_path_copies_only_the_cold_rows_and_their_ids(tiny_data, tmp_pa
     assert tier.copied["h2d"] == sum(u * row for u, row in steps)
     assert tier.copied["d2h"] == sum(u * 8 + u * 16 * 4 for u, _ in steps)  # ids, fp32 gradient rows (dim 16)
     assert tier.copied["copies"] == 3 * len(steps)
+
+
+@pytest.mark.slow
+def test_static_step_with_no_hot_row_equals_ordinary_training(tiny_data, tmp_path: Path) -> None:
+    """``dlrm bench``'s host_embedding_static: no hot row (every lookup cold, the hot tier
+    empty) and no pipeline (the gather inside the step), the step static."""
+    steps = ("train.max_steps=6", "optim.sparse=adam", "optim.dense=adam", "data.batch_size=32")
+    run(tiny_data, tmp_path / "plain", *steps)
+    summary = run(tiny_data, tmp_path / "host", *steps, *STATIC, "hotline.budget=1B", "hotline.pipeline=false")
+    assert_states_close(run_state(tmp_path / "host"), run_state(tmp_path / "plain"), "static host_embedding",
+                        tolerance("adam"))
+    assert summary["hotline"]["hot_hit_rate"] == 0.0
+    assert summary["step_mode"].startswith("hotline step static: 3 steps"), summary["step_mode"]
