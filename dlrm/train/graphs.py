@@ -67,11 +67,7 @@ class GraphedStep:
         self.failed: str | None = None
         self.replays = self.eager_after_capture = 0
         self.captured_at: int | None = None
-        _tensor_lrs(dense_opt)
-
-    def set_dense_lr(self, lr: float) -> None:
-        for group in self.dense_opt.param_groups:
-            group["lr"].fill_(lr)  # a device-side fill: the replay reads the tensor
+        tensor_lrs(dense_opt)
 
     def fits(self, batch: Batch) -> bool:
         """Whether ``batch`` has the captured shapes (B samples, N ids, same keys)."""
@@ -85,11 +81,7 @@ class GraphedStep:
         its loss, or None where capture failed (``auto``: the run goes on eager)."""
         self.static = _static_copy(batch)
         try:
-            self.dense_opt.zero_grad(set_to_none=True)
-            graph = torch.cuda.CUDAGraph()
-            # thread_local: the reader's threads may pin host memory meanwhile
-            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-                self.loss = self.body(self.static)
+            graph, self.loss = capture(self.body, self.static, self.dense_opt)
         except Exception as e:  # a capture error is a RuntimeError of any kind
             if self.required:
                 raise
@@ -118,7 +110,30 @@ class GraphedStep:
                 f"{self.eager_after_capture} other-shape steps eager")
 
 
-def _tensor_lrs(opt: torch.optim.Optimizer) -> None:
+def capture(body: Callable[[Batch], torch.Tensor], static: Batch, dense_opt: torch.optim.Optimizer
+            ) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    """``body(static)`` captured (not run): the graph and its static loss. The dense
+    gradients are unset first, so the backward makes them in the graph's memory, where
+    each replay writes them anew. ``thread_local``: other threads (the reader's pinning,
+    Hotline's gather and host update) call CUDA while this one captures."""
+    dense_opt.zero_grad(set_to_none=True)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+        loss = body(static)
+    return graph, loss
+
+
+def set_lrs(opt: torch.optim.Optimizer, lr: float) -> None:
+    """Every param group's lr: a device-side fill where it is a tensor (``tensor_lrs``:
+    a replay reads it), else the number."""
+    for group in opt.param_groups:
+        if isinstance(group["lr"], torch.Tensor):
+            group["lr"].fill_(lr)
+        else:
+            group["lr"] = lr
+
+
+def tensor_lrs(opt: torch.optim.Optimizer) -> None:
     """Each param group's lr as a device tensor (fused SGD and Adam read a tensor lr
     on the device), so a replay uses the lr of its step; and Adam's groups marked
     ``capturable`` (torch refuses to capture its step otherwise: the 2026-11-26 H200 run

@@ -440,11 +440,12 @@ class HotlineSteps:
             self.counts = count_accesses([batch.sparse], self.tables, into=self.counts)
 
     def announce_next_reads(self) -> None:
-        """Before the step's host update is queued (the trainer calls this before
-        ``model.end_step()``): the next mini-batch's cold ids, copied to the host a step
-        ahead, go to the host tier, whose update then writes those rows first; the next
-        gather waits for them only, not for the whole update (one process, one table
-        dtype; a gather that reads other rows, after a refresh, waits for all of it)."""
+        """Before the step's host update is queued (the trainer's static step calls this
+        before ``model.end_step()``): the next mini-batch's cold ids, copied to the host a
+        step ahead, go to the host tier, whose update then writes those rows first; the
+        next gather waits for them only, not for the whole update (one process, one table
+        dtype; a gather that reads other rows, after a refresh, waits for all of it). The
+        eager step does not: its own dispatch outlasts the update it would shorten."""
         ahead, emb = self._ahead, self.embeddings
         if (ahead is None or ahead.cold_ids is None or len(ahead.cold_ids) != 1
                 or not isinstance(emb, HotlineEmbeddingCollection) or emb.sharded):

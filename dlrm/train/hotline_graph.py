@@ -39,7 +39,7 @@ from typing import Any
 import torch
 
 from data.batch import Batch
-from dlrm.train.graphs import _tensor_lrs
+from dlrm.train.graphs import capture, tensor_lrs
 from embeddings.hotline.lookups import HOT_ONLY, ColdInFlight, ColdRows
 from embeddings.hotline.split import DeviceSplit
 from embeddings.hotline.static_step import StaticLookups
@@ -82,15 +82,7 @@ class HotlineGraph:
         self.steps = self.replays = self.captures = self.eager = 0
         self.capture_s = 0.0  # seconds the captures took (each refresh's is a pause of the run)
         if capture:
-            _tensor_lrs(dense_opt)
-
-    def set_dense_lr(self, lr: float) -> None:
-        """The dense lr of the coming step: a device fill where a replay reads it."""
-        for group in self.dense_opt.param_groups:
-            if isinstance(group["lr"], torch.Tensor):
-                group["lr"].fill_(lr)
-            else:
-                group["lr"] = lr
+            tensor_lrs(dense_opt)
 
     def fits(self, batch: Batch) -> bool:
         """Whether host ``batch`` can take the static step: no capture failed, and it
@@ -140,11 +132,7 @@ class HotlineGraph:
         self.graph = None
         t0 = time.perf_counter()
         try:
-            self.dense_opt.zero_grad(set_to_none=True)
-            graph = torch.cuda.CUDAGraph()
-            # thread_local: the gather, host-update and reader threads call CUDA meanwhile
-            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-                self.loss = self.body(self.static)
+            graph, self.loss = capture(self.body, self.static, self.dense_opt)
         except Exception as e:  # noqa: BLE001 - a capture error is a RuntimeError of any kind
             self.failed = f"capture failed at step {step}: {str(e).splitlines()[0][:200]}"
             self.say(f"warning: hotline.graph_step: {self.failed}; the step runs eager")

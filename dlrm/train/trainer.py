@@ -74,7 +74,7 @@ from dlrm.train.dense_graphs import why_not as dense_graphs_why_not
 from dlrm.train.device_prefetch import DevicePrefetcher
 from dlrm.train.divergence import Diverged, DivergenceGuard
 from dlrm.train.graphs import WARMUP as GRAPH_WARMUP
-from dlrm.train.graphs import GraphedStep
+from dlrm.train.graphs import GraphedStep, set_lrs
 from dlrm.train.graphs import why_not as graphs_why_not
 from dlrm.train.header import header
 from dlrm.train.host_memory import reuse_freed_memory
@@ -439,21 +439,15 @@ class Trainer:
         step = self.progress.global_step
         rows = self._global_rows(batches)
         factor = lr_factor(self.cfg, step)
-        if self.graphs is not None:
-            self.graphs.set_dense_lr(self.cfg.optim.dense_lr * factor)  # tensors a replay reads
-            if step >= GRAPH_WARMUP and len(batches) == 1:
-                done = self._graph_step(batches[0], rows, factor, t0)
-                if done is not None:
-                    return done
-        elif self.hotline_graph is not None:
-            self.hotline_graph.set_dense_lr(self.cfg.optim.dense_lr * factor)
-            if step - self.first_step >= GRAPH_WARMUP and len(batches) == 1:
-                if self.hotline_graph.fits(batches[0]):
-                    return self._hotline_static_step(batches[0], rows, factor, t0)
-                self.hotline_graph.eager += 1
-        else:
-            for group in self.dense_opt.param_groups:
-                group["lr"] = self.cfg.optim.dense_lr * factor
+        set_lrs(self.dense_opt, self.cfg.optim.dense_lr * factor)  # graphed: tensors a replay reads
+        if self.graphs is not None and step >= GRAPH_WARMUP and len(batches) == 1:
+            done = self._graph_step(batches[0], rows, factor, t0)
+            if done is not None:
+                return done
+        elif self.hotline_graph is not None and step - self.first_step >= GRAPH_WARMUP and len(batches) == 1:
+            if self.hotline_graph.fits(batches[0]):
+                return self._hotline_static_step(batches[0], rows, factor, t0)
+            self.hotline_graph.eager += 1
         self.profiler.before(step)
         self.model.begin_step(self.cfg.optim.sparse_lr * factor)
         self.dense_opt.zero_grad(set_to_none=True)
@@ -469,8 +463,6 @@ class Trainer:
         t_dense = time.perf_counter()
         self.dense_opt.step()
         dense_update = time.perf_counter() - t_dense
-        if self.hotline:
-            self.hotline.announce_next_reads()  # the host update writes the next gather's rows first
         self.model.end_step()
         if self.hotline:
             self.hotline.after_step(step + 1)
@@ -518,7 +510,7 @@ class Trainer:
                 self.dense_opt.step()
             else:
                 self.meter.add_loss(loss, part.size)
-        hotline.announce_next_reads()
+        hotline.announce_next_reads()  # its host update writes the next gather's rows first
         self.model.end_step()
         hotline.after_step(step + 1)
         self.progress.global_step += 1

@@ -338,7 +338,7 @@ class LocalHostTier:
         written = [grad.ids for grad, _ in kept if grad.ids.numel()]
         if written:  # the newest update that writes rows, and what came before it (FIFO)
             self._writing, self._before_writing = (self._pending, torch.cat(written)), before
-            self._first_written = (written_first, first[0]) if written_first is not None and first else None
+            self._first_written = (written_first, first[0]) if written_first is not None else None
 
     def _apply(self, kept: list[tuple[KVGradient, torch.cuda.Event | None]],
                first: tuple[torch.Tensor, torch.cuda.Event | None] | None = None,
