@@ -13,7 +13,15 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from dlrm.bench.reader_sweep import AVAZU_COLUMNS, avazu_files, epoch_rate, format_workers
+from dlrm.bench.reader_sweep import (
+    AVAZU_COLUMNS,
+    MAX_COPIES,
+    avazu_files,
+    copies_for,
+    epoch_rate,
+    format_workers,
+    replicated,
+)
 from tests.data_helpers import tiny_dataset
 
 
@@ -66,3 +74,30 @@ def test_format_workers_ratios() -> None:
     assert format_workers(sweep).splitlines()[1] == (
         "reader bench windows: 262,144 rows (data.shuffle_buffer 262,144), 4 per epoch; "
         "data.prefetch 16 batches ahead per worker")
+
+
+def test_copies_give_each_worker_eight_windows() -> None:
+    assert copies_for(16, 0) == 1 and copies_for(16, 1) == 1 and copies_for(16, 2) == 1
+    assert copies_for(16, 4) == 2 and copies_for(16, 16) == 8  # the GPU session's 16 windows
+    assert copies_for(4, 4) == 8 and copies_for(1, 16) == MAX_COPIES
+
+
+def test_a_replicated_set_is_read_whole_each_copy(tmp_path: Path) -> None:
+    """The copies are files the reader reads again (a link would be read once), so an
+    epoch of 3 copies at 2 workers has 3 times the rows and every row 3 times."""
+    files, schema = tiny_dataset(tmp_path)
+    three = replicated(files, 3, tmp_path / "copies")
+    assert len(three) == 3 * len(files) and three[:len(files)] == files
+    assert replicated(files, 3, tmp_path / "copies") == three  # kept, not copied again
+    assert replicated(files, 1, tmp_path / "none") == files and not (tmp_path / "none").exists()
+    rate = epoch_rate(three, schema, 16, 2, steady_epochs=1, shuffle_buffer=40)
+    assert rate["rows"] == 3 * 170 and rate["windows"] == 16  # windows of 32 rows over the 510
+
+
+def test_the_window_line_names_the_copies() -> None:
+    window = {"window_rows": 65536, "shuffle_buffer": 65536, "prefetch": 4}
+    sweep = {"bench": {"0": {"rows_per_s": 100.0, **window, "windows": 16, "copies": 1},
+                       "16": {"rows_per_s": 900.0, **window, "windows": 128, "copies": 8}}}
+    assert format_workers(sweep).splitlines()[1] == (
+        "reader bench windows: 65,536 rows (data.shuffle_buffer 65,536), 16 per epoch; data.prefetch 4 "
+        "batches ahead per worker; the set copied for 16 workers 8x (8 windows a worker)")

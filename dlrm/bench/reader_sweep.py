@@ -16,6 +16,13 @@ straddles two windows is decoded by both their workers, so windows of several ro
 groups waste less. Each count's rates carry the window used (``window_rows``,
 ``shuffle_buffer``, ``windows`` per epoch), printed under the counts.
 
+An epoch of one window a worker measures the workers' start, not their rate: every
+epoch begins with each worker decoding its first window while the consumer waits, and
+the workers stop at the epoch's end (the 2026-11-26 H200 sweep: 16 windows, 16 workers,
+3.81x). So each count N >= 1 reads the set copied (whole files: the reader reads a
+linked file once) until an epoch holds at least ``WINDOWS_PER_WORKER`` windows a worker
+(``copies`` in its rates; at most ``MAX_COPIES``); 0 workers reads the set once.
+
 Each count starts a fresh reader after a warm-up epoch (page cache, imports, the
 forkserver); vocabularies are fitted once, untimed. pyarrow is held to one thread, as in
 each worker, so 0 workers is the one-core rate. The counts run one after the other in
@@ -32,6 +39,8 @@ import numpy as np
 
 AVAZU_COLUMNS = 22  # Avazu's categorical columns (C1, banner_pos, site_id, ... C21)
 STEADY_EPOCHS = 3  # epochs timed per count once its workers run (median: a shared machine)
+WINDOWS_PER_WORKER = 8  # an epoch's windows a worker, at least (the set copied to get them)
+MAX_COPIES = 16  # copies of the set at most (16 x bench_gpu's 1M-row set: 1 GB of page cache)
 
 
 def reader_sweep(files: list[str], schema: Any, batch_size: int, workers: list[int],
@@ -59,10 +68,37 @@ def _sweep(files: list[str], schema: Any, batch_size: int, workers: list[int],
     cases = {"bench": (files, schema, None), "avazu": (strings, prep.apply(avazu_schema), prep)}
     result: dict[str, Any] = {}
     for name, (paths, sch, p) in cases.items():
-        epoch_rate(paths, sch, batch_size, 0, p, shuffle_buffer=shuffle_buffer, prefetch=prefetch)  # warm-up
-        result[name] = {str(w): epoch_rate(paths, sch, batch_size, w, p, shuffle_buffer=shuffle_buffer,
-                                           prefetch=prefetch) for w in workers}
+        warm = epoch_rate(paths, sch, batch_size, 0, p, shuffle_buffer=shuffle_buffer, prefetch=prefetch)
+        result[name] = {}
+        for w in workers:
+            copies = copies_for(warm["windows"], w)
+            rate = epoch_rate(replicated(paths, copies, out / "copies" / name), sch, batch_size, w, p,
+                              shuffle_buffer=shuffle_buffer, prefetch=prefetch)
+            result[name][str(w)] = {**rate, "copies": copies}
     return result
+
+
+def copies_for(windows: int, workers: int) -> int:
+    """Copies of a set of ``windows`` windows an epoch that give ``workers`` workers
+    ``WINDOWS_PER_WORKER`` windows each (1 for 0 workers; at most ``MAX_COPIES``)."""
+    return max(1, min(MAX_COPIES, -(-WINDOWS_PER_WORKER * workers // max(windows, 1))))
+
+
+def replicated(files: list[str], copies: int, out: Path) -> list[str]:
+    """``files``, then ``copies - 1`` copies of them under ``out`` (made once, kept).
+    Copies, not links: the reader reads a file reached twice, by a link, once."""
+    import shutil
+
+    made = list(files)
+    for c in range(1, copies):
+        out.mkdir(parents=True, exist_ok=True)
+        for i, path in enumerate(files):
+            target = out / f"copy{c:02d}-{i:05d}.parquet"
+            if not target.is_file():
+                shutil.copyfile(path, str(target) + ".tmp")
+                Path(str(target) + ".tmp").rename(target)
+            made.append(str(target))
+    return made
 
 
 def epoch_rate(files: list[str], schema: Any, batch_size: int, workers: int,
@@ -174,10 +210,16 @@ def format_workers(sweep: dict[str, Any]) -> str:
 
 def _window_line(name: str, by_count: dict[str, Any]) -> list[str]:
     """The shuffle window the counts read in (the same at every count), if recorded."""
-    r = next((r for r in by_count.values() if "window_rows" in r), None)
-    if r is None:
+    shown = [r for r in by_count.values() if "window_rows" in r]
+    if not shown:
         return []
+    r = next((r for r in shown if r.get("copies", 1) == 1), shown[0])  # the set once, where read so
+    once = r["windows"] // r.get("copies", 1)
     line = (f"reader {name} windows: {r['window_rows']:,} rows (data.shuffle_buffer "
-            f"{r['shuffle_buffer']:,}), {r['windows']} per epoch"
+            f"{r['shuffle_buffer']:,}), {once} per epoch"
             + (f"; data.prefetch {r['prefetch']} batches ahead per worker" if "prefetch" in r else ""))
+    copied = [f"{n} workers {c['copies']}x ({c['windows'] / int(n):.0f} windows a worker)"
+              for n, c in by_count.items() if c.get("copies", 1) > 1]
+    if copied:
+        line += "; the set copied for " + ", ".join(copied)
     return [line]
