@@ -1,9 +1,10 @@
 """The two-tier lookup (embeddings/kernels/two_tier.py) against plain torch.
 
 Reference: both tiers as one table, [hot rows; staged cold rows], through
-``embedding_bag`` (forward) and dense autograd (backward): the hot rows' fused SGD
-update and the cold rows' KV gradient, by cold row, must equal the dense gradient's
-rows of each tier.
+``embedding_bag`` (forward) and dense autograd (backward): the hot rows' fused
+update (SGD, row-wise Adagrad, Adam) and the cold rows' gradient, by cold row, from
+one pass of the update's kernels over both tiers' keys, must equal the dense
+gradient's rows of each tier.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ pytest.importorskip("triton")
 pytestmark = pytest.mark.kernels
 
 from embeddings.kernels.reference import pooled_reference, two_tier_reference
-from embeddings.kernels.sparse_update import backward_rows_by_id, backward_update
-from embeddings.kernels.two_tier import masked_ids, two_tier_forward, two_tier_lookup
+from embeddings.kernels.sparse_update import backward_update
+from embeddings.kernels.two_tier import tier_ids, two_tier_forward, two_tier_lookup
+from embeddings.kv import KVGradient
 from embeddings.optim import make_sparse_optimizer
 
 FEATURES, BATCH, DIM = 3, 6, 5
@@ -61,9 +63,11 @@ def test_two_tier_forward_equals_one_table(mean: bool, multi_hot: bool, dtype: t
 
 @pytest.mark.parametrize("mean", [False, True])
 @pytest.mark.parametrize("multi_hot", [False, True])
-def test_two_tier_backward_updates_hot_rows_and_returns_cold_rows(mean: bool, multi_hot: bool) -> None:
-    """SGD on the hot rows in the kernel, the cold rows' gradient by cold row: each the
-    dense autograd gradient of its tier's rows in the one-table reference."""
+@pytest.mark.parametrize("optim", ["sgd", "rowwise_adagrad", "adam"])
+def test_two_tier_backward_updates_hot_rows_and_returns_cold_rows(mean: bool, multi_hot: bool, optim: str) -> None:
+    """The hot rows updated in the kernel, the cold rows' gradient by cold row, in one
+    pass: each the dense autograd gradient of its tier's rows in the one-table
+    reference (the hot rows through the optimizer's torch path on that gradient)."""
     hot, cold, is_hot, slot, cold_local, offsets = case(multi_hot, seed=2)
     lr = 0.5
     grad_out = torch.randn(BATCH, FEATURES * DIM, generator=torch.Generator().manual_seed(3)).to(DEVICE)
@@ -74,28 +78,32 @@ def test_two_tier_backward_updates_hot_rows_and_returns_cold_rows(mean: bool, mu
     (pooled_reference(table, ids, offsets, zeros, BATCH, mean) * grad_out).sum().backward()
     dense_grad = table.grad
 
+    optimizer = make_sparse_optimizer(optim)
+    want, want_state = hot.clone(), optimizer.init_state(HOT, DIM, DEVICE)
+    rows = slot[is_hot].unique()  # the hot rows looked up (a KV gradient: those rows only)
+    optimizer.apply(want, want_state, KVGradient(rows, dense_grad[:HOT].index_select(0, rows)), lr)
+
     weight = hot.clone().requires_grad_(True)
+    state = optimizer.init_state(HOT, DIM, DEVICE)
     cold_grad = torch.full((CAPACITY, DIM), float('nan'), device=DEVICE)
-    optimizer = make_sparse_optimizer("sgd")
     lr_t = torch.full((1,), lr, device=DEVICE)
 
     def on_backward(grad: torch.Tensor) -> None:
-        hot_ids, cold_ids = masked_ids(is_hot, slot, cold_local)
-        backward_update(grad, hot_ids, offsets, zeros, BATCH, mean, False, weight.data, optimizer, {}, lr_t)
-        backward_rows_by_id(grad, cold_ids, offsets, zeros, BATCH, mean, cold_grad)
+        keys = tier_ids(is_hot, slot, cold_local, HOT)
+        backward_update(grad, keys, offsets, zeros, BATCH, mean, False, weight.data, optimizer, state, lr_t,
+                        rows_by_id=(HOT, cold_grad))
 
     pooled = two_tier_lookup(weight, cold, is_hot, slot, cold_local, offsets, FEATURES, BATCH, mean, on_backward)
     (pooled * grad_out).sum().backward()
-    torch.testing.assert_close(weight.data, hot - lr * dense_grad[:HOT], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(weight.data, want, rtol=1e-5, atol=1e-6)
+    for name, value in want_state.items():
+        torch.testing.assert_close(state[name], value, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(cold_grad[:STAGED], dense_grad[HOT:HOT + STAGED], rtol=1e-5, atol=1e-6)
     assert cold_grad[STAGED:].isnan().all()  # rows past U: never written
     assert weight.grad is None  # the update is the kernel's: no dense gradient of the hot rows
 
 
-def test_masked_ids_leave_each_pass_its_own_tier() -> None:
+def test_tier_ids_put_the_cold_rows_after_the_hot_ones() -> None:
     is_hot = torch.tensor([True, False, True, False])
     slot, cold_local = torch.tensor([3, 99, 1, 99]), torch.tensor([99, 0, 99, 2])
-    hot_ids, cold_ids = masked_ids(is_hot, slot, cold_local)
-    masked = 1 << 62
-    assert hot_ids.tolist() == [3, masked, 1, masked]
-    assert cold_ids.tolist() == [masked, 0, masked, 2]
+    assert tier_ids(is_hot, slot, cold_local, 4).tolist() == [3, 4, 1, 6]

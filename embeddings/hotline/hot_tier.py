@@ -187,16 +187,18 @@ class HotTier(nn.Module):
             row_base = self._row_base[features] = torch.zeros(features, dtype=torch.int64, device=self.device)
         return row_base
 
-    def update_static(self, grad_pooled: torch.Tensor, slots: torch.Tensor, offsets: torch.Tensor,
-                      features: int, batch: int, mean: bool) -> None:
-        """A captured step's hot update (static_step.py): the fused update over a whole
-        mini-batch's bags [B, F*D], ``slots`` [N] with the cold lookups masked
-        (``OTHER_STACK``). Counts as ``update_held`` counts (Adam's step, the rounding
-        step: on the device)."""
+    def update_static(self, grad_pooled: torch.Tensor, ids: torch.Tensor, offsets: torch.Tensor,
+                      features: int, batch: int, mean: bool, cold_grad: torch.Tensor) -> None:
+        """A captured step's update (static_step.py): the fused update over a whole
+        mini-batch's bags [B, F*D], ``ids`` [N] both tiers' keys (a slot, or the hot
+        rows + a staged cold row: kernels/two_tier.py's ``tier_ids``); the hot rows
+        updated, each cold row's summed gradient written at ``cold_grad[row]``. Counts
+        as ``update_held`` counts (Adam's step, the rounding step: on the device)."""
         from embeddings.kernels.sparse_update import backward_update
 
-        backward_update(grad_pooled, slots, offsets, self.zero_row_base(features), batch, mean, False,
-                        self.weight.data, self.optimizer, self.state, self._device_lr(), self._kernel_rounding())
+        backward_update(grad_pooled, ids, offsets, self.zero_row_base(features), batch, mean, False,
+                        self.weight.data, self.optimizer, self.state, self._device_lr(), self._kernel_rounding(),
+                        rows_by_id=(self.weight.shape[0], cold_grad))
 
     def _device_lr(self) -> torch.Tensor:
         """The lr as a [1] device tensor the update kernel reads (``set_lr`` fills it):

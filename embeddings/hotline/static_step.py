@@ -5,7 +5,8 @@
         ▼ copied into (``load``)                   ▼ copied into rows 0..U-1
     StaticLookups   is_hot, slot, cold_local [N], lengths [F*B], cold_rows [C, D]
         │ forward   kernels/two_tier.py: one launch over both tiers
-        │ backward  hot rows: the fused update (as the eager step's held one, in the kernel);
+        │ backward  one sort of both tiers' lookups (kernels/two_tier.py, tier_ids);
+        │           hot rows: the fused update (as the eager step's held one, in the kernel);
         │           cold rows: their gradient by cold row into cold_grad [C, D]
         ▼
     after the step: cold_grad[:U] D2H to the host tier (its update thread applies it)
@@ -111,12 +112,9 @@ def static_pooled(hot: HotTier, static: StaticLookups, mean: bool) -> torch.Tens
 
 def _backward(hot: HotTier, static: StaticLookups, offsets: torch.Tensor, mean: bool,
               grad_pooled: torch.Tensor) -> None:
-    """Both tiers' passes of the update's kernels over the same bags, each with the
-    other tier's lookups masked: the hot rows updated, the cold rows' gradient by row."""
-    from embeddings.kernels.sparse_update import backward_rows_by_id
-    from embeddings.kernels.two_tier import masked_ids
+    """One pass of the update's kernels over the bags, both tiers' lookups in one key
+    space (one sort): the hot rows updated, the cold rows' gradient by cold row."""
+    from embeddings.kernels.two_tier import tier_ids
 
-    hot_ids, cold_ids = masked_ids(static.is_hot, static.slot, static.cold_local)
-    hot.update_static(grad_pooled, hot_ids, offsets, static.num_features, static.batch, mean)
-    backward_rows_by_id(grad_pooled, cold_ids, offsets, hot.zero_row_base(static.num_features), static.batch,
-                        mean, static.cold_grad)
+    ids = tier_ids(static.is_hot, static.slot, static.cold_local, hot.weight.shape[0])
+    hot.update_static(grad_pooled, ids, offsets, static.num_features, static.batch, mean, static.cold_grad)

@@ -14,7 +14,9 @@
         │ _runs: program i returns unless a run starts at i; else it sums the run's
         │ first segment, grad_pooled[bag_of[order[k]]] (x 1/len for mean) in lookup
         │ order, adds the later segments' partials in order, and applies the
-        │ optimizer to that one row, or writes (id, row) at slot i
+        │ optimizer to that one row, or writes (id, row) at slot i; an update with
+        │ ``rows_by_id`` (first, out) applies the ids below first and writes each
+        │ other run's row at out[id - first] (a static Hotline step: both tiers, one sort)
         ▼
     weight and optimizer state updated in place     |   KV gradient (ids, rows)
 
@@ -256,9 +258,9 @@ def _runs_kernel(
     weight_ptr, state_ptr, state2_ptr, lr_ptr, step_ptr, out_ids_ptr, out_rows_ptr,
     n, batch, dim, stride_b, stride_f, eps, beta1, beta2, log_beta1, log_beta2,
     wbits_ptr, seed_h, rstep_ptr, keys_ptr, row_shift_ptr, col0_ptr, row_map_ptr,
-    sbits_ptr, s2bits_ptr, skey, s2key, overflow_ptr,
+    sbits_ptr, s2bits_ptr, skey, s2key, overflow_ptr, rows_from,
     OPT: tl.constexpr, MEAN: tl.constexpr, BLOCK_D: tl.constexpr, HALF: tl.constexpr,
-    SHALF: tl.constexpr, ROW_MAP: tl.constexpr, OVERFLOW: tl.constexpr, BY_ID: tl.constexpr,
+    SHALF: tl.constexpr, ROW_MAP: tl.constexpr, OVERFLOW: tl.constexpr,
 ):
     i = tl.program_id(0)
     row = tl.load(sorted_ptr + i)
@@ -270,11 +272,11 @@ def _runs_kernel(
                           batch, dim, stride_b.to(tl.int64), stride_f.to(tl.int64), cols, in_row,
                           MEAN, BLOCK_D)
         at = row * dim + cols
-        if OPT == 0 and BY_ID:  # the summed row at its id (a small id space: 0..U-1)
-            tl.store(out_rows_ptr + row * dim + cols, g, mask=in_row)
-        elif OPT == 0:  # KV gradient: (id, summed row) at the run's head
+        if OPT == 0:  # KV gradient: (id, summed row) at the run's head
             tl.store(out_ids_ptr + i, row)
             tl.store(out_rows_ptr + i.to(tl.int64) * dim + cols, g, mask=in_row)
+        elif row >= rows_from:  # not applied: the summed row at out_rows[id - rows_from]
+            tl.store(out_rows_ptr + (row - rows_from) * dim + cols, g, mask=in_row)
         else:
             feature = tl.load(bag_of_ptr + tl.load(order_ptr + i)) // batch
             full_row = _full_row(row, feature, row_shift_ptr, row_map_ptr, HALF + SHALF > 0, ROW_MAP)
@@ -339,10 +341,11 @@ def _segment_partials(sorted_ids, order, bag_of, offsets, grad_pooled, n, batch,
 
 def _launch_runs(grad_pooled, values, offsets, row_base, batch, mean, feature_major,
                  opt, weight, states, lr, step, out_ids, out_rows, eps=0.0, betas=(0.0, 0.0),
-                 rounding: KernelRounding | None = None, state_keys=(0, 0), by_id: bool = False):
+                 rounding: KernelRounding | None = None, state_keys=(0, 0), rows_from: int = OTHER_STACK.value):
     """``states``: the optimizer's state tensors the kernel updates; fp16/bf16 ones are
     rounded with ``rounding``, in the streams of ``state_keys`` (crc32 of their names).
-    ``by_id`` (KV): each run's row at ``out_rows[id]``, no ids written."""
+    ``rows_from`` (an update): ids from it on are not applied, each one's summed row is
+    written at ``out_rows[id - rows_from]``."""
     n = values.numel()
     num_features = row_base.numel()
     dim = grad_pooled.shape[-1] if feature_major else grad_pooled.shape[1] // num_features
@@ -368,9 +371,9 @@ def _launch_runs(grad_pooled, values, offsets, row_base, batch, mean, feature_ma
         dummy if out_ids is None else out_ids, dummy if out_rows is None else out_rows,
         n, batch, dim, stride_b, stride_f, eps, betas[0], betas[1],
         math.log(betas[0]) if betas[0] > 0 else 0.0, math.log(betas[1]) if betas[1] > 0 else 0.0,
-        *rounds, *state_bits, *state_keys, dummy if overflow is None else overflow,
+        *rounds, *state_bits, *state_keys, dummy if overflow is None else overflow, rows_from,
         OPT=opt, MEAN=mean, BLOCK_D=block_d(dim), HALF=half, SHALF=half_state, ROW_MAP=row_map is not None,
-        OVERFLOW=overflow is not None, BY_ID=by_id,
+        OVERFLOW=overflow is not None,
         num_warps=warps(dim),
     )
 
@@ -388,13 +391,19 @@ def backward_update(
     state: dict[str, torch.Tensor],
     lr: torch.Tensor,
     rounding: KernelRounding | None = None,
+    rows_by_id: tuple[int, torch.Tensor] | None = None,
 ) -> None:
     """Apply ``optimizer`` to the rows the lookup touched, in place (fused backward).
 
     ``lr`` [1] and Adam's ``state["step"]`` [1] live on ``weight``'s device. A fp16/bf16
     ``weight`` or element-wise state with ``rounding``: written stochastically rounded
     (its ``step`` already counts this update; each state in its own stream, the table
-    key xor crc32 of its name, as the torch path); without: round-to-nearest."""
+    key xor crc32 of its name, as the torch path); without: round-to-nearest.
+
+    ``rows_by_id`` (first, out_rows): ids >= first are rows of another store (a static
+    Hotline step's staged cold rows, ids H + cold row, static_step.py), sorted with the
+    rest (one sort) but not applied: each one's summed gradient is written, fp32, at
+    ``out_rows[id - first]``."""
     if values.numel() == 0:
         if isinstance(optimizer, SparseAdam):
             state["step"] += 1  # an empty step still counts, as in the torch path
@@ -410,9 +419,10 @@ def backward_update(
         names = ["sum"] if opt in (ROWWISE_ADAGRAD, ADAGRAD) else []
         betas = (0.0, 0.0)
     keys = tuple(table_key(name) for name in names) + (0,) * (2 - len(names))
+    rows_from, out_rows = rows_by_id if rows_by_id is not None else (OTHER_STACK.value, None)
     _launch_runs(grad_pooled, values, offsets, row_base, batch, mean, feature_major,
-                 opt, weight, [state[name] for name in names], lr, step, None, None, optimizer.eps, betas,
-                 rounding, keys)
+                 opt, weight, [state[name] for name in names], lr, step, None, out_rows, optimizer.eps, betas,
+                 rounding, keys, rows_from=rows_from)
 
 
 def backward_kv(
@@ -438,15 +448,3 @@ def backward_kv(
                      KV, None, [], None, None, out_ids, out_rows)
     keep = out_ids >= 0
     return KVGradient(out_ids[keep], out_rows[keep])
-
-
-def backward_rows_by_id(grad_pooled: torch.Tensor, values: torch.Tensor, offsets: torch.Tensor,
-                        row_base: torch.Tensor, batch: int, mean: bool, out_rows: torch.Tensor) -> None:
-    """Each looked-up id's summed gradient row written at ``out_rows[id]`` (fp32, as
-    many rows as ids; the rows of ids not looked up are left as they were), from a
-    sample-major ``grad_pooled`` [B, F*D]: the KV gradient of a small id space with no
-    select, static shapes, no host sync (a captured Hotline step's cold rows: ids
-    0..U-1, embeddings/hotline/static_step.py)."""
-    if values.numel():
-        _launch_runs(grad_pooled, values, offsets, row_base, batch, mean, False,
-                     KV, None, [], None, None, None, out_rows, by_id=True)

@@ -15,11 +15,15 @@ hot rows) or cold (a row of the step's staged cold rows, gathered by the host):
 
 Nothing is sized by the data: N, F*B and C (>= U) are the captured step's, so the
 lookup runs inside a CUDA graph (dlrm/train/hotline_graph.py) whatever the split
-of a step. The backward is the sparse update's kernels (sparse_update.py) run twice
-over the same bags: the hot lookups' ids are the slots with the cold ones masked to
-``OTHER_STACK`` (fused update of the hot rows), the cold ones' ids their
-``cold_local`` with the hot ones masked (KV gradient rows by cold row, which go home
-to the host tier) — ``masked_ids``.
+of a step. The backward is the sparse update's kernels (sparse_update.py) run once
+over the bags, in one key space (``tier_ids``): a hot lookup's key is its slot, a cold
+one's H + its ``cold_local`` (H hot rows). One sort puts each row's lookups together;
+the runs below H are the hot rows, updated in the kernel (the fused update), those
+from H on the staged cold rows, whose summed gradient is written by cold row (it goes
+home to the host tier):
+
+    keys    [ 2 H+1 0 | 2 3 | H+0 ]  ─sort─►  [0 | 2 2 | 3 | H+0 | H+1]
+                                               └ hot: updated ┘ └ cold_grad[0], [1] ┘
 """
 
 from __future__ import annotations
@@ -32,9 +36,6 @@ import triton
 import triton.language as tl
 
 from embeddings.kernels.pooled import block_d, warps
-from embeddings.kernels.sparse_update import OTHER_STACK
-
-MASKED = OTHER_STACK.value  # an id the update's kernels sort last and never apply
 
 
 @triton.jit
@@ -78,13 +79,11 @@ def two_tier_forward(hot_weight: torch.Tensor, cold_rows: torch.Tensor, is_hot: 
     return out
 
 
-def masked_ids(is_hot: torch.Tensor, slot: torch.Tensor, cold_local: torch.Tensor
-               ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(the hot lookups' slots, cold ones ``MASKED``; the cold lookups' rows of the
-    staged cold rows, hot ones ``MASKED``), both [N] int64: the ids the update's kernels
-    sort, each pass applying only its own tier's runs."""
-    masked = torch.full_like(slot, MASKED)
-    return torch.where(is_hot, slot, masked), torch.where(is_hot, masked, cold_local)
+def tier_ids(is_hot: torch.Tensor, slot: torch.Tensor, cold_local: torch.Tensor, hot_rows: int) -> torch.Tensor:
+    """[N] int64, both tiers' lookups in one key space: a hot lookup's slot, a cold
+    one's ``hot_rows`` + its row of the staged cold rows (the ids the update's kernels
+    sort once, applying the keys below ``hot_rows``)."""
+    return torch.where(is_hot, slot, cold_local + hot_rows)
 
 
 BackwardHandler = Callable[[torch.Tensor], None]
