@@ -51,7 +51,8 @@
 #      hotline / native >= 0.8x), native_bf16_tables and hotline_bf16_tables (issue 24:
 #      each over its fp32 row; Hotline's budget then holds twice the rows), in_memory
 #      (issue 23: native / in_memory >= 0.95)                       ($OUT/bench.json)
-#   2. hotline_static_bf16_tables (issue 24, beside hotline_static); the A/Bs of this
+#   2. hotline_static_bf16_tables (issue 24, beside hotline_static); hotline_static with a
+#      refresh every 30 steps (issue 22: the refresh's pause); the A/Bs of this
 #      commit against the main rows: native with
 #      DLRM_KERNEL_RUN_SEGMENT=1073741824 (the Triton backward before run segments: one
 #      program walking each whole run; on the 2026-11-26 H200 profile that kernel took 1.4 ms
@@ -205,6 +206,11 @@ bench() {
     # >= 1.0; the eager step's slower host update is off the captured step's path)
     echo "== hotline_static_bf16_tables (hotline.graph_step=on, bf16 tables)"
     bench_part staticbf16 45 --engines hotline_static_bf16_tables "$@"
+    # issue 22's "refresh without a stall: measure the pause": a re-profile every 30
+    # steps under the captured step (a hot set of the same size is copied into the
+    # hot tier's tensors: no capture again; the summary's refresh_pause_ms and captures)
+    echo "== hotline_static, hotline.refresh_every=30"
+    bench_part refresh 45 --engines hotline_static "$@" hotline.refresh_every=30
     # then the A/Bs of this session's changes, each against the main rows above (same
     # machine, same run): the Triton backward before run segments, the graphs off
     echo "== native, DLRM_KERNEL_RUN_SEGMENT=1073741824 (the backward before segments: one program per whole run)"
@@ -230,7 +236,8 @@ bench() {
     echo "== native_fp16_tables, torch_baseline"
     bench_part extra 90 --engines native_fp16_tables,torch_baseline "$@"
   } >"$OUT/bench_extra.log" 2>&1
-  grep -E "^  [a-z_0-9]+@|FAILED|^==|budget|GB/s|^ +[0-9]+[KMGT]?B " "$OUT/bench_extra.log" | tail -30
+  grep -E "^  [a-z_0-9]+@|FAILED|^==|budget|GB/s|^ +[0-9]+[KMGT]?B |refreshes pausing|steps: hotline step static" \
+    "$OUT/bench_extra.log" | tail -34
   tar czf "$OUT/runs.tgz" -C /tmp/bench_gpu --exclude='checkpoints' --exclude='data' . 2>/dev/null
   return $code
 }

@@ -149,3 +149,33 @@ def test_trainer_plans_in_the_background_and_swaps_at_the_next_boundary(monkeypa
     assert torch.equal(coll.hot_ids, plan.ids) and not torch.equal(plan.ids, first)
     assert steps.stats()["refreshes"] == 1
     steps.close()
+
+
+@pytest.mark.parametrize("kind", ["rowwise_adagrad", "adam"])
+def test_a_refresh_to_a_hot_set_of_the_same_size_keeps_the_tensors(kind: str) -> None:
+    """A hot set of the size held is copied into the hot tier's tensors (what a captured
+    Hotline step reads by address stays valid: no capture again); another size makes
+    new ones and says so (``storage_version``). Training stays exact either way."""
+    tables, kjts, ups, a, _, ref, coll = _two_collections(kind)
+    seen = touched(tables, kjts)
+    gen = torch.Generator().manual_seed(5)
+    # the same number of hot rows per table as a, other rows (a shuffled draw of the seen ones)
+    same_size = {n: ids[torch.randperm(ids.numel(), generator=gen)[:a[n].numel()]].sort().values
+                 for n, ids in seen.items()}
+    smaller = {n: ids[: max(ids.numel() // 2, 1)] for n, ids in seen.items()}
+    hot = coll.hot
+    for i, (kjt, up) in enumerate(zip(kjts, ups)):
+        _step((ref, coll), kjt, up)
+        addresses = [hot.weight.data_ptr(), hot.ids.data_ptr(), *(t.data_ptr() for t in hot.state.values())]
+        version, before = hot.storage_version, coll.export_tables()
+        if i == 0:
+            coll.refresh(coll.plan_refresh(profile_of(tables, same_size)))
+            assert set(coll.hot_ids.tolist()) == _stacked(coll, same_size) != _stacked(coll, a)
+            assert hot.storage_version == version
+            assert [hot.weight.data_ptr(), hot.ids.data_ptr(), *(t.data_ptr() for t in hot.state.values())] \
+                == addresses
+        if i == 1:
+            coll.refresh(coll.plan_refresh(profile_of(tables, smaller)))
+            assert hot.storage_version == version + 1 and hot.weight.data_ptr() != addresses[0]
+        assert_same_tables(coll.export_tables(), before)  # nothing changed by a swap
+    assert_same_tables(coll.export_tables(), ref.export_tables())

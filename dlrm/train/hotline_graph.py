@@ -18,8 +18,11 @@ Here the whole step is one replay; only what needs the host stays outside:
 The buffers are embeddings/hotline/static_step.py's: every shape is the batch's (N
 lookups, F*B bags, C = N cold rows), so one capture serves every split of a
 same-shaped batch. Another shape (an epoch's short last batch) runs that step
-eager. A refresh (hotline.refresh_every) loads new hot-tier tensors: the next step
-captures again (``captures`` counts them).
+eager. A refresh (hotline.refresh_every) of a hot set the same size copies the new
+rows into the hot tier's tensors (embeddings/hotline/hot_tier.py, ``load``): the graph,
+which reads them by address, replays on; one of another size (a budget the profile
+does not fill yet) makes new tensors, and the next step captures again (``captures``
+counts them).
 
 Exact as the eager step (tests/test_hotline_graph.py): the same lookups, sums,
 updates, and the host tier's order of reads and writes (a gather of step t+1
@@ -76,11 +79,11 @@ class HotlineGraph:
         self.capture, self.batch_size = capture, batch_size
         self.static: Batch | None = None
         self.graph: torch.cuda.CUDAGraph | None = None
-        self.version: object = None  # the hot set the graph was captured against
+        self.version: object = None  # the hot tier's tensors the graph was captured on
         self.loss: torch.Tensor | None = None
         self.failed: str | None = None
         self.steps = self.replays = self.captures = self.eager = 0
-        self.capture_s = 0.0  # seconds the captures took (each refresh's is a pause of the run)
+        self.capture_s = 0.0  # seconds the captures took (a recapture is a pause of the run)
         if capture:
             tensor_lrs(dense_opt)
 
@@ -98,9 +101,9 @@ class HotlineGraph:
 
     def run(self, part: Batch, split: DeviceSplit, cold: Any, step: int) -> torch.Tensor | None:
         """One step on ``part`` (on the device; its ``split``; its cold rows as the
-        Hotline pass hands them): buffers loaded, the graph replayed (captured first,
-        or again after a refresh); the cold gradient sent home. The step's summed loss,
-        or None where the capture failed (this step then runs eager)."""
+        Hotline pass hands them): buffers loaded, the graph replayed (captured first, or
+        again after a refresh that made new hot-tier tensors); the cold gradient sent
+        home. The step's summed loss, or None where the capture failed (then eager)."""
         rows = _cold_rows(cold)
         if self.static is None:
             weight = self.embeddings.hot.weight  # in the tables' type, as the host rows
@@ -113,7 +116,7 @@ class HotlineGraph:
         if not self.capture:
             self.dense_opt.zero_grad(set_to_none=True)
             loss = self.body(static)
-        elif self.graph is None or self.version != self.embeddings.hot_version:
+        elif self.graph is None or self.version != self.embeddings.hot.storage_version:
             loss = self._capture(step)
             if loss is None:
                 return None
@@ -138,7 +141,7 @@ class HotlineGraph:
             self.say(f"warning: hotline.graph_step: {self.failed}; the step runs eager")
             torch.cuda.synchronize()
             return None
-        self.graph, self.version = graph, self.embeddings.hot_version
+        self.graph, self.version = graph, self.embeddings.hot.storage_version
         self.captures += 1
         self.capture_s += time.perf_counter() - t0
         graph.replay()

@@ -100,11 +100,29 @@ class HotTier(nn.Module):
         self.kept: list[KVGradient] = []
         self._state_names: list[str] = []
         self._ids_on: dict[torch.device, torch.Tensor] = {}
+        # loads that made new tensors (not copied into those held: see ``load``)
+        self.storage_version = 0
 
     def load(self, ids: torch.Tensor, weight: torch.Tensor, state: dict[str, torch.Tensor]) -> None:
         """Hold rows ``weight`` [H, D] of stacked ``ids`` [H] (sorted), with ``state``.
         On the Triton path per-table scalars (Adam's step, the rounding step) move to the
-        weight's device, where the update kernel reads and counts them."""
+        weight's device, where the update kernel reads and counts them.
+
+        A hot set of the size, types and devices held (a refresh under a budget the
+        profile fills: the usual case) is copied into the tensors held, so what reads
+        them by address (a captured Hotline step, dlrm/train/hotline_graph.py) stays
+        valid; otherwise new tensors are held and ``storage_version`` moves on."""
+        on_device = self.on_triton() if hasattr(self, "weight") else False
+        state = {n: t.to(weight.device) if on_device else t for n, t in state.items()}
+        if self._fits_held(ids, weight, state):
+            self.ids.copy_(ids)
+            self._ids_on = {}
+            self.weight.data.copy_(weight)
+            for name, tensor in state.items():
+                self.get_buffer(f"optim_{name}").copy_(tensor)
+            self._row_map.copy_(self._full_rows(ids))
+            return
+        self.storage_version += 1
         self.register_buffer("ids", ids, persistent=False)
         # Copies of the hot ids on other devices where ids may arrive (the trainer
         # classifies on the hot tier's device; callers may classify host batches):
@@ -118,6 +136,14 @@ class HotTier(nn.Module):
         self.register_buffer("_row_map", self._full_rows(ids), persistent=False)
         for name in ("_sr_feature_keys", "_sr_feature_col0", "_overflow_counts"):
             self.register_buffer(name, self.get_buffer(name).to(weight.device), persistent=False)
+
+    def _fits_held(self, ids: torch.Tensor, weight: torch.Tensor, state: dict[str, torch.Tensor]) -> bool:
+        """Whether ``load``'s tensors have the shapes, types and devices of those held."""
+        if not hasattr(self, "weight") or set(state) != set(self._state_names):
+            return False
+        pairs = [(ids, self.ids), (weight, self.weight.data),
+                 *((t, self.get_buffer(f"optim_{n}")) for n, t in state.items())]
+        return all(a.shape == b.shape and a.dtype == b.dtype and a.device == b.device for a, b in pairs)
 
     def _full_rows(self, stacked: torch.Tensor) -> torch.Tensor:
         """The full-table row of each stacked id (no tables given: one table from row 0)."""
