@@ -241,6 +241,26 @@ def test_choose_hot_rows_ranks_globally_within_budget() -> None:
     assert assert_rows(choose_hot_rows(counts, tables, opt, 0), {"t0": [], "t_shared": [], "t2": []})
 
 
+def test_kept_rows_fill_the_room_the_counted_rows_leave() -> None:
+    """``keep`` (a refresh's hot rows now): after every counted row, whatever its
+    count, in table and row order, within the budget; with no room, no kept row."""
+    tables = tables_fixture()
+    opt = SparseAdam()
+    per_row = row_bytes(tables[0], opt)
+    counts = {t.name: torch.zeros(t.rows, dtype=torch.int64) for t in tables}
+    counts["t0"][10] = 1
+    counts["t2"][3] = 7
+    keep = {"t0": torch.tensor([2, 10]), "t_shared": torch.tensor([5, 1]), "t2": torch.tensor([6])}
+    hot = choose_hot_rows(counts, tables, opt, budget_bytes=4 * per_row, keep=keep)
+    # counted: t2's 3 (7), t0's 10 (1, kept too); then kept unseen: t0's 2, t_shared's 1, 5, t2's 6
+    assert assert_rows(hot, {"t0": [2, 10], "t_shared": [1], "t2": [3]})
+    hot = choose_hot_rows(counts, tables, opt, budget_bytes=10**9, keep=keep)
+    assert assert_rows(hot, {"t0": [2, 10], "t_shared": [1, 5], "t2": [3, 6]})
+    hot = choose_hot_rows(counts, tables, opt, budget_bytes=2 * per_row, keep=keep)
+    alone = choose_hot_rows(counts, tables, opt, budget_bytes=2 * per_row)  # no room: as without keep
+    assert assert_rows(hot, {k: v.tolist() for k, v in alone.items()})
+
+
 def test_profile_save_load_roundtrip(tmp_path) -> None:
     tables = tables_fixture()
     counts = {t.name: torch.arange(t.rows, dtype=torch.int64) % 3 for t in tables}

@@ -54,8 +54,10 @@ def test_static_hotline_step_equals_ordinary_training(tiny_data, tmp_path: Path,
 
 @pytest.mark.slow
 def test_static_hotline_step_with_refreshes_equals_ordinary_training(tiny_data, tmp_path: Path) -> None:
-    """hotline.refresh_every loads new hot-tier tensors between static steps (on a GPU:
-    each refresh captures the step again)."""
+    """hotline.refresh_every swaps the hot set between static steps. Each set keeps its
+    size (the rows hot now fill what the 2-step window leaves of the budget) and is
+    copied into the hot tier's tensors: on a GPU the step is captured once and replays
+    across the refreshes."""
     steps = ("train.max_steps=8", "optim.sparse=rowwise_adagrad", "optim.dense=adam")
     run(tiny_data, tmp_path / "plain", *steps, "data.batch_size=32")
     summary = run(tiny_data, tmp_path / "hot", *steps, *STATIC, "hotline.refresh_every=2")
@@ -63,6 +65,8 @@ def test_static_hotline_step_with_refreshes_equals_ordinary_training(tiny_data, 
                         tolerance("rowwise_adagrad"))
     assert summary["hotline"]["refreshes"] >= 2
     assert summary["step_mode"].startswith("hotline step static: 5 steps"), summary["step_mode"]
+    if DEVICE.type == "cuda":
+        assert "captured 1x" in summary["step_mode"], summary["step_mode"]
 
 
 def test_graph_step_on_says_why_it_runs_eager(tiny_data, tmp_path: Path) -> None:

@@ -179,3 +179,29 @@ def test_a_refresh_to_a_hot_set_of_the_same_size_keeps_the_tensors(kind: str) ->
             assert hot.storage_version == version + 1 and hot.weight.data_ptr() != addresses[0]
         assert_same_tables(coll.export_tables(), before)  # nothing changed by a swap
     assert_same_tables(coll.export_tables(), ref.export_tables())
+
+
+def test_a_short_refresh_window_keeps_the_hot_set_at_its_size(tiny_data, tmp_path, monkeypatch) -> None:
+    """A refresh every 2 steps sees about half the rows the budget holds: the rows hot
+    now fill the room (choose_hot_rows' ``keep``), so the hot set keeps its size, each
+    refresh is copied into the hot tier's tensors (a captured step replays on) and
+    the budget stays used. Before, the set shrank to the window's rows (2,352 to
+    about 1,250 rows here) and every refresh made new tensors."""
+    from embeddings.hotline.hot_tier import HotTier
+    from tests.test_hotline_train import run
+
+    loads: list[tuple[int, int]] = []
+    load = HotTier.load
+
+    def recorded(self, ids, weight, state):
+        before = self.storage_version
+        load(self, ids, weight, state)
+        loads.append((ids.numel(), self.storage_version - before))
+
+    monkeypatch.setattr(HotTier, "load", recorded)
+    summary = run(tiny_data, tmp_path / "hot", "train.max_steps=8", "optim.sparse=rowwise_adagrad",
+                  "embeddings.placement=hotline", "hotline.budget=160KB", "hotline.refresh_every=2",
+                  "data.batch_size=32")
+    assert summary["hotline"]["refreshes"] == 3 and len(loads) == 4, loads
+    first, *refreshes = loads
+    assert first[1] == 1 and all(r == (first[0], 0) for r in refreshes), loads

@@ -540,7 +540,9 @@ class HotlineSteps:
         optimizer = make_sparse_optimizer(self.cfg.optim.sparse, self.cfg.optim.eps,
                                           self.cfg.embeddings.state_dtype)
         budget = parse_size(self.cfg.hotline.budget) or 0
-        plan = self.embeddings.plan_refresh(HotProfile.build(counts, self.tables, optimizer, budget))
+        # the rows hot now fill what room the window's rows leave (choose_hot_rows)
+        profile = HotProfile.build(counts, self.tables, optimizer, budget, keep=self.embeddings.hot_rows())
+        plan = self.embeddings.plan_refresh(profile)
         self.embeddings.prefetch_entering(plan)  # after this step's queued host update
         return plan
 

@@ -180,6 +180,10 @@ class MixedHotlineCollection(PerDtype):
     def parts(self) -> list[EmbeddingCollection]:
         return list(self.groups)
 
+    def hot_rows(self) -> dict[str, torch.Tensor]:
+        """The hot set now, per table: its sorted row ids (every group's tables)."""
+        return {name: rows for g in self.groups for name, rows in g.hot_rows().items()}
+
     def hot_ids_by_group(self) -> list[torch.Tensor]:
         """Each group's hot set (stacked ids in the group's own stacking, sorted)."""
         return [ids for g in self.groups for ids in g.hot_ids_by_group()]

@@ -81,17 +81,29 @@ def choose_hot_rows(
     tables: list[TableSpec],
     optimizer: SparseOptimizer,
     budget_bytes: int,
+    keep: dict[str, torch.Tensor] | None = None,
 ) -> dict[str, torch.Tensor]:
     """The most-accessed rows over all tables whose bytes fit ``budget_bytes``.
 
     Rows are taken in ranking order (count desc, then table order, then row id)
-    until the next one would exceed the budget; zero-count rows are never hot.
+    until the next one would exceed the budget; zero-count rows are never hot, but
+    those of ``keep`` (per table, row ids: a refresh's hot rows now), which fill the
+    room the counted rows leave, after every counted row, in table and row order. A
+    refresh's window of steps may see fewer rows than the budget holds (bench_gpu's
+    30 steps: 333k distinct rows for a 500k-row budget): without ``keep`` the hot set
+    would shrink to them, leaving budget unused and the hot tier's size changing.
     Returns per table the sorted hot row ids (int64, possibly empty).
 
-    Only the rows counted at least once are ranked (a sort of them, not of every row
-    of every table): memory and time follow the rows seen, not the tables' size.
+    Only the rows counted at least once (and those of ``keep``) are ranked (a sort of
+    them, not of every row of every table): memory and time follow the rows seen, not
+    the tables' size.
     """
-    rows = [torch.nonzero(counts[t.name]).squeeze(1) for t in tables]  # ascending row ids
+    rows = []
+    for t in tables:
+        seen_rows = torch.nonzero(counts[t.name]).squeeze(1)  # ascending row ids
+        kept = keep.get(t.name) if keep is not None else None
+        rows.append(seen_rows if kept is None or kept.numel() == 0
+                    else torch.unique(torch.cat([seen_rows, kept.to(torch.int64).cpu()])))
     table_idx = torch.cat([torch.full((r.numel(),), i, dtype=torch.int64) for i, r in enumerate(rows)])
     row_id = torch.cat(rows)
     seen = torch.cat([counts[t.name][r].to(torch.int64) for t, r in zip(tables, rows, strict=True)])
@@ -124,8 +136,10 @@ class HotProfile:
         tables: list[TableSpec],
         optimizer: SparseOptimizer,
         budget_bytes: int,
+        keep: dict[str, torch.Tensor] | None = None,
     ) -> HotProfile:
-        hot = choose_hot_rows(counts, tables, optimizer, budget_bytes)
+        """The hot set ``counts`` choose (``keep``: see ``choose_hot_rows``)."""
+        hot = choose_hot_rows(counts, tables, optimizer, budget_bytes, keep)
         summary = {
             t.name: {
                 "lookups": int(counts[t.name].sum()),

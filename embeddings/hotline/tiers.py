@@ -210,6 +210,15 @@ class HotlineEmbeddingCollection(EmbeddingCollection):
         self._hot_ids_host = stacked.cpu()
         self.hot_version += 1
 
+    def hot_rows(self) -> dict[str, torch.Tensor]:
+        """The hot set now, per table: its sorted row ids (of the table, not stacked)."""
+        ids = self._hot_ids_host
+        out = {}
+        for t in self.tables:
+            start = self.row_offsets[t.name]
+            out[t.name] = ids[(ids >= start) & (ids < start + t.rows)] - start
+        return out
+
     def hot_ids_by_group(self) -> list[torch.Tensor]:
         """The hot set: its stacked ids, sorted (one group)."""
         return [self._hot_ids_host.clone()]
