@@ -339,3 +339,26 @@ def test_the_update_writes_the_rows_the_next_gather_reads_first(monkeypatch) -> 
         assert torch.equal(mine, tensor), name
     steps.close()
     ref_steps.close()
+
+
+def test_a_static_steps_cold_gradient_outlives_its_buffer() -> None:
+    """``receive_rows`` is handed a view of the static step's ``cold_grad`` buffer, which
+    the next step's backward writes again while the host update of this one may still
+    read it (the update's second part runs after the next gather is let go). The tier
+    takes its own copy (on CUDA the D2H copy; on the CPU, where moving home is no copy,
+    a clone): the update applies the rows as they were when sent."""
+    applied = []
+    for overwrite in (False, True):
+        coll, _, _ = _setup(False)
+        tier = coll.tier
+        dim = tier.collection.dim
+        ids = torch.tensor([1, 5, 9])
+        buffer = torch.arange(4 * dim, dtype=torch.float32).view(4, dim) / 100
+        coll.set_lr(0.5)
+        tier.receive_rows(ids, buffer[:3])
+        if overwrite:  # the next static step's backward, before the update ran
+            buffer.fill_(1e6)
+        tier.step()
+        tier.wait_updates()
+        applied.append(tier.collection.weight.detach().clone())
+    torch.testing.assert_close(applied[1], applied[0], rtol=0, atol=0)

@@ -270,7 +270,12 @@ class LocalHostTier:
     # ------------------------------------------------------------------ updates
     def receive_rows(self, host_ids: torch.Tensor, rows: torch.Tensor) -> None:
         """A captured step's cold gradient, ``rows`` [U, D] on the device (of
-        ``host_ids``, in their order): home as a backward's would go (``_receive``)."""
+        ``host_ids``, in their order): home as a backward's would go (``_receive``).
+        ``rows`` views the static step's buffer, which the next step's backward writes
+        again while this step's host update may still read it: on CUDA the D2H copy is
+        the tier's own, on the CPU (moving home is no copy there) it is cloned."""
+        if rows.device.type != "cuda":
+            rows = rows.clone()
         self._receive(host_ids, KVGradient(host_ids, rows))
 
     def _receive(self, host_ids: torch.Tensor, grad: KVGradient) -> None:
