@@ -108,8 +108,9 @@ class HotTier(nn.Module):
         On the Triton path per-table scalars (Adam's step, the rounding step) move to the
         weight's device, where the update kernel reads and counts them.
 
-        A hot set of the size, types and devices held (a refresh under a budget the
-        profile fills: the usual case) is copied into the tensors held, so what reads
+        A hot set of the size, types and devices held (a refresh once the budget is
+        full: the rows hot now fill what room a window leaves, profile.choose_hot_rows's
+        ``keep``) is copied into the tensors held, so what reads
         them by address (a captured Hotline step, dlrm/train/hotline_graph.py) stays
         valid; otherwise new tensors are held and ``storage_version`` moves on."""
         on_device = self.on_triton() if hasattr(self, "weight") else False
