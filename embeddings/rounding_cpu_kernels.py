@@ -11,7 +11,7 @@ a kernel compiles, so the cache would not see an edit to them from the kernel's 
 it sees it from the stamp of this file (mtime and size), which drops every kernel's
 entry: keep the helpers in this file.
 
-Importing this module does not need numba (the GPU machine's image has none): then the
+Importing this module does not need numba (an image without it): then the
 functions stay plain Python, and nothing calls them (``rounding_cpu.available()``).
 """
 

@@ -86,13 +86,17 @@ export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
   "$PY" -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__,
 "cuda", torch.version.cuda, torch.cuda.get_device_name() if torch.cuda.is_available() else "NO CUDA")'
   "$PY" -c 'import triton; print("triton", triton.__version__)'
+  # half tables' host-side rounding (Hotline's cold tier) is numba-compiled where numba
+  # imports, else torch ops ~7x slower (embeddings/rounding.py): hotline_bf16_tables' 0.864x
+  # of fp32 at 153cd2f would be that if numba is missing (the image list of 2026-11-17 has it)
+  "$PY" -c 'import numba; print("numba", numba.__version__)' 2>/dev/null || echo "numba none"
   # cores as the reader's and the fit's scaling targets count them (16 vCPUs may be 8 cores
   # x 2 threads), and the shared memory the decode workers' slots live in
   echo "cpus $(nproc) | $(lscpu 2>/dev/null | grep -E '^(Model name|Thread\(s\) per core|Core\(s\) per socket|Socket\(s\))' | tr -s ' ' | paste -sd '|')"
   echo "shm $(df -h /dev/shm 2>/dev/null | tail -1)"
   git log -1 --format='commit %H %s' 2>/dev/null || echo "commit ${DLRM_COMMIT:-unknown: call with DLRM_COMMIT=\$(git rev-parse --short HEAD) from the checkout}"
 } >"$OUT/env.txt" 2>&1
-grep -E "^(python|triton|commit|cpus|shm)|NVIDIA H" "$OUT/env.txt"
+grep -E "^(python|triton|numba|commit|cpus|shm)|NVIDIA H" "$OUT/env.txt"
 
 mode=${1:-tests}
 [ $# -gt 0 ] && shift
