@@ -12,8 +12,11 @@ from dataclasses import dataclass
 
 import torch
 
+from tests import triton_interpreter
+
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+    triton_interpreter.install()  # one language patch per launch (see there)
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
