@@ -35,6 +35,9 @@ def test_share_counts_timed_steps_only_and_warns_above_ten_percent() -> None:
     assert meter.summary()["data_wait_share"] == (0.1 + 0.3) / 2
     warning = meter.reader_warning()
     assert warning is not None and "reader" in warning and "20%" in warning
+    near = _meter([0.9, 0.9, 0.104, 0.104])
+    near.close_span()
+    assert "10.4% of step time" in (near.reader_warning() or "")
     quiet = _meter([0.9, 0.9, 0.1, 0.1])
     quiet.close_span()
     assert quiet.data_wait_share == 0.1 and quiet.reader_warning() is None
@@ -98,3 +101,31 @@ def test_cuda_device_idle_sees_queued_work() -> None:
     assert not meter.device_idle()
     torch.cuda.synchronize()
     assert meter.device_idle()
+
+
+def test_a_resumed_run_warms_up_again(tiny_data, tmp_path, monkeypatch) -> None:
+    """The warm-up is a run's first steps, resumed runs included: a resume's first
+    steps (the reader's first window, cold caches) were timed when the meter counted
+    global steps (a 31-step resume of a 470-step run said 61% data wait and named the
+    reader; counted from its own start, the same resume is warm-up then timed steps)."""
+    from dlrm.config import load_config
+    from dlrm.train.trainer import train
+    from tests.conftest import TINY, tiny_overrides
+
+    seen: list[int] = []
+    add_step = Meter.add_step
+    monkeypatch.setattr(Meter, "add_step", lambda self, step, *rest: seen.append(step) or add_step(self, step, *rest))
+
+    def run(steps: int) -> tuple[dict, list[str]]:
+        said: list[str] = []
+        cfg = load_config(TINY, tiny_overrides(**{"data.train": tiny_data["train"], "data.eval": "",
+                                                  "train.max_steps": steps, "train.timing_warmup": 2}))
+        return train(cfg, tmp_path / "run", echo=said.append), said
+
+    run(4)
+    resumed, said = run(6)  # 2 steps: both warm-up
+    assert seen == [1, 2, 3, 4, 1, 2]
+    assert resumed["samples_per_s"] == 0.0
+    assert any("(2 in this run), all within the train.timing_warmup=2 untimed ones" in s for s in said), said
+    resumed, said = run(9)  # 3 steps: 2 warm-up, 1 timed
+    assert seen[6:] == [1, 2, 3] and resumed["samples_per_s"] > 0

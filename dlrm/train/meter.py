@@ -173,7 +173,9 @@ class Meter:
         if share <= READER_WARN_SHARE:
             return None
         idle = " with the device idle" if self.info.device.type == "cuda" else ""
-        return (f"warning: the Parquet reader is the bottleneck: {share:.0%} of step time "
+        # 10.4% as "10.4%": "10% ... (above 10%)" read as a contradiction
+        pct = f"{share:.1%}" if round(share * 100) == round(READER_WARN_SHARE * 100) else f"{share:.0%}"
+        return (f"warning: the Parquet reader is the bottleneck: {pct} of step time "
                 f"waited for input batches{idle} (above {READER_WARN_SHARE:.0%})")
 
     def window_loss(self) -> float:

@@ -393,7 +393,10 @@ class Trainer:
             self.progress.step_in_epoch = first + len(batches)
             if self.trace:
                 self.trace.write(self.progress, first, batches)
-            self.meter.add_step(self.progress.global_step, done.rows, t_fetch,
+            # counted from this invocation's first step: a resumed run's first steps (the
+            # reader's first window, caches) are its warm-up too, not timed steps (with the
+            # global step they were, and a 31-step resume said 61% data wait: the reader named)
+            self.meter.add_step(self.progress.global_step - self.first_step, done.rows, t_fetch,
                                 wait, done.inside_s, done.dense_update_s, idle)
             bar.update(1)
             stop = self._on_schedule(bar, preemption.signum)
