@@ -281,7 +281,7 @@ def test_tables_that_cannot_fit_name_table_rank_and_bytes() -> None:
     left = 150 * MB - slice_ - need
     msg = (
         f"table t2 needs {format_bytes(need)} on rank 0 but only {format_bytes(left)} "
-        f"is left of {format_bytes(150 * MB)}"
+        f"is left of {format_bytes(150 * MB)} (short by {format_bytes(need - left)})"
     )
     with pytest.raises(PlanError) as e:
         auto_plan(tables, 2, SGD, batch_size=batch, memory_per_rank=150 * MB)

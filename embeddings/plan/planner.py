@@ -73,9 +73,12 @@ class _Ranks:
             need = self.est.memory(s, tp.sharding)
             left = self.left(s.rank)
             if need.total > left:
+                # the shortfall said too: need and room often print alike ("needs 1.3 GiB
+                # ... only 1.3 GiB is left", bench_gpu.yaml at 2 ranks of 4GB)
                 raise PlanError(
                     f"table {s.table}{note} needs {format_bytes(need.total)} on rank {s.rank} "
-                    f"but only {format_bytes(max(left, 0))} is left of {format_bytes(self.budget)}"
+                    f"but only {format_bytes(max(left, 0))} is left of {format_bytes(self.budget)} "
+                    f"(short by {format_bytes(need.total - max(left, 0))})"
                 )
             self.memory[s.rank] = self.memory[s.rank] + need
             self.cost[s.rank] += self.est.cost(s, tp.sharding)
