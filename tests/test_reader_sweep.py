@@ -16,6 +16,7 @@ import pytest
 from dlrm.bench.reader_sweep import (
     AVAZU_COLUMNS,
     MAX_COPIES,
+    WINDOWS_PER_WORKER,
     avazu_files,
     copies_for,
     epoch_rate,
@@ -77,9 +78,17 @@ def test_format_workers_ratios() -> None:
 
 
 def test_copies_give_each_worker_eight_windows() -> None:
-    assert copies_for(16, 0) == 1 and copies_for(16, 1) == 1 and copies_for(16, 2) == 1
-    assert copies_for(16, 4) == 2 and copies_for(16, 16) == 8  # the GPU session's 16 windows
-    assert copies_for(4, 4) == 8 and copies_for(1, 16) == MAX_COPIES
+    window = 65536
+    gpu_set = 16 * window  # the GPU session's set: 16 whole windows
+    assert copies_for(gpu_set, window, 0) == 1 and copies_for(gpu_set, window, 1) == 1
+    assert copies_for(gpu_set, window, 2) == 1 and copies_for(gpu_set, window, 4) == 2
+    assert copies_for(gpu_set, window, 16) == 8 and copies_for(window, window, 16) == MAX_COPIES
+    # 200,000 rows are 3.05 windows, not 4: 6 copies hold 18.3 (9 a worker at 2 workers);
+    # 4 copies held 12.2 (the bench on configs/tiny.yaml said "6 windows a worker")
+    assert copies_for(200_000, window, 2) == 6
+    for rows, workers in ((200_000, 2), (100_000, 3), (gpu_set, 16), (70_000, 4)):
+        copies = copies_for(rows, window, workers)
+        assert copies * rows // window >= WINDOWS_PER_WORKER * workers or copies == MAX_COPIES
 
 
 def test_a_replicated_set_is_read_whole_each_copy(tmp_path: Path) -> None:

@@ -71,17 +71,20 @@ def _sweep(files: list[str], schema: Any, batch_size: int, workers: list[int],
         warm = epoch_rate(paths, sch, batch_size, 0, p, shuffle_buffer=shuffle_buffer, prefetch=prefetch)
         result[name] = {}
         for w in workers:
-            copies = copies_for(warm["windows"], w)
+            copies = copies_for(warm["rows"], warm["window_rows"], w)
             rate = epoch_rate(replicated(paths, copies, out / "copies" / name), sch, batch_size, w, p,
                               shuffle_buffer=shuffle_buffer, prefetch=prefetch)
             result[name][str(w)] = {**rate, "copies": copies}
     return result
 
 
-def copies_for(windows: int, workers: int) -> int:
-    """Copies of a set of ``windows`` windows an epoch that give ``workers`` workers
-    ``WINDOWS_PER_WORKER`` windows each (1 for 0 workers; at most ``MAX_COPIES``)."""
-    return max(1, min(MAX_COPIES, -(-WINDOWS_PER_WORKER * workers // max(windows, 1))))
+def copies_for(rows: int, window_rows: int, workers: int) -> int:
+    """Copies of a set of ``rows`` rows (windows of ``window_rows``) that give ``workers``
+    workers ``WINDOWS_PER_WORKER`` whole windows each (1 for 0 workers; at most
+    ``MAX_COPIES``). Counted in rows: a set of 3.05 windows is no 4 (a partial last
+    window): 4 copies of it hold 13 windows, 6 a worker at 2 workers, not 8."""
+    need = WINDOWS_PER_WORKER * workers * window_rows
+    return max(1, min(MAX_COPIES, -(-need // max(rows, 1))))
 
 
 def replicated(files: list[str], copies: int, out: Path) -> list[str]:
