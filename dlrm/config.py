@@ -189,6 +189,10 @@ class HotlineConfig:
     profile_fraction: float = 0.05  # share of the training batches profiled at start
     profile_seconds: float = 60.0  # profiling time bound
     refresh_every: int = 0  # steps; re-choose the hot rows from the batches since (0 = never)
+    # room the budget has left once every counted row is hot takes rows no profile saw,
+    # the smallest tables first (a budget over the tables holds every row); false keeps
+    # them on the host (the device memory left unused)
+    fill_unseen: bool = True
     pipeline: bool = True  # gather cold rows on a host thread while the step's hot side runs
     # The step is one pass per mini-batch: the dense model (MLPs, interaction, loss) runs
     # once over it, the cold rows gathered while the hot lookups and the bottom MLP run.

@@ -43,7 +43,7 @@ DEVICE_RTOL = 1e-4  # CUDA against CPU, or two CUDA runs (atomics): see the modu
 STEPS = 12
 OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad", "adam")
 STRATEGIES = ("table_wise", "column_wise", "row_wise", "data_parallel")
-HOTLINE = ("embeddings.placement=hotline", "hotline.budget=1MB")
+HOTLINE = ("embeddings.placement=hotline", "hotline.budget=1MB", "hotline.fill_unseen=false")
 
 # A popular micro-batch that keeps the GPU busy (wide MLPs, batch 4096) beside a
 # non-popular one with cold rows: 1500KB of hot rows chosen from every training batch

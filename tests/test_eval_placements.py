@@ -23,7 +23,7 @@ from tests.multiprocess import run_ranks
 
 STEPS = ("train.max_steps=6", "train.log_every=3")
 # About a third of tiny's rows are hot (26 tables x 1000 rows x 68 bytes): both tiers serve.
-HOTLINE = ("embeddings.placement=hotline", "hotline.budget=560KB")
+HOTLINE = ("embeddings.placement=hotline", "hotline.budget=560KB", "hotline.fill_unseen=false")
 TORCHREC = ("embeddings.backend=torchrec",)
 # Every strategy in one plan; the other tables go where the planner puts them.
 PINS = ("embeddings.plan={C1: {sharding: table_wise, ranks: [1]}, C2: {sharding: column_wise}, "

@@ -199,7 +199,9 @@ def test_counts_add_in_place_and_equal_bincount() -> None:
 
 def test_choose_hot_rows_equals_a_ranking_of_every_row() -> None:
     """Ranking only the rows seen equals ranking every row of every table by (count
-    desc, table order, row id) and taking them while the budget holds (ties included)."""
+    desc, table order, row id) and taking them while the budget holds (ties included);
+    once every seen row is taken, the unseen ones by (table rows, table order, row id),
+    each while it fits."""
     tables = tables_fixture()
     opt = SparseAdam()
     gen = torch.Generator().manual_seed(9)
@@ -207,13 +209,21 @@ def test_choose_hot_rows_equals_a_ranking_of_every_row() -> None:
               for t in tables}
     ranked = sorted(((-int(c), i, r) for i, t in enumerate(tables) for r, c in enumerate(counts[t.name].tolist())
                      if c > 0))
-    for budget in (0, 100, 1000, 3000, 10**9):
+    unseen = sorted((t.rows, i, r) for i, t in enumerate(tables) for r, c in enumerate(counts[t.name].tolist())
+                    if c == 0)
+    seen_bytes = sum(row_bytes(tables[i], opt) for _, i, _ in ranked)
+    for budget in (0, 100, 1000, 3000, seen_bytes - 1, seen_bytes, seen_bytes + 500, 10**9):
         want, used = {t.name: [] for t in tables}, 0
         for _, i, r in ranked:
             used += row_bytes(tables[i], opt)
             if used > budget:
                 break
             want[tables[i].name].append(r)
+        if used <= budget:  # every seen row taken: the room left takes unseen ones
+            for _, i, r in unseen:
+                if used + row_bytes(tables[i], opt) <= budget:
+                    used += row_bytes(tables[i], opt)
+                    want[tables[i].name].append(r)
         got = choose_hot_rows(counts, tables, opt, budget)
         assert {k: v.tolist() for k, v in got.items()} == {k: sorted(v) for k, v in want.items()}, budget
 
@@ -235,8 +245,12 @@ def test_choose_hot_rows_ranks_globally_within_budget() -> None:
     assert assert_rows(hot, {"t0": [10], "t_shared": [4, 7], "t2": []})
     hot = choose_hot_rows(counts, tables, opt, budget_bytes=2 * per_row)
     assert assert_rows(hot, {"t0": [10], "t_shared": [4], "t2": []})
-    hot = choose_hot_rows(counts, tables, opt, budget_bytes=10**9)  # zero counts never hot
-    assert assert_rows(hot, {"t0": [10, 20], "t_shared": [4, 7], "t2": [3]})
+    # every counted row hot, room for 9 more: the smallest table (t2, 7 rows) whole, then
+    # t_shared's (30 rows, before t0's 50) lowest unseen rows
+    hot = choose_hot_rows(counts, tables, opt, budget_bytes=(5 + 9) * per_row)
+    assert assert_rows(hot, {"t0": [10, 20], "t_shared": [0, 1, 2, 4, 7], "t2": list(range(7))})
+    hot = choose_hot_rows(counts, tables, opt, budget_bytes=10**9)  # a budget over the tables: every row
+    assert assert_rows(hot, {t.name: list(range(t.rows)) for t in tables})
     assert all(v.dtype == torch.int64 for v in hot.values())
     assert assert_rows(choose_hot_rows(counts, tables, opt, 0), {"t0": [], "t_shared": [], "t2": []})
 
@@ -254,8 +268,10 @@ def test_kept_rows_fill_the_room_the_counted_rows_leave() -> None:
     hot = choose_hot_rows(counts, tables, opt, budget_bytes=4 * per_row, keep=keep)
     # counted: t2's 3 (7), t0's 10 (1, kept too); then kept unseen: t0's 2, t_shared's 1, 5, t2's 6
     assert assert_rows(hot, {"t0": [2, 10], "t_shared": [1], "t2": [3]})
-    hot = choose_hot_rows(counts, tables, opt, budget_bytes=10**9, keep=keep)
+    hot = choose_hot_rows(counts, tables, opt, budget_bytes=6 * per_row, keep=keep)
     assert assert_rows(hot, {"t0": [2, 10], "t_shared": [1, 5], "t2": [3, 6]})
+    hot = choose_hot_rows(counts, tables, opt, budget_bytes=8 * per_row, keep=keep)  # then unseen rows
+    assert assert_rows(hot, {"t0": [2, 10], "t_shared": [1, 5], "t2": [0, 1, 3, 6]})
     hot = choose_hot_rows(counts, tables, opt, budget_bytes=2 * per_row, keep=keep)
     alone = choose_hot_rows(counts, tables, opt, budget_bytes=2 * per_row)  # no room: as without keep
     assert assert_rows(hot, {k: v.tolist() for k, v in alone.items()})

@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 __all__ = ["small_data"]  # the module-scoped data fixture, shared
 
 # Part of the touched rows fit: both micro-batches run on every rank.
-HOTLINE = ("embeddings.placement=hotline", "hotline.budget=560KB", "hotline.profile_fraction=0.5")
+HOTLINE = ("embeddings.placement=hotline", "hotline.budget=560KB", "hotline.profile_fraction=0.5", "hotline.fill_unseen=false")
 CASES = {
     "sgd_refresh": ("sgd", ("hotline.refresh_every=3",)),
     "adagrad": ("rowwise_adagrad", ()),

@@ -209,7 +209,7 @@ def test_two_rank_mixed_hotline_equals_one_process(optim: str) -> None:
             torch.testing.assert_close(a, b[start:end], rtol=1e-5, atol=1e-6)
 
 
-HOTLINE = {"embeddings.placement": "hotline", "hotline.budget": "1MB"}
+HOTLINE = {"embeddings.placement": "hotline", "hotline.budget": "1MB", "hotline.fill_unseen": False}
 MIXED = {"embeddings.dtypes.C1": "bf16", "embeddings.dtypes.C2": "fp16", "embeddings.dtypes.C3": "bf16"}
 
 

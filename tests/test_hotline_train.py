@@ -14,7 +14,7 @@ from dlrm.train.trainer import train
 from tests.conftest import TINY, tiny_overrides
 from tests.run_state import RTOL, assert_states_close, run_state
 
-HOTLINE = ("embeddings.placement=hotline", "hotline.budget=1MB")
+HOTLINE = ("embeddings.placement=hotline", "hotline.budget=1MB", "hotline.fill_unseen=false")
 
 
 def run(tiny_data, out: Path, *extra: str) -> dict:

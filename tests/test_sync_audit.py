@@ -90,7 +90,7 @@ def test_training_step_on_the_cuda_path_never_waits_for_the_device(
 # popular, a third with the mixed dtypes; bf16 alone: every sample), as 4MB did at 26 tables, batch 256;
 # three steps: the audited one (step 1) has a step before it (which split it ahead) and after it
 HOTLINE = ("embeddings.placement=hotline", "hotline.budget=768KB", "hotline.profile_fraction=1.0",
-           "train.max_steps=3")
+           "hotline.fill_unseen=false", "train.max_steps=3")
 
 
 def hotline_events(monkeypatch: pytest.MonkeyPatch, read: str) -> list[tuple[int, str]]:

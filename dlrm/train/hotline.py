@@ -114,7 +114,7 @@ def make_profile(
     )
     counts = sum_counts(counts, tables, info)
     optimizer = make_sparse_optimizer(cfg.optim.sparse, cfg.optim.eps, cfg.embeddings.state_dtype)
-    profile = HotProfile.build(counts, tables, optimizer, budget)
+    profile = HotProfile.build(counts, tables, optimizer, budget, fill=cfg.hotline.fill_unseen)
     if info.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
         profile.save(path)
@@ -140,10 +140,16 @@ def profile_lines(cfg: Config, profile: HotProfile, counts: dict[str, torch.Tens
         lines.append(f"warning: hotline.budget={cfg.hotline.budget} holds no hot row (the smallest takes "
                      f"{min(cost.values())} B: weights and optimizer state): every lookup goes to the host")
         return lines
-    seen = sum(int((c > 0).sum()) for c in counts.values())
-    if hot == seen:
-        unseen = sum(t.rows for t in tables) - seen
-        lines[0] += (f"; the budget holds every row the profile saw, the {unseen:,} it did not see "
+    if hits < lookups or not lookups:
+        return lines
+    seen, rows = sum(int((c > 0).sum()) for c in counts.values()), sum(t.rows for t in tables)
+    if hot == rows:
+        lines[0] += "; the budget holds every row of every table"
+    elif hot > seen:  # the room left filled with rows the profile did not see (fill_unseen)
+        lines[0] += (f"; the budget holds every row the profile saw and {hot - seen:,} it did not see "
+                     f"(the smallest tables' first), {rows - hot:,} stay on the host")
+    else:
+        lines[0] += (f"; the budget holds every row the profile saw, the {rows - seen:,} it did not see "
                      f"stay on the host" + ("" if cfg.hotline.refresh_every else
                                             " (hotline.refresh_every=N re-chooses from later batches)"))
     return lines
@@ -541,7 +547,8 @@ class HotlineSteps:
                                           self.cfg.embeddings.state_dtype)
         budget = parse_size(self.cfg.hotline.budget) or 0
         # the rows hot now fill what room the window's rows leave (choose_hot_rows)
-        profile = HotProfile.build(counts, self.tables, optimizer, budget, keep=self.embeddings.hot_rows())
+        profile = HotProfile.build(counts, self.tables, optimizer, budget, keep=self.embeddings.hot_rows(),
+                                   fill=self.cfg.hotline.fill_unseen)
         plan = self.embeddings.plan_refresh(profile)
         self.embeddings.prefetch_entering(plan)  # after this step's queued host update
         return plan
