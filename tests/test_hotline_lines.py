@@ -85,8 +85,8 @@ def test_the_line_counts_the_unseen_rows_a_budget_took_and_left() -> None:
     counts = {"a": torch.zeros(10, dtype=torch.int64), "b": torch.zeros(6, dtype=torch.int64)}
     counts["a"][[1, 2]] = torch.tensor([3, 1])
     for budget, says in ((2 * per_row + 1, "the 14 it did not see stay on the host"),
-                         (5 * per_row, "every row the profile saw and 3 it did not see (the smallest tables' "
-                                       "first), 11 stay on the host"),
+                         (5 * per_row, ("every row the profile saw and 3 it did not see (the smallest tables' "
+                                        "first), 11 stay on the host")),
                          (16 * per_row, "every row of every table")):
         cfg = load_config(TINY, ["embeddings.placement=hotline", f"hotline.budget={budget}",
                                  "hotline.refresh_every=0"])
