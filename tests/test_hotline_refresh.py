@@ -186,7 +186,8 @@ def test_a_short_refresh_window_keeps_the_hot_set_at_its_size(tiny_data, tmp_pat
     now fill the room (choose_hot_rows' ``keep``), so the hot set keeps its size, each
     refresh is copied into the hot tier's tensors (a captured step replays on) and
     the budget stays used. Before, the set shrank to the window's rows (2,352 to
-    about 1,250 rows here) and every refresh made new tensors."""
+    about 1,250 rows here) and every refresh made new tensors. ``fill_unseen`` off: its
+    fill would keep the size too, with unseen rows instead of the hot ones."""
     from embeddings.hotline.hot_tier import HotTier
     from tests.test_hotline_train import run
 
@@ -201,7 +202,7 @@ def test_a_short_refresh_window_keeps_the_hot_set_at_its_size(tiny_data, tmp_pat
     monkeypatch.setattr(HotTier, "load", recorded)
     summary = run(tiny_data, tmp_path / "hot", "train.max_steps=8", "optim.sparse=rowwise_adagrad",
                   "embeddings.placement=hotline", "hotline.budget=160KB", "hotline.refresh_every=2",
-                  "data.batch_size=32")
+                  "hotline.fill_unseen=false", "data.batch_size=32")
     assert summary["hotline"]["refreshes"] == 3 and len(loads) == 4, loads
     first, *refreshes = loads
     assert first[1] == 1 and all(r == (first[0], 0) for r in refreshes), loads

@@ -90,10 +90,9 @@ def choose_hot_rows(
     until the next one would exceed the budget. Zero-count rows come after: first
     those of ``keep`` (per table, row ids: a refresh's hot rows now), in table and
     row order, then, where room is still left, the others (``fill_unseen``; not with
-    ``fill`` false). A
-    refresh's window of steps may see fewer rows than the budget holds (bench_gpu's
-    30 steps: 333k distinct rows for a 500k-row budget): without ``keep`` the hot set
-    would shrink to them, leaving budget unused and the hot tier's size changing.
+    ``fill`` false). A refresh's window of steps may see fewer rows than the budget
+    holds (bench_gpu's 30 steps: 333k distinct rows for a 500k-row budget): ``keep``
+    holds the hot set at its size with the rows hot now, not with rows never seen.
     Returns per table the sorted hot row ids (int64, possibly empty).
 
     Only the rows counted at least once (and those of ``keep``) are ranked (a sort of
