@@ -216,21 +216,23 @@ def _run(share: list[Group], rows: list[int], job: tuple, split: Split) -> objec
     # held a shared counter's lock hung the other workers and this process for ever
     done = ctx.Array("q", max(len(jobs), 1), lock=False)
     merged: object = None
-    with ProcessPoolExecutor(len(jobs) or 1, mp_context=ctx, initializer=_count_rows_in,
-                             initargs=(done,)) as pool:
-        pending = [pool.submit(_do_in_slot, k, j) for k, j in enumerate(jobs)]
-        while bar is not None and not all(f.done() for f in pending):
-            wait(pending, timeout=0.25)
-            bar.update(sum(done) - bar.n)
-        for future in pending:
-            try:
+    # A worker killed (the OOM killer): a line, not a traceback, wherever the pool
+    # notices it: at a result, or at a submit when the first worker died at its start
+    try:
+        with ProcessPoolExecutor(len(jobs) or 1, mp_context=ctx, initializer=_count_rows_in,
+                                 initargs=(done,)) as pool:
+            pending = [pool.submit(_do_in_slot, k, j) for k, j in enumerate(jobs)]
+            while bar is not None and not all(f.done() for f in pending):
+                wait(pending, timeout=0.25)
+                bar.update(sum(done) - bar.n)
+            for future in pending:
                 result = future.result()
-            except BrokenProcessPool:  # killed (the OOM killer): a line, not a traceback
-                raise UserError(f"a fit worker process died (killed, perhaps for memory: try "
-                                f"fewer data.fit_workers than {split.workers})") from None
-            if isinstance(result, str):
-                return result
-            merged = _merge(merged, result)
+                if isinstance(result, str):
+                    return result
+                merged = _merge(merged, result)
+    except BrokenProcessPool:
+        raise UserError(f"a fit worker process died (killed, perhaps for memory: try "
+                        f"fewer data.fit_workers than {split.workers})") from None
     if bar is not None:
         bar.close()
     return merged if merged is not None else (Counted() if job[0] == "count" else {})

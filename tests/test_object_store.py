@@ -208,7 +208,8 @@ def test_fit_on_a_uri_equals_the_local_fit(store, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("spec, says", [
-    (f"s3://no-such-bucket-{os.getpid()}/train/", "no Parquet files found for 's3://no-such-bucket"),
+    # a bucket no test makes (named at run time: the same test id in every pytest-xdist worker)
+    ("s3://no-such-bucket-{pid}/train/", "no Parquet files found for 's3://no-such-bucket"),
     (f"s3://{BUCKET}/no/such/key/", f"no Parquet files found for 's3://{BUCKET}/no/such/key/'"),
     (f"s3://{BUCKET}/eval/day-*.parquet", f"no Parquet files found for 's3://{BUCKET}/eval/day-*.parquet'"),
     (f"s3://{BUCKET}/layout/hive", ("holds 1 other file(s), e.g. 000000_0; name them with a "
@@ -216,7 +217,7 @@ def test_fit_on_a_uri_equals_the_local_fit(store, tmp_path: Path) -> None:
 ])
 def test_a_missing_bucket_key_or_match_is_one_line(store, spec: str, says: str) -> None:
     with pytest.raises(DataError) as e:
-        expand_paths(spec)
+        expand_paths(spec.format(pid=os.getpid()))
     assert says in str(e.value) and "\n" not in str(e.value), str(e.value)
 
 

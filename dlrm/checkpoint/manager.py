@@ -77,6 +77,7 @@ from dlrm.checkpoint.readers import unread
 from dlrm.checkpoint.tables import load_embeddings, raise_first, save_embeddings, unwritable
 from dlrm.models.interface import RecModel
 from dlrm.parallel.distributed import DistInfo, all_gather_objects, barrier, broadcast_object
+from dlrm.train.optim import load_dense_state
 
 TABLES = "embeddings"  # RUN/checkpoints/step-N/embeddings/: the tables
 CHECKPOINTS = "checkpoints"  # RUN/checkpoints/step-NNNNNNNNN/
@@ -387,7 +388,7 @@ def load_checkpoint(
     try:
         model.restore(state, lambda t: load_embeddings(ckpt / TABLES, t, tables))
         if dense_opt is not None:
-            dense_opt.load_state_dict(state["dense_optimizer"])
+            load_dense_state(dense_opt, state["dense_optimizer"])
     except (KeyError, ValueError) as e:
         raise CheckpointError(f"checkpoint {ckpt} does not fit the model: {e}") from None
     torch.set_rng_state(state["rng"])

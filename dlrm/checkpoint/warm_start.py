@@ -67,6 +67,7 @@ from dlrm.checkpoint.row_map import RowMap, row_map, sides
 from dlrm.checkpoint.tables import blocks_to_load, raise_first, read_index
 from dlrm.models.interface import RecModel
 from dlrm.parallel.distributed import DistInfo, all_gather_objects, barrier, broadcast_object
+from dlrm.train.optim import load_dense_state
 from embeddings.interface import TableState
 
 CHUNK_ROWS = 1 << 16  # new rows mapped and gathered at a time
@@ -213,7 +214,7 @@ def _dense_state(ckpt: Path, meta: dict[str, Any], state: dict[str, Any],
     if there != here:
         return f"dense optimizer state initialised (optim.dense={there} there, {here} here)"
     try:
-        dense_opt.load_state_dict(state["dense_optimizer"])  # the step sets its lr from this config
+        load_dense_state(dense_opt, state["dense_optimizer"])  # the step sets its lr from this config
     except (KeyError, ValueError) as e:
         raise InitFromError(f"train.init_from: checkpoint {ckpt}: its dense optimizer state does "
                             f"not fit: {e}") from None

@@ -14,7 +14,8 @@ What makes a step capturable (else it runs eager, and ``auto`` says why once):
     kernels (tables of any dtypes, several too: embeddings/dtype_stacks.py routes
     them on the device; half optimizer state too), fused sparse updates (no
     accumulation), a dense optimizer that reads
-    its lr from a tensor (SGD, Adam), and the same shapes as the captured batch:
+    its lr from a tensor (SGD, Adam; Adagrad fused, where torch has its CUDA kernel:
+    dlrm/train/optim.py), and the same shapes as the captured batch:
     B samples and N ids (single-hot data always; multi-hot when N repeats) —
     another shape (an epoch's short last batch) runs that step eager.
 
@@ -33,6 +34,7 @@ import torch
 
 from data.batch import Batch
 from data.jagged import JaggedFeatures
+from dlrm.train.optim import capturable
 
 WARMUP = 3  # eager steps before the capture
 
@@ -46,7 +48,8 @@ def why_not(cfg: Any, device: torch.device, world_size: int) -> str | None:
         (cfg.embeddings.backend != "native", f"embeddings.backend={cfg.embeddings.backend}"),
         (cfg.embeddings.kernels == "torch", "embeddings.kernels=torch (its backward syncs)"),
         (not cfg.embeddings.fused or cfg.train.accumulate != 1, "unfused sparse updates"),
-        (cfg.optim.dense not in ("sgd", "adam"), f"optim.dense={cfg.optim.dense}"),
+        (not capturable(cfg.optim.dense, device),
+         f"optim.dense={cfg.optim.dense} (this torch has no fused CUDA {cfg.optim.dense})"),
         (cfg.data.on_error == "skip", "data.on_error=skip (batches of varying rows)"),
         (cfg.train.profile_steps > 0, "train.profile_steps (profiled steps run eager)"),
     ]

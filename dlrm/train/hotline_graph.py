@@ -43,6 +43,7 @@ import torch
 
 from data.batch import Batch
 from dlrm.train.graphs import capture, tensor_lrs
+from dlrm.train.optim import capturable
 from embeddings.hotline.lookups import HOT_ONLY, ColdInFlight, ColdRows
 from embeddings.hotline.split import DeviceSplit
 from embeddings.hotline.static_step import StaticLookups
@@ -60,7 +61,8 @@ def why_not(cfg: Any, embeddings: Any, world_size: int, capture: bool) -> str | 
         (one_group and not embeddings.on_triton(), "the hot tier is not on the Triton kernels"),
         (cfg.train.accumulate != 1, "train.accumulate > 1"),
         (cfg.train.precision != "fp32", f"train.precision={cfg.train.precision}"),
-        (capture and cfg.optim.dense not in ("sgd", "adam"), f"optim.dense={cfg.optim.dense}"),
+        (capture and not capturable(cfg.optim.dense, embeddings.hot_device),
+         f"optim.dense={cfg.optim.dense} (this torch has no fused CUDA {cfg.optim.dense})"),
         (cfg.data.on_error == "skip", "data.on_error=skip (batches of varying rows)"),
         (cfg.train.profile_steps > 0, "train.profile_steps (profiled steps run eager)"),
     ]

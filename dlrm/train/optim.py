@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from dlrm.config import Config
@@ -18,13 +20,55 @@ def build_dense_optimizer(cfg: Config, params: list[torch.nn.Parameter]) -> torc
 
 
 def implementation(kind: str, params: list[torch.nn.Parameter]) -> dict[str, bool]:
-    """On CUDA one fused kernel for SGD and Adam (torch's ``fused=True``), the
-    multi-tensor path for Adagrad (its fused kernel is CPU-only): a few launches for
-    all the MLPs' parameters instead of several per tensor. On the CPU torch's own
-    default, which the CPU results were checked with."""
+    """On CUDA one fused kernel (torch's ``fused=True``) for SGD, Adam, and Adagrad
+    where this torch has Adagrad's CUDA kernel (``fused_adagrad_runs``), else Adagrad's
+    multi-tensor path: a few launches for all the MLPs' parameters instead of several
+    per tensor. On the CPU torch's own default, which the CPU results were checked with."""
     if not params or not all(p.is_cuda for p in params):
         return {}
-    return {"foreach": True} if kind == "adagrad" else {"fused": True}
+    if kind == "adagrad" and not fused_adagrad_runs(params[0].device):
+        return {"foreach": True}
+    return {"fused": True}
+
+
+def capturable(kind: str, device: torch.device) -> bool:
+    """Whether a CUDA graph can hold ``kind``'s step on ``device``: fused SGD and Adam
+    (tensor lr; Adam ``capturable``), Adagrad when fused. Adagrad's multi-tensor path
+    reads its lr and step count on the host (``.item()``), which a capture refuses."""
+    return kind in ("sgd", "adam") or (kind == "adagrad" and fused_adagrad_runs(device))
+
+
+@functools.cache
+def fused_adagrad_runs(device: torch.device) -> bool:
+    """Whether torch's fused Adagrad runs on ``device`` with a tensor lr, as a captured
+    step calls it: one step of a one-element parameter. torch's CPU kernel is old; its
+    CUDA one came in 2025 (pytorch#153038), so an older torch raises here."""
+    try:  # a torch without the kernel: NotImplementedError; without CUDA: AssertionError
+        param = torch.nn.Parameter(torch.zeros(1, device=device))
+        param.grad = torch.ones(1, device=device)
+        torch.optim.Adagrad([param], lr=torch.tensor(0.1, device=device), fused=True).step()
+    except (RuntimeError, NotImplementedError, AssertionError):
+        return False
+    return True
+
+
+# A group's implementation of its step: this process's choice, not the checkpoint's.
+IMPLEMENTATION = ("fused", "foreach", "capturable", "lr")
+
+
+def load_dense_state(opt: torch.optim.Optimizer, saved: dict) -> None:
+    """``opt.load_state_dict(saved)`` keeping ``opt``'s implementation: torch takes a
+    group's ``fused``, ``foreach``, ``capturable`` and lr from the saved one, so a CPU
+    run's checkpoint resumed on CUDA stepped SGD by torch's loop (which reads a tensor
+    lr on the host: no capture holds it) and a CUDA run's ran CUDA's fused path on the
+    CPU. The lr is set by the step from the schedule; its type (a tensor where a graph
+    reads it) stays this process's. The step counts move where this implementation
+    keeps them (torch's load puts a fused or capturable group's on the device)."""
+    groups = saved["param_groups"]
+    if len(groups) != len(opt.param_groups):
+        raise ValueError(f"{len(groups)} dense parameter groups saved, {len(opt.param_groups)} here")
+    kept = [{k: mine[k] for k in IMPLEMENTATION if k in mine} for mine in opt.param_groups]
+    opt.load_state_dict({**saved, "param_groups": [{**g, **k} for g, k in zip(groups, kept)]})
 
 
 def lr_factor(cfg: Config, step: int) -> float:

@@ -1,0 +1,83 @@
+"""The dense optimizer (dlrm/train/optim.py): which implementation a device takes,
+whether a CUDA graph can hold its step, and a resume that keeps this process's
+implementation whatever the checkpoint's was (tests/test_gpu.py: on CUDA, a graph of
+each dense optimizer replays as eager training runs)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from dlrm.config import load_config
+from dlrm.train import optim
+from dlrm.train.graphs import why_not
+from dlrm.train.optim import build_dense_optimizer, capturable, fused_adagrad_runs, load_dense_state
+from tests.conftest import TINY
+
+
+def test_the_probe_finds_the_fused_adagrad_this_torch_has() -> None:
+    """torch 2.13's CPU build has a fused CPU Adagrad that takes a tensor lr; no CUDA."""
+    assert fused_adagrad_runs(torch.device("cpu")) is True
+    assert fused_adagrad_runs(torch.device("cuda")) is torch.cuda.is_available()
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_dense_adagrad_is_captured_only_where_torch_fuses_it(monkeypatch, fused: bool) -> None:
+    """The default dense optimizer (adagrad) no longer rules out the CUDA graph where
+    torch has its fused CUDA kernel; where not, the reason says so."""
+    monkeypatch.setattr(optim, "fused_adagrad_runs", lambda device: fused)
+    cfg = load_config(TINY, ["embeddings.kernels=triton"])
+    assert cfg.optim.dense == "adagrad"
+    cuda = torch.device("cuda")
+    assert capturable("adagrad", cuda) is fused and capturable("sgd", cuda) and capturable("adam", cuda)
+    assert why_not(cfg, cuda, 1) == (None if fused else "optim.dense=adagrad (this torch has no fused CUDA adagrad)")
+
+
+def _stepped(make, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+    opt = make(params)
+    for p in params:
+        p.grad = torch.full_like(p, 0.5)
+    opt.step()
+    return opt
+
+
+@pytest.mark.parametrize("kind", ["sgd", "adagrad", "adam"])
+def test_a_resume_keeps_this_processs_implementation(kind: str) -> None:
+    """A checkpoint written by fused optimizers (a CUDA run's, its lr a tensor) loads
+    into this CPU process's default ones: the implementation stays (torch's load alone
+    made them fused, the lr a tensor) and the state comes over: the next step equals
+    the fused optimizer's own next step."""
+    cfg = load_config(TINY, [f"optim.dense={kind}"])
+    make = {"sgd": lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.5, fused=True),
+            "adagrad": lambda ps: torch.optim.Adagrad(ps, lr=0.1, eps=cfg.optim.eps, fused=True),
+            "adam": lambda ps: torch.optim.Adam(ps, lr=0.1, eps=cfg.optim.eps, fused=True)}[kind]
+    torch.manual_seed(0)
+    theirs = [torch.nn.Parameter(torch.randn(4, 3)), torch.nn.Parameter(torch.randn(3))]
+    there = _stepped(make, theirs)
+    saved = copy.deepcopy(there.state_dict())
+    saved["param_groups"][0]["lr"] = torch.tensor(0.1)  # a graphed run's lr is a tensor
+
+    mine = [copy.deepcopy(p) for p in theirs]
+    here = build_dense_optimizer(cfg, mine)
+    flags = {k: here.param_groups[0].get(k) for k in ("fused", "foreach", "capturable")}
+    load_dense_state(here, saved)
+    assert {k: here.param_groups[0].get(k) for k in flags} == flags
+    assert not isinstance(here.param_groups[0]["lr"], torch.Tensor)
+    here.param_groups[0]["lr"] = 0.1  # as the trainer's schedule sets it each step
+    for opt, params in ((there, theirs), (here, mine)):
+        for p in params:
+            p.grad = torch.full_like(p, -0.25)
+        opt.step()
+    for got, want in zip(mine, theirs, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7)
+
+
+def test_a_saved_state_of_other_groups_is_refused() -> None:
+    cfg = load_config(TINY, ["optim.dense=sgd"])
+    here = build_dense_optimizer(cfg, [torch.nn.Parameter(torch.zeros(2))])
+    two = torch.optim.SGD([{"params": [torch.nn.Parameter(torch.zeros(2))]},
+                           {"params": [torch.nn.Parameter(torch.zeros(2))]}], lr=0.1)
+    with pytest.raises(ValueError, match="2 dense parameter groups saved, 1 here"):
+        load_dense_state(here, two.state_dict())
