@@ -215,6 +215,12 @@ bench() {
     # hot tier's tensors: no capture again; the summary's refresh_pause_ms and captures)
     echo "== hotline_static, hotline.refresh_every=30"
     bench_part refresh 45 --engines hotline_static "$@" hotline.refresh_every=30
+    # the default dense optimizer (adagrad; bench_gpu.yaml's is sgd): graphed where torch
+    # fuses Adagrad on CUDA (dlrm/train/optim.py, since 832758d); before, always eager
+    # (eager SGD ran at 0.56x graphed SGD on the 2026-11-26 H200). Its step_mode says which ran.
+    echo "== native, optim.dense=adagrad (the default dense optimizer)"
+    bench_part adagrad 45 --engines native "$@" optim.dense=adagrad
+    grep -h '"step_mode"' /tmp/bench_gpu/adagrad/bench.json 2>/dev/null | head -1
     # then the A/Bs of this session's changes, each against the main rows above (same
     # machine, same run): the Triton backward before run segments, the graphs off
     echo "== native, DLRM_KERNEL_RUN_SEGMENT=1073741824 (the backward before segments: one program per whole run)"
@@ -240,7 +246,7 @@ bench() {
     echo "== native_fp16_tables, torch_baseline"
     bench_part extra 90 --engines native_fp16_tables,torch_baseline "$@"
   } >"$OUT/bench_extra.log" 2>&1
-  grep -E "^  [a-z_0-9]+@|FAILED|^==|budget|GB/s|^ +[0-9]+[KMGT]?B |refreshes pausing|steps: hotline step static" \
+  grep -E "^  [a-z_0-9]+@|FAILED|^==|budget|GB/s|^ +[0-9]+[KMGT]?B |refreshes pausing|steps: hotline step static|\"step_mode\"" \
     "$OUT/bench_extra.log" | tail -34
   tar czf "$OUT/runs.tgz" -C /tmp/bench_gpu --exclude='checkpoints' --exclude='data' . 2>/dev/null
   return $code
