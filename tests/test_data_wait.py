@@ -31,17 +31,29 @@ def _meter(waits: list[float], seconds: float = 1.0, warmup: int = 2) -> Meter:
 
 
 def test_share_counts_timed_steps_only_and_warns_above_ten_percent() -> None:
-    meter = _meter([0.9, 0.9, 0.1, 0.3])  # the first two are warm-up
-    assert meter.summary()["data_wait_share"] == (0.1 + 0.3) / 2
-    warning = meter.reader_warning()
+    meter = _meter([9, 9, 1, 3], seconds=10)  # the first two are warm-up
+    assert meter.summary()["data_wait_share"] == (1 + 3) / 20
+    warning = meter.reader_warning("more data.workers")
     assert warning is not None and "reader" in warning and "20%" in warning
-    near = _meter([0.9, 0.9, 0.104, 0.104])
+    assert warning.endswith("(above 10%); more data.workers")
+    near = _meter([9, 9, 1.04, 1.04], seconds=10)
     near.close_span()
     assert "10.4% of step time" in (near.reader_warning() or "")
-    quiet = _meter([0.9, 0.9, 0.1, 0.1])
+    quiet = _meter([9, 9, 1, 1], seconds=10)
     quiet.close_span()
     assert quiet.data_wait_share == 0.1 and quiet.reader_warning() is None
     assert _meter([0.5]).data_wait_share == 0.0  # no timed step yet
+
+
+def test_a_short_runs_waits_are_not_a_warning() -> None:
+    """20% of step time, but 0.4 s in all (the Avazu sample's 64 steps waited 0.1 s,
+    mostly at its two epochs' starts): nothing to act on."""
+    short = _meter([0.9, 0.9, 0.1, 0.3])
+    short.close_span()
+    assert short.data_wait_share == pytest.approx(0.2) and short.reader_warning() is None
+    longer = _meter([0.9, 0.9, *[0.2] * 6])  # 1.2 s in all
+    longer.close_span()
+    assert longer.reader_warning() is not None
 
 
 def test_rate_counts_the_wait_for_queued_work_not_the_steps_host_time() -> None:
@@ -129,3 +141,16 @@ def test_a_resumed_run_warms_up_again(tiny_data, tmp_path, monkeypatch) -> None:
     assert any("(2 in this run), all within the train.timing_warmup=2 untimed ones" in s for s in said), said
     resumed, said = run(9)  # 3 steps: 2 warm-up, 1 timed
     assert seen[6:] == [1, 2, 3] and resumed["samples_per_s"] > 0
+
+
+def test_the_warning_names_the_knob_with_this_runs_value() -> None:
+    from data.decode_workers import available_cores
+    from dlrm.config import load_config
+    from dlrm.train.inputs import reader_remedy
+    from tests.conftest import TINY
+
+    cores = available_cores()
+    none = reader_remedy(load_config(TINY, ["data.workers=0"]))
+    assert none == f"decode in worker processes beside the step: data.workers=N (0 in this run; {cores} cores here)"
+    two = reader_remedy(load_config(TINY, ["data.workers=2"]))
+    assert two == f"more data.workers where cores are free (2 in this run; {cores} cores here)"

@@ -242,3 +242,13 @@ def decode_workers(cfg: Config) -> int:
         return 0
     local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     return auto_workers(available_cores(), local_ranks, trainer_threads=1)
+
+
+def reader_remedy(cfg: Config) -> str:
+    """What the reader-bottleneck warning tells the user to change: the decode workers,
+    by what this run has and the cores this process may use."""
+    workers, cores = decode_workers(cfg), available_cores()
+    if workers == 0:
+        return (f"decode in worker processes beside the step: data.workers=N (0 in this run; "
+                f"{cores} cores here)")
+    return f"more data.workers where cores are free ({workers} in this run; {cores} cores here)"

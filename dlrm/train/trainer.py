@@ -81,7 +81,13 @@ from dlrm.train.host_memory import reuse_freed_memory
 from dlrm.train.hotline import HotlineSteps, make_profile
 from dlrm.train.hotline_graph import HotlineGraph
 from dlrm.train.hotline_graph import why_not as hotline_graph_why_not
-from dlrm.train.inputs import RunData, make_reader, resolve_data, resolve_shuffle_buffer
+from dlrm.train.inputs import (
+    RunData,
+    make_reader,
+    reader_remedy,
+    resolve_data,
+    resolve_shuffle_buffer,
+)
 from dlrm.train.lookahead import Lookahead
 from dlrm.train.meter import JsonLog, Meter
 from dlrm.train.optim import build_dense_optimizer, lr_factor
@@ -716,7 +722,7 @@ class Trainer:
         self.log.write(summary)
         self.log.close()
         self.say(json.dumps(summary))
-        warning = self.meter.reader_warning()
+        warning = self.meter.reader_warning(reader_remedy(self.cfg))
         if warning:
             self.say(warning)
         line = self._result_line(summary)
