@@ -137,7 +137,7 @@ def set_lrs(opt: torch.optim.Optimizer, lr: float) -> None:
 
 
 def tensor_lrs(opt: torch.optim.Optimizer) -> None:
-    """Each param group's lr as a device tensor (fused SGD and Adam read a tensor lr
+    """Each param group's lr as a device tensor (fused SGD, Adam and Adagrad read a tensor lr
     on the device), so a replay uses the lr of its step; and Adam's groups marked
     ``capturable`` (torch refuses to capture its step otherwise: the 2026-11-26 H200 run
     of the graph test). Set here, after a resume loaded the groups, so a checkpoint
