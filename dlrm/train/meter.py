@@ -178,8 +178,9 @@ class Meter:
         idle = " with the device idle" if self.info.device.type == "cuda" else ""
         # 10.4% as "10.4%": "10% ... (above 10%)" read as a contradiction
         pct = f"{share:.1%}" if round(share * 100) == round(READER_WARN_SHARE * 100) else f"{share:.0%}"
-        return (f"warning: the Parquet reader is the bottleneck: {pct} of step time "
-                f"waited for input batches{idle} (above {READER_WARN_SHARE:.0%})" + (f"; {remedy}" if remedy else ""))
+        line = (f"warning: the Parquet reader is the bottleneck: {pct} of step time "
+                f"waited for input batches{idle} (above {READER_WARN_SHARE:.0%})")
+        return f"{line}; {remedy}" if remedy else line
 
     def window_loss(self) -> float:
         """The loss summed since the last log line over all ranks (collective; the window
