@@ -20,15 +20,24 @@ def build_dense_optimizer(cfg: Config, params: list[torch.nn.Parameter]) -> torc
 
 
 def implementation(kind: str, params: list[torch.nn.Parameter]) -> dict[str, bool]:
-    """On CUDA one fused kernel (torch's ``fused=True``) for SGD, Adam, and Adagrad
-    where this torch has Adagrad's CUDA kernel (``fused_adagrad_runs``), else Adagrad's
-    multi-tensor path: a few launches for all the MLPs' parameters instead of several
-    per tensor. On the CPU torch's own default, which the CPU results were checked with."""
-    if not params or not all(p.is_cuda for p in params):
+    """torch's fused kernel (``fused=True``: one pass over each parameter, all the MLPs'
+    parameters in a few launches) wherever it pays and exists:
+
+        CUDA   SGD, Adam, and Adagrad where this torch has Adagrad's CUDA kernel
+               (``fused_adagrad_runs``; else its multi-tensor path)
+        CPU    Adam and Adagrad; SGD keeps torch's default (no faster fused)
+
+    On this 2-core CPU, bench.yaml's MLPs (2.29M parameters), one step: Adam 6.90 ms
+    by torch's default loop, 0.90 fused; Adagrad 1.80 and 0.73; SGD 0.46 either way."""
+    if not params:
         return {}
-    if kind == "adagrad" and not fused_adagrad_runs(params[0].device):
-        return {"foreach": True}
-    return {"fused": True}
+    if all(p.is_cuda for p in params):
+        if kind == "adagrad" and not fused_adagrad_runs(params[0].device):
+            return {"foreach": True}
+        return {"fused": True}
+    if all(p.device.type == "cpu" for p in params) and kind in ("adam", "adagrad"):
+        return {"fused": True}
+    return {}
 
 
 def capturable(kind: str, device: torch.device) -> bool:
