@@ -137,3 +137,49 @@ def test_hotline_ranks_on_the_triton_hot_tier_equal_one_process(small_data, tmp_
     rtol = RTOL.get("rowwise_adagrad", 1e-5) if DEVICE.type == "cpu" else 1e-4
     assert_states_close(run_state(run), run_state(ref), "hotline triton W=2", rtol)
     torch.testing.assert_close(losses(run), losses(ref), rtol=rtol, atol=1e-7)
+
+
+def _hot_gradient_ranks(rank: int, world_size: int) -> dict:
+    """Each rank builds the run's Hotline collection (dlrm.parallel) and shares a hot
+    gradient of its own; what the all-gathers went over comes back."""
+    import torch.distributed as dist
+
+    from data.schema import Schema, SparseFeature
+    from dlrm.config import load_config
+    from dlrm.parallel.distributed import DistInfo
+    from dlrm.parallel.parallelize import build_model
+    from embeddings.hotline.profile import HotProfile
+    from embeddings.kv import KVGradient
+
+    cfg = load_config(TINY, ["embeddings.placement=hotline", "optim.sparse=sgd"])
+    schema = Schema("label", ("I1",), (SparseFeature("C1", 50), SparseFeature("C2", 50)))
+    info = DistInfo(rank, world_size, rank, torch.device("cpu"), "gloo", timeout_s=60)
+    profile = HotProfile({"C1": torch.arange(0, 50, 2), "C2": torch.arange(10)}, {"C1": "C1", "C2": "C2"},
+                         budget_bytes=0)
+    embeddings = build_model(cfg, schema, info.device, info, profile).embeddings
+    hot, host_group = embeddings.hot, embeddings.tier.group
+    groups = []
+    gather = dist.all_gather
+
+    def spy(*args, group=None, **kwargs):
+        groups.append(group)
+        return gather(*args, group=group, **kwargs)
+
+    dist.all_gather = spy
+    try:  # slots 0 (both ranks), 1 + rank: rows of rank + 1
+        shared = hot.shared(KVGradient(torch.tensor([0, 1 + rank]), torch.full((2, 16), rank + 1.0)))
+    finally:
+        dist.all_gather = gather
+    return {"own_group": hot.group is not host_group and dist.get_backend(hot.group) == info.backend,
+            "over_hot_group": bool(groups) and all(g is hot.group for g in groups),
+            "ids": shared.ids.tolist(), "rows": shared.rows[:, 0].tolist()}
+
+
+def test_hot_gradients_are_all_gathered_on_the_replicas_own_group() -> None:
+    """The hot tier's replicas all-gather their gradients over a group of their own, of
+    the run's backend (NCCL on GPUs: the gradient stays on the device), not over the
+    host tier's gloo group; every rank gets the same merged gradient."""
+    results = run_ranks(2, _hot_gradient_ranks)
+    for r in results:
+        assert r["own_group"] and r["over_hot_group"], r
+        assert r["ids"] == [0, 1, 2] and r["rows"] == [3.0, 1.0, 2.0], r

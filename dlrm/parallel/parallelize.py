@@ -169,21 +169,23 @@ def hotline_embeddings(
 ) -> PooledEmbeddings:
     """Hot rows on ``device``, the rest in host memory (several ranks: the cold rows
     sharded over the ranks' host memory by the plan, reached on a gloo group of their
-    own, since their all-to-alls run on the host)."""
+    own, since their all-to-alls run on the host; the hot rows' replicas all-gather
+    their gradients on a group of the run's backend: NCCL on GPUs, no host trip)."""
     from embeddings.hotline.mixed import hotline_collection
 
     if hot_profile is None:
         raise ValueError("hotline placement needs a hot profile (dlrm.train.hotline.make_profile)")
-    plan = group = None
+    plan = group = hot_group = None
     if info is not None and info.world_size > 1:
         plan, _ = plan_from_config(cfg, schema, info.world_size)
         group = new_group(info, backend="gloo")
+        hot_group = new_group(info)
     # Kept (not fused) gradients: the popular and the non-popular micro-batch of a
     # mini-batch add up to one optimizer step.
     collection = hotline_collection(
         run_tables(cfg, schema), hot_profile, sparse_optimizer(cfg), fused=False, seed=seed,
         device=device, plan=plan, group=group, gather_threads=cfg.hotline.gather_threads, rounding_seed=cfg.seed,
-        kernels=cfg.embeddings.kernels,
+        kernels=cfg.embeddings.kernels, hot_group=hot_group,
     )
     if info is not None and info.world_size > 1:
         collection.grad_scale = pooled_grad_scale(cfg, info)

@@ -297,9 +297,6 @@ class LocalHostTier:
         else:
             self._kept.append((grad, ready))
 
-    def share_hot_gradient(self, grad: KVGradient) -> KVGradient:
-        return grad
-
     def has_kept(self) -> bool:
         return bool(self._kept)
 

@@ -3,8 +3,9 @@ host memory (cold rows sharded by the plan), with the hot tier replicated:
 
     rank r:  hot ids ──► hot_weight (replica) ──────────────────────► Σ hot part ─┐
              cold ids ──ids all-to-all──► owners' host shards ──pooled all-to-all─┴► pooled
-    step():  hot KV gradients all-gathered (every replica takes the same update);
-             the host tier applies its shards' kept gradients (sharded step)
+    step():  the hot tier all-gathers its gradients (every replica takes the same
+             update; its own group, hot_tier.py); the host tier applies its shards'
+             kept gradients (sharded step)
 
 The host side pools by sum: a mean divides by the WHOLE bag's length, hot and cold
 lookups together, after they are added up. Hot rows are read from their owners
@@ -28,7 +29,6 @@ from embeddings.hotline.split import MicroLookups
 from embeddings.kv import KVGradient
 from embeddings.optim import SparseOptimizer
 from embeddings.sharded import ShardedEmbeddingCollection
-from embeddings.sharding.data_parallel import allgather_kv
 from embeddings.table import Pooling, TableSpec
 
 if TYPE_CHECKING:
@@ -122,10 +122,6 @@ class ShardedHostTier:
         return pooled.reshape(batch, features * dim), micro.cold_local.numel()
 
     # ------------------------------------------------------------------ updates
-    def share_hot_gradient(self, grad: KVGradient) -> KVGradient:
-        synced = allgather_kv(KVGradient(grad.ids.cpu(), grad.rows.cpu()), self.group)
-        return KVGradient(synced.ids.to(grad.ids.device), synced.rows.to(grad.rows.device))
-
     def has_kept(self) -> bool:
         return False  # cold gradients are kept in the shards' stores
 

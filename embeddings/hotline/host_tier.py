@@ -66,10 +66,6 @@ class HostTier(Protocol):
         already. Cold gradients go home through autograd."""
         ...
 
-    def share_hot_gradient(self, grad: KVGradient) -> KVGradient:
-        """The hot-tier gradient every replica applies (several ranks: all-gathered)."""
-        ...
-
     def has_kept(self) -> bool:
         """Whether cold gradients are waiting for ``step``."""
         ...

@@ -65,7 +65,9 @@ class HotTier(nn.Module):
         super().__init__()
         self.kernels = KernelChoice(kernels)
         self.one_process = one_process
-        self.group = group  # several ranks: the replicas' group (the Triton update all-gathers)
+        # several ranks: the replicas' group, on the run's backend (NCCL on GPUs), over
+        # which the hot gradients are all-gathered (``shared``; Triton: ``gather_ranks``)
+        self.group = group
         self._parts: list[tuple[torch.Tensor, Bags]] = []  # Triton, kept: held micro-batches
         self._sources: list[tuple[DeviceSplit, int] | None] = []  # the split and group of each
         self._lr_on_device: torch.Tensor | None = None
@@ -341,6 +343,17 @@ class HotTier(nn.Module):
         first = torch.tensor(self._table_first_feature, device=infs.device)[table[rounding.overflow]]
         self._overflow_counts.index_add_(0, first.to(self._overflow_counts.device),
                                          infs.to(self._overflow_counts))
+
+    def shared(self, grad: KVGradient) -> KVGradient:
+        """The torch path's hot gradient every replica applies: this rank's ``grad`` in
+        one process; on several ranks every rank's, all-gathered over the replicas'
+        ``group`` (the run's backend: NCCL keeps it on the GPU, no trip through the
+        host) and merged, the same on every rank."""
+        if self.one_process:
+            return grad
+        from embeddings.sharding.data_parallel import allgather_kv
+
+        return allgather_kv(grad, self.group)
 
     def take(self) -> KVGradient:
         """The kept gradients merged (empty if none), then forgotten."""

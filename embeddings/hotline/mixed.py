@@ -152,6 +152,7 @@ class MixedHotlineCollection(PerDtype):
         gather_threads: int = 0,
         rounding_seed: int | None = None,
         kernels: str = "auto",
+        hot_group: dist.ProcessGroup | None = None,
     ) -> None:
         super().__init__()
         self.tables = list(tables)
@@ -170,7 +171,8 @@ class MixedHotlineCollection(PerDtype):
             part = None if plan is None else ShardingPlan(plan.world_size, {t.name: plan.tables[t.name] for t in mine})
             self.groups.append(HotlineEmbeddingCollection(
                 mine, profile, own, fused=fused, seed=seed, device=device, host=host, plan=part, group=group,
-                gather_threads=gather_threads, rounding_seed=rounding_seed, kernels=kernels))
+                gather_threads=gather_threads, rounding_seed=rounding_seed, kernels=kernels,
+                hot_group=hot_group))
             self.bases.append(rows)
             rows += sum(t.rows for t in mine)
         self.optimizer = self.groups[0].optimizer

@@ -87,7 +87,10 @@ class HotlineEmbeddingCollection(EmbeddingCollection):
 
     The host tier is a ``LocalEmbeddingCollection`` (one process) or, given a
     ``plan``, a ``ShardedEmbeddingCollection`` over ``group`` (``host``); it is kept
-    out of the module tree, so ``.to(device)`` moves the hot tier only.
+    out of the module tree, so ``.to(device)`` moves the hot tier only. The hot tier's
+    replicas all-gather their gradients over ``hot_group`` (default ``group``): the
+    run's own backend, so on GPUs they stay on the device while the cold rows'
+    collectives run on the host's gloo ``group``.
     """
 
     def __init__(
@@ -104,6 +107,7 @@ class HotlineEmbeddingCollection(EmbeddingCollection):
         gather_threads: int = 0,
         rounding_seed: int | None = None,
         kernels: str | KernelChoice = KernelChoice.AUTO,
+        hot_group: dist.ProcessGroup | None = None,
     ) -> None:
         """``rounding_seed`` (default ``seed``): of fp16/bf16 tables' stochastic rounding,
         in both tiers (embeddings/rounding.py). ``kernels``: the hot tier's lookups
@@ -138,7 +142,7 @@ class HotlineEmbeddingCollection(EmbeddingCollection):
         self._offsets_cache: dict[torch.device, torch.Tensor] = {}  # feature_offsets per device
         self._bag_offsets_cache: dict[tuple[torch.device, int], torch.Tensor] = {}
         self.hot = HotTier(optimizer, fused, self.tables, rounding_seed, kernels, one_process=plan is None,
-                           group=group)
+                           group=group if hot_group is None else hot_group)
         self._last: tuple[int, int, int, int, int] | None = None
         # a static step's cold gradient was sent: its hot rows are updated already
         self._static_done = False
@@ -435,7 +439,7 @@ class HotlineEmbeddingCollection(EmbeddingCollection):
         if self.hot.on_triton():  # one sort, one fused backward + update for both micro-batches
             self.hot.update_held()
         else:
-            self.hot.apply(self.tier.share_hot_gradient(self.hot.take()))
+            self.hot.apply(self.hot.shared(self.hot.take()))
         self.tier.step()
 
     def kv_gradients(self) -> dict[str, KVGradient]:
