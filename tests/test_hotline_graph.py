@@ -125,6 +125,21 @@ def test_static_hotline_step_with_bf16_tables_equals_ordinary_training(tiny_data
     assert summary["step_mode"].startswith("hotline step static: 2 steps"), summary["step_mode"]
 
 
+@pytest.mark.slow
+def test_static_hotline_step_under_bf16_autocast_equals_ordinary_training(tiny_data, tmp_path: Path) -> None:
+    """train.precision=bf16: the captured body runs the dense model under autocast, as
+    the eager step does (on a GPU: autocast entered and left inside the capture); the
+    lookups, their sums and updates stay fp32. Reference: ordinary training under the
+    same autocast (``precision_fallback=none``: this CPU emulates bf16)."""
+    steps = ("train.max_steps=5", "optim.sparse=rowwise_adagrad", "optim.dense=adam", "train.precision=bf16",
+             "train.precision_fallback=none")
+    run(tiny_data, tmp_path / "plain", *steps, "data.batch_size=32")
+    summary = run(tiny_data, tmp_path / "hot", *steps, *STATIC)
+    assert summary["step_mode"].startswith("hotline step static: 2 steps"), summary["step_mode"]
+    assert_states_close(run_state(tmp_path / "hot"), run_state(tmp_path / "plain"), "static hotline autocast",
+                        tolerance("rowwise_adagrad"))
+
+
 def test_the_buffers_are_made_for_a_full_batch_only() -> None:
     """A short batch (an epoch's last) reaching the first static step runs eager: buffers
     made from it would fit no full batch after it."""

@@ -60,7 +60,6 @@ def why_not(cfg: Any, embeddings: Any, world_size: int, capture: bool) -> str | 
         (not one_group, "tables of several dtypes (a hot tier per dtype)"),
         (one_group and not embeddings.on_triton(), "the hot tier is not on the Triton kernels"),
         (cfg.train.accumulate != 1, "train.accumulate > 1"),
-        (cfg.train.precision != "fp32", f"train.precision={cfg.train.precision}"),
         (capture and not capturable(cfg.optim.dense, embeddings.hot_device),
          f"optim.dense={cfg.optim.dense} (this torch has no fused CUDA {cfg.optim.dense})"),
         (cfg.data.on_error == "skip", "data.on_error=skip (batches of varying rows)"),
