@@ -77,7 +77,7 @@ PY=${PY:-python3}
 CONFIG=${CONFIG:-configs/bench_gpu.yaml}  # a dry run elsewhere: a small config
 # fixed after the 2026-11-26 H200 session (153cd2f), and the graph options it measured
 # and hotline.graph_step (2026-11-26, no GPU: tests/test_hotline_graph.py, captured here)
-NEW_TESTS=${NEW_TESTS:-"static_hotline or static_step or graph_replayed or (cuda_equals_cpu and adam and not single) or triton_hot_tier or prefetch or pinned or no_host_sync or scored_on_the_torch or graphed or cuda_device_idle or dense_optimizer_fused"}
+NEW_TESTS=${NEW_TESTS:-"static_hotline or static_step or graph_replayed or (cuda_equals_cpu and adam and not single) or triton_hot_tier or prefetch or pinned or no_host_sync or scored_on_the_torch or graphed or cuda_device_idle or dense_optimizer_fused or autocast"}
 NEW_FILES=${NEW_FILES:-"tests/test_hotline_graph.py tests/test_gpu.py tests/test_hotline_distributed.py tests/test_device_prefetch.py tests/test_dtype_stacks.py tests/test_eval_kernels.py tests/test_data_wait.py"}
 mkdir -p "$OUT"
 export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1

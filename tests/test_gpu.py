@@ -324,6 +324,25 @@ def test_hotline_with_the_dense_model_graphed_equals_eager(tiny_data, tmp_path: 
     cases.assert_runs_close(tmp_path / "g", tmp_path / "e", "hotline graph_dense vs eager", rtol=1e-5)
 
 
+@pytest.mark.parametrize("placement", ["native", "hotline"])
+def test_bf16_autocast_under_graphs_equals_eager(single_hot_data, tmp_path: Path, placement: str) -> None:
+    """train.precision=bf16 under the graphs: the native step captured whole, and
+    Hotline's dense halves (hotline.graph_dense, captured with the cast cache off), train
+    as the same runs eager. The same bf16 kernels: the tolerance leaves room for cuBLAS
+    picking another bf16 algorithm under capture, no more."""
+    bf16 = ("train.precision=bf16", "optim.dense=sgd")
+    if placement == "native":
+        on, off = ("train.cuda_graphs=on",), ("train.cuda_graphs=off",)
+    else:
+        on = (*cases.HOTLINE, "hotline.graph_dense=on", "hotline.graph_split=off")
+        off = (*cases.HOTLINE, "hotline.graph_dense=off", "hotline.graph_split=off")
+    graphed = cases.run(single_hot_data, tmp_path / "g", "cuda", *bf16, *on)
+    cases.run(single_hot_data, tmp_path / "e", "cuda", *bf16, *off)
+    assert ("graphs: captured" if placement == "native" else "dense model graphed") in graphed["step_mode"], \
+        graphed["step_mode"]
+    cases.assert_runs_close(tmp_path / "g", tmp_path / "e", f"{placement} bf16 autocast graphed vs eager", rtol=1e-3)
+
+
 def test_hotline_with_splits_and_dense_model_graphed_equals_eager(single_hot_data, tmp_path: Path) -> None:
     """hotline.graph_split and graph_dense on single-hot data (every split the captured
     shape): the splits replayed as CUDA graphs (two, in turn; dlrm/train/split_graphs.py)

@@ -45,7 +45,6 @@ def why_not(cfg: Any, device: torch.device, world_size: int) -> str | None:
         (device.type != "cuda", "no CUDA device"),
         (world_size > 1, "more than one process (DDP hooks the backward)"),
         (cfg.train.accumulate != 1, "train.accumulate > 1 (the graphs' gradient buffers hold one pass)"),
-        (cfg.train.precision != "fp32", f"train.precision={cfg.train.precision} (autocast)"),
         (cfg.data.on_error == "skip", "data.on_error=skip (batches of varying rows)"),
     ]
     return next((why for broken, why in reasons if broken), None)
@@ -58,14 +57,17 @@ class GraphedPart:
     ``static_in`` [i] is the buffer input i is copied into (``shared`` [i]: a tensor
     whose storage to use instead, as the head takes the bottom's output); inputs that
     ``needs_grad`` get gradients. ``graph``: the graph type (torch.cuda.CUDAGraph; a
-    test's stand-in) and ``capture(graph)`` its capture context.
+    test's stand-in) and ``capture(graph)`` its capture context. ``autocast`` (bf16 or
+    None): ``fn`` runs under it, at the warm-up and the capture alike (``under``).
     """
 
     def __init__(self, fn: Callable[..., torch.Tensor], params: list[nn.Parameter],
                  samples: list[torch.Tensor], needs_grad: list[bool],
                  shared: list[torch.Tensor | None] | None = None,
                  graph: Callable[[], Any] | None = None,
-                 capture: Callable[[Any], Any] | None = None) -> None:
+                 capture: Callable[[Any], Any] | None = None,
+                 autocast: torch.dtype | None = None) -> None:
+        fn = under(fn, samples[0].device.type, autocast)
         self.fn, self.params, self.needs_grad = fn, list(params), list(needs_grad)
         shared = shared or [None] * len(samples)
         self.static_in = [(s if s is not None else x.detach().clone()).requires_grad_(g)
@@ -131,11 +133,13 @@ class DenseGraphs:
 
     def __init__(self, arch: nn.Module, batch: int, num_dense: int, pooled_width: int,
                  device: torch.device, graph: Callable[[], Any] | None = None,
-                 capture: Callable[[Any], Any] | None = None) -> None:
+                 capture: Callable[[Any], Any] | None = None, autocast: torch.dtype | None = None) -> None:
+        """``autocast``: train.precision=bf16's dtype (None: fp32): each half captured
+        under it, as the eager arch runs under the trainer's."""
         self.batch = batch
         dense = torch.randn(batch, num_dense, device=device)
         self.bottom = GraphedPart(arch.bottom, list(arch.bottom.parameters()), [dense], [False],
-                                  graph=graph, capture=capture)
+                                  graph=graph, capture=capture, autocast=autocast)
         pooled = torch.randn(batch, pooled_width, device=device)
 
         def head(bottom: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
@@ -143,7 +147,8 @@ class DenseGraphs:
 
         head_params = [*arch.interaction.parameters(), *arch.top.parameters()]
         self.head = GraphedPart(head, head_params, [self.bottom.static_out, pooled], [True, True],
-                                shared=[self.bottom.static_out.detach(), None], graph=graph, capture=capture)
+                                shared=[self.bottom.static_out.detach(), None], graph=graph, capture=capture,
+                                autocast=autocast)
 
     def fits(self, dense: torch.Tensor) -> bool:
         return dense.shape[0] == self.batch
@@ -155,6 +160,22 @@ class DenseGraphs:
         if callable(pooled):
             pooled = pooled()
         return self.head(bottom, pooled).squeeze(1)
+
+
+def under(fn: Callable[..., torch.Tensor], device_type: str, dtype: torch.dtype | None
+          ) -> Callable[..., torch.Tensor]:
+    """``fn`` run under autocast to ``dtype`` (None: ``fn`` itself). The cast cache is
+    off, as torch's ``make_graphed_callables`` asks: a weight's bf16 copy cached at the
+    capture would be freed when the autocast region ends, and each replay must make its
+    own, inside the graph."""
+    if dtype is None:
+        return fn
+
+    def cast(*inputs: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(device_type, dtype=dtype, cache_enabled=False):
+            return fn(*inputs)
+
+    return cast
 
 
 def _cuda_capture(graph: torch.cuda.CUDAGraph) -> Any:

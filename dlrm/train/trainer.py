@@ -320,8 +320,9 @@ class Trainer:
             model: Any = self.model
             arch, emb = unwrap(model.dense_arch), model.embeddings
             try:
+                autocast = torch.bfloat16 if self.cfg.train.precision == "bf16" else None
                 arch.graphs = DenseGraphs(arch, self.cfg.data.batch_size, arch.bottom[0].in_features,
-                                          len(emb.features) * emb.dim, self.info.device)
+                                          len(emb.features) * emb.dim, self.info.device, autocast=autocast)
                 return ", dense model graphed (hotline.graph_dense)"
             except Exception as e:  # noqa: BLE001 - any capture error: the eager arch still works
                 arch.graphs = None
