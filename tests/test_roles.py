@@ -112,3 +112,29 @@ def test_converted_criteo_declares_its_columns_and_trains_without_the_warning(tm
     lines = header(cfg, schema, [path], [], None, "cpu", tmp_path / "run")
     assert not any(line.startswith("warning:") for line in lines)
     assert any("as the files declare (written by dlrm convert-criteo)" in line for line in lines)
+
+
+def test_columns_not_in_their_declared_role_are_named_in_one_warning(tmp_path: Path) -> None:
+    """A file changed after our writer declared its roles (a column cast, one dropped)
+    keeps the declaration: the header names each column trained otherwise, and why,
+    and the schema line no longer says "as the files declare" alone. The reference is
+    the declaration itself against what ``infer_schema`` made of the file."""
+    table = _user_table().drop(["age"])  # declared below, gone from the file
+    roles = Roles("label", ("spend", "city"), ("user_id", "clicks_7d", "age"), "dlrm convert-criteo")
+    table = table.set_column(table.schema.get_field_index("clicks_7d"), "clicks_7d",
+                             table["clicks_7d"].cast(pa.float64()))
+    path = _write(tmp_path / "f.parquet", table, roles)
+    schema = infer_schema([path])
+    assert "city" in [f.name for f in schema.sparse] and "clicks_7d" in schema.dense  # trained by type
+    lines = header(load_config(TINY, []), schema, [path], [], None, "cpu", tmp_path / "run")
+    (warning,) = [line for line in lines if line.startswith("warning: columns not in the role")]
+    assert ("city (declared dense, string: trained as sparse), clicks_7d (declared sparse, double: trained as "
+            "dense), age (declared sparse, not in the files)") in warning, warning
+    (schema_line,) = [line for line in lines if line.startswith("schema")]
+    assert schema_line.endswith("as the files declare (written by dlrm convert-criteo), but for 3 columns "
+                                "(the warning above)"), schema_line
+    # naming the roles is the way to say the change was meant: no warning
+    told = load_config(TINY, ["data.dense=[spend,clicks_7d]", "data.sparse=[user_id,city]"])
+    told_schema = infer_schema([path], dense=["spend", "clicks_7d"], sparse=["user_id", "city"])
+    assert not any(line.startswith("warning: columns not in the role")
+                   for line in header(told, told_schema, [path], [], None, "cpu", tmp_path / "run"))

@@ -91,6 +91,45 @@ def left_out_warning(schema: Schema, first_file: str, exclude: list[str] | None 
             "one, cast it to float (dense) or to int or string (sparse) in the Parquet files")
 
 
+def roles_off(cfg: Config, schema: Schema, first_file: str) -> list[str]:
+    """The columns whose role the files declare (data/roles.py) but that were not trained
+    in it, each with why: missing from the files, or of a type the role cannot take (a
+    string column declared dense becomes a sparse feature; a float one declared sparse,
+    a dense one). A file edited after our writer wrote it keeps the declaration. Empty
+    where data.dense or data.sparse name the roles, or the files declare none."""
+    if cfg.data.dense or cfg.data.sparse:
+        return []
+    arrow = footer(first_file).schema_arrow
+    roles = declared_roles(arrow)
+    if roles is None:
+        return []
+    sides = {"dense": set(schema.dense), "sparse": {f.name for f in schema.sparse}}
+    off = []
+    for declared, names in (("dense", roles.dense), ("sparse", roles.sparse)):
+        for name in names:
+            if name in (cfg.data.exclude or []) or name in sides[declared]:
+                continue
+            if arrow.get_field_index(name) < 0:
+                off.append(f"{name} (declared {declared}, not in the files)")
+                continue
+            other = "sparse" if declared == "dense" else "dense"
+            now = f"trained as {other}" if name in sides[other] else "left out"
+            off.append(f"{name} (declared {declared}, {type_name(arrow.field(name).type)}: {now})")
+    return off
+
+
+def roles_warning(cfg: Config, schema: Schema, first_file: str) -> str | None:
+    """One line naming ``roles_off``'s columns (without it the schema line said "as the
+    files declare" all the same), and the two ways out."""
+    off = roles_off(cfg, schema, first_file)
+    if not off:
+        return None
+    shown = ", ".join(off[:6]) + (f" and {len(off) - 6} more" if len(off) > 6 else "")
+    return (f"warning: columns not in the role the files declare: {shown}; if the files were changed "
+            "by mistake, write those columns back as declared; if on purpose, name the roles with "
+            "data.dense=[...] and data.sparse=[...] (that silences this)")
+
+
 def partition_warning(files: list[str]) -> str | None:
     """One line naming Hive partition keys (``date=2026-11-01/`` directories) whose column
     is not inside the files: nothing reads a directory name, so the column was dropped
@@ -113,8 +152,10 @@ def _ends(names: list[str]) -> list[str]:
 def _schema_line(cfg: Config, schema: Schema, first_file: str) -> str:
     given = [k for k, v in (("data.dense", cfg.data.dense), ("data.sparse", cfg.data.sparse)) if v]
     roles = None if given else declared_roles(footer(first_file).schema_arrow)
+    off = len(roles_off(cfg, schema, first_file)) if roles else 0
+    but = f", but for {off} column{'s' * (off != 1)} (the warning above)" if off else ""
     how = ("as given by " + " and ".join(given) if given else
-           f"as the files declare (written by {roles.written_by or 'a dlrm writer'})" if roles else
+           f"as the files declare (written by {roles.written_by or 'a dlrm writer'}){but}" if roles else
            "inferred from the footer: float, bool -> dense; integer, string, list -> sparse")
     multi = sum(f.multi_hot for f in schema.sparse)
     multi_text = f" ({multi} multi-hot)" if multi else ""
@@ -152,5 +193,5 @@ def header(cfg: Config, schema: Schema, train_files: list[str], eval_files: list
     lines += [("device", f"{device}, {cfg.train.precision}"),
               ("run", f"{run_dir} (full config: {run_dir / 'config.yaml'})")]
     warnings = [integer_warning(cfg, schema, first), left_out_warning(schema, first, cfg.data.exclude),
-                partition_warning(train_files)]
+                roles_warning(cfg, schema, first), partition_warning(train_files)]
     return [w for w in warnings if w] + [f"{k:<9}{v}" for k, v in lines]
