@@ -129,7 +129,7 @@ def test_columns_not_in_their_declared_role_are_named_in_one_warning(tmp_path: P
     lines = header(load_config(TINY, []), schema, [path], [], None, "cpu", tmp_path / "run")
     (warning,) = [line for line in lines if line.startswith("warning: columns not in the role")]
     assert ("city (declared dense, string: trained as sparse), clicks_7d (declared sparse, double: trained as "
-            "dense), age (declared sparse, not in the files)") in warning, warning
+            "dense), age (declared sparse, missing from f.parquet)") in warning, warning
     (schema_line,) = [line for line in lines if line.startswith("schema")]
     assert schema_line.endswith("as the files declare (written by dlrm convert-criteo), but for 3 columns "
                                 "(the warning above)"), schema_line

@@ -93,7 +93,7 @@ def left_out_warning(schema: Schema, first_file: str, exclude: list[str] | None 
 
 def roles_off(cfg: Config, schema: Schema, first_file: str) -> list[str]:
     """The columns whose role the files declare (data/roles.py) but that were not trained
-    in it, each with why: missing from the files, or of a type the role cannot take (a
+    in it, each with why: missing from the file the schema is read from, or of a type the role cannot take (a
     string column declared dense becomes a sparse feature; a float one declared sparse,
     a dense one). A file edited after our writer wrote it keeps the declaration. Empty
     where data.dense or data.sparse name the roles, or the files declare none."""
@@ -110,7 +110,7 @@ def roles_off(cfg: Config, schema: Schema, first_file: str) -> list[str]:
             if name in (cfg.data.exclude or []) or name in sides[declared]:
                 continue
             if arrow.get_field_index(name) < 0:
-                off.append(f"{name} (declared {declared}, not in the files)")
+                off.append(f"{name} (declared {declared}, missing from {Path(first_file).name})")
                 continue
             other = "sparse" if declared == "dense" else "dense"
             now = f"trained as {other}" if name in sides[other] else "left out"
