@@ -56,3 +56,61 @@ def test_auto_on_cpu_trains_eager_and_says_so(tiny_data, tmp_path: Path, capsys)
     assert main([*argv[:4], str(tmp_path / "run2"), *argv[5:], "train.cuda_graphs=on"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "train.cuda_graphs=on" in err and "no CUDA device" in err
+
+
+def _skip_data(root: Path) -> Path:
+    """8 batches of 32 single-hot rows, the 4th (step 3, the capture's) with a NaN
+    dense value: under data.on_error=skip that row is dropped, the batch short."""
+    import numpy as np
+
+    from tests.data_helpers import write_parquet
+
+    rng = np.random.default_rng(0)
+    n = 256
+    dense = rng.random(n).astype(np.float32)
+    dense[3 * 32 + 5] = np.nan
+    (root / "train").mkdir(parents=True)
+    write_parquet(root / "train" / "part.parquet", {
+        "label": rng.integers(0, 2, n).astype(np.float32), "I1": dense, "I2": rng.random(n).astype(np.float32),
+        "C1": rng.integers(0, 50, n), "C2": rng.integers(0, 50, n)}, row_group_size=64)
+    return root / "train"
+
+
+def test_a_skip_run_captures_on_a_full_batch_and_trains_as_eager(tmp_path: Path, monkeypatch) -> None:
+    """data.on_error=skip no longer keeps the step eager: a batch that lost rows has
+    another shape and runs eager, as an epoch's short last batch does. The capture
+    waits for a full batch: step 3, the first a capture may take, is short here, so the
+    graph is captured at step 4 (captured at 3 it would have the short shape, and every
+    full batch after it would run eager). Stand-in graphs (a replay runs the captured
+    body eagerly, as tests/test_dense_graphs.py's); reference: the same run eager, bit
+    for bit."""
+    from dlrm.train import graphs as graphs_module
+    from dlrm.train import trainer as trainer_module
+    from dlrm.train.trainer import train
+    from tests.graph_stand_in import StandInGraph
+    from tests.run_state import run_state
+
+    def stand_in(body, static, dense_opt):
+        dense_opt.zero_grad(set_to_none=True)
+        loss, graph = torch.zeros(()), StandInGraph()
+
+        def replayed() -> None:
+            dense_opt.zero_grad(set_to_none=True)  # a replay writes the graph's gradients anew
+            loss.copy_(body(static))
+
+        graph.body = replayed
+        return graph, loss
+
+    data = _skip_data(tmp_path / "data")
+    base = tiny_overrides(**{"data.train": data, "data.eval": "", "data.batch_size": 32, "data.shuffle": "false",
+                             "train.max_steps": 8, "optim.dense": "sgd", "data.on_error": "skip"})
+    assert why_not(load_config(TINY, base + ["embeddings.kernels=triton"]), torch.device("cuda"), 1) is None
+    eager = train(load_config(TINY, base + ["train.cuda_graphs=off"]), tmp_path / "eager", echo=lambda s: None)
+    monkeypatch.setattr(trainer_module, "graphs_why_not", lambda *a: None)
+    monkeypatch.setattr(graphs_module, "capture", stand_in)
+    graphed = train(load_config(TINY, base), tmp_path / "graphed", echo=lambda s: None)
+    assert graphed["step_mode"] == "graphs: captured at step 4, replayed 4 steps, 0 other-shape steps eager", \
+        graphed["step_mode"]
+    assert eager["step_mode"] == "eager (train.cuda_graphs=off)"
+    got, want = run_state(tmp_path / "graphed"), run_state(tmp_path / "eager")
+    assert [k for k in want if not torch.equal(got[k], want[k])] == []

@@ -45,7 +45,6 @@ def why_not(cfg: Any, device: torch.device, world_size: int) -> str | None:
         (device.type != "cuda", "no CUDA device"),
         (world_size > 1, "more than one process (DDP hooks the backward)"),
         (cfg.train.accumulate != 1, "train.accumulate > 1 (the graphs' gradient buffers hold one pass)"),
-        (cfg.data.on_error == "skip", "data.on_error=skip (batches of varying rows)"),
     ]
     return next((why for broken, why in reasons if broken), None)
 

@@ -17,7 +17,10 @@ What makes a step capturable (else it runs eager, and ``auto`` says why once):
     its lr from a tensor (SGD, Adam; Adagrad fused, where torch has its CUDA kernel:
     dlrm/train/optim.py), and the same shapes as the captured batch:
     B samples and N ids (single-hot data always; multi-hot when N repeats) —
-    another shape (an epoch's short last batch) runs that step eager.
+    another shape (an epoch's short last batch, a batch that ``data.on_error=skip``
+    dropped rows from) runs that step eager. The capture waits for a batch of the
+    run's batch size, so a short one at step WARMUP does not become the shape every
+    later step must have.
 
 The sparse lr is a device tensor the update kernel reads (``set_lr`` fills it) and
 the dense optimizer's lr is a device tensor too, filled before each replay: a
@@ -50,7 +53,6 @@ def why_not(cfg: Any, device: torch.device, world_size: int) -> str | None:
         (not cfg.embeddings.fused or cfg.train.accumulate != 1, "unfused sparse updates"),
         (not capturable(cfg.optim.dense, device),
          f"optim.dense={cfg.optim.dense} (this torch has no fused CUDA {cfg.optim.dense})"),
-        (cfg.data.on_error == "skip", "data.on_error=skip (batches of varying rows)"),
         (cfg.train.profile_steps > 0, "train.profile_steps (profiled steps run eager)"),
     ]
     return next((why for broken, why in reasons if broken), None)
@@ -60,10 +62,12 @@ class GraphedStep:
     """The captured step and its static buffers (see the module docstring)."""
 
     def __init__(self, body: Callable[[Batch], torch.Tensor], dense_opt: torch.optim.Optimizer,
-                 say: Callable[[str], None], required: bool) -> None:
+                 say: Callable[[str], None], required: bool, batch_size: int) -> None:
         """``body(batch)``: forward, backward, dense update of one batch; returns the
-        (unscaled) summed loss. ``required`` (cuda_graphs=on): a capture failure raises."""
+        (unscaled) summed loss. ``required`` (cuda_graphs=on): a capture failure raises.
+        ``batch_size``: the run's; the capture waits for a batch of that size."""
         self.body, self.dense_opt, self.say, self.required = body, dense_opt, say, required
+        self.batch_size = batch_size
         self.graph: torch.cuda.CUDAGraph | None = None
         self.static: Batch | None = None
         self.loss: torch.Tensor | None = None
@@ -78,6 +82,11 @@ class GraphedStep:
         return (s is not None and batch.size == s.size and batch.sparse.keys() == s.sparse.keys()
                 and batch.sparse.values().numel() == s.sparse.values().numel()
                 and tuple(batch.dense.shape) == tuple(s.dense.shape))
+
+    def can_capture(self, batch: Batch) -> bool:
+        """Whether to capture on ``batch``: none captured or failed yet, and it has the
+        run's batch size (not an epoch's short last batch, nor one with dropped rows)."""
+        return self.graph is None and self.failed is None and batch.size == self.batch_size
 
     def try_capture(self, batch: Batch, step: int) -> torch.Tensor | None:
         """Capture the step on ``batch`` (already on the device) and replay it once;

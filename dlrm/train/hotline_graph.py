@@ -62,7 +62,6 @@ def why_not(cfg: Any, embeddings: Any, world_size: int, capture: bool) -> str | 
         (cfg.train.accumulate != 1, "train.accumulate > 1"),
         (capture and not capturable(cfg.optim.dense, embeddings.hot_device),
          f"optim.dense={cfg.optim.dense} (this torch has no fused CUDA {cfg.optim.dense})"),
-        (cfg.data.on_error == "skip", "data.on_error=skip (batches of varying rows)"),
         (cfg.train.profile_steps > 0, "train.profile_steps (profiled steps run eager)"),
     ]
     return next((why for broken, why in reasons if broken), None)

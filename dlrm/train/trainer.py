@@ -286,7 +286,8 @@ class Trainer:
             if mode == "on":
                 raise ConfigError(f"train.cuda_graphs=on: the step cannot be captured here: {why}")
             return None, f"eager ({why})"
-        return GraphedStep(self._captured_body, self.dense_opt, self.say, required=mode == "on"), ""
+        return GraphedStep(self._captured_body, self.dense_opt, self.say, required=mode == "on",
+                           batch_size=self.cfg.data.batch_size), ""
 
     def _hotline_graph(self, mode: str) -> HotlineGraph | None:
         """hotline.graph_step (dlrm/train/hotline_graph.py): auto = captured where it can
@@ -489,7 +490,7 @@ class Trainer:
         assert graphs is not None
         self.model.begin_step(self.cfg.optim.sparse_lr * factor)  # fills the device lr
         part = batch.to(self.info.device, non_blocking=True)
-        if graphs.graph is None and graphs.failed is None:
+        if graphs.can_capture(part):
             loss = graphs.try_capture(part, self.progress.global_step)
         elif graphs.graph is not None and graphs.fits(part):
             loss = graphs.replay(part)
