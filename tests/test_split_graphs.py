@@ -87,6 +87,20 @@ def test_a_refresh_captures_again_and_another_shape_splits_eager() -> None:
     reference.close()
 
 
+def test_a_short_first_batch_is_not_the_captured_shape() -> None:
+    """The run's first mini-batch short (rows dropped by data.on_error=skip): it splits
+    eager and the capture waits for the next full one; captured on the short one,
+    every full batch after it would split eager."""
+    coll, _, _ = _setup(False)
+    steps, reference = _steps(coll), _steps(coll)
+    steps.split_graphs = GraphedSplits(coll, graph=StandInGraph, capture=stand_in_capture, batch=BATCH)
+    batches = [single_hot(coll, 0, batch=BATCH - 1)] + [single_hot(coll, s) for s in range(1, 4)]
+    compare_ahead(steps, reference, batches)
+    assert steps.split_graphs.captures == 1 and steps.split_graphs.replays == 3
+    steps.close()
+    reference.close()
+
+
 def test_where_graphs_cannot_split() -> None:
     from dlrm.config import load_config
     from tests.conftest import TINY
@@ -110,11 +124,12 @@ def test_graph_split_modes_where_graphs_can_run(monkeypatch, mode: str, graphed:
 
     monkeypatch.setattr(hotline, "split_graphs_why_not", lambda *a: None)
     monkeypatch.setattr(hotline, "GraphedSplits",
-                        lambda emb: GraphedSplits(emb, graph=StandInGraph, capture=stand_in_capture))
+                        lambda emb, **kw: GraphedSplits(emb, graph=StandInGraph, capture=stand_in_capture, **kw))
     coll, _, _ = _setup(False)
     lines: list[str] = []
     steps = hotline.HotlineSteps(SimpleNamespace(embeddings=coll),
-                                 load_config(TINY, ["hotline.budget=1KB", f"hotline.graph_split={mode}"]),
+                                 load_config(TINY, ["hotline.budget=1KB", f"hotline.graph_split={mode}",
+                                                    f"data.batch_size={BATCH}"]),
                                  say=lines.append)
     assert (steps.split_graphs is not None, lines) == (graphed, [])
     if graphed:  # and they do split

@@ -274,7 +274,7 @@ class HotlineSteps:
             return
         why = split_graphs_why_not(self.cfg, self.device, self.info.world_size)
         if why is None:
-            self.split_graphs = GraphedSplits(self.embeddings)
+            self.split_graphs = GraphedSplits(self.embeddings, batch=self.cfg.data.batch_size)
         elif mode == "on" and say is not None:
             say(f"warning: hotline.graph_split=on: splits run eager: {why}")
 

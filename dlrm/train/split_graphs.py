@@ -64,8 +64,11 @@ class GraphedSplits:
     SLOTS = 2
 
     def __init__(self, emb: Any, graph: Callable[[], Any] | None = None,
-                 capture: Callable[[Any], Any] | None = None) -> None:
-        self.emb = emb
+                 capture: Callable[[Any], Any] | None = None, batch: int | None = None) -> None:
+        """``batch``: the run's batch size; a (re)capture waits for a batch that has it
+        (not an epoch's short last one, nor one data.on_error=skip dropped rows from),
+        else every full batch after it would split eager. None: any batch."""
+        self.emb, self.batch = emb, batch
         self.graph_type = graph or torch.cuda.CUDAGraph
         self.capture = capture or _cuda_capture
         self.slots: list[_Slot] = []
@@ -80,6 +83,8 @@ class GraphedSplits:
         if self.failed is not None or sparse.keys() != list(self.emb.features):
             return None
         if self.version != self.emb.hot_version:  # first split, or a refresh: (re)capture
+            if self.batch is not None and sparse.stride() != self.batch:
+                return None  # captured at the next full batch
             self._capture(sparse)
             if self.failed is not None:
                 return None
