@@ -197,3 +197,37 @@ def test_static_step_with_no_hot_row_equals_ordinary_training(tiny_data, tmp_pat
                         tolerance("adam"))
     assert summary["hotline"]["hot_hit_rate"] == 0.0
     assert summary["step_mode"].startswith("hotline step static: 3 steps"), summary["step_mode"]
+
+
+@pytest.mark.slow
+def test_static_hotline_step_with_tables_of_several_dtypes_equals_ordinary_training(tiny_data, tmp_path: Path,
+                                                                                     monkeypatch) -> None:
+    """Per-table dtypes (embeddings.dtypes): a hot tier per dtype group, each with its own
+    static buffers (the cold rows in its type), lookup launch and fused update; the
+    groups' cold gradients sent home each to its host tier. Reference: ordinary
+    training with the same dtypes (the same stochastic rounding, keyed by full-table
+    coordinates). The body a graph would hold passes the sync audit: one lookup and
+    one update launch per group."""
+    audits: list[SyncAudit] = []
+    body = Trainer._captured_body
+
+    def audited(self, part):
+        with SyncAudit() as audit:
+            loss = body(self, part)
+        audits.append(audit)
+        return loss
+
+    steps = ("train.max_steps=5", "optim.sparse=rowwise_adagrad", "optim.dense=adam",
+             "embeddings.dtypes.C1=fp32", "embeddings.dtypes.C2=fp16", "embeddings.dtype=bf16")
+    run(tiny_data, tmp_path / "plain", *steps, "data.batch_size=32")
+    monkeypatch.setattr(Trainer, "_captured_body", audited)
+    summary = run(tiny_data, tmp_path / "hot", *steps, *STATIC)
+    assert audits and all(a.violations == [] for a in audits), [a.violations for a in audits]
+    assert all(a.ops["triton._two_tier_kernel"] == 3 and a.ops["triton._runs_kernel"] == 3 for a in audits)
+    hot = run_state(tmp_path / "hot")
+    assert (hot["tables.C1.weight"].dtype, hot["tables.C2.weight"].dtype, hot["tables.C3.weight"].dtype) == (
+        torch.float32, torch.float16, torch.bfloat16)
+    assert_states_close(hot, run_state(tmp_path / "plain"), "static hotline mixed dtypes", tolerance("rowwise_adagrad"))
+    assert summary["step_mode"].startswith("hotline step static: 2 steps"), summary["step_mode"]
+    stats = summary["hotline"]
+    assert stats["hot_hit_rate"] < 0.9 and stats["popular_share"] < 0.5  # every group's cold rows staged

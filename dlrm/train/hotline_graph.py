@@ -45,20 +45,16 @@ from data.batch import Batch
 from dlrm.train.graphs import capture, tensor_lrs
 from dlrm.train.optim import capturable
 from embeddings.hotline.lookups import HOT_ONLY, ColdInFlight, ColdRows
-from embeddings.hotline.split import DeviceSplit
-from embeddings.hotline.static_step import StaticLookups
+from embeddings.hotline.mixed import GroupCold
+from embeddings.hotline.split import DeviceSplit, JointSplit
 
 
 def why_not(cfg: Any, embeddings: Any, world_size: int, capture: bool) -> str | None:
     """Why this run's Hotline step cannot be static (None: it can), and ``capture``d
     (CUDA: the dense optimizer must read its lr from a tensor)."""
-    from embeddings.hotline.tiers import HotlineEmbeddingCollection
-
-    one_group = isinstance(embeddings, HotlineEmbeddingCollection)
     reasons = [
         (world_size > 1, "more than one process (the host tier's all-to-alls and DDP run eager)"),
-        (not one_group, "tables of several dtypes (a hot tier per dtype)"),
-        (one_group and not embeddings.on_triton(), "the hot tier is not on the Triton kernels"),
+        (not embeddings.on_triton(), "the hot tier is not on the Triton kernels"),
         (cfg.train.accumulate != 1, "train.accumulate > 1"),
         (capture and not capturable(cfg.optim.dense, embeddings.hot_device),
          f"optim.dense={cfg.optim.dense} (this torch has no fused CUDA {cfg.optim.dense})"),
@@ -96,18 +92,17 @@ class HotlineGraph:
             return False
         if s is None:  # not made from a short batch (an epoch's last): the full ones would not fit
             return batch.size == self.batch_size
-        return (s.sparse.fits(batch.size, len(batch.sparse.keys()), batch.sparse.values().numel())
-                and tuple(batch.dense.shape) == tuple(s.dense.shape))
+        return s.sparse.fits_batch(batch.sparse) and tuple(batch.dense.shape) == tuple(s.dense.shape)
 
-    def run(self, part: Batch, split: DeviceSplit, cold: Any, step: int) -> torch.Tensor | None:
-        """One step on ``part`` (on the device; its ``split``; its cold rows as the
-        Hotline pass hands them): buffers loaded, the graph replayed (captured first, or
-        again after a refresh that made new hot-tier tensors); the cold gradient sent
-        home. The step's summed loss, or None where the capture failed (then eager)."""
+    def run(self, part: Batch, split: DeviceSplit | JointSplit, cold: Any, step: int) -> torch.Tensor | None:
+        """One step on ``part`` (on the device; its ``split``, a ``JointSplit`` for
+        tables of several dtypes; its cold rows as the Hotline pass hands them): buffers
+        loaded, the graph replayed (captured first, or again after a refresh that made
+        new hot-tier tensors); the cold gradient sent home. The step's summed loss, or
+        None where the capture failed (then eager)."""
         rows = _cold_rows(cold)
-        if self.static is None:
-            weight = self.embeddings.hot.weight  # in the tables' type, as the host rows
-            lookups = StaticLookups.like(split, weight.shape[1], weight.dtype)
+        if self.static is None:  # StaticLookups, or MixedStatic: one per dtype group
+            lookups = self.embeddings.static_buffers(split)
             self.static = Batch(part.dense.clone(), lookups, part.labels.clone())
         static = self.static
         static.dense.copy_(part.dense, non_blocking=True)
@@ -116,7 +111,7 @@ class HotlineGraph:
         if not self.capture:
             self.dense_opt.zero_grad(set_to_none=True)
             loss = self.body(static)
-        elif self.graph is None or self.version != self.embeddings.hot.storage_version:
+        elif self.graph is None or self.version != self.embeddings.static_version:
             loss = self._capture(step)
             if loss is None:
                 return None
@@ -141,7 +136,7 @@ class HotlineGraph:
             self.say(f"warning: hotline.graph_step: {self.failed}; the step runs eager")
             torch.cuda.synchronize()
             return None
-        self.graph, self.version = graph, self.embeddings.hot.storage_version
+        self.graph, self.version = graph, self.embeddings.static_version
         self.captures += 1
         self.capture_s += time.perf_counter() - t0
         graph.replay()
@@ -157,11 +152,12 @@ class HotlineGraph:
         return f"hotline step static: {self.steps} steps ({how}), {self.eager} other-shape steps eager"
 
 
-def _cold_rows(cold: Any) -> ColdRows | None:
-    """The pass's cold rows, waited for (None: every lookup hot)."""
+def _cold_rows(cold: Any) -> ColdRows | GroupCold | None:
+    """The pass's cold rows (each dtype group's: ``GroupCold``), waited for (None: every
+    lookup hot)."""
     if cold is HOT_ONLY:
         return None
     if isinstance(cold, ColdInFlight):
         cold = cold.result()
-    assert isinstance(cold, ColdRows)
+    assert isinstance(cold, (ColdRows, GroupCold))
     return cold

@@ -99,7 +99,6 @@ from dlrm.train.same_data import check_resume_data, data_identity, eval_overlap
 from dlrm.train.staged import StagedBatches
 from dlrm.train.trace import RowTrace
 from embeddings.collection import warn_fp16_overflow
-from embeddings.hotline.split import DeviceSplit
 from embeddings.interface import Prefetched
 from embeddings.kernels import why_not_triton
 from embeddings.narrow import bf16_small_lr
@@ -512,9 +511,7 @@ class Trainer:
         self.model.begin_step(self.cfg.optim.sparse_lr * factor)
         after, self._upcoming = self._upcoming, None
         for part, cold, _ in hotline.micro_batches(batch, after):  # one pass
-            split = hotline.current_split
-            assert isinstance(split, DeviceSplit)  # one table dtype (hotline_graph.why_not)
-            loss = graph.run(part, split, cold, step)
+            loss = graph.run(part, hotline.current_split, cold, step)
             if loss is None:  # the capture failed: this step eager, as every later one
                 self.dense_opt.zero_grad(set_to_none=True)
                 self._forward_backward(part, Prefetched(part.sparse, cold), rows, sync=True)

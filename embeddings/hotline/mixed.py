@@ -50,6 +50,7 @@ from embeddings.dtype_stacks import PerDtype
 from embeddings.hotline.lookups import HOT_ONLY, ColdInFlight, ColdRows
 from embeddings.hotline.refresh import RefreshPlan
 from embeddings.hotline.split import JointSizes, JointSplit, MicroLookups, split_jointly
+from embeddings.hotline.static_step import MixedStatic
 from embeddings.hotline.tiers import HotlineEmbeddingCollection, HotStarted
 from embeddings.interface import Prefetched, TableState
 from embeddings.optim import SparseOptimizer
@@ -291,11 +292,15 @@ class MixedHotlineCollection(PerDtype):
         parts = [g.gather_cold(p) for g, p in zip(self.groups, micro.parts, strict=True)]
         return GroupCold(parts, self.bases, sum(p.gather_s for p in parts), sum(p.transfer_s for p in parts))
 
-    def start(self, sparse: KeyedJagged | MixedMicro | Prefetched) -> list[HotStarted]:
+    def start(self, sparse: KeyedJagged | MixedMicro | Prefetched | MixedStatic
+              ) -> list[HotStarted] | list[torch.Tensor]:
         """Each group's lookup begun (its hot side launched; tiers.py ``start``), in
         group order; a ``Prefetched`` input carries ``GroupCold`` (or a ``ColdInFlight``
         of one, still being gathered) or ``HOT_ONLY``, its ``sparse`` a ``MixedMicro``
-        (the trainer's) or a batch."""
+        (the trainer's) or a batch. A captured step's ``MixedStatic``: each group's
+        whole lookup, one launch each."""
+        if isinstance(sparse, MixedStatic):
+            return [g.static_lookup(p) for g, p in zip(self.groups, sparse.parts, strict=True)]
         cold = None
         if isinstance(sparse, Prefetched):
             sparse, cold = sparse.sparse, sparse.rows
@@ -315,13 +320,32 @@ class MixedHotlineCollection(PerDtype):
             started.append(g.start(arg))
         return started
 
-    def finish(self, started: list[HotStarted]) -> torch.Tensor:
+    def finish(self, started: list[HotStarted] | list[torch.Tensor]) -> torch.Tensor:
         """[B, F*D]: each group's lookup finished, the columns in feature order."""
         return self.columns_in_feature_order([g.finish(s) for g, s in zip(self.groups, started, strict=True)])
 
-    def forward(self, sparse: KeyedJagged | MixedMicro | Prefetched) -> torch.Tensor:
+    def forward(self, sparse: KeyedJagged | MixedMicro | Prefetched | MixedStatic) -> torch.Tensor:
         """[B, F*D] (``start`` then ``finish``)."""
         return self.finish(self.start(sparse))
+
+    # ------------------------------------------------------------------ static step
+    def static_buffers(self, split: JointSplit) -> MixedStatic:
+        """A captured step's buffers (hotline_graph.py): each group's, for its part of
+        ``split``, its cold rows in its type."""
+        return MixedStatic([g.static_buffers(s) for g, s in zip(self.groups, split.parts, strict=True)],
+                           [list(g.features) for g in self.groups])
+
+    @property
+    def static_version(self) -> object:
+        """Every group's hot-tier tensors (tiers.py ``static_version``)."""
+        return tuple(g.static_version for g in self.groups)
+
+    def send_static_cold(self, static: MixedStatic, cold: GroupCold | None) -> None:
+        """Each group's cold rows' gradient home (tiers.py ``send_static_cold``)."""
+        for i, (g, part) in enumerate(zip(self.groups, static.parts, strict=True)):
+            rows = None if cold is None else cold.parts[i]
+            assert rows is None or isinstance(rows, ColdRows)  # one process
+            g.send_static_cold(part, rows)
 
     # ------------------------------------------------------------------ refresh
     def plan_refresh(self, profile: HotProfile) -> MixedRefreshPlan:

@@ -27,13 +27,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from embeddings.jagged import bag_offsets
 
 if TYPE_CHECKING:
+    from data.jagged import JaggedFeatures
     from embeddings.hotline.hot_tier import HotTier
     from embeddings.hotline.lookups import ColdRows
     from embeddings.hotline.split import DeviceSplit
@@ -78,6 +79,10 @@ class StaticLookups:
         ids fits these buffers."""
         return batch == self.batch and features == self.num_features and lookups <= self.capacity
 
+    def fits_batch(self, sparse: JaggedFeatures) -> bool:
+        """``fits`` for a host batch's sparse features."""
+        return self.fits(sparse.stride(), len(sparse.keys()), sparse.values().numel())
+
     def load(self, split: DeviceSplit, cold: ColdRows | None) -> None:
         """``split``'s lookups and ``cold``'s U rows (None: no cold lookup) copied in,
         on the current stream (device to device; the cold rows' copy waits for their
@@ -97,6 +102,33 @@ class StaticLookups:
                 current.wait_event(cold.ready)
             rows.record_stream(current)
         self.cold_rows[:rows.shape[0]].copy_(rows, non_blocking=True)
+
+
+@dataclass
+class MixedStatic:
+    """A captured step's buffers for tables of several dtypes: one ``StaticLookups`` per
+    dtype group (embeddings/hotline/mixed.py), each with its group's lookups and cold
+    rows in its type; ``features`` [g]: group g's features (a host batch's lookups per
+    group, for ``fits_batch``)."""
+
+    parts: list[StaticLookups]
+    features: list[list[str]]
+
+    def fits_batch(self, sparse: JaggedFeatures) -> bool:
+        """Whether a host batch fits every group's buffers (its lookups counted per group
+        from the host lengths: no device read)."""
+        keys, batch = sparse.keys(), sparse.stride()
+        if any(batch != part.batch for part in self.parts):
+            return False
+        per_feature = dict(zip(keys, sparse.lengths().view(len(keys), batch).sum(dim=1).tolist(), strict=True))
+        return all(set(names) <= per_feature.keys() and part.fits(batch, len(names), sum(per_feature[f] for f in names))
+                   for part, names in zip(self.parts, self.features, strict=True))
+
+    def load(self, split: Any, cold: Any) -> None:
+        """Each group's part of ``split`` (a ``JointSplit``) and of ``cold`` (a
+        ``GroupCold``, or None: no cold lookup) copied in, as ``StaticLookups.load``."""
+        for i, (part, group_split) in enumerate(zip(self.parts, split.parts, strict=True)):
+            part.load(group_split, None if cold is None else cold.parts[i])
 
 
 def static_pooled(hot: HotTier, static: StaticLookups, mean: bool) -> torch.Tensor:

@@ -369,6 +369,18 @@ class HotlineEmbeddingCollection(EmbeddingCollection):
         self._last = (micro.hot_slots.numel(), micro.lookups, micro.popular, micro.batch, cold_rows)
         return scale_grad(pooled, self.grad_scale)
 
+    def static_buffers(self, split: DeviceSplit) -> StaticLookups:
+        """A captured step's buffers for batches of ``split``'s shapes, the cold rows in
+        the hot tier's type (that of the host rows)."""
+        weight = self.hot.weight
+        return StaticLookups.like(split, weight.shape[1], weight.dtype)
+
+    @property
+    def static_version(self) -> object:
+        """Which hot-tier tensors a captured step reads (a new one after a refresh that
+        made new tensors: the step is captured again)."""
+        return self.hot.storage_version
+
     def static_lookup(self, static: StaticLookups) -> torch.Tensor:
         """[B, F*D] of a captured step's lookups (static_step.py): its backward updates
         the hot rows and writes the cold rows' gradient; the step's end then sends
