@@ -38,6 +38,22 @@ STATIC = ("embeddings.placement=hotline", "hotline.budget=160KB", "embeddings.ke
           "hotline.graph_step=on", "data.batch_size=32")  # 32: interpreted kernels, a step's time
 
 
+def audited_bodies(monkeypatch) -> list[SyncAudit]:
+    """The trainer's captured body audited (dlrm/train/sync_audit.py) each time it runs:
+    the audits, filled as the run goes."""
+    audits: list[SyncAudit] = []
+    body = Trainer._captured_body
+
+    def audited(self, part):
+        with SyncAudit() as audit:
+            loss = body(self, part)
+        audits.append(audit)
+        return loss
+
+    monkeypatch.setattr(Trainer, "_captured_body", audited)
+    return audits
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("optim", ["sgd", "adam"])  # row-wise Adagrad: the refresh and bf16 tests
 def test_static_hotline_step_equals_ordinary_training(tiny_data, tmp_path: Path, optim: str) -> None:
@@ -89,16 +105,7 @@ def test_the_static_step_body_has_no_host_sync(tiny_data, tmp_path: Path, monkey
     capture refuses: no host read, no data-dependent shape, no copy between devices
     (dlrm/train/sync_audit.py), and it is a few dozen launches (the eager Hotline step
     issues some 130; the README's count)."""
-    audits: list[SyncAudit] = []
-    body = Trainer._captured_body
-
-    def audited(self, part):
-        with SyncAudit() as audit:
-            loss = body(self, part)
-        audits.append(audit)
-        return loss
-
-    monkeypatch.setattr(Trainer, "_captured_body", audited)
+    audits = audited_bodies(monkeypatch)
     # SGD on the dense side: CPU Adam reads its step on the host (CUDA's capturable one does not)
     summary = run(tiny_data, tmp_path / "hot", "train.max_steps=5", "optim.sparse=adam", "optim.dense=sgd", *STATIC)
     assert summary["step_mode"].startswith("hotline step static: 2 steps"), summary["step_mode"]
@@ -208,19 +215,10 @@ def test_static_hotline_step_with_tables_of_several_dtypes_equals_ordinary_train
     training with the same dtypes (the same stochastic rounding, keyed by full-table
     coordinates). The body a graph would hold passes the sync audit: one lookup and
     one update launch per group."""
-    audits: list[SyncAudit] = []
-    body = Trainer._captured_body
-
-    def audited(self, part):
-        with SyncAudit() as audit:
-            loss = body(self, part)
-        audits.append(audit)
-        return loss
-
     steps = ("train.max_steps=5", "optim.sparse=rowwise_adagrad", "optim.dense=adam",
              "embeddings.dtypes.C1=fp32", "embeddings.dtypes.C2=fp16", "embeddings.dtype=bf16")
     run(tiny_data, tmp_path / "plain", *steps, "data.batch_size=32")
-    monkeypatch.setattr(Trainer, "_captured_body", audited)
+    audits = audited_bodies(monkeypatch)
     summary = run(tiny_data, tmp_path / "hot", *steps, *STATIC)
     assert audits and all(a.violations == [] for a in audits), [a.violations for a in audits]
     assert all(a.ops["triton._two_tier_kernel"] == 3 and a.ops["triton._runs_kernel"] == 3 for a in audits)
