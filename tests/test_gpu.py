@@ -343,15 +343,19 @@ def test_bf16_autocast_under_graphs_equals_eager(single_hot_data, tmp_path: Path
     cases.assert_runs_close(tmp_path / "g", tmp_path / "e", f"{placement} bf16 autocast graphed vs eager", rtol=1e-3)
 
 
-def test_hotline_with_splits_and_dense_model_graphed_equals_eager(single_hot_data, tmp_path: Path) -> None:
+@pytest.mark.parametrize("dtypes", [(), ("embeddings.dtypes.C1=fp16", "embeddings.dtype=bf16")],
+                         ids=["one_dtype", "several_dtypes"])
+def test_hotline_with_splits_and_dense_model_graphed_equals_eager(single_hot_data, tmp_path: Path,
+                                                                  dtypes: tuple[str, ...]) -> None:
     """hotline.graph_split and graph_dense on single-hot data (every split the captured
     shape): the splits replayed as CUDA graphs (two, in turn; dlrm/train/split_graphs.py)
     and the dense halves too train as the eager step does, with a refresh in between
-    (the graphs captured again against the new hot ids)."""
+    (the graphs captured again against the new hot ids). Several table dtypes: the
+    joint split, each group cut at the captured runs."""
     both = ("hotline.graph_split=true", "hotline.graph_dense=true", "hotline.refresh_every=5")
-    graphed = cases.run(single_hot_data, tmp_path / "g", "cuda", *cases.HOTLINE, *both)
+    graphed = cases.run(single_hot_data, tmp_path / "g", "cuda", *cases.HOTLINE, *both, *dtypes)
     cases.run(single_hot_data, tmp_path / "e", "cuda", *cases.HOTLINE, "hotline.refresh_every=5",
-              "hotline.graph_dense=false", "hotline.graph_split=false")
+              "hotline.graph_dense=false", "hotline.graph_split=false", *dtypes)
     assert graphed["hotline"]["split_graphed"] > 0.5, graphed["hotline"]
     assert "dense model graphed" in graphed["step_mode"], graphed["step_mode"]
     assert "splits graphed" in graphed["step_mode"], graphed["step_mode"]

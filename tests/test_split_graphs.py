@@ -52,8 +52,11 @@ def compare_ahead(steps, reference, batches: list[Batch]) -> None:
             s.after_step(i + 1)
 
 
-def test_replayed_splits_give_the_eager_passes() -> None:
-    coll, _, _ = _setup(False)
+@pytest.mark.parametrize("mixed", [False, True])
+def test_replayed_splits_give_the_eager_passes(mixed: bool) -> None:
+    """One dtype, and several (a collection per dtype group, split jointly: each group's
+    lookups cut out at its features' runs, which the host batch gives)."""
+    coll, _, _ = _setup(mixed)
     batches = [single_hot(coll, s) for s in range(5)]
     steps, reference = graphed_steps(coll), _steps(coll)
     compare_ahead(steps, reference, batches)
@@ -101,6 +104,28 @@ def test_a_short_first_batch_is_not_the_captured_shape() -> None:
     reference.close()
 
 
+def test_several_dtypes_replay_only_for_the_captured_runs() -> None:
+    """Several dtypes: the capture cut each group's lookups at the captured batch's runs
+    (ids per feature); a batch with as many ids but other runs splits eager (a replay
+    would cut it in the wrong places), one with the same runs replays."""
+    coll, _, _ = _setup(True)
+    steps, reference = graphed_steps(coll), _steps(coll)
+    first = single_hot(coll, 0)
+    # as many ids, other runs: feature 0's last bag empty, feature 1's first bag two ids
+    g = torch.Generator().manual_seed(1)
+    rows = {f: t.rows for t in coll.tables for f in t.features}
+    lengths = torch.ones(len(FEATURES) * BATCH, dtype=torch.int64)
+    lengths[BATCH - 1], lengths[BATCH] = 0, 2
+    runs = lengths.view(len(FEATURES), BATCH).sum(dim=1).tolist()
+    values = torch.cat([torch.randint(0, rows[f], (n,), generator=g) for f, n in zip(FEATURES, runs)])
+    shifted = Batch(torch.randn(BATCH, 3, generator=g), JaggedFeatures(list(FEATURES), values, lengths, BATCH),
+                    torch.rand(BATCH, generator=g))
+    compare_ahead(steps, reference, [first, shifted, single_hot(coll, 2)])
+    assert steps.split_graphs.captures == 1 and steps.split_graphs.replays == 2
+    steps.close()
+    reference.close()
+
+
 def test_where_graphs_cannot_split() -> None:
     from dlrm.config import load_config
     from tests.conftest import TINY
@@ -108,7 +133,7 @@ def test_where_graphs_cannot_split() -> None:
     cuda = torch.device("cuda")
     assert why_not(load_config(TINY), torch.device("cpu"), 1) == "no CUDA device"
     assert why_not(load_config(TINY), cuda, 1) is None
-    assert why_not(load_config(TINY, ["embeddings.dtypes.C1=bf16"]), cuda, 1).startswith("tables of several dtypes")
+    assert why_not(load_config(TINY, ["embeddings.dtypes.C1=bf16"]), cuda, 1) is None  # split jointly, replayed
     assert why_not(load_config(TINY, ["train.accumulate=2"]), cuda, 1).startswith("train.accumulate")
 
 

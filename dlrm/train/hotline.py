@@ -407,7 +407,7 @@ class HotlineSteps:
         replay (hotline.graph_split) where the batch fits the captured one, else eager
         (slot None); a failed capture is said once."""
         graphs = self.split_graphs
-        graphed = graphs.split(dev.sparse) if graphs is not None else None
+        graphed = graphs.split(dev.sparse, batch.sparse) if graphs is not None else None
         if graphed is not None:
             self._window["graphed"] += 1
             return graphed

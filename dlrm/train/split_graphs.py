@@ -15,8 +15,11 @@ while the compute stream still reads mini-batch t's split, so each holds its own
 buffers. Before a graph replays into its buffers again, the split stream waits for the
 event the trainer recorded after the step that last read them (``consumed``: after
 the step's update). A refresh replaces the hot ids the graphs read: they are captured
-again at the next split (``hot_version``). A batch of another shape or key order, and
-collections of several dtype groups, split eager. The capture is ``thread_local``
+again at the next split (``hot_version``). A batch of another shape or key order
+splits eager. Tables of several dtypes (a collection per dtype group, mixed.py) split
+jointly, each group's lookups cut out of the batch at its features' runs, which the
+host's copy of the batch gives: the capture cuts at the captured batch's runs, so a
+replay also needs the same ids per feature (single-hot data always). The capture is ``thread_local``
 (Hotline's other threads call CUDA meanwhile) after one eager run of the split (lazily
 made state, such as a sort's workspace, exists before it).
 """
@@ -25,12 +28,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
 
 from data.jagged import JaggedFeatures
-from embeddings.hotline.split import DeviceSplit, split_tensors
+from embeddings.hotline.mixed import MixedHotlineCollection
+from embeddings.hotline.split import DeviceSplit, JointSplit, split_tensors
 
 
 def why_not(cfg: Any, device: torch.device, world_size: int) -> str | None:
@@ -38,8 +43,6 @@ def why_not(cfg: Any, device: torch.device, world_size: int) -> str | None:
     reasons = [
         (device.type != "cuda", "no CUDA device"),
         (world_size > 1, "more than one process"),
-        (len(set(cfg.embeddings.dtypes.values()) | {cfg.embeddings.dtype}) > 1,
-         "tables of several dtypes (their split routes by host counts)"),
         (cfg.train.accumulate != 1, "train.accumulate > 1 (more splits alive than graphs)"),
     ]
     return next((why for broken, why in reasons if broken), None)
@@ -53,7 +56,8 @@ class _Slot:
     graph: Any
     values: torch.Tensor
     lengths: torch.Tensor
-    split: DeviceSplit
+    split: DeviceSplit | JointSplit
+    runs: tuple[int, ...] | None = None  # ids per feature it was cut at (several dtypes)
     consumed: torch.cuda.Event | None = None
 
 
@@ -77,19 +81,25 @@ class GraphedSplits:
         self.replays = self.captures = 0
         self.failed: str | None = None
 
-    def split(self, sparse: JaggedFeatures) -> tuple[DeviceSplit, _Slot] | None:
+    def split(self, sparse: JaggedFeatures, host: JaggedFeatures | None = None
+              ) -> tuple[DeviceSplit | JointSplit, _Slot] | None:
         """``sparse``'s split by a replay on the current stream (the split stream), with
-        the slot it was written in (``handed``); None where it must run eager."""
+        the slot it was written in (``handed``); None where it must run eager. ``host``:
+        the same batch in host memory (several dtypes: its runs per feature, without it
+        they split eager)."""
         if self.failed is not None or sparse.keys() != list(self.emb.features):
+            return None
+        runs = self._runs(host)
+        if isinstance(self.emb, MixedHotlineCollection) and runs is None:
             return None
         if self.version != self.emb.hot_version:  # first split, or a refresh: (re)capture
             if self.batch is not None and sparse.stride() != self.batch:
                 return None  # captured at the next full batch
-            self._capture(sparse)
+            self._capture(sparse, host, runs)
             if self.failed is not None:
                 return None
         slot = self.slots[self.turn]
-        if not self._fits(slot, sparse):
+        if not self._fits(slot, sparse) or slot.runs != runs:
             return None
         self.turn = (self.turn + 1) % self.SLOTS
         if slot.consumed is not None:  # the step that read its buffers last is done with them
@@ -108,35 +118,48 @@ class GraphedSplits:
         slot.consumed = event
 
     def _fits(self, slot: _Slot, sparse: JaggedFeatures) -> bool:
-        return (sparse.stride() == slot.split.lookups.batch and sparse.values().numel() == slot.values.numel()
+        batch = slot.split.parts[0] if isinstance(slot.split, JointSplit) else slot.split
+        return (sparse.stride() == batch.lookups.batch and sparse.values().numel() == slot.values.numel()
                 and sparse.lengths().numel() == slot.lengths.numel())
 
-    def _capture(self, sparse: JaggedFeatures) -> None:
-        """Both slots captured for ``sparse``'s shape against the current hot ids; a
-        failure is kept (``failed``) and every later split runs eager."""
+    def _runs(self, host: JaggedFeatures | None) -> tuple[int, ...] | None:
+        """Ids per feature of the host batch where the split cuts there (several dtypes),
+        else None (one dtype: its split reads the whole values)."""
+        if host is None or not isinstance(self.emb, MixedHotlineCollection):
+            return None
+        keys = host.keys()
+        return tuple(host.lengths().view(len(keys), host.stride()).sum(dim=1).tolist())
+
+    def _capture(self, sparse: JaggedFeatures, host: JaggedFeatures | None = None,
+                 runs: tuple[int, ...] | None = None) -> None:
+        """Both slots captured for ``sparse``'s shape (and ``runs``) against the current
+        hot ids; a failure is kept (``failed``) and every later split runs eager."""
         try:
-            self.slots = [self._capture_one(sparse) for _ in range(self.SLOTS)]
+            self.slots = [self._capture_one(sparse, host, runs) for _ in range(self.SLOTS)]
             self.version, self.turn = self.emb.hot_version, 0
             self.captures += 1
         except Exception as e:  # noqa: BLE001 - any capture error: the eager split still works
             self.slots, self.failed = [], f"{type(e).__name__}: {e}"
 
-    def _capture_one(self, sparse: JaggedFeatures) -> _Slot:
+    def _capture_one(self, sparse: JaggedFeatures, host: JaggedFeatures | None,
+                     runs: tuple[int, ...] | None) -> _Slot:
         values, lengths = sparse.values().clone(), sparse.lengths().clone()
         static = JaggedFeatures(list(sparse.keys()), values, lengths, sparse.stride())
-        self.emb.split_on_device(static, by_popularity=False)  # warm-up: lazily made state
+        split_on_device = partial(self.emb.split_on_device, by_popularity=False, host=host)
+        split_on_device(static)  # warm-up: lazily made state
         graph = self.graph_type()
         with self.capture(graph):
-            split = self.emb.split_on_device(static, by_popularity=False)
+            split = split_on_device(static)
         if hasattr(graph, "body"):  # a test's stand-in graph: its replay reruns the split
-            graph.body = lambda: _rerun(self.emb, static, split)
-        return _Slot(graph, values, lengths, split)
+            graph.body = lambda: _rerun(split_on_device, static, split)
+        return _Slot(graph, values, lengths, split, runs)
 
 
-def _rerun(emb: Any, static: JaggedFeatures, split: DeviceSplit) -> None:
+def _rerun(split_on_device: Callable[[JaggedFeatures], Any], static: JaggedFeatures,
+           split: DeviceSplit | JointSplit) -> None:
     """What a replay computes, eagerly: the split of the static inputs written into the
     captured split's buffers (a test's stand-in graph calls this; CUDA ignores it)."""
-    fresh = emb.split_on_device(static, by_popularity=False)
+    fresh = split_on_device(static)
     for out, value in zip(split_tensors(split), split_tensors(fresh), strict=True):
         out.copy_(value)
 

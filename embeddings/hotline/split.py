@@ -212,6 +212,11 @@ class JointSplit:
     sample_order: torch.Tensor  # [B] every part's (same groups, so the same order)
     header: torch.Tensor  # [7 * parts] int64
 
+    def reset(self) -> None:
+        """Every part's ``DeviceSplit.reset`` (a graph replay rewrote their tensors)."""
+        for part in self.parts:
+            part.reset()
+
     def read_sizes(self, header: torch.Tensor) -> JointSizes:
         """``header`` (the host's copy of ``self.header``) read: one ``tolist``."""
         width = len(HEADER)
@@ -294,8 +299,8 @@ def unique_cold_ids(split: DeviceSplit | JointSplit, sizes: Sizes) -> list[torch
 def split_tensors(split: DeviceSplit | JointSplit) -> list[torch.Tensor]:
     """Every tensor of ``split`` (with its lookups'): what another stream must
     ``record_stream`` when it reads them."""
-    if isinstance(split, JointSplit):
-        return [t for part in split.parts for t in split_tensors(part)]
+    if isinstance(split, JointSplit):  # the parts', and the header made of theirs
+        return [t for part in split.parts for t in split_tensors(part)] + [split.header]
     found = [split.lookups.ids, split.lookups.values, split.lookups.lengths, split.lookups.is_hot,
              split.lookups.slot]
     for f in fields(split):
