@@ -201,15 +201,16 @@ class HotlineConfig:
     # process, and each option's own conditions), else off without a word (the summary's
     # step_mode says which ran); on = asked for: where they cannot run, one warning line
     # and the step eager; off = eager. YAML's true / false read as on / off.
-    # graph_dense: the dense model's halves (bottom MLP; interaction and top MLP), fp32,
-    # train.accumulate=1 (dlrm/train/dense_graphs.py). graph_split: the on-device split of
-    # each mini-batch, one table dtype (dlrm/train/split_graphs.py). One H200 (26 tables,
+    # graph_dense: the dense model's halves (bottom MLP; interaction and top MLP; under
+    # autocast with train.precision=bf16), train.accumulate=1 (dlrm/train/dense_graphs.py).
+    # graph_split: the on-device split of each mini-batch (dlrm/train/split_graphs.py;
+    # several table dtypes: replayed for batches with the captured ids per feature). One H200 (26 tables,
     # budget 128MB, batch 4096): 1.32x with graph_dense, 1.43x with both (README).
     graph_dense: Literal["auto", "on", "off"] = "auto"
     graph_split: Literal["auto", "on", "off"] = "auto"
     # graph_step: the whole step captured and replayed, the cold rows staged into static
-    # buffers (dlrm/train/hotline_graph.py): one process, one table dtype, the hot tier
-    # on the Triton kernels, fp32. Off by default until a GPU measures it (scripts/
+    # buffers (dlrm/train/hotline_graph.py): one process, the hot tier on the Triton
+    # kernels (a static step per dtype group). Off by default until a GPU measures it (scripts/
     # gpu_session.sh bench: the hotline_graph_step row); on replaces graph_dense.
     graph_step: Literal["auto", "on", "off"] = "off"
     # host threads gathering cold rows (each a slice of the ids into the pinned
