@@ -227,6 +227,10 @@ class TrainConfig:
     checkpoint_every: int = 0  # steps; 0 = not by steps (checkpoint_seconds and the end still save)
     checkpoint_seconds: float = 1800.0  # also save once this much time passed since the last save (0 = off)
     keep_checkpoints: int = 2  # complete checkpoints kept in RUN/checkpoints/ (the newest)
+    # the end of the run saves a checkpoint; false: it does not (a benchmark's runs:
+    # bench_gpu's 8.6 GB of tables written for nothing, row after row). A signal's stop,
+    # checkpoint_every, checkpoint_seconds and keep_best still save.
+    final_checkpoint: bool = True
     # The eval that scored best by best_metric: keep_best saves a checkpoint at each eval
     # that improves on it and never prunes it (RUN/checkpoints/best.json names it);
     # early_stop=N ends the run after N evals in a row that did not improve on it

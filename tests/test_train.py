@@ -195,3 +195,20 @@ def test_profile_window_past_the_end_still_writes(tiny_data, tmp_path: Path) -> 
     run_train(tiny_data, run, **{"train.max_steps": 5, "train.profile_start": 3,
                                  "train.profile_steps": 10, "data.eval": ""})
     assert (run / "profile" / "rank-0.txt").read_text().startswith("steps 3..4, rank 0")
+
+
+def test_final_checkpoint_false_saves_nothing_at_the_end(tiny_data, tmp_path: Path) -> None:
+    """train.final_checkpoint=false (what dlrm bench runs): the end of the run writes no
+    checkpoint, while checkpoint_every still saves on its steps; the default saves at
+    the end too."""
+    def saved(run: Path) -> list[str]:
+        return sorted(p.name for p in (run / "checkpoints").glob("step-*")) if (run / "checkpoints").exists() else []
+
+    steps = {"train.max_steps": 3, "data.eval": ""}
+    run_train(tiny_data, tmp_path / "none", **steps, **{"train.final_checkpoint": "false"})
+    run_train(tiny_data, tmp_path / "every", **steps, **{"train.final_checkpoint": "false",
+                                                         "train.checkpoint_every": 2})
+    run_train(tiny_data, tmp_path / "default", **steps)
+    assert saved(tmp_path / "none") == []
+    assert saved(tmp_path / "every") == ["step-000000002"]
+    assert saved(tmp_path / "default") == ["step-000000003"]

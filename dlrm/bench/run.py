@@ -437,9 +437,6 @@ def run_engine(config: str, overrides: list[str], engine: str, ranks: int, steps
     if row["steps"] is not None:  # the timed steps; the untimed ones apart
         row.update(steps=row["steps"] - untimed, untimed_steps=untimed)
     row.update(engine=engine, ranks=ranks, wall_s=time.perf_counter() - t0)
-    # The run's final checkpoint (GBs for the bench tables) is of no use to the bench:
-    # a --repeat 3 bench would otherwise leave 36 of them behind.
-    shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
     return row
 
 
@@ -465,8 +462,10 @@ def launch_command(config: str, overrides: list[str], engine: str, ranks: int, s
     """``python -m torch.distributed.run ... -m dlrm train`` for one bench row: ``untimed``
     steps, then ``steps`` timed ones."""
     log_every = max(1, min(10, steps // 5))  # at least a few windows after the warm-up
+    # no checkpoint at the end: of no use to the bench, and bench_gpu's tables are 8.6 GB
     train = [*engine_overrides(engine), f"train.max_steps={untimed + steps}", "train.progress=false",
              "train.time_sections=true", f"train.log_every={log_every}", "train.checkpoint_every=0",
+             "train.final_checkpoint=false",
              f"train.timing_warmup={untimed}", "train.eval_every=0", f"data.train={data_dir}", "data.eval="]
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
             "-m", "dlrm", "train", "--config", str(Path(config).resolve()), "--out", str(run_dir),

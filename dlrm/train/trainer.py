@@ -372,7 +372,10 @@ class Trainer:
             finally:
                 bar.close()  # an error's line goes below the bar, not onto it
             self.profiler.close()
-            self.save()
+            if stop or self.cfg.train.final_checkpoint:
+                self.save()
+            elif self.bad_data is not None:
+                self.bad_data.write()  # what a save writes beside the checkpoint
         if stop:
             return self._summary(preempted=stop)
         if self.best.stopped:  # this step's eval ran (or, resumed, is in metrics.jsonl)
