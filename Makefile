@@ -14,8 +14,8 @@ demo: setup
 	    data.train=$(DEMO_DIR)/data/train data.eval=$(DEMO_DIR)/data/eval
 	$(PY) -m dlrm eval --checkpoint $(DEMO_DIR)/run --data $(DEMO_DIR)/data/eval --plots $(DEMO_DIR)/run/plots
 
-# Two pytest-xdist workers, each taking whole files (module fixtures run once): 13-14
-# minutes on the 2-core CI machine against 17-18 in one process. TEST_WORKERS=0: one process.
+# Two pytest-xdist workers, each taking whole files (module fixtures run once): 13-18
+# minutes on the 2-core CI machine against 17-18 in one process (README). TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 2
 test: setup
 	$(PY) -m pytest tests $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
