@@ -118,10 +118,9 @@ def roles_off(cfg: Config, schema: Schema, first_file: str) -> list[str]:
     return off
 
 
-def roles_warning(cfg: Config, schema: Schema, first_file: str) -> str | None:
+def roles_warning(off: list[str]) -> str | None:
     """One line naming ``roles_off``'s columns (without it the schema line said "as the
     files declare" all the same), and the two ways out."""
-    off = roles_off(cfg, schema, first_file)
     if not off:
         return None
     shown = ", ".join(off[:6]) + (f" and {len(off) - 6} more" if len(off) > 6 else "")
@@ -149,10 +148,10 @@ def _ends(names: list[str]) -> list[str]:
     return names if len(names) <= 3 else [names[0], "...", names[-1]]
 
 
-def _schema_line(cfg: Config, schema: Schema, first_file: str) -> str:
+def _schema_line(cfg: Config, schema: Schema, first_file: str, off: int) -> str:
+    """``off``: the columns not in their declared role (``roles_off``)."""
     given = [k for k, v in (("data.dense", cfg.data.dense), ("data.sparse", cfg.data.sparse)) if v]
     roles = None if given else declared_roles(footer(first_file).schema_arrow)
-    off = len(roles_off(cfg, schema, first_file)) if roles else 0
     but = f", but for {off} column{'s' * (off != 1)} (the warning above)" if off else ""
     how = ("as given by " + " and ".join(given) if given else
            f"as the files declare (written by {roles.written_by or 'a dlrm writer'}){but}" if roles else
@@ -187,11 +186,12 @@ def header(cfg: Config, schema: Schema, train_files: list[str], eval_files: list
     """The header's lines (see the module docstring), the warning first if there is one."""
     data = _files("train", train_files) + ("; " + _files("eval", eval_files) if eval_files else "")
     first = exemplar(train_files)  # the file the schema was read from
-    lines = [("data", data), ("schema", _schema_line(cfg, schema, first)),
+    off = roles_off(cfg, schema, first)
+    lines = [("data", data), ("schema", _schema_line(cfg, schema, first, len(off))),
              ("tables", _table_line(cfg, schema))]
     lines += [("plan", line) for line in _plan_lines(cfg, plan)]
     lines += [("device", f"{device}, {cfg.train.precision}"),
               ("run", f"{run_dir} (full config: {run_dir / 'config.yaml'})")]
     warnings = [integer_warning(cfg, schema, first), left_out_warning(schema, first, cfg.data.exclude),
-                roles_warning(cfg, schema, first), partition_warning(train_files)]
+                roles_warning(off), partition_warning(train_files)]
     return [w for w in warnings if w] + [f"{k:<9}{v}" for k, v in lines]

@@ -127,8 +127,7 @@ class GraphedSplits:
         else None (one dtype: its split reads the whole values)."""
         if host is None or not isinstance(self.emb, MixedHotlineCollection):
             return None
-        keys = host.keys()
-        return tuple(host.lengths().view(len(keys), host.stride()).sum(dim=1).tolist())
+        return tuple(host.length_per_key())
 
     def _capture(self, sparse: JaggedFeatures, host: JaggedFeatures | None = None,
                  runs: tuple[int, ...] | None = None) -> None:

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from data.jagged import JaggedFeatures
     from embeddings.hotline.hot_tier import HotTier
     from embeddings.hotline.lookups import ColdRows
-    from embeddings.hotline.split import DeviceSplit
+    from embeddings.hotline.split import DeviceSplit, JointSplit
 
 
 @dataclass
@@ -117,18 +117,18 @@ class MixedStatic:
     def fits_batch(self, sparse: JaggedFeatures) -> bool:
         """Whether a host batch fits every group's buffers (its lookups counted per group
         from the host lengths: no device read)."""
-        keys, batch = sparse.keys(), sparse.stride()
+        batch = sparse.stride()
         if any(batch != part.batch for part in self.parts):
             return False
-        per_feature = dict(zip(keys, sparse.lengths().view(len(keys), batch).sum(dim=1).tolist(), strict=True))
+        per_feature = dict(zip(sparse.keys(), sparse.length_per_key(), strict=True))
         return all(set(names) <= per_feature.keys() and part.fits(batch, len(names), sum(per_feature[f] for f in names))
                    for part, names in zip(self.parts, self.features, strict=True))
 
-    def load(self, split: Any, cold: Any) -> None:
+    def load(self, split: JointSplit, cold: Any) -> None:
         """Each group's part of ``split`` (a ``JointSplit``) and of ``cold`` (a
         ``GroupCold``, or None: no cold lookup) copied in, as ``StaticLookups.load``."""
         for i, (part, group_split) in enumerate(zip(self.parts, split.parts, strict=True)):
-            part.load(group_split, None if cold is None else cold.parts[i])
+            part.load(group_split, None if cold is None else cold.parts[i])  # one process: ColdRows
 
 
 def static_pooled(hot: HotTier, static: StaticLookups, mean: bool) -> torch.Tensor:
