@@ -34,8 +34,11 @@ def assert_same(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], lab
             torch.testing.assert_close(got[key], value, rtol=1e-5, atol=1e-7, msg=f"{label} {key}")
 
 
+# adam "all" / "none": steps where one tier has no lookup (an empty gradient, applied:
+# Adam counts the step) with half weights and state
 CASES = [("bf16", "rowwise_adagrad", "half", True, "fp32"), ("fp16", "sgd", "all", False, "fp32"),
-         ("bf16", "adam", "half", False, "bf16"), ("bf16", "adagrad", "none", True, "fp32")]
+         ("bf16", "adam", "half", False, "bf16"), ("bf16", "adagrad", "none", True, "fp32"),
+         ("bf16", "adam", "all", False, "bf16"), ("fp16", "adam", "none", False, "fp32")]
 
 
 @pytest.mark.parametrize("dtype,kind,share,fused,state", CASES)
@@ -119,3 +122,20 @@ def test_half_tables_fit_more_hot_rows_in_a_budget(kind: str, ratio: float) -> N
     state = 4 if kind == "rowwise_adagrad" else 0
     assert chosen["fp32"] == 3600 // (4 * 8 + state) and chosen["bf16"] == 3600 // (2 * 8 + state)
     assert chosen["bf16"] / chosen["fp32"] == pytest.approx(ratio, rel=0.01)
+
+
+@pytest.mark.parametrize("dtype,pipeline", [("bf16", "true"), ("fp16", "false")])
+def test_half_hotline_adam_with_every_row_hot_trains_as_ordinary(tiny_data, tmp_path, dtype: str,
+                                                                 pipeline: str) -> None:
+    """A budget that holds every row touched: the host tier's gradient is empty each step
+    and is still applied (Adam counts the step). It was made in the table's type, and
+    Adam's fp32 state refused it (a crash at the first step with half tables)."""
+    from tests.run_state import assert_states_close, run_state
+    from tests.test_hotline_train import run
+
+    common = ("optim.sparse=adam", f"embeddings.dtype={dtype}", "train.max_steps=4", "data.batch_size=64")
+    run(tiny_data, tmp_path / "plain", *common)
+    summary = run(tiny_data, tmp_path / "hot", *common, "embeddings.placement=hotline", "hotline.budget=10MB",
+                  "hotline.fill_unseen=false", f"hotline.pipeline={pipeline}")
+    assert summary["hotline"]["hot_hit_rate"] == 1.0
+    assert_states_close(run_state(tmp_path / "hot"), run_state(tmp_path / "plain"), f"{dtype} hotline adam all hot")

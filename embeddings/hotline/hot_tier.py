@@ -262,7 +262,7 @@ class HotTier(nn.Module):
             grad, slots, offsets, batch = joined if joined is not None else join(parts, row_base.numel())
         else:  # no hot lookup this step: the optimizer still counts it (Adam's step)
             row_base = slots = torch.zeros(0, dtype=torch.int64, device=self.device)
-            grad, batch = self.weight.new_zeros(0, 0, self.weight.shape[1]), 0
+            grad, batch = self.weight.new_zeros(0, 0, self.weight.shape[1], dtype=torch.float32), 0
             offsets = torch.zeros(1, dtype=torch.int64, device=self.device)
         if not self.one_process:  # the replicas apply every rank's gradient, the same sum
             if not parts:
@@ -361,7 +361,7 @@ class HotTier(nn.Module):
         if kept:
             return KVGradient.cat(kept)
         ids = torch.zeros(0, dtype=torch.int64, device=self.weight.device)
-        return KVGradient(ids, self.weight.new_zeros(0, self.weight.shape[1]))
+        return KVGradient(ids, self.weight.new_zeros(0, self.weight.shape[1], dtype=torch.float32))
 
     def kept_by_stacked_id(self) -> list[KVGradient]:
         """The kept gradients with stacked ids instead of slots (not forgotten; Triton:
