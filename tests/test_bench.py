@@ -23,7 +23,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 @pytest.fixture(scope="module")
 def full_bench(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    """Every engine's row, once for the module (a torchrun per row): its out dir and
+    """Every engine's row, once for the module (a process per row): its out dir and
     what it printed (the tests of single rows read them, not a bench of their own)."""
     out = tmp_path_factory.mktemp("bench")
     printed = io.StringIO()

@@ -28,6 +28,7 @@ from embeddings.hotline.tiers import HotlineEmbeddingCollection
 from embeddings.interface import Prefetched
 from embeddings.optim import make_sparse_optimizer
 from embeddings.table import Pooling
+from tests.conftest import FEW_TABLES
 from tests.run_state import RTOL, assert_states_close, run_state
 from tests.test_embeddings import random_kjt, tables_fixture
 from tests.test_hotline import FEATURES, LR, assert_same_tables, profile_of, rows_of, touched
@@ -122,9 +123,10 @@ def assert_held_kv_gradients_equal(paths: list, kjt, batch: int) -> None:
 def test_hotline_on_the_triton_kernels_equals_ordinary_training(tiny_data, tmp_path: Path) -> None:
     """The trainer with the hot tier on the Triton kernels (as on a GPU by default)
     against ordinary training."""
-    triton = ("embeddings.kernels=triton", "optim.sparse=adam", "train.max_steps=3", "data.batch_size=64")
+    triton = ("embeddings.kernels=triton", "optim.sparse=adam", "train.max_steps=3", "data.batch_size=64",
+              FEW_TABLES)
     run(tiny_data, tmp_path / "plain", *triton[1:])
-    summary = run(tiny_data, tmp_path / "hot", *triton, *HOTLINE)
+    summary = run(tiny_data, tmp_path / "hot", *triton, *HOTLINE, "hotline.budget=300KB")  # of 8 x 64 KB
     assert_states_close(run_state(tmp_path / "hot"), run_state(tmp_path / "plain"), "hotline triton",
                         RTOL.get("adam", 1e-5))
     assert 0.0 < summary["hotline"]["popular_share"] < 1.0

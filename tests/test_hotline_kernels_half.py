@@ -213,6 +213,7 @@ def test_half_hotline_on_the_triton_kernels_trains_like_ordinary_and_resumes(tin
     last bits); stopped after 2 steps and resumed from its checkpoint, it equals the
     uninterrupted run bit for bit (the rounding step and Adam's step come back)."""
     from dlrm.train import trainer as trainer_module
+    from tests.conftest import FEW_TABLES
     from tests.run_state import RTOL, assert_states_close, run_state
     from tests.test_hotline_train import HOTLINE, run
 
@@ -224,8 +225,8 @@ def test_half_hotline_on_the_triton_kernels_trains_like_ordinary_and_resumes(tin
     # batch 32: interpreted, the update of a touched bf16 row with its Adam state takes
     # ~7 ms, most of the test's time (64 took 95 s of CI, 32 55 s)
     common = ("optim.sparse=adam", "embeddings.dtype=bf16", "embeddings.state_dtype=bf16",
-              "data.batch_size=32", "train.max_steps=3")
-    triton = ("embeddings.kernels=triton", *HOTLINE)
+              "data.batch_size=32", "train.max_steps=3", FEW_TABLES)
+    triton = ("embeddings.kernels=triton", *HOTLINE, "hotline.budget=150KB")  # of 8 x 32 KB bf16
     run(tiny_data, tmp_path / "plain", *common)
     summary = run(tiny_data, tmp_path / "hot", *common, *triton)
     assert summary["hotline"]["hot_tier_triton"] == 1.0

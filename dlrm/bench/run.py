@@ -2,6 +2,7 @@
 
     OUT/data/                 the config's generate: section (reused while unchanged)
     OUT/runs/<engine>_<N>/    one `torchrun --nproc_per_node=N -m dlrm train` per row
+                              (N=1: `python -m dlrm train`)
     OUT/bench.json, .png      every figure; samples/s per row as bars
 
 Each row's samples/s is the median of the trainer's logged windows after the first
@@ -459,17 +460,21 @@ def untimed_steps(cfg: Config) -> int:
 
 def launch_command(config: str, overrides: list[str], engine: str, ranks: int, steps: int,
                    data_dir: Path, run_dir: Path, untimed: int = TIMING_WARMUP) -> list[str]:
-    """``python -m torch.distributed.run ... -m dlrm train`` for one bench row: ``untimed``
-    steps, then ``steps`` timed ones."""
+    """``python -m torch.distributed.run ... -m dlrm train`` for one bench row (one rank:
+    ``python -m dlrm train``): ``untimed`` steps, then ``steps`` timed ones."""
     log_every = max(1, min(10, steps // 5))  # at least a few windows after the warm-up
     # no checkpoint at the end: of no use to the bench, and bench_gpu's tables are 8.6 GB
     train = [*engine_overrides(engine), f"train.max_steps={untimed + steps}", "train.progress=false",
              "train.time_sections=true", f"train.log_every={log_every}", "train.checkpoint_every=0",
              "train.final_checkpoint=false",
              f"train.timing_warmup={untimed}", "train.eval_every=0", f"data.train={data_dir}", "data.eval="]
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
-            "-m", "dlrm", "train", "--config", str(Path(config).resolve()), "--out", str(run_dir),
-            *overrides, *train]
+    # one rank: the trainer alone, as a torchrun of one would run it (no process group;
+    # dlrm/parallel/distributed.py), without the launcher's own process and its second
+    # import of torch (1.2 s a row on the 2-core machine)
+    launcher = ([] if ranks == 1 else
+                ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}"])
+    return [sys.executable, *launcher, "-m", "dlrm", "train", "--config", str(Path(config).resolve()),
+            "--out", str(run_dir), *overrides, *train]
 
 
 def collect(metrics: Path, untimed: int = TIMING_WARMUP) -> dict[str, Any]:
