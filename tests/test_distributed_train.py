@@ -65,6 +65,7 @@ EXTRA_W2 = {
     "torchrec_adagrad": ("rowwise_adagrad", TORCHREC),
     "powersgd_warmup": ("sgd", ("train.ddp_hook=powersgd", "train.powersgd_warmup=100")),
     "fp16": ("sgd", ("train.ddp_hook=fp16",)),
+    "bf16": ("sgd", ("train.ddp_hook=bf16",)),
     "powersgd": ("sgd", ("train.ddp_hook=powersgd", "train.powersgd_warmup=2")),
 }
 
@@ -121,5 +122,31 @@ def test_torchrec_backend_and_ddp_hooks_at_two_ranks(small_data, tmp_path: Path)
     # PowerSGD during its warm-up is plain all-reduce: exact.
     assert_states_close(run_state(tmp_path / "powersgd_warmup_W2"), run_state(plain), "powersgd warm-up")
     # Compressed gradients: close, not equal.
-    for name in ("fp16", "powersgd"):
+    for name in ("fp16", "bf16", "powersgd"):
         torch.testing.assert_close(losses(tmp_path / f"{name}_W2"), losses(plain), rtol=2e-2, atol=1e-3)
+
+
+def _bf16_hook_on_ranks(rank: int, world_size: int) -> tuple[torch.Tensor, bool]:
+    """Rank r's bucket: 1000 normals of seed r, through the bf16 hook (gloo)."""
+    from dlrm.parallel.ddp import bf16_average_hook
+
+    buffer = torch.randn(1000, generator=torch.Generator().manual_seed(rank))
+
+    class Bucket:
+        def buffer(self) -> torch.Tensor:
+            return buffer
+
+    out = bf16_average_hook(None, Bucket()).wait()
+    return out.clone(), out is buffer
+
+
+@pytest.mark.distributed
+def test_bf16_hook_averages_in_bf16_on_gloo() -> None:
+    """train.ddp_hook=bf16 on gloo (torch's own hook refuses every backend but NCCL):
+    each rank's bucket becomes the bf16 mean of the ranks' buckets, written back into
+    it. Reference: the two buckets rounded to bf16, halved and summed in bf16 here."""
+    buckets = [torch.randn(1000, generator=torch.Generator().manual_seed(r)) for r in range(2)]
+    want = (buckets[0].bfloat16() / 2 + buckets[1].bfloat16() / 2).float()
+    for got, in_place in run_ranks(2, _bf16_hook_on_ranks):
+        assert in_place and torch.equal(got, want)
+        assert not torch.equal(got, (buckets[0] + buckets[1]) / 2)  # compressed: not the fp32 mean

@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
@@ -41,7 +42,7 @@ def register_comm_hook(ddp: DistributedDataParallel, hook: str, powersgd_warmup:
     if hook == "fp16":
         ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
     elif hook == "bf16":
-        ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
+        ddp.register_comm_hook(None, bf16_average_hook)
     elif hook == "powersgd":
         state = powerSGD_hook.PowerSGDState(
             process_group=None, matrix_approximation_rank=1, start_powerSGD_iter=max(2, powersgd_warmup)
@@ -49,6 +50,18 @@ def register_comm_hook(ddp: DistributedDataParallel, hook: str, powersgd_warmup:
         ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
     else:
         raise ValueError(hook)
+
+
+def bf16_average_hook(group, bucket):  # type: ignore[no-untyped-def]
+    """torch's ``default_hooks.bf16_compress_hook`` arithmetic (the bucket in bf16,
+    divided by the world size, all-reduced, written back in fp32) on every backend.
+    DDP refuses a hook of that name in a build without NCCL, yet gloo sums bf16 (a CPU
+    run with ddp_hook=bf16 stopped with torch's traceback): hence our own, named apart."""
+    group = group or dist.group.WORLD
+    buffer = bucket.buffer()
+    compressed = buffer.to(torch.bfloat16).div_(group.size())
+    work = dist.all_reduce(compressed, group=group, async_op=True)
+    return work.get_future().then(lambda fut: buffer.copy_(fut.value()[0]))
 
 
 def allreduce_sum_hook(group, bucket):  # type: ignore[no-untyped-def]
