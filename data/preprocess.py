@@ -44,6 +44,7 @@ import pyarrow.compute as pc
 from data.dense_transform import DenseStats, apply_transform
 from data.errors import DataError, UserError, one_line
 from data.fit_exchange import Exchange
+from data.fit_settings import recorded
 from data.fit_split import Split, count_split
 from data.hashing import splitmix64
 from data.int_counts import plain_numpy
@@ -98,6 +99,7 @@ class Preprocessing:
     stats_rows: int  # rows the dense statistics were taken over
     notes: list[str] = field(default_factory=list)  # lines to show at the start of a run
     data: dict[str, str] = field(default_factory=dict)  # file fitted over → footer sha256
+    settings: dict[str, object] = field(default_factory=dict)  # data/fit_settings.py ``recorded``
 
     def apply(self, schema: Schema) -> Schema:
         """``schema`` with each sparse feature's encoding and, if not identity, rows."""
@@ -185,7 +187,8 @@ def fit(files: list[str], schema: Schema, opts: Options) -> Preprocessing:
                   opts.progress, caps, opts.exchange)
     counters, stats, seen = _count(files, schema, counted, None if full else SAMPLE_ROWS,
                                    opts.on_error == "skip", split)
-    prep = Preprocessing({}, {}, {}, transforms, stats, seen, data=footer_digests(files))
+    prep = Preprocessing({}, {}, {}, transforms, stats, seen, data=footer_digests(files),
+                         settings=recorded(opts))
     vocabs = _vocabularies(schema, kinds, counters, opts)
     for table, enc in choice.items():
         members = [f for f in schema.sparse if f.table_name == table]
@@ -465,6 +468,7 @@ def save(prep: Preprocessing, run_dir: Path) -> str:
                   for n, s in prep.stats.items()},
         "stats_rows": prep.stats_rows,
         "data": prep.data,
+        "settings": prep.settings,
     }
     text = json.dumps(body, indent=1)
     write_atomic(run_dir / FILE, text)
@@ -494,7 +498,7 @@ def load(run_dir: Path, files: list[str] | None = None) -> Preprocessing:
         body["encodings"], {k: int(v) for k, v in body["rows"].items()}, vocabs,
         {n: d["transform"] for n, d in body["dense"].items()},
         {n: DenseStats.from_json(d["stats"]) for n, d in body["dense"].items()},
-        int(body["stats_rows"]), data=dict(body.get("data", {})))
+        int(body["stats_rows"]), data=dict(body.get("data", {})), settings=dict(body.get("settings", {})))
     if files is not None:
         check_data(prep, files, Path(run_dir))
     prep.notes = _notes(prep, prep.stats_rows, None)

@@ -90,3 +90,52 @@ def test_torchrun_fit_over_two_ranks_writes_the_one_process_fit(fitted, tmp_path
                 if p.is_file()}
 
     assert files(out) == files(fitted["fit"]) and len(files(out)) >= 2
+
+
+@pytest.mark.parametrize("setting,named", [
+    ("data.min_frequency=3", "data.min_frequency is 3 here, 2 for the fit"),
+    ("data.dense_transform=log1p", "data.dense_transform(s) asks log1p for n1, the fit has none"),
+    ("data.encodings.app=hash", "data.encoding(s) asks hash for app, the fit has vocabulary (asked auto)"),
+    ("data.rows.dev=64", "data.rows.dev is 64 here, unset for the fit"),
+])
+def test_a_setting_the_fit_was_not_made_with_is_refused_in_one_line(fitted, tmp_path: Path, capsys,
+                                                                    setting: str, named: str) -> None:
+    """A reused fit is taken as it is: a data.* setting that would fit otherwise was
+    ignored, silently. Now one line names it, and nothing is written."""
+    code = main(["train", "--config", str(TINY), "--out", str(tmp_path / "run"), f"data.train={fitted['train']}",
+                 f"data.eval={fitted['eval']}", "data.label=click", "data.min_frequency=2", setting,
+                 f"data.preprocessing={fitted['fit']}"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert f"data.preprocessing={fitted['fit']}: {named}; a reused fit is taken as it is" in err[0], err[0]
+    assert not (tmp_path / "run").exists()
+
+
+def test_settings_that_give_the_same_fit_are_taken(fitted, tmp_path: Path) -> None:
+    """Asking for what the fit has (vocabulary where auto chose it), or changing what it
+    does not use (hash_rows with no hashed table), is the same fit: the run trains."""
+    train(cfg_for(fitted["train"], fitted["eval"], "data.min_frequency=2", "data.encoding=vocabulary",
+                  "data.hash_rows=99", "train.max_steps=2", f"data.preprocessing={fitted['fit']}"),
+          tmp_path / "run", echo=lambda s: None)
+    assert (tmp_path / "run" / FILE).read_bytes() == (fitted["fit"] / FILE).read_bytes()
+
+
+def test_a_fit_saved_without_its_settings_is_checked_on_what_it_holds(fitted, tmp_path: Path) -> None:
+    """preprocessing.json from before the settings were recorded: min_frequency cannot be
+    compared (taken), an encoding it does not hold can."""
+    import json
+    import shutil
+
+    from data.errors import UserError
+
+    old = tmp_path / "old_fit"
+    shutil.copytree(fitted["fit"], old)
+    body = json.loads((old / FILE).read_text())
+    del body["settings"]
+    (old / FILE).write_text(json.dumps(body, indent=1))
+    extra = ("train.max_steps=2", f"data.preprocessing={old}")
+    train(cfg_for(fitted["train"], fitted["eval"], "data.min_frequency=7", *extra), tmp_path / "a",
+          echo=lambda s: None)
+    with pytest.raises(UserError, match="asks hash for site, the fit has vocabulary;"):
+        train(cfg_for(fitted["train"], fitted["eval"], "data.encodings.site=hash", *extra), tmp_path / "b",
+              echo=lambda s: None)

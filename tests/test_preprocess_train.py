@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from data.errors import UserError
 from data.preprocess import FILE
 from dlrm.checkpoint.manager import CheckpointError
 from dlrm.config import load_config
@@ -95,9 +96,14 @@ def test_resume_and_eval_reuse_the_saved_mapping(strings, tmp_path: Path) -> Non
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     train(cfg_for(strings["train"], strings["eval"], "train.max_steps=8"), straight, echo=lambda s: None)
     train(cfg_for(strings["train"], strings["eval"], "train.max_steps=3"), resumed, echo=lambda s: None)
-    # a refit with min_frequency=50 would shrink every table; the resumed run must not refit
-    train(cfg_for(strings["train"], strings["eval"], "train.max_steps=8", "data.min_frequency=50"),
-          resumed, echo=lambda s: None)
+    # a refit with min_frequency=50 would shrink every table: the resume neither refits
+    # nor ignores the setting (it did, silently), it stops with one line, writing nothing
+    fit = (resumed / FILE).read_bytes()
+    with pytest.raises(UserError, match=r"preprocessing.json: data.min_frequency is 50 here, 1 for the fit"):
+        train(cfg_for(strings["train"], strings["eval"], "train.max_steps=8", "data.min_frequency=50"),
+              resumed, echo=lambda s: None)
+    assert (resumed / FILE).read_bytes() == fit
+    train(cfg_for(strings["train"], strings["eval"], "train.max_steps=8"), resumed, echo=lambda s: None)
     a, b = run_state(straight), run_state(resumed)
     for key in a:
         assert torch.equal(a[key], b[key]), key

@@ -22,6 +22,7 @@ from data import shuffle_window
 from data.decode_workers import auto_workers, available_cores
 from data.errors import DataError
 from data.files import expand_paths
+from data.fit_settings import check_settings
 from data.merged import MergedReader
 from data.outputs import local_path
 from data.reader import ParquetReader
@@ -79,10 +80,16 @@ def resolve_data(cfg: Config, run_dir: str | Path | None = None) -> RunData:
     saved = Path(run_dir) / prep_io.FILE if run_dir is not None else None
     if saved is not None and saved.is_file():
         prep = prep_io.load(saved.parent)
+        check_settings(prep.encodings, prep.transforms, prep.settings, prep_options(cfg), schema,
+                       str(saved), "a run directory keeps its fit (a rerun, a resume): give the run the "
+                       "fit's setting, or train in another --out to fit anew")
     elif cfg.data.preprocessing:
         local_path(cfg.data.preprocessing, "data.preprocessing")
         prep = prep_io.load(Path(cfg.data.preprocessing), usable)
         check_fit_covers(prep, schema, cfg.data.preprocessing)
+        check_settings(prep.encodings, prep.transforms, prep.settings, prep_options(cfg), schema,
+                       f"data.preprocessing={cfg.data.preprocessing}", "a reused fit is taken as it is: give "
+                       "this run the fit's setting, or fit again (dlrm fit)")
     else:
         prep = prep_io.fit(usable, schema, prep_options(cfg))
         if prep.vocabularies and run_dir is not None:
