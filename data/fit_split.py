@@ -35,8 +35,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor, wait
-from concurrent.futures.process import BrokenProcessPool
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -44,12 +43,13 @@ import pyarrow as pa
 
 from data import fit_cap
 from data.dense_transform import DenseStats
-from data.errors import DataError, UserError
+from data.errors import DataError
 from data.fit_exchange import Exchange, merged_by_range
 from data.fit_sketch import Sketch
 from data.int_counts import int64_values, plain_numpy
 from data.schema import Schema
 from data.vocabulary import ValueCounter, flat_values
+from data.worker_tasks import run_tasks
 
 Gather = Callable[[object], list[object]]
 Group = tuple[int, str, int]  # (global index, file, row group)
@@ -215,42 +215,30 @@ def _run(share: list[Group], rows: list[int], job: tuple, split: Split) -> objec
     # rows read, one slot per task and no lock (the bar only): a worker killed while it
     # held a shared counter's lock hung the other workers and this process for ever
     done = ctx.Array("q", max(len(jobs), 1), lock=False)
+    # a worker killed (the OOM killer): a line, not a traceback, and no hang (data/worker_tasks.py)
+    results = run_tasks(ctx, _do_in_slot, [(done, k, j) for k, j in enumerate(jobs)],
+                        f"a fit worker process died (killed, perhaps for memory: try fewer "
+                        f"data.fit_workers than {split.workers})",
+                        None if bar is None else lambda: bar.update(sum(done) - bar.n))
     merged: object = None
-    # A worker killed (the OOM killer): a line, not a traceback, wherever the pool
-    # notices it: at a result, or at a submit when the first worker died at its start
-    try:
-        with ProcessPoolExecutor(len(jobs) or 1, mp_context=ctx, initializer=_count_rows_in,
-                                 initargs=(done,)) as pool:
-            pending = [pool.submit(_do_in_slot, k, j) for k, j in enumerate(jobs)]
-            while bar is not None and not all(f.done() for f in pending):
-                wait(pending, timeout=0.25)
-                bar.update(sum(done) - bar.n)
-            for future in pending:
-                result = future.result()
-                if isinstance(result, str):
-                    return result
-                merged = _merge(merged, result)
-    except BrokenProcessPool:
-        raise UserError(f"a fit worker process died (killed, perhaps for memory: try "
-                        f"fewer data.fit_workers than {split.workers})") from None
+    for result in results:
+        if isinstance(result, str):
+            return result
+        merged = _merge(merged, result)
     if bar is not None:
         bar.close()
     return merged if merged is not None else (Counted() if job[0] == "count" else {})
 
 
-_rows_read = None  # the workers' rows-read slots (set by _count_rows_in)
+_rows_read = None  # the workers' rows-read slots (set by _do_in_slot)
 _slot = 0  # this task's slot in them
 
 
-def _count_rows_in(counter) -> None:
-    global _rows_read
-    _rows_read = counter
-
-
-def _do_in_slot(slot: int, job: tuple) -> object:
-    """:func:`_do` in a worker, counting its rows in slot ``slot`` (its own: no lock)."""
-    global _slot
-    _slot = slot
+def _do_in_slot(counter, slot: int, job: tuple) -> object:
+    """:func:`_do` in a worker, counting its rows in ``counter``'s slot ``slot`` (its
+    own: no lock)."""
+    global _rows_read, _slot
+    _rows_read, _slot = counter, slot
     return _do(job)
 
 
