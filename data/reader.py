@@ -158,6 +158,10 @@ class ParquetReader:
         """Batches every rank yields per epoch (the same on all ranks)."""
         return self._steps
 
+    def empty_batch(self) -> Batch:
+        """A batch of no rows in this reader's layout (what a rank whose rows ran out yields)."""
+        return Rows.empty(self.layout).batch(0, 0)
+
     def global_batch_size(self, step: int) -> int:
         """Rows of batch ``step`` summed over all ranks (known to every rank, no
         communication): the divisor of a global-mean loss when batches run short.

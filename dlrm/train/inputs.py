@@ -214,28 +214,41 @@ def make_reader(
     reader's are made on the consumer's thread: not pinned)."""
 
     def reader(r: int, w: int, prefetch: int, workers: int = 0, pin: bool = False) -> ParquetReader:
-        return ParquetReader(
-            files,
-            schema,
-            cfg.data.batch_size if train else cfg.data.eval_batch_size,
-            rank=r,
-            world_size=w,
-            shuffle=cfg.data.shuffle and train,
-            seed=cfg.seed,
-            shuffle_buffer=shuffle_window.setting(cfg.data.shuffle_buffer),
-            prefetch=prefetch,
-            id_policy=cfg.data.id_policy if train else eval_id_policy(cfg),
-            dense_nan=cfg.data.dense_nan,
-            on_error=cfg.data.on_error,
-            preprocess=preprocess,
-            workers=workers,
-            pin_memory=pin,
-        )
+        return order_reader(cfg, files, schema, preprocess, r, w, cfg.data.batch_size if train else
+                            cfg.data.eval_batch_size, cfg.seed, cfg.data.shuffle and train,
+                            cfg.data.shuffle_buffer, train, prefetch, workers, pin)
 
     order = cfg.data.order_world_size
     if order > 1 and world_size == 1:
         return MergedReader([reader(r, order, cfg.data.prefetch) for r in range(order)])
     return reader(rank, world_size, cfg.data.prefetch, decode_workers(cfg), pin_memory)
+
+
+def order_reader(
+    cfg: Config, files: list[str], schema: Schema, preprocess: prep_io.Preprocessing | None, rank: int,
+    world_size: int, batch_size: int, seed: int, shuffle: bool, shuffle_buffer: str | int, train: bool = True,
+    prefetch: int | None = None, workers: int = 0, pin: bool = False,
+) -> ParquetReader:
+    """Rank ``rank`` of ``world_size``'s reader in the order (batch size, seed, shuffle)
+    given, with ``cfg``'s other data settings (dlrm/train/carry_order.py reads an old
+    order's streams with it)."""
+    return ParquetReader(
+        files,
+        schema,
+        batch_size,
+        rank=rank,
+        world_size=world_size,
+        shuffle=shuffle,
+        seed=seed,
+        shuffle_buffer=shuffle_window.setting(shuffle_buffer),
+        prefetch=cfg.data.prefetch if prefetch is None else prefetch,
+        id_policy=cfg.data.id_policy if train else eval_id_policy(cfg),
+        dense_nan=cfg.data.dense_nan,
+        on_error=cfg.data.on_error,
+        preprocess=preprocess,
+        workers=workers,
+        pin_memory=pin,
+    )
 
 
 def decode_workers(cfg: Config) -> int:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import itertools
 import json
 import sys
@@ -69,6 +70,14 @@ from dlrm.parallel.planning import describe, plan_from_config, run_tables
 from dlrm.parallel.shared_dir import check_shared_dir
 from dlrm.train.bad_data_report import BadDataReport
 from dlrm.train.best import best_eval, logged_evals, mark
+from dlrm.train.carry_order import (
+    ORDER_KEYS,
+    CarriedEpoch,
+    carried_epoch,
+    differences,
+    order_then,
+    reading_order,
+)
 from dlrm.train.dense_graphs import DenseGraphs
 from dlrm.train.dense_graphs import why_not as dense_graphs_why_not
 from dlrm.train.device_prefetch import DevicePrefetcher
@@ -84,6 +93,7 @@ from dlrm.train.hotline_graph import why_not as hotline_graph_why_not
 from dlrm.train.inputs import (
     RunData,
     make_reader,
+    order_reader,
     reader_remedy,
     resolve_data,
     resolve_shuffle_buffer,
@@ -218,18 +228,25 @@ class Trainer:
         cuda = info.device.type == "cuda"  # batches pinned by the reader's thread, copied as DMA
         self.reader = make_reader(cfg, data.train_files, self.schema, True, info.rank,
                                   info.world_size, data.preprocess, pin_memory=cuda)
-        # the training files in stream order, recorded with each checkpoint; a resume over others
-        self.train_data = broadcast_object(
-            data_identity(data.train_files, self.reader.steps_per_epoch()) if info.is_main else None, info)
+        # the training files in stream order and the order they are read in, recorded with
+        # each checkpoint; a resume over other files, or in another order
+        self.order = reading_order(cfg, info.world_size)
+        self.train_data = {**broadcast_object(
+            data_identity(data.train_files, self.reader.steps_per_epoch()) if info.is_main else None, info),
+            "order": self.order}
         overlap = eval_overlap(self.train_data, data.eval_files) if info.is_main and data.eval_files else None
         if overlap:
             say(overlap)
-        if resumed and check_resume_data(load_meta(self.resumed_from).get("train_data"), self.train_data,
-                                         self.resumed_from, self.progress.step_in_epoch,
-                                         self.progress.epoch, say):
-            self.progress.epoch, self.progress.step_in_epoch = self.progress.epoch + 1, 0
+        self._carry: CarriedEpoch | None = None  # an old order's epoch, read to its end
+        if resumed:
+            meta = load_meta(self.resumed_from)
+            if check_resume_data(meta.get("train_data"), self.train_data, self.resumed_from,
+                                 self.progress.step_in_epoch, self.progress.epoch, say):
+                self.progress.epoch, self.progress.step_in_epoch = self.progress.epoch + 1, 0
+            else:
+                self._carry_old_order(meta, data)
         steps_per_epoch = -(-self.reader.steps_per_epoch() // cfg.train.accumulate)  # optimizer steps
-        self.total_steps = self.planned_steps = cfg.train.max_steps or cfg.train.epochs * steps_per_epoch
+        self.total_steps = self.planned_steps = cfg.train.max_steps or self._epoch_steps(steps_per_epoch)
         self.best = best_eval(cfg, run_dir, info, self.progress.global_step if resumed else None)
         if self.best.stopped:  # it stopped early before: it resumes as finished
             self.total_steps = self.progress.global_step
@@ -354,6 +371,42 @@ class Trainer:
             self.say(f"train.init_from={source} is used only by a fresh run: this one resumes its own checkpoint")
         return True
 
+    def _carry_old_order(self, meta: dict[str, Any], data: RunData) -> None:
+        """A resume mid-epoch in another reading order reads that epoch to its end in the
+        checkpoint's order (dlrm/train/carry_order.py); one that ended its epoch starts
+        the next."""
+        then, k = order_then(meta), self.progress.step_in_epoch
+        if then is None or k == 0 or all(then[key] == self.order[key] for key in ORDER_KEYS):
+            return
+        if self.cfg.data.in_memory:  # staged batches replay epoch 0's: no order to keep
+            return
+        make = functools.partial(order_reader, self.cfg, data.train_files, self.schema, data.preprocess)
+        carry = carried_epoch(make, then, self.progress.epoch, self.info.rank, self.info.world_size)
+        batches = carry.steps_per_epoch()
+        if k >= batches:  # it ended there: the next epoch, in this run's order
+            self.progress.epoch, self.progress.step_in_epoch = self.progress.epoch + 1, 0
+            return
+        self._carry = carry
+        self.train_data = {**self.train_data, "batches_per_epoch": batches, "order": then}
+        self.say(f"note: resumed at batch {k} of {batches} of epoch {self.progress.epoch}, read in another "
+                 f"order ({differences(then, self.order)}): the epoch's last {batches - k} batches are "
+                 "read in its order, so each of its rows is trained once; the next epoch in this run's")
+
+    def _epoch_steps(self, steps_per_epoch: int) -> int:
+        """The optimizer step train.epochs ends at: ``steps_per_epoch`` an epoch, but for
+        an old order's epoch being read to its end (its own batches)."""
+        if self._carry is None:
+            return self.cfg.train.epochs * steps_per_epoch
+        acc, epoch = self.cfg.train.accumulate, self.progress.epoch
+        left = -(-(self._carry.steps_per_epoch() - self.progress.step_in_epoch) // acc)
+        return self.progress.global_step + left + max(0, self.cfg.train.epochs - epoch - 1) * steps_per_epoch
+
+    def _stream(self) -> Any:
+        """The reader of this epoch's batches: an old order's being read to its end, or the run's."""
+        if self._carry is not None and self._carry.epoch_number == self.progress.epoch:
+            return self._carry
+        return self._staged or self.reader
+
     # ------------------------------------------------------------------ the loop
     def fit(self) -> dict[str, Any]:
         """Train to ``total_steps``, then save, evaluate and return the summary; or,
@@ -421,7 +474,7 @@ class Trainer:
                 self._staged = StagedBatches(
                     self.reader, self.info.device if self.hotline is None else torch.device("cpu"),
                     self.cfg.train.max_steps * self.cfg.train.accumulate)
-            source = self._staged or self.reader
+            source = self._stream()
             self._batches = iter(source.epoch(self.progress.epoch,
                                               start_step=self.progress.step_in_epoch))
             if (self.info.device.type == "cuda" and self.hotline is None  # Hotline copies its own
@@ -434,6 +487,10 @@ class Trainer:
             self.progress.epoch += 1
             self.progress.step_in_epoch = 0
             self._batches = None
+            if self._carry is not None:  # its epoch is over: this run's order from here
+                self._carry = None
+                self.train_data = {**self.train_data, "batches_per_epoch": self.reader.steps_per_epoch(),
+                                   "order": self.order}
         self._upcoming = self._peek_next()
         return batches
 
@@ -561,7 +618,8 @@ class Trainer:
         """Rows of this step over all ranks: the loss is their mean."""
         if self.bad_data is None:
             first = self.progress.step_in_epoch
-            return sum(self.reader.global_batch_size(first + i) for i in range(len(batches)))
+            stream = self._stream()
+            return sum(stream.global_batch_size(first + i) for i in range(len(batches)))
         # Dropped rows shorten batches: count what this step trains on all ranks.
         rows = int(all_reduce_sum([sum(b.size for b in batches)], self.info)[0])
         self.bad_data.rows_trained += rows
