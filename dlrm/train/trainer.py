@@ -401,11 +401,13 @@ class Trainer:
         left = -(-(self._carry.steps_per_epoch() - self.progress.step_in_epoch) // acc)
         return self.progress.global_step + left + max(0, self.cfg.train.epochs - epoch - 1) * steps_per_epoch
 
+    def _carrying(self) -> bool:
+        """Whether this epoch is an old order's, read to its end."""
+        return self._carry is not None and self._carry.epoch_number == self.progress.epoch
+
     def _stream(self) -> Any:
         """The reader of this epoch's batches: an old order's being read to its end, or the run's."""
-        if self._carry is not None and self._carry.epoch_number == self.progress.epoch:
-            return self._carry
-        return self._staged or self.reader
+        return self._carry if self._carrying() else self._staged or self.reader
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> dict[str, Any]:
@@ -618,8 +620,8 @@ class Trainer:
         """Rows of this step over all ranks: the loss is their mean."""
         if self.bad_data is None:
             first = self.progress.step_in_epoch
-            stream = self._stream()
-            return sum(stream.global_batch_size(first + i) for i in range(len(batches)))
+            shape = self._carry if self._carrying() else self.reader  # (staged batches are the reader's)
+            return sum(shape.global_batch_size(first + i) for i in range(len(batches)))
         # Dropped rows shorten batches: count what this step trains on all ranks.
         rows = int(all_reduce_sum([sum(b.size for b in batches)], self.info)[0])
         self.bad_data.rows_trained += rows
