@@ -218,6 +218,9 @@ def test_other_model_config_refused(trained, tmp_path: Path, capsys) -> None:
     one_line_error(capsys, code, "step-000000010", "model.embedding_dim is 16 there, 8 here")
     code = main(train_argv(data, tmp_path / "run", "optim.sparse=adam"))
     one_line_error(capsys, code, "optim.sparse is 'rowwise_adagrad' there, 'adam' here")
+    # the dense optimizer's state is Adagrad's: Adam took it and stopped in torch's KeyError
+    code = main(train_argv(data, tmp_path / "run", "optim.dense=adam"))
+    one_line_error(capsys, code, "optim.dense is 'adagrad' there, 'adam' here")
 
 
 class _Payload:

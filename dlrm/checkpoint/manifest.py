@@ -246,11 +246,11 @@ def check_compatible(meta: dict[str, Any], config: dict[str, Any], schema: Schem
             raise CheckpointError(
                 f"checkpoint {ckpt}: model.{key} is {saved_model.get(key)!r} there, {value!r} here"
             )
-    for key in ("sparse", "pooling"):
-        a = meta["config"]["optim" if key == "sparse" else "embeddings"][key]
-        b = config["optim" if key == "sparse" else "embeddings"][key]
-        if a != b:
-            section = "optim" if key == "sparse" else "embeddings"
+    # the optimizers' states are saved for the optimizer that made them: another one
+    # cannot take them (a dense one changed on resume was torch's KeyError traceback)
+    for section, key in (("optim", "sparse"), ("optim", "dense"), ("embeddings", "pooling")):
+        a, b = meta["config"][section].get(key), config[section][key]
+        if a is not None and a != b:
             raise CheckpointError(f"checkpoint {ckpt}: {section}.{key} is {a!r} there, {b!r} here")
     saved = schema_from_json(meta["schema"])
     if saved != schema:
