@@ -26,13 +26,12 @@ def recorded(opts: Any) -> dict[str, Any]:
             "rows": dict(sorted(opts.rows.items()))}
 
 
-def check_settings(encodings: dict[str, str], transforms: dict[str, str], saved: dict[str, Any],
-                   opts: Any, schema: Schema, where: str, hint: str) -> None:
-    """One line if ``opts`` (this run's settings) would not fit what ``where`` holds:
-    ``encodings`` (table → identity | vocabulary | hash), ``transforms`` (dense
-    column → transform) and the ``saved`` settings it was fitted with ({} if not
-    recorded). ``hint``: what the user can do, ending the line."""
-    differs = _differences(encodings, transforms, saved, opts, schema)
+def check_settings(fit: Any, opts: Any, schema: Schema, where: str, hint: str) -> None:
+    """One line if ``opts`` (this run's settings) would not give ``fit`` (a
+    data/preprocess.py ``Preprocessing``: its encodings, transforms and the settings
+    it was fitted with, {} if not recorded), saved at ``where``. ``hint``: what the
+    user can do, ending the line."""
+    differs = _differences(fit.encodings, fit.transforms, fit.settings, opts, schema)
     if differs:
         raise UserError(f"{where}: {differs[0]}; {hint}")
 

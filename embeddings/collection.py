@@ -419,10 +419,7 @@ class LocalEmbeddingCollection(EmbeddingCollection):
         if self._kept:
             grad = KVGradient.cat(self._kept)
         else:
-            grad = KVGradient(
-                torch.zeros(0, dtype=torch.int64, device=self.weight.device),
-                self.weight.new_zeros(0, self.dim, dtype=torch.float32),
-            )
+            grad = KVGradient.empty(self.dim, self.weight.device)
         self._kept = []
         return grad
 

@@ -80,6 +80,13 @@ class KVGradient:
         return KVGradient(torch.arange(num, device=ids.device), summed)
 
     @staticmethod
+    def empty(dim: int, device: torch.device | str) -> KVGradient:
+        """No rows: a step with no lookup (still applied: Adam counts it). fp32, as every
+        gradient, whatever the table's type (a bf16 empty one stopped Adam's fp32 state)."""
+        return KVGradient(torch.zeros(0, dtype=torch.int64, device=device),
+                          torch.zeros(0, dim, dtype=torch.float32, device=device))
+
+    @staticmethod
     def cat(grads: list[KVGradient]) -> KVGradient:
         """Merge several gradients of one table (accumulation, all-gather)."""
         if len(grads) == 1:

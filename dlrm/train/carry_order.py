@@ -18,6 +18,7 @@ reads in the run's own order.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
@@ -28,13 +29,19 @@ from dlrm.config import Config
 ORDER_KEYS = ("world_size", "batch_size", "seed", "shuffle", "shuffle_buffer")
 
 
+def _order(world_size: int, data: dict[str, Any], seed: int) -> dict[str, Any]:
+    """The order of a run on ``world_size`` ranks with config section ``data``: one
+    process with data.order_world_size=W reads a W-rank order."""
+    order = int(data.get("order_world_size", 0))
+    return {"world_size": order if order > 1 and world_size == 1 else world_size,
+            "batch_size": data["batch_size"], "seed": seed, "shuffle": data["shuffle"],
+            "shuffle_buffer": data["shuffle_buffer"]}
+
+
 def reading_order(cfg: Config, world_size: int) -> dict[str, Any]:
     """What the training stream of ``cfg`` on ``world_size`` ranks is a function of
-    (besides the files): one process with data.order_world_size=W reads a W-rank order."""
-    order = cfg.data.order_world_size
-    return {"world_size": order if order > 1 and world_size == 1 else world_size,
-            "batch_size": cfg.data.batch_size, "seed": cfg.seed, "shuffle": cfg.data.shuffle,
-            "shuffle_buffer": cfg.data.shuffle_buffer}
+    (besides the files)."""
+    return _order(world_size, dataclasses.asdict(cfg.data), cfg.seed)
 
 
 def order_then(meta: dict[str, Any]) -> dict[str, Any] | None:
@@ -46,10 +53,7 @@ def order_then(meta: dict[str, Any]) -> dict[str, Any] | None:
     config = meta.get("config")
     if not config or "world_size" not in meta:
         return None
-    data, world = config["data"], int(meta["world_size"])
-    order = int(data.get("order_world_size", 0))
-    return {"world_size": order if order > 1 and world == 1 else world, "batch_size": data["batch_size"],
-            "seed": config["seed"], "shuffle": data["shuffle"], "shuffle_buffer": data["shuffle_buffer"]}
+    return _order(int(meta["world_size"]), config["data"], config["seed"])
 
 
 def differences(then: dict[str, Any], now: dict[str, Any]) -> str:

@@ -80,14 +80,14 @@ def resolve_data(cfg: Config, run_dir: str | Path | None = None) -> RunData:
     saved = Path(run_dir) / prep_io.FILE if run_dir is not None else None
     if saved is not None and saved.is_file():
         prep = prep_io.load(saved.parent)
-        check_settings(prep.encodings, prep.transforms, prep.settings, prep_options(cfg), schema,
+        check_settings(prep, prep_options(cfg), schema,
                        str(saved), "a run directory keeps its fit (a rerun, a resume): give the run the "
                        "fit's setting, or train in another --out to fit anew")
     elif cfg.data.preprocessing:
         local_path(cfg.data.preprocessing, "data.preprocessing")
         prep = prep_io.load(Path(cfg.data.preprocessing), usable)
         check_fit_covers(prep, schema, cfg.data.preprocessing)
-        check_settings(prep.encodings, prep.transforms, prep.settings, prep_options(cfg), schema,
+        check_settings(prep, prep_options(cfg), schema,
                        f"data.preprocessing={cfg.data.preprocessing}", "a reused fit is taken as it is: give "
                        "this run the fit's setting, or fit again (dlrm fit)")
     else:

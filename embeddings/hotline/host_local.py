@@ -354,8 +354,7 @@ class LocalHostTier:
             if kept:
                 grad = KVGradient.cat(_arrived(kept))
             else:
-                ids = torch.zeros(0, dtype=torch.int64, device=tables.weight.device)
-                grad = KVGradient(ids, tables.weight.new_zeros(0, tables.dim, dtype=torch.float32))
+                grad = KVGradient.empty(tables.dim, tables.weight.device)
             if first is None or grad.ids.numel() == 0:
                 tables.apply_gradient(grad)
             else:

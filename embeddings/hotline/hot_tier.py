@@ -360,8 +360,7 @@ class HotTier(nn.Module):
         kept, self.kept = self.kept, []
         if kept:
             return KVGradient.cat(kept)
-        ids = torch.zeros(0, dtype=torch.int64, device=self.weight.device)
-        return KVGradient(ids, self.weight.new_zeros(0, self.weight.shape[1], dtype=torch.float32))
+        return KVGradient.empty(self.weight.shape[1], self.weight.device)
 
     def kept_by_stacked_id(self) -> list[KVGradient]:
         """The kept gradients with stacked ids instead of slots (not forgotten; Triton:
