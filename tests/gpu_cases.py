@@ -44,6 +44,9 @@ STEPS = 12
 OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad", "adam")
 STRATEGIES = ("table_wise", "column_wise", "row_wise", "data_parallel")
 HOTLINE = ("embeddings.placement=hotline", "hotline.budget=1MB", "hotline.fill_unseen=false")
+# The eager Hotline step, whose parts hotline.graph_dense and graph_split graph (on a GPU
+# the default, graph_step=auto, captures the whole step instead)
+EAGER_HOTLINE = (*HOTLINE, "hotline.graph_step=off")
 
 # A popular micro-batch that keeps the GPU busy (wide MLPs, batch 4096) beside a
 # non-popular one with cold rows: 1500KB of hot rows chosen from every training batch

@@ -12,8 +12,10 @@ import torch
 
 from dlrm.config import load_config
 from dlrm.train import optim
+from dlrm.train.adagrad import DeviceAdagrad
 from dlrm.train.graphs import why_not
-from dlrm.train.optim import build_dense_optimizer, capturable, fused_adagrad_runs, load_dense_state
+from dlrm.train.optim import build_dense_optimizer, fused_adagrad_runs, load_dense_state
+from dlrm.train.sync_audit import SyncAudit
 from tests.conftest import TINY
 
 
@@ -26,15 +28,80 @@ def test_the_probe_finds_the_fused_adagrad_this_torch_has() -> None:
 
 
 @pytest.mark.parametrize("fused", [True, False])
-def test_dense_adagrad_is_captured_only_where_torch_fuses_it(monkeypatch, fused: bool) -> None:
-    """The default dense optimizer (adagrad) no longer rules out the CUDA graph where
-    torch has its fused CUDA kernel; where not, the reason says so."""
+def test_dense_adagrad_is_captured_whether_torch_fuses_it_or_not(monkeypatch, fused: bool) -> None:
+    """The default dense optimizer (adagrad) rules out no CUDA graph: torch's fused CUDA
+    kernel where this torch has it, else dlrm/train/adagrad.py (which reads nothing on
+    the host)."""
     monkeypatch.setattr(optim, "fused_adagrad_runs", lambda device: fused)
     cfg = load_config(TINY, ["embeddings.kernels=triton"])
     assert cfg.optim.dense == "adagrad"
-    cuda = torch.device("cuda")
-    assert capturable("adagrad", cuda) is fused and capturable("sgd", cuda) and capturable("adam", cuda)
-    assert why_not(cfg, cuda, 1) == (None if fused else "optim.dense=adagrad (this torch has no fused CUDA adagrad)")
+    assert why_not(cfg, torch.device("cuda"), 1) is None
+
+
+def _grads(params: list[torch.nn.Parameter], step: int) -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(step)
+    return [torch.randn(p.shape, generator=generator) * (step + 1) for p in params]
+
+
+@pytest.mark.parametrize("tensor_lr", [False, True])
+def test_device_adagrad_steps_as_torchs_adagrad_bit_for_bit(tensor_lr: bool) -> None:
+    """dlrm/train/adagrad.py against torch's Adagrad (its multi-tensor path, lr_decay 0):
+    the same bits, with the lr a number or a tensor (a captured step's); and a step
+    that reads nothing on the host, where torch's reads each step count (.item())."""
+    torch.manual_seed(0)
+    ours = [torch.nn.Parameter(torch.randn(64, 32)), torch.nn.Parameter(torch.randn(32))]
+    theirs = [copy.deepcopy(p) for p in ours]
+    mine = DeviceAdagrad(ours, lr=torch.tensor(0.05) if tensor_lr else 0.05, eps=1e-8)
+    reference = torch.optim.Adagrad(theirs, lr=0.05, eps=1e-8, foreach=True)
+    for step in range(5):
+        for params, opt in ((ours, mine), (theirs, reference)):
+            for p, g in zip(params, _grads(params, step), strict=True):
+                p.grad = g
+        with SyncAudit() as audit:
+            mine.step()
+        assert audit.violations == [], audit.violations
+        with SyncAudit() as audit:
+            reference.step()
+        assert "aten._local_scalar_dense" in audit.violations  # why torch's cannot be captured
+    for a, b in zip(ours, theirs, strict=True):
+        assert torch.equal(a, b)
+    for a, b in zip(ours, theirs, strict=True):
+        assert torch.equal(mine.state[a]["sum"], reference.state[b]["sum"])
+        assert float(mine.state[a]["step"]) == float(reference.state[b]["step"]) == 5
+
+
+@pytest.mark.parametrize("to_ours", [True, False])
+def test_device_adagrad_and_torchs_resume_each_others_checkpoints(to_ours: bool) -> None:
+    """A CPU run's checkpoint (torch's fused Adagrad) resumed on a CUDA torch without
+    the fused kernel (ours), and back: the state comes over and the next steps equal
+    those of the optimizer that wrote it."""
+    cfg = load_config(TINY, ["optim.dense=adagrad"])
+    def make_theirs(params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+        return torch.optim.Adagrad(params, lr=0.1, eps=cfg.optim.eps, fused=True)
+
+    def make_ours(params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+        return DeviceAdagrad(params, lr=0.1, eps=cfg.optim.eps)
+
+    write, read = (make_theirs, make_ours) if to_ours else (make_ours, make_theirs)
+    torch.manual_seed(0)
+    first = [torch.nn.Parameter(torch.randn(4, 3)), torch.nn.Parameter(torch.randn(3))]
+    writer = _stepped(write, first)
+    second = [copy.deepcopy(p) for p in first]
+    reader = read(second)
+    load_dense_state(reader, copy.deepcopy(writer.state_dict()))
+    for step in range(3):
+        for params, opt in ((first, writer), (second, reader)):
+            for p, g in zip(params, _grads(params, step), strict=True):
+                p.grad = g
+            opt.step()
+    for got, want in zip(second, first, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7)
+
+
+def test_device_adagrad_refuses_a_state_with_lr_decay() -> None:
+    saved = torch.optim.Adagrad([torch.nn.Parameter(torch.zeros(2))], lr=0.1, lr_decay=0.01).state_dict()
+    with pytest.raises(ValueError, match="lr_decay or weight_decay"):
+        DeviceAdagrad([torch.nn.Parameter(torch.zeros(2))], lr=0.1).load_state_dict(saved)
 
 
 def _stepped(make, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:

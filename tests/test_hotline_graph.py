@@ -23,6 +23,7 @@ from dlrm.config import load_config
 from dlrm.train.sync_audit import SyncAudit
 from dlrm.train.trainer import Trainer, train
 from tests.conftest import FEW_TABLES, TINY, tiny_overrides
+from tests.gpu_cases import DEVICE_RTOL, OPTIMIZER_RTOL
 from tests.run_state import RTOL, assert_states_close, run_state
 from tests.test_hotline_train import run as run_tiny
 
@@ -34,8 +35,11 @@ def run(tiny_data, out: Path, *extra: str) -> dict:
 
 def tolerance(optim: str) -> float:
     """The Hotline tests' on the CPU; on a GPU two CUDA runs (atomics, cuBLAS's orders)
-    differ more: tests/gpu_cases.py's DEVICE_RTOL, 1e-4."""
-    return RTOL.get(optim, 1e-5) if DEVICE.type == "cpu" else 1e-4
+    differ more: tests/gpu_cases.py's DEVICE_RTOL, 1e-4, and its OPTIMIZER_RTOL for Adam
+    (the 2026-11-27 H200 run: static host_embedding against ordinary, Adam, 1.26e-4)."""
+    if DEVICE.type == "cpu":
+        return RTOL.get(optim, 1e-5)
+    return max(DEVICE_RTOL, OPTIMIZER_RTOL.get(f"optim.sparse={optim}", 0.0))
 
 
 # a budget of about a tenth of the rows (8 x 1000 x 16 fp32): most samples have a cold lookup

@@ -127,10 +127,12 @@ def test_triton_half_tables_train_like_torch(dtype: str, optimizer: str) -> None
             ((pooled[k] - target) ** 2).sum().backward()
             collection.step()
         torch.testing.assert_close(pooled["triton"], pooled["torch"], rtol=1e-5, atol=1e-6)
-    got, want = made["triton"].weight.detach().float().cpu(), made["torch"].weight.detach().float()
+    # both read on the CPU: on a GPU both collections' weights are on it, the fresh one
+    # below (the starting weights) is not (the first GPU run failed on the devices alone)
+    got, want = made["triton"].weight.detach().float().cpu(), made["torch"].weight.detach().float().cpu()
     torch.testing.assert_close(got, want, rtol=spacing, atol=1e-6)
     assert (got == want).float().mean() > 0.99
-    moved = made["torch"].weight.detach().float() != LocalEmbeddingCollection(
+    moved = want != LocalEmbeddingCollection(
         half_tables(dtype), make_sparse_optimizer(optimizer), seed=3).weight.float()
     assert moved.any()  # updates below half a spacing moved weights: the rounding is stochastic
     for name in ("rounding_step",):
@@ -166,8 +168,15 @@ def test_triton_half_state_trains_like_torch(weight_dtype: str, state_dtype: str
         assert got.dtype == want.dtype, name
         if interpreted or not want.is_floating_point():
             assert torch.equal(got, want), name
-        else:
+        elif weight_dtype == "fp32":
             assert (got == want).float().mean() > 0.99, name
+        else:
+            # A half weight a spacing apart after one step (a rounding flipped by the
+            # contracted multiply-add) changes the pooled values, so every later gradient
+            # of the rows in its bags: the first H200 run had 1.4% of Adam's bf16
+            # exp_avg_sq elements apart after 4 steps, all within a few spacings.
+            torch.testing.assert_close(got.float(), want.float(), rtol=4 * torch.finfo(want.dtype).eps,
+                                       atol=1e-6, msg=lambda m, name=name: f"{name}: {m}")
     assert made["torch"].state["rounding_step"].item() == 4
     got, want = made["triton"].weight.detach().float(), made["torch"].weight.detach().float()
     if not interpreted:  # a state a spacing apart moves the next steps a little

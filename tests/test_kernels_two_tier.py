@@ -84,7 +84,9 @@ def test_two_tier_backward_updates_hot_rows_and_returns_cold_rows(mean: bool, mu
     optimizer.apply(want, want_state, KVGradient(rows, dense_grad[:HOT].index_select(0, rows)), lr)
 
     weight = hot.clone().requires_grad_(True)
-    state = optimizer.init_state(HOT, DIM, DEVICE)
+    # per-table scalars (Adam's step) are made on the CPU; the kernel counts them on the
+    # weight's device, as the hot tier moves them (a GPU refused the CPU pointer)
+    state = {name: t.to(DEVICE) for name, t in optimizer.init_state(HOT, DIM, DEVICE).items()}
     cold_grad = torch.full((CAPACITY, DIM), float('nan'), device=DEVICE)
     lr_t = torch.full((1,), lr, device=DEVICE)
 
@@ -97,7 +99,7 @@ def test_two_tier_backward_updates_hot_rows_and_returns_cold_rows(mean: bool, mu
     (pooled * grad_out).sum().backward()
     torch.testing.assert_close(weight.data, want, rtol=1e-5, atol=1e-6)
     for name, value in want_state.items():
-        torch.testing.assert_close(state[name], value, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(state[name].cpu(), value.cpu(), rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(cold_grad[:STAGED], dense_grad[HOT:HOT + STAGED], rtol=1e-5, atol=1e-6)
     assert cold_grad[STAGED:].isnan().all()  # rows past U: never written
     assert weight.grad is None  # the update is the kernel's: no dense gradient of the hot rows

@@ -37,7 +37,6 @@ import torch
 
 from data.batch import Batch
 from data.jagged import JaggedFeatures
-from dlrm.train.optim import capturable
 
 WARMUP = 3  # eager steps before the capture
 
@@ -51,8 +50,6 @@ def why_not(cfg: Any, device: torch.device, world_size: int) -> str | None:
         (cfg.embeddings.backend != "native", f"embeddings.backend={cfg.embeddings.backend}"),
         (cfg.embeddings.kernels == "torch", "embeddings.kernels=torch (its backward syncs)"),
         (not cfg.embeddings.fused or cfg.train.accumulate != 1, "unfused sparse updates"),
-        (not capturable(cfg.optim.dense, device),
-         f"optim.dense={cfg.optim.dense} (this torch has no fused CUDA {cfg.optim.dense})"),
         (cfg.train.profile_steps > 0, "train.profile_steps (profiled steps run eager)"),
     ]
     return next((why for broken, why in reasons if broken), None)

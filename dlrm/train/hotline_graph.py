@@ -43,21 +43,19 @@ import torch
 
 from data.batch import Batch
 from dlrm.train.graphs import capture, tensor_lrs
-from dlrm.train.optim import capturable
 from embeddings.hotline.lookups import HOT_ONLY, ColdInFlight, ColdRows
 from embeddings.hotline.mixed import GroupCold
 from embeddings.hotline.split import DeviceSplit, JointSplit
 
 
-def why_not(cfg: Any, embeddings: Any, world_size: int, capture: bool) -> str | None:
-    """Why this run's Hotline step cannot be static (None: it can), and ``capture``d
-    (CUDA: the dense optimizer must read its lr from a tensor)."""
+def why_not(cfg: Any, embeddings: Any, world_size: int) -> str | None:
+    """Why this run's Hotline step cannot be static (None: it can). Every dense
+    optimizer's step can be captured (Adagrad: dlrm/train/adagrad.py where torch has no
+    fused CUDA kernel)."""
     reasons = [
         (world_size > 1, "more than one process (the host tier's all-to-alls and DDP run eager)"),
         (not embeddings.on_triton(), "the hot tier is not on the Triton kernels"),
         (cfg.train.accumulate != 1, "train.accumulate > 1"),
-        (capture and not capturable(cfg.optim.dense, embeddings.hot_device),
-         f"optim.dense={cfg.optim.dense} (this torch has no fused CUDA {cfg.optim.dense})"),
         (cfg.train.profile_steps > 0, "train.profile_steps (profiled steps run eager)"),
     ]
     return next((why for broken, why in reasons if broken), None)

@@ -7,6 +7,7 @@ import functools
 import torch
 
 from dlrm.config import Config
+from dlrm.train.adagrad import DeviceAdagrad
 
 
 def build_dense_optimizer(cfg: Config, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
@@ -15,6 +16,8 @@ def build_dense_optimizer(cfg: Config, params: list[torch.nn.Parameter]) -> torc
     if cfg.optim.dense == "sgd":
         return torch.optim.SGD(params, lr=lr, **impl)
     if cfg.optim.dense == "adagrad":
+        if params and all(p.is_cuda for p in params) and not fused_adagrad_runs(params[0].device):
+            return DeviceAdagrad(params, lr=lr, eps=cfg.optim.eps)  # capturable: dlrm/train/adagrad.py
         return torch.optim.Adagrad(params, lr=lr, eps=cfg.optim.eps, **impl)
     return torch.optim.Adam(params, lr=lr, eps=cfg.optim.eps, **impl)
 
@@ -24,7 +27,7 @@ def implementation(kind: str, params: list[torch.nn.Parameter]) -> dict[str, boo
     parameters in a few launches) wherever it pays and exists:
 
         CUDA   SGD, Adam, and Adagrad where this torch has Adagrad's CUDA kernel
-               (``fused_adagrad_runs``; else its multi-tensor path)
+               (``fused_adagrad_runs``; else ours, dlrm/train/adagrad.py)
         CPU    Adam and Adagrad; SGD keeps torch's default (no faster fused)
 
     On this 2-core CPU, bench.yaml's MLPs (2.29M parameters), one step: Adam 6.90 ms
@@ -32,19 +35,10 @@ def implementation(kind: str, params: list[torch.nn.Parameter]) -> dict[str, boo
     if not params:
         return {}
     if all(p.is_cuda for p in params):
-        if kind == "adagrad" and not fused_adagrad_runs(params[0].device):
-            return {"foreach": True}
         return {"fused": True}
     if all(p.device.type == "cpu" for p in params) and kind in ("adam", "adagrad"):
         return {"fused": True}
     return {}
-
-
-def capturable(kind: str, device: torch.device) -> bool:
-    """Whether a CUDA graph can hold ``kind``'s step on ``device``: fused SGD and Adam
-    (tensor lr; Adam ``capturable``), Adagrad when fused. Adagrad's multi-tensor path
-    reads its lr and step count on the host (``.item()``), which a capture refuses."""
-    return kind in ("sgd", "adam") or (kind == "adagrad" and fused_adagrad_runs(device))
 
 
 @functools.cache

@@ -313,7 +313,7 @@ class Trainer:
             return None
         model: Any = self.model
         cuda = self.info.device.type == "cuda"
-        why = hotline_graph_why_not(self.cfg, model.embeddings, self.info.world_size, capture=cuda)
+        why = hotline_graph_why_not(self.cfg, model.embeddings, self.info.world_size)
         if why is None and (cuda or mode == "on"):
             if not cuda:
                 self.say("hotline.graph_step=on: no CUDA device: the static step runs uncaptured")
