@@ -124,7 +124,11 @@ def test_a_plan_from_another_hot_set_is_refused() -> None:
         coll.refresh(stale)
 
 
-def test_trainer_plans_in_the_background_and_swaps_at_the_next_boundary(monkeypatch) -> None:
+def test_trainer_plans_in_the_background_and_swaps_at_the_next_refresh_step(monkeypatch) -> None:
+    """A refresh step (every refresh_every) plans the next hot set on the planner thread
+    and swaps it in at the next refresh step, not the next step: the plan has a window
+    of steps to finish (on the 2026-11-27 H200 a plan due at the next step made that
+    step wait 292 ms)."""
     tables = tables_fixture()
     kjts = [random_kjt(FEATURES, rows_of(tables), batch=10, max_len=3, seed=s) for s in range(2)]
     a, _ = _sets(tables, kjts)
@@ -145,8 +149,12 @@ def test_trainer_plans_in_the_background_and_swaps_at_the_next_boundary(monkeypa
     assert torch.equal(coll.hot_ids, first)  # not swapped yet
     plan = steps._next_hot.result()
     assert planned_on and planned_on[0].startswith("hotline-refresh")
-    steps.after_step(3)  # the next boundary: swapped in
+    steps.after_step(3)  # not a refresh step: the plan waits, done or not
+    assert torch.equal(coll.hot_ids, first) and steps.stats()["refreshes"] == 0
+    steps.counts = count_accesses(kjts[:1], tables)
+    steps.after_step(4)  # the next refresh step: swapped in, and the next one planned
     assert torch.equal(coll.hot_ids, plan.ids) and not torch.equal(plan.ids, first)
+    assert steps._next_hot is not None
     assert steps.stats()["refreshes"] == 1
     steps.close()
 
@@ -203,6 +211,7 @@ def test_a_short_refresh_window_keeps_the_hot_set_at_its_size(tiny_data, tmp_pat
     summary = run(tiny_data, tmp_path / "hot", "train.max_steps=8", "optim.sparse=rowwise_adagrad",
                   "embeddings.placement=hotline", "hotline.budget=160KB", "hotline.refresh_every=2",
                   "hotline.fill_unseen=false", "data.batch_size=32")
+    # refresh steps 2, 4, 6, 8: swaps at 4, 6, 8 (each the plan of the one before)
     assert summary["hotline"]["refreshes"] == 3 and len(loads) == 4, loads
     first, *refreshes = loads
     assert first[1] == 1 and all(r == (first[0], 0) for r in refreshes), loads

@@ -364,6 +364,8 @@ class HotlineSteps:
         host_ids = getattr(cold, "host_ids", None)
         if self._next_hot is not None and host_ids is not None:
             self._touched.append(host_ids)
+            if len(self._touched) >= 64:  # a window of steps: bounded by the rows, not the steps
+                self._touched = [torch.unique(torch.cat(self._touched))]
 
     def _made_for(self, batch: Batch) -> AheadSplit:
         """``batch``'s split: the one made a step ahead if it is this batch's and the hot
@@ -477,12 +479,15 @@ class HotlineSteps:
             ahead.whole, ahead.gather = self._submit_gather(ahead, sizes)
 
     def after_step(self, step: int) -> None:
-        """Every ``refresh_every`` steps (after the update): the counts are summed (all
-        ranks) and the next hot set is chosen and planned on a background thread
-        while the next step runs; at the boundary after it, the plan is swapped in
-        (embeddings/hotline/refresh.py: only the rows that change move). The pause is
-        the launch plus the swap, with the wait for the plan if it is late. Then the
-        next mini-batch's cold gather starts (``gather_ahead``)."""
+        """Every ``refresh_every`` steps (after the update): the hot set planned at the
+        last such step is swapped in (embeddings/hotline/refresh.py: only the rows that
+        change move), then the counts since are summed (all ranks) and the next hot set
+        is chosen and planned on a background thread, to be swapped in at the next such
+        step. The plan has a whole window of steps to finish: swapped in at the next
+        step, it made the step wait for it (the 2026-11-27 H200, 128MB of 8.6 GB of
+        tables, 3.5 ms steps: 292 ms a refresh). The pause is the swap plus the launch,
+        with the wait for the plan if it is later than a window. Then the next
+        mini-batch's cold gather starts (``gather_ahead``)."""
         current, self._current = self._current, None
         if current is not None and current.slot is not None and self.device.type == "cuda":
             # the step's reads of its split's buffers are queued: the graph's next replay
@@ -491,19 +496,21 @@ class HotlineSteps:
             done.record(torch.cuda.current_stream(self.device))
             GraphedSplits.handed(current.slot, done)
         every = self.cfg.hotline.refresh_every
-        if every:
-            self._refresh(step, every)
+        if every and step % every == 0:
+            self._refresh()
         self.gather_ahead()
 
-    def _refresh(self, step: int, every: int) -> None:
-        """``after_step``'s refresh: swap in a planned hot set, plan the next."""
+    def _refresh(self) -> None:
+        """``after_step``'s refresh: swap in the planned hot set, plan the next. Both at
+        fixed steps, whatever the planner's speed: a run's parameters do not depend on
+        its timing (the host and device tiers sum a row's gradient in other orders)."""
         t0 = time.perf_counter()
-        if self._next_hot is not None:  # planned during this step: swap it in now
+        if self._next_hot is not None:  # planned a window ago: swap it in now
             touched = torch.cat(self._touched) if self._touched else torch.zeros(0, dtype=torch.int64)
             self.embeddings.refresh(self._next_hot.result(), touched)
             self._next_hot = self._pending = None
             self._window["refreshes"] += 1
-        if step % every == 0 and self.counts is not None:
+        if self.counts is not None:
             counts = sum_counts(self.counts, self.tables, self.info)  # a collective: here, on every rank
             self.counts = None
             self._touched = []
