@@ -12,9 +12,11 @@ and binaries are pyarrow's ``value_counts`` per row group, with the partial coun
 merged by a ``group_by(...).aggregate(sum)`` once they outgrow the merged table (each
 value's count is summed O(log) times, never one Python step per row).
 
-Looking up is a binary search: the vocabulary's keys (an int column's values, or a
-string's stable 64-bit hash, :func:`data.hashing.hash_bytes`) are sorted once, and
-``np.searchsorted`` finds the keys of a batch's distinct values (``dictionary_encode``).
+Looking up is a hash table: the vocabulary's keys (an int column's values, or a
+string's stable 64-bit hash, :func:`data.hashing.hash_bytes`) are put in an
+open-addressing table once (data/key_table.py), which finds the keys of a batch's
+distinct values (``dictionary_encode``); without numba, a binary search of the keys
+sorted once (``np.searchsorted``).
 ``pc.index_in`` would build its hash set of the whole vocabulary again on every call,
 so it is not used per batch. An integer vocabulary whose values span at most 4x its
 size (+ 64k), or at most 2^24 values (a 64 MiB table), is looked up by one gather from a table indexed by value (int32 rows,
@@ -30,6 +32,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from data import key_table
 from data.hashing import hash_bytes
 from data.int_counts import IntCounts, int64_array, int64_values, merged_counts
 
@@ -214,6 +217,7 @@ class Vocabulary:
     values: pa.Array
     counts: np.ndarray
     distinct: int  # distinct values counted (before min_frequency and max_rows)
+    _table: key_table.KeyTable | bool | None = None  # False: no numba (the sorted keys instead)
     _sorted_keys: np.ndarray | None = None
     _sorted_rows: np.ndarray | None = None
     _direct: tuple[int, np.ndarray] | None = None  # (lowest value, rows by value - lowest)
@@ -299,9 +303,14 @@ class Vocabulary:
         return np.where(indices >= 0, rows[indices], 0)
 
     def rows_of_keys(self, keys: np.ndarray) -> np.ndarray:
-        """Rows [k] of distinct value keys [k] (0: not in the vocabulary). The keys are
-        searched in sorted order: each search starts where the last ended, so the
-        vocabulary's keys are walked once, not k times from the top."""
+        """Rows [k] of distinct value keys [k] (0: not in the vocabulary): found in a
+        hash table of the vocabulary's keys (data/key_table.py, built once), else (no
+        numba) searched in sorted order: each search starts where the last ended, so
+        the vocabulary's keys are walked once, not k times from the top."""
+        if self._table is None:
+            self._table = key_table.build(value_keys(self.values)) or False
+        if self._table:
+            return self._table.find(keys)
         if self._sorted_keys is None:
             own = value_keys(self.values)
             by_key = np.argsort(own, kind="stable")
