@@ -124,6 +124,38 @@ def test_a_plan_from_another_hot_set_is_refused() -> None:
         coll.refresh(stale)
 
 
+def test_the_rows_written_over_a_long_window_reach_the_swap_once_each(monkeypatch) -> None:
+    """A plan waits a whole window of steps for its swap, and each step's cold update
+    hands over the host rows it wrote: kept as one unique set every 64 steps (memory
+    bounded by the rows, not the steps), the swap gets each row written once."""
+    tables = tables_fixture()
+    kjts = [random_kjt(FEATURES, rows_of(tables), batch=10, max_len=3, seed=s) for s in range(2)]
+    a, _ = _sets(tables, kjts)
+    coll = HotlineEmbeddingCollection(tables, profile_of(tables, a), make_sparse_optimizer("sgd"))
+    cfg = load_config(TINY, ["hotline.refresh_every=200", "hotline.budget=1KB"])
+    steps = HotlineSteps(SimpleNamespace(embeddings=coll), cfg)
+    swapped: list[torch.Tensor] = []
+    refresh = coll.refresh
+
+    def spy(plan, touched_rows):
+        swapped.append(touched_rows)
+        return refresh(plan, touched_rows)
+
+    monkeypatch.setattr(coll, "refresh", spy)
+    steps.counts = count_accesses(kjts, tables)
+    steps.after_step(200)  # plans
+    written = [torch.arange(s % 50, s % 50 + 20) for s in range(150)]  # 150 steps' rows, overlapping
+    for ids in written:
+        steps._touch(SimpleNamespace(host_ids=ids))
+    assert len(steps._touched) < 64
+    steps.counts = count_accesses(kjts[:1], tables)
+    steps.after_step(400)  # swaps
+    assert len(swapped) == 1
+    assert torch.equal(torch.unique(swapped[0]), torch.unique(torch.cat(written)))
+    assert swapped[0].numel() < sum(ids.numel() for ids in written) / 2  # not every step's copy
+    steps.close()
+
+
 def test_trainer_plans_in_the_background_and_swaps_at_the_next_refresh_step(monkeypatch) -> None:
     """A refresh step (every refresh_every) plans the next hot set on the planner thread
     and swaps it in at the next refresh step, not the next step: the plan has a window
