@@ -301,6 +301,7 @@ def test_graph_replayed_training_equals_eager(single_hot_data, tmp_path: Path) -
                           f"optim.dense={dense}")
         assert graphed["step_mode"].startswith("graphs: captured at step 3"), graphed["step_mode"]
         assert "0 other-shape steps eager" in graphed["step_mode"], graphed["step_mode"]
+        assert "ms of GPU time a replay" in graphed["step_mode"], graphed["step_mode"]  # graphs.ReplayTimer
         assert eager["step_mode"] == "eager (train.cuda_graphs=off)"
         cases.assert_runs_close(tmp_path / f"g{dense}", tmp_path / f"e{dense}", f"graphs vs eager, {dense}",
                                 rtol=1e-5)

@@ -73,6 +73,8 @@ def test_static_hotline_step_equals_ordinary_training(tiny_data, tmp_path: Path,
     assert_states_close(run_state(tmp_path / "hot"), run_state(tmp_path / "plain"), f"static hotline {optim}",
                         tolerance(optim))
     assert summary["step_mode"].startswith("hotline step static: 4 steps"), summary["step_mode"]
+    # captured on a GPU: the replays' own GPU time beside the step's (graphs.ReplayTimer)
+    assert ("ms of GPU time a replay" in summary["step_mode"]) == (DEVICE.type == "cuda"), summary["step_mode"]
     stats = summary["hotline"]
     assert stats["hot_hit_rate"] < 0.9 and stats["popular_share"] < 0.5  # cold rows staged and sent home
 

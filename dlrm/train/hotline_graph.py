@@ -42,7 +42,7 @@ from typing import Any
 import torch
 
 from data.batch import Batch
-from dlrm.train.graphs import capture, tensor_lrs
+from dlrm.train.graphs import ReplayTimer, capture, tensor_lrs
 from embeddings.hotline.lookups import HOT_ONLY, ColdInFlight, ColdRows
 from embeddings.hotline.mixed import GroupCold
 from embeddings.hotline.split import DeviceSplit, JointSplit
@@ -78,6 +78,7 @@ class HotlineGraph:
         self.failed: str | None = None
         self.steps = self.replays = self.captures = self.eager = 0
         self.capture_s = 0.0  # seconds the captures took (a recapture is a pause of the run)
+        self.timer = ReplayTimer()
         if capture:
             tensor_lrs(dense_opt)
 
@@ -114,7 +115,7 @@ class HotlineGraph:
             if loss is None:
                 return None
         else:
-            self.graph.replay()
+            self.timer.replay(self.graph)
             self.replays += 1
             loss = self.loss
         self.embeddings.send_static_cold(static.sparse, rows)
@@ -147,7 +148,8 @@ class HotlineGraph:
             return f"hotline step eager ({self.failed})"
         how = (f"captured {self.captures}x in {1000 * self.capture_s / max(self.captures, 1):.0f} ms each, replayed"
                if self.capture else "uncaptured (no CUDA device)")
-        return f"hotline step static: {self.steps} steps ({how}), {self.eager} other-shape steps eager"
+        return (f"hotline step static: {self.steps} steps ({how}), {self.eager} other-shape steps "
+                f"eager{self.timer.summary()}")
 
 
 def _cold_rows(cold: Any) -> ColdRows | GroupCold | None:
