@@ -44,7 +44,7 @@ class FakeGraph:
 
 def test_replays_are_timed_without_a_wait_in_the_step(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
-    timer, graph = ReplayTimer(), FakeGraph()
+    timer, graph = ReplayTimer(enabled=True), FakeGraph()
     waits = []
     synchronize = FakeEvent.synchronize
 
@@ -61,4 +61,7 @@ def test_replays_are_timed_without_a_wait_in_the_step(monkeypatch: pytest.Monkey
     assert 0 < timer.timed < 100 and len(timer.pending) < 100  # folded as they finished
     assert timer.summary() == ", 0.75 ms of GPU time a replay"
     assert timer.timed == 100 and not timer.pending
-    assert ReplayTimer().summary() == ""  # nothing replayed: nothing said
+    assert ReplayTimer(enabled=True).summary() == ""  # nothing replayed: nothing said
+    untimed = ReplayTimer(enabled=False)  # no CUDA (a CPU test's stand-in graph): replayed, not timed
+    untimed.replay(graph)
+    assert FakeGraph.replays == 101 and untimed.summary() == ""
