@@ -12,12 +12,13 @@ from dlrm.train.adagrad import DeviceAdagrad
 
 def build_dense_optimizer(cfg: Config, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
     lr = cfg.optim.dense_lr
+    if cfg.optim.dense == "adagrad" and params and all(p.is_cuda for p in params) \
+            and not fused_adagrad_runs(params[0].device):
+        return DeviceAdagrad(params, lr=lr, eps=cfg.optim.eps)  # capturable: dlrm/train/adagrad.py
     impl = implementation(cfg.optim.dense, params)
     if cfg.optim.dense == "sgd":
         return torch.optim.SGD(params, lr=lr, **impl)
     if cfg.optim.dense == "adagrad":
-        if params and all(p.is_cuda for p in params) and not fused_adagrad_runs(params[0].device):
-            return DeviceAdagrad(params, lr=lr, eps=cfg.optim.eps)  # capturable: dlrm/train/adagrad.py
         return torch.optim.Adagrad(params, lr=lr, eps=cfg.optim.eps, **impl)
     return torch.optim.Adam(params, lr=lr, eps=cfg.optim.eps, **impl)
 
@@ -26,8 +27,8 @@ def implementation(kind: str, params: list[torch.nn.Parameter]) -> dict[str, boo
     """torch's fused kernel (``fused=True``: one pass over each parameter, all the MLPs'
     parameters in a few launches) wherever it pays and exists:
 
-        CUDA   SGD, Adam, and Adagrad where this torch has Adagrad's CUDA kernel
-               (``fused_adagrad_runs``; else ours, dlrm/train/adagrad.py)
+        CUDA   SGD, Adam, and Adagrad (asked for only where this torch has Adagrad's
+               CUDA kernel, ``fused_adagrad_runs``; else dlrm/train/adagrad.py is built)
         CPU    Adam and Adagrad; SGD keeps torch's default (no faster fused)
 
     On this 2-core CPU, bench.yaml's MLPs (2.29M parameters), one step: Adam 6.90 ms
