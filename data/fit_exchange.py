@@ -78,13 +78,68 @@ def merged_by_range(tables: dict[str, Table], world: int, gather: Gather,
             for k, name in enumerate(names)}
 
 
+# How an array travels (``_packed``): whole int64s, or 4 bytes an entry where it fits,
+# as the gaps between neighbours (a table's values: sorted, each once) or as itself (counts)
+_RAW, _NARROW, _GAPS = 0, 1, 2
+_U32 = 1 << 32
+
+
 def _packed(arrays: list[np.ndarray]) -> np.ndarray:
-    """int64 arrays as one: [count, len each..., data...] (one message per rank pair)."""
-    head = np.array([len(arrays)] + [len(a) for a in arrays], np.int64)
-    return np.concatenate([head] + [a.astype(np.int64, copy=False) for a in arrays])
+    """int64 arrays as one int64 message (one per rank pair):
+
+        [n, (length, how, first) per array..., bodies...]   each body padded to 8 bytes
+
+    A body is the array's int64s, or 4 bytes an entry: its gaps after ``first`` when it
+    ascends by less than 2^32 a step (a table's values), else the values themselves
+    when each is in [0, 2^32) (counts). Half the bytes of a typical table: the exchange
+    is the costliest part of a split fit's merge (2 ranks on loopback gloo, 12M rows:
+    0.6 s of 1.0)."""
+    head, bodies = [len(arrays)], []
+    for a in arrays:
+        a = a.astype(np.int64, copy=False)
+        how, first, body = _narrowed(a)
+        head += [len(a), how, first]
+        bodies.append(body)
+    return np.concatenate([np.array(head, np.int64)] + bodies)
+
+
+def _narrowed(a: np.ndarray) -> tuple[int, int, np.ndarray]:
+    """(how, first, body as int64 words) of one array (``_packed``)."""
+    if len(a) > 1:
+        gaps = np.diff(a)
+        if int(gaps.min()) >= 0 and int(gaps.max()) < _U32:
+            return _GAPS, int(a[0]), _words(gaps.astype(np.uint32))
+    if len(a) and int(a.min()) >= 0 and int(a.max()) < _U32:
+        return _NARROW, 0, _words(a.astype(np.uint32))
+    return _RAW, 0, a
+
+
+def _words(narrow: np.ndarray) -> np.ndarray:
+    """uint32 entries as int64 words (the last padded with a zero)."""
+    if len(narrow) % 2:
+        narrow = np.concatenate([narrow, np.zeros(1, np.uint32)])
+    return narrow.view(np.int64)
 
 
 def _unpacked(flat: np.ndarray) -> list[np.ndarray]:
     n = int(flat[0])
-    lengths = flat[1:1 + n]
-    return np.split(flat[1 + n:], np.cumsum(lengths)[:-1]) if n else []
+    head = flat[1:1 + 3 * n].reshape(n, 3)
+    out, at = [], 1 + 3 * n
+    for length, how, first in head.tolist():
+        if how == _RAW:
+            out.append(flat[at:at + length])
+            at += length
+            continue
+        entries = length - 1 if how == _GAPS else length
+        words = (entries + 1) // 2
+        narrow = flat[at:at + words].view(np.uint32)[:entries]
+        at += words
+        if how == _NARROW:
+            out.append(narrow.astype(np.int64))
+        else:
+            values = np.empty(length, np.int64)
+            values[0] = first
+            np.cumsum(narrow, dtype=np.int64, out=values[1:])
+            values[1:] += first
+            out.append(values)
+    return out

@@ -11,7 +11,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from data.fit_exchange import merged_by_range
+from data.fit_exchange import _packed, _unpacked, merged_by_range
 from data.int_counts import run_lengths
 
 
@@ -70,3 +70,30 @@ def test_merged_by_range_equals_counter(world: int) -> None:
             values, counts = merged[name]
             assert values.tolist() == sorted(want), (rank, name)
             assert counts.tolist() == [want[v] for v in sorted(want)], (rank, name)
+
+
+def test_a_message_gives_back_every_array_it_packed() -> None:
+    """``_packed`` narrows what fits in 4 bytes an entry (a table's values as gaps,
+    counts as themselves); ``_unpacked`` gives back the same int64s, whatever fits:
+    gaps of 2^32 and more, negative values, the int64 extremes, odd and empty lengths."""
+    rng = np.random.default_rng(7)
+    big = np.iinfo(np.int64)
+    arrays = [
+        np.zeros(0, np.int64), np.array([5]), np.array([-3]), np.array([1 << 40]),
+        np.arange(11, dtype=np.int64) + (1 << 40),  # ascending, small gaps: narrowed
+        np.array([0, (1 << 32) - 1, 1 << 32]),  # gaps just below 2^32, then counts' range
+        np.array([0, 1 << 32]),  # a gap of 2^32: whole int64s
+        np.array([3, 1, 2]), np.array([(1 << 32) - 1, 0]), np.array([1 << 32, 0]),
+        np.array([big.min, big.max]), np.array([big.max, big.min]),  # a gap that wraps
+        np.sort(rng.integers(-(1 << 62), 1 << 62, 1001)), rng.integers(1, 50, 1000),
+    ]
+    message = _packed(arrays)
+    assert message.dtype == np.int64
+    back = _unpacked(message)
+    assert len(back) == len(arrays)
+    for want, got in zip(arrays, back, strict=True):
+        assert got.dtype == np.int64 and got.tolist() == want.tolist(), want
+    # a typical table (values ascending by small gaps, counts small): about half the bytes
+    values = np.cumsum(rng.integers(1, 1000, 100_000)) + (1 << 40)
+    counts = rng.integers(1, 100, 100_000)
+    assert _packed([values, counts]).nbytes < 0.51 * (values.nbytes + counts.nbytes)
