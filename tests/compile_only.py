@@ -66,6 +66,7 @@ class CompileOnlyDriver:
         return True
 
 
+APPROXIMATE = ("div.full.f32", "div.approx", "sqrt.approx")  # PTX ops: sqrt.approx.ftz.f32, rsqrt.approx...
 _run = JITFunction.run
 _do_compile = JITFunction._do_compile
 
@@ -81,6 +82,9 @@ def _recorded_compile(self, key, signature, device, constexprs, options, attrs, 
         entry["error"] = "".join(traceback.format_exception_only(type(e), e))[-4000:]
         raise
     entry["stages"] = sorted(kernel.asm)
+    # fp32 divisions and square roots not rounded as IEEE's (torch's, the CPU's)
+    ptx = kernel.asm.get("ptx", "")
+    entry["approximate"] = sorted({op for op in APPROXIMATE if op in ptx})
     return kernel
 
 

@@ -48,7 +48,7 @@ def _pooled_kernel(
         row = tl.load(values_ptr + j).to(tl.int64) + base
         acc += tl.load(weight_ptr + row * dim + cols, mask=in_row, other=0.0).to(tl.float32)
     if MEAN:
-        acc = acc / tl.maximum(end - start, 1).to(tl.float32)
+        acc = tl.div_rn(acc, tl.maximum(end - start, 1).to(tl.float32))
     dst = out_ptr + sample.to(tl.int64) * stride_b + feature.to(tl.int64) * stride_f + cols
     tl.store(dst, acc, mask=in_row)
 

@@ -50,6 +50,17 @@ The optimizers are those of ``embeddings/optim.py``, with the same formulas:
 
 ``lr`` and Adam's step count ``t`` are read from device tensors, not passed as
 numbers, so a captured CUDA graph replays with the current values.
+
+Every fp32 division and square root here (and the mean's in the lookups) is IEEE's,
+rounded to nearest (``tl.div_rn``, ``tl.sqrt_rn``), as torch's and the CPU's are: on a
+GPU Triton's ``/`` is ``div.full.f32`` and ``tl.sqrt`` ``sqrt.approx``, a few ulp off.
+Adam turns such an ulp into a whole step where a gradient nearly cancels (m / sqrt(v)
+is about ±1 whatever its size): the 2026-11-27 H200 run of tests/test_gpu.py's
+``test_cuda_equals_cpu[adam-true-mean]`` (mean pooling divides each gradient by its
+bag's length) ended 2.7e-2 from the CPU on the top MLP, while the torch path on the
+same GPU (``fused=false``) and sum pooling stayed within 3e-4. The interpreter
+computes both exactly, so the CPU tests cannot tell them apart; the PTX can
+(tests/test_kernels_compile.py).
 """
 
 from __future__ import annotations
@@ -123,7 +134,7 @@ def _segment_gradient(sorted_ptr, order_ptr, bag_of_ptr, offsets_ptr, grad_ptr, 
         g = tl.load(src, mask=in_row, other=0.0).to(tl.float32)
         if MEAN:
             length = tl.load(offsets_ptr + bag + 1) - tl.load(offsets_ptr + bag)
-            g = g / tl.maximum(length, 1).to(tl.float32)
+            g = tl.div_rn(g, tl.maximum(length, 1).to(tl.float32))
         acc += g
         k += 1
         nxt = tl.load(sorted_ptr + k, mask=k < end, other=-1)
@@ -227,14 +238,14 @@ def _updated_row(g, w, at, in_row, row, dim, lr, state_ptr, state2_ptr, step_ptr
     if OPT == 1:
         w = w - lr * g
     elif OPT == 2:  # row-wise Adagrad: one fp32 value per row
-        s = tl.load(state_ptr + row) + tl.sum(g * g, axis=0) / dim
+        s = tl.load(state_ptr + row) + tl.div_rn(tl.sum(g * g, axis=0), dim * 1.0)
         tl.store(state_ptr + row, s)
-        w = w - g * (lr / (tl.sqrt(s) + eps))
+        w = w - g * tl.div_rn(lr, tl.sqrt_rn(s) + eps)
     elif OPT == 3:
         s = tl.load(state_ptr + at, mask=in_row, other=0.0).to(tl.float32) + g * g
         _store_rounded(state_ptr, sbits_ptr, at, s, in_row, feature, full_row, cols, skey,
                        seed_h, rstep_ptr, keys_ptr, col0_ptr, SHALF)
-        w = w - lr * (g / (tl.sqrt(s) + eps))
+        w = w - lr * tl.div_rn(g, tl.sqrt_rn(s) + eps)
     else:
         m = tl.load(state_ptr + at, mask=in_row, other=0.0).to(tl.float32)
         v = tl.load(state2_ptr + at, mask=in_row, other=0.0).to(tl.float32)
@@ -248,7 +259,7 @@ def _updated_row(g, w, at, in_row, row, dim, lr, state_ptr, state2_ptr, step_ptr
         bias2 = 1.0 - tl.exp(t * log_beta2)  # 1 - beta2^t
         bias1 = 1.0 - tl.exp(t * log_beta1)
         step_size = (lr.to(tl.float64) * tl.sqrt(bias2) / bias1).to(tl.float32)
-        w = w - step_size * (m / (tl.sqrt(v) + eps))
+        w = w - step_size * tl.div_rn(m, tl.sqrt_rn(v) + eps)
     return w
 
 

@@ -59,7 +59,7 @@ def _two_tier_kernel(
             row = tl.load(cold_local_ptr + j).to(tl.int64)
             acc += tl.load(cold_ptr + row * dim + cols, mask=in_row, other=0.0).to(tl.float32)
     if MEAN:
-        acc = acc / tl.maximum(end - start, 1).to(tl.float32)
+        acc = tl.div_rn(acc, tl.maximum(end - start, 1).to(tl.float32))
     dst = out_ptr + sample.to(tl.int64) * stride_b + feature.to(tl.int64) * stride_f + cols
     tl.store(dst, acc, mask=in_row)
 
