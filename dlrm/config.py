@@ -215,7 +215,9 @@ class HotlineConfig:
     # 634,883 (1.84x), 1.75x with bf16 tables.
     graph_step: Literal["auto", "on", "off"] = "auto"
     # host threads gathering cold rows (each a slice of the ids into the pinned
-    # buffer); 0 = min(4, CPU cores). host_embedding uses the same gather
+    # buffer); 0 = one index_select over torch's intra-op threads (train.threads), which
+    # beat 4 threads of slices (embeddings/hotline/host_local.py). host_embedding uses
+    # the same gather
     gather_threads: int = 0
 
 

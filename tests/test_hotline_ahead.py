@@ -362,3 +362,27 @@ def test_a_static_steps_cold_gradient_outlives_its_buffer() -> None:
         tier.wait_updates()
         applied.append(tier.collection.weight.detach().clone())
     torch.testing.assert_close(applied[1], applied[0], rtol=0, atol=0)
+
+
+def test_the_host_wait_for_each_header_is_counted_once(monkeypatch) -> None:
+    """``header_wait_ms`` (the step loop's wait for the next split's sizes; on a GPU the
+    split stream's work): each header's read is timed once, the read ahead and the read
+    at its step together, whatever reads it again (``gather_ahead``, the step)."""
+    from embeddings.hotline.split import DeviceSplit
+
+    coll, batches, _ = _setup(False)
+    steps = _steps(coll)
+    read_sizes = DeviceSplit.read_sizes
+
+    def slow(self, header):
+        time.sleep(0.05)
+        return read_sizes(self, header)
+
+    monkeypatch.setattr(DeviceSplit, "read_sizes", slow)
+    for i, batch in enumerate(batches):
+        upcoming = batches[i + 1] if i + 1 < len(batches) else None
+        for _ in steps.micro_batches(batch, upcoming):
+            pass
+        steps.gather_ahead()  # reads the next header again: free
+    waited = steps.stats()["header_wait_ms"]  # 4 headers in 4 steps: 50 ms a step
+    assert 50 <= waited < 90, waited

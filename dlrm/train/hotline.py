@@ -203,14 +203,17 @@ class AheadSplit:
     whole: MicroLookups | MixedMicro | None = None
     gather: ColdInFlight | None = None
     slot: Any = None  # hotline.graph_split: the graph whose buffers hold ``split``
+    waited: float = 0.0  # seconds the host waited for the header (``read``)
 
     def read(self) -> Sizes:
         """The header read by the host (once): on CUDA a wait for the split stream up
-        to this split's event, not for the compute stream's queue."""
+        to this split's event, not for the compute stream's queue (``waited``: seconds)."""
         if self.sizes is None:
+            t0 = time.perf_counter()
             if self.ready is not None:
                 self.ready.synchronize()
             self.sizes = self.split.read_sizes(self.header)
+            self.waited = time.perf_counter() - t0
         return self.sizes
 
     def copy_cold_ids(self, stream: torch.cuda.Stream | None) -> None:
@@ -288,7 +291,7 @@ class HotlineSteps:
         """Close the current window: add it to the run's totals, keep it as the last."""
         self._last = dict(self._window)
         for key in ("steps", "hit", "popular", "gather", "transfer", "wait", "refreshes", "refresh",
-                    "ahead", "resplits", "graphed", "late", "update_wait"):
+                    "ahead", "resplits", "graphed", "late", "update_wait", "header_wait"):
             self._total[key] = self._total.get(key, 0.0) + self._window.get(key, 0.0)
             self._window[key] = 0.0
 
@@ -305,7 +308,7 @@ class HotlineSteps:
         queued: nothing waits for it), and its header is read after them, so the next
         call finds its sizes on the host and starts its gather at once."""
         made = self._current = self._made_for(batch)
-        sizes = made.read()  # made a step ahead: read at the end of the previous call
+        sizes = self._read(made)  # made a step ahead: read at the end of the previous call
         if upcoming is not None:
             self._ahead = self._issue(upcoming)
         dev, split = self._use(made)
@@ -316,9 +319,17 @@ class HotlineSteps:
             # also the end of the split stream's reads of the hot ids: a refresh after
             # this step may free them. Then its cold ids' copy to the host (one process:
             # several ranks' cold lookups send values, not these ids).
-            self._ahead.read()
+            self._read(self._ahead)
             if not self.embeddings.sharded:
                 self._ahead.copy_cold_ids(self._stream)
+
+    def _read(self, made: AheadSplit) -> Sizes:
+        """``made``'s header, the host's wait for it counted (once: a later read is free)."""
+        before = made.sizes
+        sizes = made.read()
+        if before is None:
+            self._window["header_wait"] += made.waited
+        return sizes
 
     def _one_pass(self, made: AheadSplit, dev: Batch, split: DeviceSplit | JointSplit,
                   sizes: Sizes) -> Iterator[tuple[Batch, Any, bool]]:
@@ -577,7 +588,9 @@ class HotlineSteps:
             "transfer_ms": 1000 * transfer / steps,
             "gather_wait_ms": 1000 * wait / steps,
             "gather_hidden": max(0.0, 1 - wait / busy) if busy > 0 else 1.0,
+            # hotline.gather_threads; 0: one index_select over torch's intra-op threads
             "gather_threads": float(self.embeddings.gather_threads),
+            "gather_torch_threads": float(torch.get_num_threads()),
             # embeddings.kernels: 1 where the hot tier runs on the Triton kernels
             "hot_tier_triton": float(self.embeddings.on_triton()),
             # hotline.refresh_every: re-profiles and the mean pause each cost the step loop
@@ -593,6 +606,9 @@ class HotlineSteps:
             # read again after the previous step's update (the rows that update wrote)
             "update_wait_ms": 1000 * w["update_wait"] / steps,
             "late_rows": w["late"] / steps,
+            # the step loop's wait for the next mini-batch's split header (its sizes): the
+            # split stream's work, queued a step ahead, not yet done when the host reads it
+            "header_wait_ms": 1000 * w["header_wait"] / steps,
         }
         return out
 
