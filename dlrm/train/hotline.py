@@ -256,8 +256,13 @@ class HotlineSteps:
         self.split_graphs: GraphedSplits | None = None
         self._graph_splits(cfg.hotline.graph_split, say)
         self._current: AheadSplit | None = None  # the split this step's passes read
-        # CUDA: the side stream that copies each mini-batch in and classifies it
-        self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        # CUDA: the side stream that copies each mini-batch in and classifies it; at a
+        # higher priority than the compute stream (-1: valid on every torch and GPU): its
+        # few small kernels are queued during the step before and the host reads their
+        # header at that step's end (``header_wait_ms``), so they should not queue behind
+        # the replay's matmuls for free SMs (not yet measured on a GPU)
+        self._stream = (torch.cuda.Stream(self.device, priority=-1) if self.device.type == "cuda"
+                        else None)
         self._stream_version: object = None  # the hot set the split stream last waited for
         self._ahead: AheadSplit | None = None  # the next mini-batch's split, made a step ahead
         # hotline.refresh_every: the next hot set, chosen in the background (see after_step)
