@@ -54,10 +54,12 @@ def bounds(tables: dict[str, Table], world: int, gather: Gather) -> dict[str, np
 
 
 def merged_by_range(tables: dict[str, Table], world: int, gather: Gather,
-                    exchange: Exchange) -> dict[str, Table]:
+                    exchange: Exchange, rank: int | None = None) -> dict[str, Table]:
     """Every rank's ``tables`` merged (the same on every rank): each rank merges the
     values of its range, then the ranges are shared. ``tables`` must have the same
-    names, in the same order, on every rank; it is emptied as it is sent."""
+    names, in the same order, on every rank; it is emptied as it is sent. ``rank``
+    (this rank's, where known): its own parts stay here, not packed and unpacked (an
+    empty message to itself)."""
     names = list(tables)
     cut = bounds(tables, world, gather)
     send: list[list[np.ndarray]] = [[] for _ in range(world)]
@@ -66,16 +68,33 @@ def merged_by_range(tables: dict[str, Table], world: int, gather: Gather,
         edges = np.concatenate([[0], np.searchsorted(values, cut[name], side="left"), [len(values)]])
         for k in range(world):
             send[k] += [values[edges[k]:edges[k + 1]], counts[edges[k]:edges[k + 1]]]
-    got = [_unpacked(g) for g in exchange([_packed(parts) for parts in send])]
+    got = _exchanged(send, exchange, rank)
     del send
     owned = []  # this rank's range of each table, merged over the ranks
     for k in range(len(names)):
         owned += merged_counts([(g[2 * k], g[2 * k + 1]) for g in got])
     del got
-    shared = [_unpacked(s) for s in exchange([_packed(owned)] * world)]
+    shared = _exchanged([owned] * world, exchange, rank)
     return {name: (np.concatenate([s[2 * k] for s in shared]),
                    np.concatenate([s[2 * k + 1] for s in shared]))
             for k, name in enumerate(names)}
+
+
+def _exchanged(send: list[list[np.ndarray]], exchange: Exchange, rank: int | None) -> list[list[np.ndarray]]:
+    """``send[k]``'s arrays to rank k; what each rank sent here, in rank order. Packed
+    once per distinct list (the shared ranges: one list to every rank); this rank's own
+    kept as it is where ``rank`` is known."""
+    packed: dict[int, np.ndarray] = {}
+    messages = []
+    for k, parts in enumerate(send):
+        if k == rank:
+            messages.append(np.zeros(1, np.int64))  # no arrays
+        else:
+            if id(parts) not in packed:
+                packed[id(parts)] = _packed(parts)
+            messages.append(packed[id(parts)])
+    got = exchange(messages)
+    return [send[k] if k == rank else _unpacked(g) for k, g in enumerate(got)]
 
 
 # How an array travels (``_packed``): whole int64s, or 4 bytes an entry where it fits,

@@ -168,7 +168,7 @@ def _everyone(result: Counted | str, tables: set[str], split: Split
         named.update(names)
     empty = (np.zeros(0, np.int64), np.zeros(0, np.int64))
     ints = {t: ints.get(t, empty) for t in sorted(named)}  # the same names on every rank
-    merged = merged_by_range(ints, split.world, split.gather, split.exchange)
+    merged = merged_by_range(ints, split.world, split.gather, split.exchange, split.rank)
     counters = _merged(whole, tables - set(merged))
     counters.update({t: ValueCounter.of_sorted(*vc) for t, vc in merged.items()})
     return whole, counters

@@ -15,8 +15,9 @@ from data.fit_exchange import _packed, _unpacked, merged_by_range
 from data.int_counts import run_lengths
 
 
-def _run_ranks(world: int, shares: list[dict[str, np.ndarray]]) -> list[dict]:
-    """merged_by_range on ``world`` threads, rank r counting ``shares[r]``."""
+def _run_ranks(world: int, shares: list[dict[str, np.ndarray]], own: bool = True) -> list[dict]:
+    """merged_by_range on ``world`` threads, rank r counting ``shares[r]`` (``own``: each
+    told its rank, its own parts kept, not sent)."""
     barrier = threading.Barrier(world)
     board: list[object] = [None] * world
 
@@ -35,7 +36,7 @@ def _run_ranks(world: int, shares: list[dict[str, np.ndarray]]) -> list[dict]:
             tables = {n: run_lengths(np.sort(v)) for n, v in sorted(shares[rank].items())}
             out[rank] = merged_by_range(
                 tables, world, lambda o: meet(rank, o),
-                lambda send: [s[rank] for s in meet(rank, send)])
+                lambda send: [s[rank] for s in meet(rank, send)], rank if own else None)
         except BaseException as e:  # noqa: BLE001 - surfaced below; a dead thread would hang the others
             errors.append(e)
             barrier.abort()
@@ -49,8 +50,9 @@ def _run_ranks(world: int, shares: list[dict[str, np.ndarray]]) -> list[dict]:
     return out
 
 
+@pytest.mark.parametrize("own", [True, False])
 @pytest.mark.parametrize("world", [1, 2, 3, 5])
-def test_merged_by_range_equals_counter(world: int) -> None:
+def test_merged_by_range_equals_counter(world: int, own: bool) -> None:
     rng = np.random.default_rng(world)
 
     def zipf(n: int) -> np.ndarray:
@@ -64,7 +66,7 @@ def test_merged_by_range_equals_counter(world: int) -> None:
             "one_value": np.full(7 + r, 1 << 40, np.int64),
             "two_values": np.array([-3, 9][: 1 + r % 2], np.int64),
         })
-    for rank, merged in enumerate(_run_ranks(world, shares)):
+    for rank, merged in enumerate(_run_ranks(world, shares, own)):
         for name in shares[0]:
             want = Counter(v for s in shares for v in s[name].tolist())
             values, counts = merged[name]
