@@ -48,7 +48,8 @@
 #      each captured row's step mode says its replays' GPU time (graphs.ReplayTimer,
 #      since 2026-11-27): beside the step's wall time, device- or host-bound
 #   2. native with optim.dense=adagrad (the default; dlrm/train/adagrad.py, graphed since
-#      2026-11-27), hotline with a refresh every 30 steps (issue 22: the refresh's pause),
+#      2026-11-27), hotline with the gather before (hotline.gather_threads=4: 4 threads of
+#      slices; now one call), hotline with a refresh every 30 steps (issue 22: the refresh's pause),
 #      the embedding kernels alone (python -m dlrm.bench.kernels: bytes/s per path), the
 #      hotline.budget sweep at 64MB, 512MB, 2GB, native_fp16_tables and torch_baseline
 # Rows that fail are listed and the others still run (dlrm bench --keep-going).
@@ -198,6 +199,11 @@ bench() {
     echo "== native, optim.dense=adagrad (the default dense optimizer)"
     bench_part adagrad 45 --engines native "$@" optim.dense=adagrad
     grep -h '"step_mode"' /tmp/bench_gpu/adagrad/bench.json 2>/dev/null | head -1
+    # the cold gather before 2026-11-27's evening: 4 threads of slices (now one call over
+    # torch's threads); the main row's hotline line against this one's: gather ms, the
+    # step loop's waits, samples/s
+    echo "== hotline, hotline.gather_threads=4 (the gather before)"
+    bench_part gather4 45 --engines hotline "$@" hotline.gather_threads=4
     # issue 22's "refresh without a stall": 292 ms a refresh under the captured step on
     # the 2026-11-27 H200 (5 in 166 steps: 735,884 samples/s against 1,170,850)
     echo "== hotline, hotline.refresh_every=30"
@@ -209,7 +215,7 @@ bench() {
     echo "== native_fp16_tables, torch_baseline"
     bench_part extra 90 --engines native_fp16_tables,torch_baseline "$@"
   } >"$OUT/bench_extra.log" 2>&1
-  grep -E "^  [a-z_0-9]+@|FAILED|^==|budget|GB/s|^ +[0-9]+[KMGT]?B |refreshes pausing|steps: hotline step static|\"step_mode\"" \
+  grep -E "^  [a-z_0-9]+@|FAILED|^==|budget|GB/s|^ +[0-9]+[KMGT]?B |hot hit rate|steps: hotline step static|\"step_mode\"" \
     "$OUT/bench_extra.log" | tail -34
   tar czf "$OUT/runs.tgz" -C /tmp/bench_gpu --exclude='checkpoints' --exclude='data' . 2>/dev/null
   return $code
