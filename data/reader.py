@@ -61,7 +61,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from data import record_writer, shuffle_window
+from data import shuffle_window
 from data.background import in_background
 from data.bad_data import ON_ERROR, BadDataLog, BadRecord
 from data.batch import Batch
@@ -551,26 +551,22 @@ def _decode(table: pa.Table, schema: Schema, where: _Where, id_policy: str,
     n, layout = table.num_rows, out.layout
     rec = out.rec[at : at + n]
     problems = _Problems(where, n, found)
-    labels = _labels(table.column(schema.label), schema.label, problems)
-    dense_x = []
-    for name in schema.dense:
+    columns = [(layout.labels(rec), _labels(table.column(schema.label), schema.label, problems))]
+    dense = layout.dense(rec)
+    for j, name in enumerate(schema.dense):
         x = _dense(table.column(name), name, problems, dense_nan)
-        dense_x.append(prep.dense(name, x) if prep is not None else x)
-    ids_x, bags = [], []  # ids_x: the packed features' ids, in slot order (schema order)
+        columns.append((dense[:, j], prep.dense(name, x) if prep is not None else x))
+    ids, bags = layout.ids(rec), []
     for j, f in enumerate(schema.sparse):
         values, offsets = (_ids(table.column(f.name), f, problems, id_policy, unseen)
                            if f.encoding == "identity" else _mapped(prep, f, table, where))
         if layout.packed[j]:
-            ids_x.append(values)
+            columns.append((ids[:, layout.slot[j]], values))
         else:  # added once the whole slice decoded: a DataError leaves no bag behind
             bags.append((j, values, np.arange(n + 1) if offsets is None else offsets))
-    if not record_writer.write(rec, ids_x, dense_x, labels, layout.dense_at, layout.label_at):
-        dense, ids = layout.dense(rec), layout.ids(rec)
-        columns = [(layout.labels(rec), labels), *((dense[:, j], x) for j, x in enumerate(dense_x)),
-                   *((ids[:, k], x) for k, x in enumerate(ids_x))]
-        for a in range(0, n, _BLOCK_ROWS):  # block by block: each block's records stay in cache
-            for target, x in columns:
-                target[a : a + _BLOCK_ROWS] = x[a : a + _BLOCK_ROWS]
+    for a in range(0, n, _BLOCK_ROWS):  # block by block: each block's records stay in cache
+        for target, x in columns:
+            target[a : a + _BLOCK_ROWS] = x[a : a + _BLOCK_ROWS]
     for j, values, offsets in bags:
         out.bag(j, values, offsets)
     if not problems.keep.all():
