@@ -148,21 +148,7 @@ def cmd_bench(argv: list[str]) -> int:
             print(f"{row['engine']}@{row['ranks']} steps: {row['step_mode']}")
     for row in rows:
         if row.get("hotline"):
-            h = row["hotline"]
-            print(f"{row['engine']}: hot hit rate {h['hot_hit_rate']:.1%}, popular share "
-                  f"{h['popular_share']:.1%}, host gather {h['gather_ms']:.1f} ms/step, "
-                  f"transfer {h['transfer_ms']:.1f} ms/step, {h['gather_hidden']:.0%} of both "
-                  f"hidden, {_gather_how(h)}, hot tier on "
-                  f"{'triton' if h.get('hot_tier_triton') else 'torch'}, "
-                  f"{h.get('split_ahead', 0.0):.0%} of mini-batches split a step ahead"
-                  + (f", {h['refreshes']:.0f} refreshes pausing {h['refresh_pause_ms']:.1f} ms each"
-                     if h.get("refreshes") else "")
-                  + (f", {h['split_graphed']:.0%} split by a graph replay" if h.get("split_graphed") else "")
-                  + (f"; the step loop waited {h['gather_wait_ms']:.2f} ms/step for cold rows, "
-                     f"{h.get('header_wait_ms', 0.0):.2f} for the next split's header; the gather "
-                     f"{h.get('update_wait_ms', 0.0):.2f} for host updates")
-                  + " "
-                  f"({row['ranks']} rank{'s' if row['ranks'] > 1 else ''}, rank 0's view)")
+            print(_hotline_line(row))
     sweep = sweep_rows(rows)
     if sweep:
         print(format_sweep(sweep))
@@ -557,6 +543,25 @@ def half_table_lines(rows: list[dict[str, Any]]) -> list[str]:
         lines.append(f"{r['engine']}@{r['ranks']} / {engine}@{r['ranks']}: samples/s {_fmt(rate, '.3f')}x, "
                      f"table bytes {_fmt(size, '.3f')}x (issue 24: >= 1.0x at 0.5x +- 2% of the bytes)")
     return lines
+
+
+def _hotline_line(row: dict[str, Any]) -> str:
+    """A Hotline row's stats in one line: hits, the gather, where the step loop waited."""
+    h = row["hotline"]
+    return (f"{row['engine']}: hot hit rate {h['hot_hit_rate']:.1%}, popular share "
+            f"{h['popular_share']:.1%}, host gather {h['gather_ms']:.1f} ms/step, "
+            f"transfer {h['transfer_ms']:.1f} ms/step, {h['gather_hidden']:.0%} of both "
+            f"hidden, {_gather_how(h)}, hot tier on "
+            f"{'triton' if h.get('hot_tier_triton') else 'torch'}, "
+            f"{h.get('split_ahead', 0.0):.0%} of mini-batches split a step ahead"
+            + (f", {h['refreshes']:.0f} refreshes pausing {h['refresh_pause_ms']:.1f} ms each"
+               if h.get("refreshes") else "")
+            + (f", {h['split_graphed']:.0%} split by a graph replay" if h.get("split_graphed") else "")
+            + (f"; the step loop waited {h['gather_wait_ms']:.2f} ms/step for cold rows, "
+               f"{h.get('header_wait_ms', 0.0):.2f} for the next split's header; the gather "
+               f"{h.get('update_wait_ms', 0.0):.2f} for host updates")
+            + " "
+            f"({row['ranks']} rank{'s' if row['ranks'] > 1 else ''}, rank 0's view)")
 
 
 def _gather_how(h: dict[str, Any]) -> str:
