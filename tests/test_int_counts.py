@@ -53,3 +53,15 @@ def test_plain_numpy_drops_nulls_and_follows_offsets() -> None:
     assert int64_values(pa.array([None, 2**40], pa.int64())).tolist() == [2**40]
     assert plain_numpy(pa.array([], pa.int64())).tolist() == []
     assert plain_numpy(pa.array([True, None, False, True])).tolist() == [True, False, True]
+
+
+def test_plain_numpy_of_a_table_column_copies_nothing() -> None:
+    """A table's column is a chunked array of one chunk: its numpy view is that chunk's
+    own buffer (pyarrow's combine_chunks would copy it, as it does several chunks)."""
+    values = np.arange(1000, dtype=np.int64) * 7
+    column = pa.table({"value": int64_array(values)})["value"]
+    assert column.num_chunks == 1
+    out = plain_numpy(column)
+    assert out.tolist() == values.tolist() and np.shares_memory(out, values)
+    two = pa.chunked_array([int64_array(values[:10]), int64_array(values[10:])])
+    assert plain_numpy(two).tolist() == values.tolist()
