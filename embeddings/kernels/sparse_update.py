@@ -229,7 +229,7 @@ def _count_overflow(overflow_ptr, feature, x, bits, in_row):
 
 @triton.jit
 def _updated_row(g, w, at, in_row, row, dim, lr, state_ptr, state2_ptr, step_ptr,
-                 eps, beta1, beta2, log_beta1, log_beta2, sbits_ptr, s2bits_ptr, skey, s2key,
+                 eps, mix1, mix2, log_beta1, log_beta2, sbits_ptr, s2bits_ptr, skey, s2key,
                  feature, full_row, cols, seed_h, rstep_ptr, keys_ptr, col0_ptr,
                  OPT: tl.constexpr, SHALF: tl.constexpr):
     """The row ``w`` after one optimizer step with gradient ``g``; its state updated in
@@ -249,8 +249,10 @@ def _updated_row(g, w, at, in_row, row, dim, lr, state_ptr, state2_ptr, step_ptr
     else:
         m = tl.load(state_ptr + at, mask=in_row, other=0.0).to(tl.float32)
         v = tl.load(state2_ptr + at, mask=in_row, other=0.0).to(tl.float32)
-        m = m + (1.0 - beta1) * (g - m)
-        v = v + (1.0 - beta2) * (g * g - v)
+        # mix = 1 - beta, made on the host in fp64: the launch rounds a float argument
+        # to fp32, and 1 - fp32(0.999) is 1.3e-5 off (torch's lerp weight is 1 - 0.999)
+        m = m + mix1 * (g - m)
+        v = v + mix2 * (g * g - v)
         _store_rounded(state_ptr, sbits_ptr, at, m, in_row, feature, full_row, cols, skey,
                        seed_h, rstep_ptr, keys_ptr, col0_ptr, SHALF)
         _store_rounded(state2_ptr, s2bits_ptr, at, v, in_row, feature, full_row, cols, s2key,
@@ -267,7 +269,7 @@ def _updated_row(g, w, at, in_row, row, dim, lr, state_ptr, state2_ptr, step_ptr
 def _runs_kernel(
     sorted_ptr, order_ptr, bag_of_ptr, offsets_ptr, grad_ptr, partial_ptr,
     weight_ptr, state_ptr, state2_ptr, lr_ptr, step_ptr, out_ids_ptr, out_rows_ptr,
-    n, batch, dim, stride_b, stride_f, eps, beta1, beta2, log_beta1, log_beta2,
+    n, batch, dim, stride_b, stride_f, eps, mix1, mix2, log_beta1, log_beta2,
     wbits_ptr, seed_h, rstep_ptr, keys_ptr, row_shift_ptr, col0_ptr, row_map_ptr,
     sbits_ptr, s2bits_ptr, skey, s2key, overflow_ptr, rows_from,
     OPT: tl.constexpr, MEAN: tl.constexpr, BLOCK_D: tl.constexpr, HALF: tl.constexpr,
@@ -293,7 +295,7 @@ def _runs_kernel(
             full_row = _full_row(row, feature, row_shift_ptr, row_map_ptr, HALF + SHALF > 0, ROW_MAP)
             w = tl.load(weight_ptr + at, mask=in_row, other=0.0).to(tl.float32)
             w = _updated_row(g, w, at, in_row, row, dim, tl.load(lr_ptr), state_ptr, state2_ptr, step_ptr,
-                             eps, beta1, beta2, log_beta1, log_beta2, sbits_ptr, s2bits_ptr, skey, s2key,
+                             eps, mix1, mix2, log_beta1, log_beta2, sbits_ptr, s2bits_ptr, skey, s2key,
                              feature, full_row, cols, seed_h, rstep_ptr, keys_ptr, col0_ptr, OPT, SHALF)
             bits = _store_rounded(weight_ptr, wbits_ptr, at, w, in_row, feature, full_row, cols, 0,
                                   seed_h, rstep_ptr, keys_ptr, col0_ptr, HALF)
@@ -380,7 +382,7 @@ def _launch_runs(grad_pooled, values, offsets, row_base, batch, mean, feature_ma
         dummy if weight is None else weight, state, state2,
         dummy if lr is None else lr, dummy if step is None else step,
         dummy if out_ids is None else out_ids, dummy if out_rows is None else out_rows,
-        n, batch, dim, stride_b, stride_f, eps, betas[0], betas[1],
+        n, batch, dim, stride_b, stride_f, eps, 1.0 - betas[0], 1.0 - betas[1],
         math.log(betas[0]) if betas[0] > 0 else 0.0, math.log(betas[1]) if betas[1] > 0 else 0.0,
         *rounds, *state_bits, *state_keys, dummy if overflow is None else overflow, rows_from,
         OPT=opt, MEAN=mean, BLOCK_D=block_d(dim), HALF=half, SHALF=half_state, ROW_MAP=row_map is not None,
