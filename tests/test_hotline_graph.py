@@ -9,6 +9,7 @@ capture and replay it.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -240,3 +241,64 @@ def test_static_hotline_step_with_tables_of_several_dtypes_equals_ordinary_train
     assert summary["step_mode"].startswith("hotline step static: 2 steps"), summary["step_mode"]
     stats = summary["hotline"]
     assert stats["hot_hit_rate"] < 0.9 and stats["popular_share"] < 0.5  # every group's cold rows staged
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("optim", ["sgd", "rowwise_adagrad"])
+def test_static_steps_update_their_cold_rows_on_the_device(tiny_data, tmp_path: Path, monkeypatch,
+                                                           optim: str) -> None:
+    """fp32 tables, per-row state (embeddings/hotline/cold_stage.py): a static step updates
+    its staged cold rows and their state on the device and writes them back; no cold
+    gradient goes home. The next gather does not wait for that write-back: the rows it
+    read too early are patched in the next replay, or, before the eager step forced in
+    the middle here (as another shape would be), read again on the host. Reference:
+    ordinary training. What a graph would hold passes the sync audit."""
+    from dlrm.train.hotline_graph import HotlineGraph
+    from embeddings.hotline.host_local import LocalHostTier
+
+    calls = {"write_back": 0, "gradients": 0, "stale": 0, "fits": 0}
+    write_back, resolve, receive = LocalHostTier.write_back, LocalHostTier.resolve, LocalHostTier._receive
+    fits, store = HotlineGraph.fits, LocalHostTier._store
+
+    def slow_store(self, *a):
+        time.sleep(0.3)  # a write-back still running when the next gather reads: that one's rows are stale
+        return store(self, *a)
+
+    def counted_write_back(self, *a):
+        calls["write_back"] += 1
+        return write_back(self, *a)
+
+    def counted_resolve(self, cold, *a, **k):
+        calls["stale"] += cold.stale is not None
+        return resolve(self, cold, *a, **k)
+
+    def counted_receive(self, *a):
+        calls["gradients"] += 1
+        return receive(self, *a)
+
+    def fits_but_one(self, batch):
+        calls["fits"] += 1
+        return calls["fits"] != 3 and fits(self, batch)  # the 3rd static-eligible step: eager
+
+    monkeypatch.setattr(LocalHostTier, "write_back", counted_write_back)
+    monkeypatch.setattr(LocalHostTier, "_store", slow_store)
+    monkeypatch.setattr(LocalHostTier, "resolve", counted_resolve)
+    monkeypatch.setattr(LocalHostTier, "_receive", counted_receive)
+    monkeypatch.setattr(HotlineGraph, "fits", fits_but_one)
+    steps = ("train.max_steps=9", f"optim.sparse={optim}", "optim.dense=adam")
+    run(tiny_data, tmp_path / "plain", *steps, "data.batch_size=32")
+    audits = audited_bodies(monkeypatch)
+    # no hot row: consecutive steps share their popular rows, all cold
+    summary = run(tiny_data, tmp_path / "hot", *steps, *STATIC, "hotline.budget=1B")
+    # what a graph holds: the patch and the staged rows' update (a second update launch
+    # and sort) have no op a capture refuses
+    assert audits and all(a.violations == [] for a in audits), [a.violations for a in audits]
+    assert all(a.ops["triton._runs_kernel"] == 2 and a.ops["aten.searchsorted"] == 1 for a in audits), \
+        [dict(a.ops) for a in audits]
+    assert_states_close(run_state(tmp_path / "hot"), run_state(tmp_path / "plain"), f"staged cold rows {optim}",
+                        tolerance(optim))
+    assert summary["step_mode"].startswith("hotline step static: 5 steps"), summary["step_mode"]
+    assert calls["write_back"] == 5
+    assert calls["gradients"] == 4  # the 3 warm-up steps and the eager one sent gradients home
+    assert calls["stale"] == 1  # the eager step's gather read rows the write-back before it wrote
+    assert summary["hotline"]["late_rows"] > 0  # rows of consecutive steps: patched, or read again

@@ -104,6 +104,7 @@ class HotlineGraph:
             lookups = self.embeddings.static_buffers(split)
             self.static = Batch(part.dense.clone(), lookups, part.labels.clone())
         static = self.static
+        rows = self.embeddings.staged_cold(static.sparse, rows)  # cold_stage.py: patched or read again
         static.dense.copy_(part.dense, non_blocking=True)
         static.labels.copy_(part.labels, non_blocking=True)
         static.sparse.load(split, rows)

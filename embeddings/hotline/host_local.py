@@ -44,6 +44,7 @@ from embeddings.kv import KVGradient
 from embeddings.lookup import pooled_lookup
 from embeddings.optim import SparseOptimizer
 from embeddings.table import Pooling, TableSpec
+from embeddings.timing import section
 
 
 class LocalHostTier:
@@ -77,7 +78,7 @@ class LocalHostTier:
         # The newest queued update that writes rows (the future, the rows' ids) and the
         # task queued just before it: a gather waits for that one, and for the newest
         # only to read the rows it writes (``_gather_updated``)
-        self._writing: tuple[Future[None], torch.Tensor] | None = None
+        self._writing: tuple[Future[None], torch.Tensor, bool] | None = None  # bool: a write-back
         self._before_writing: Future[None] | None = None
         # The host ids the next gather will read (``expect_reads``: the next mini-batch's
         # unique cold ids, split a step ahead), and the event after their D2H copy. The
@@ -86,6 +87,11 @@ class LocalHostTier:
         self._next_reads: tuple[torch.Tensor, torch.cuda.Event | None] | None = None
         self._first_written: tuple[Future[None], torch.Tensor] | None = None
         self._lr: float | None = None  # the last lr queued for the host tables
+        # A static step's staged cold rows (cold_stage.py): gathers bring each row's
+        # optimizer state too; ``writes`` counts the queued writes of host rows (updates,
+        # write-backs, ``write_rows``), so a stage knows whether its rows still stand.
+        self.stage_state = False
+        self.writes = 0
         self._copy_stream = torch.cuda.Stream(hot_device) if hot_device.type == "cuda" else None
         self.optimizer = optimizer
         self.fused = fused
@@ -137,6 +143,7 @@ class LocalHostTier:
         self.collection.weight.data.index_copy_(0, host_ids, weight.to(host_ids.device))
         per_row = self.optimizer.per_row_state()
         host_state = self.collection.state
+        self.writes += 1
         for name, tensor in state.items():
             dst = host_state[name]
             if name in per_row:
@@ -179,12 +186,14 @@ class LocalHostTier:
             host_ids = ids.to(source.device) if micro.cold_host_ids is None else micro.cold_host_ids
             rows = source.new_empty(ids.numel(), source.shape[1])
         self._count("d2h", host_ids)
-        late, waited = self._gather_updated(source, host_ids, rows)
+        state = self._state_like(host_ids.numel(), pinned=cuda)
+        late, waited, stale = self._gather_updated(self._sources(source, state, rows), host_ids)
         t1 = time.perf_counter()
         ready = None
         if cuda:
             with torch.cuda.stream(self._copy_stream):  # a side stream: compute goes on
                 rows = rows.to(device, non_blocking=True)
+                state = {name: t.to(device, non_blocking=True) for name, t in state.items()}
                 ready = torch.cuda.Event()
                 ready.record(self._copy_stream)  # pool() makes the compute stream wait on it
             # No synchronize(): the copy is ordered by ``ready``, not by a host wait. The
@@ -192,30 +201,51 @@ class LocalHostTier:
             # holds a pinned block until the stream's work on it is done.
         else:
             rows = rows.to(device)
-        self._count("h2d", rows)
+            state = {name: t.to(device) for name, t in state.items()}
+        self._count("h2d", rows, *state.values())
         return ColdRows(ids, rows.requires_grad_(True), host_ids, t1 - t0 - waited, time.perf_counter() - t1, ready,
-                        late_rows=late, update_wait_s=waited)
+                        late_rows=late, update_wait_s=waited, state=state or None, stale=stale)
 
-    def _gather_updated(self, source: torch.Tensor, host_ids: torch.Tensor, rows: torch.Tensor
-                        ) -> tuple[int, float]:
-        """``rows[i] = source[host_ids[i]]`` as it is after every queued host update, waiting
-        only for the updates of the rows it reads: the newest row-writing update (the
-        last step's cold rows) may still run; every row is gathered at once, and those
-        that update writes are gathered again after it ends (exact: the others it does
-        not touch, and every update before it is waited for). (rows read after that
-        update, seconds waited for updates)."""
+    def _state_like(self, unique: int, pinned: bool) -> dict[str, torch.Tensor]:
+        """Empty rows for ``unique`` rows' per-row optimizer state (none: not staged)."""
+        if not self.stage_state:
+            return {}
+        host = self._tables.state
+        return {name: torch.empty((unique, *host[name].shape[1:]), dtype=host[name].dtype, pin_memory=pinned)
+                for name in self.optimizer.per_row_state()}
+
+    def _sources(self, weight: torch.Tensor, state: dict[str, torch.Tensor], rows: torch.Tensor
+                 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(host tensor, rows out) pairs a gather fills: the weight, then each staged state."""
+        return [(weight, rows)] + [(self._tables.state[name], out) for name, out in state.items()]
+
+    def _gather_updated(self, pairs: list[tuple[torch.Tensor, torch.Tensor]], host_ids: torch.Tensor
+                        ) -> tuple[int, float, tuple[torch.Tensor, Future[None]] | None]:
+        """``out[i] = source[host_ids[i]]`` for each (source, out) of ``pairs``, as the
+        sources are after every queued host update, waiting only for the updates of the
+        rows it reads: the newest row-writing update (the last step's cold rows) may
+        still run; every row is gathered at once, and those that update writes are
+        gathered again after it ends (exact: the others it does not touch, and every
+        update before it is waited for). Where that update is a static step's
+        write-back (cold_stage.py), they are not: the next static step patches them,
+        any other use reads them again (``resolve``). (rows read after that update or
+        left stale, seconds waited for updates, the stale rows and their write-back)."""
         t0 = time.perf_counter()
         writing, before = self._writing, self._before_writing
         if writing is None or writing[0].done():  # FIFO: every row-writing update is in
             if writing is not None:
                 writing[0].result()  # its error, if any, raises here (as wait_updates would)
-            self._gather_rows(source, host_ids, rows)
-            return 0, time.perf_counter() - t0
+            for source, out in pairs:
+                self._gather_rows(source, host_ids, out)
+            return 0, time.perf_counter() - t0, None
         if before is not None:
             before.result()
         waited = time.perf_counter() - t0
-        self._gather_rows(source, host_ids, rows)  # the rows the update writes: read again below
+        for source, out in pairs:  # the rows the update writes: read again below
+            self._gather_rows(source, host_ids, out)
         late = torch.isin(host_ids, writing[1]).nonzero().flatten()
+        if writing[2]:  # a write-back: left to the patch (or ``resolve``)
+            return int(late.numel()), waited, ((late, writing[0]) if late.numel() else None)
         t1 = time.perf_counter()
         first = self._first_written
         if first is not None and first[1].shape == host_ids.shape and torch.equal(first[1], host_ids):
@@ -224,8 +254,41 @@ class LocalHostTier:
             writing[0].result()
         waited += time.perf_counter() - t1
         if late.numel():
-            rows.index_copy_(0, late, source.index_select(0, host_ids.index_select(0, late)))
-        return int(late.numel()), waited
+            late_ids = host_ids.index_select(0, late)
+            for source, out in pairs:
+                out.index_copy_(0, late, source.index_select(0, late_ids))
+        return int(late.numel()), waited, None
+
+    def resolve(self, cold: ColdRows, with_state: bool = False) -> ColdRows:
+        """``cold`` as a host read after every write would give it, for a use that no
+        static step's patch covers: its stale rows (``ColdRows.stale``) read again
+        after their write-back, copied into the device rows (an eager step after static
+        ones, a stage that was invalidated); ``with_state``: the optimizer state of
+        every row too, where the gather did not bring it (before the stage existed)."""
+        fetch_state = with_state and cold.state is None and bool(self.optimizer.per_row_state())
+        if cold.stale is None and not fetch_state:
+            return cold
+        if fetch_state:
+            self.wait_updates()
+        elif cold.stale is not None:
+            cold.stale[1].result()
+        tables = self._tables
+        at = None if cold.stale is None else cold.stale[0]
+        device = cold.rows.device
+        with torch.no_grad():
+            if device.type == "cuda" and cold.ready is not None:
+                torch.cuda.current_stream(device).wait_event(cold.ready)  # after the gather's own copy
+            if at is not None:
+                fixed = tables.weight.data.index_select(0, cold.host_ids.index_select(0, at))
+                cold.rows.index_copy_(0, at.to(device), fixed.to(device))
+                for name, rows in (cold.state or {}).items():
+                    fixed = tables.state[name].index_select(0, cold.host_ids.index_select(0, at))
+                    rows.index_copy_(0, at.to(device), fixed.to(device))
+            if fetch_state:
+                cold.state = {name: tables.state[name].index_select(0, cold.host_ids).to(device)
+                              for name in self.optimizer.per_row_state()}
+        cold.stale = None
+        return cold
 
     # Below this many rows one call gathers (hotline.gather_threads > 1): a hand-off
     # costs more than it saves.
@@ -259,6 +322,7 @@ class LocalHostTier:
         if cold is None:
             return self._pooled(micro, hot_part), 0
         assert isinstance(cold, ColdRows)
+        cold = self.resolve(cold)  # after static steps: their write-back's rows read again
         if cold.rows.device.type == "cuda":  # copied on the side stream, used on this one
             current = torch.cuda.current_stream(cold.rows.device)
             if cold.ready is not None:
@@ -348,8 +412,40 @@ class LocalHostTier:
         self._later(self._apply, kept, first, written_first)
         written = [grad.ids for grad, _ in kept if grad.ids.numel()]
         if written:  # the newest update that writes rows, and what came before it (FIFO)
-            self._writing, self._before_writing = (self._pending, torch.cat(written)), before
+            self._writing, self._before_writing = (self._pending, torch.cat(written), False), before
+            self.writes += 1
             self._first_written = (written_first, first[0]) if written_first is not None else None
+
+    def write_back(self, host_ids: torch.Tensor, rows: torch.Tensor, state: dict[str, torch.Tensor]) -> None:
+        """A static step's staged cold rows as the device updated them, ``rows`` [U, D]
+        and ``state`` (views of the step's buffers, on the device) of ``host_ids``: D2H
+        into pinned memory (CPU: cloned), stored by the host-update thread as they are
+        (cold_stage.py). The next gather does not wait for it (``_gather_updated``)."""
+        ready = None
+        if rows.device.type == "cuda":
+            rows = _pinned_copy(rows)
+            state = {name: _pinned_copy(t) for name, t in state.items()}
+            ready = torch.cuda.Event()
+            ready.record()
+        else:
+            rows, state = rows.clone(), {name: t.clone() for name, t in state.items()}
+        self._count("d2h", rows, *state.values())
+        before = self._pending
+        self._later(self._store, host_ids, rows, state, ready)
+        self._writing, self._before_writing = (self._pending, host_ids, True), before
+        self._first_written = None
+        self.writes += 1
+
+    def _store(self, host_ids: torch.Tensor, rows: torch.Tensor, state: dict[str, torch.Tensor],
+               ready: torch.cuda.Event | None) -> None:
+        """On the host-update thread: ``write_back``'s rows and state into the tables."""
+        if ready is not None:
+            ready.synchronize()
+        with section("embedding_update"):
+            tables = self._tables
+            tables.weight.data.index_copy_(0, host_ids, rows)
+            for name, tensor in state.items():
+                tables.state[name].index_copy_(0, host_ids, tensor)
 
     def _apply(self, kept: list[tuple[KVGradient, torch.cuda.Event | None]],
                first: tuple[torch.Tensor, torch.cuda.Event | None] | None = None,

@@ -46,6 +46,7 @@ from embeddings.table import TableSpec
 if TYPE_CHECKING:
     import torch.distributed as dist
 
+    from embeddings.hotline.cold_stage import ColdStage
     from embeddings.hotline.split import DeviceSplit
     from embeddings.kernels.lookup import Bags
     from embeddings.kernels.rounding import KernelRounding
@@ -228,6 +229,16 @@ class HotTier(nn.Module):
         backward_update(grad_pooled, ids, offsets, self.zero_row_base(features), batch, mean, False,
                         self.weight.data, self.optimizer, self.state, self._device_lr(), self._kernel_rounding(),
                         rows_by_id=(self.weight.shape[0], cold_grad))
+
+    def update_staged(self, stage: ColdStage, rows: torch.Tensor, grad: torch.Tensor) -> None:
+        """A static step's staged cold ``rows`` [C, D] (fp32) and ``stage.state`` updated
+        with their summed ``grad`` [C, D] by the hot rows' own kernel and lr: row i by
+        grad[i], for i below the stage's count (cold_stage.py)."""
+        from embeddings.kernels.sparse_update import backward_update
+
+        values, offsets, row_base = stage.update_layout()
+        backward_update(grad, values, offsets, row_base, rows.shape[0], False, True, rows,
+                        self.optimizer, stage.state, self._device_lr())
 
     def _device_lr(self) -> torch.Tensor:
         """The lr as a [1] device tensor the update kernel reads (``set_lr`` fills it):

@@ -92,6 +92,11 @@ class ColdRows:
     ready: torch.cuda.Event | None = None  # CUDA: recorded on the copy stream after the copy
     late_rows: int = 0  # rows read again after the previous step's host update ended
     update_wait_s: float = 0.0  # time the gather waited for host updates
+    # staged for the device's update (cold_stage.py): the rows' optimizer state [U] or [U, D]
+    state: dict[str, torch.Tensor] | None = None
+    # rows read while the last static step's write-back ran (positions in ``host_ids``,
+    # that write-back): that step's patch replaces them, any other use reads them again
+    stale: tuple[torch.Tensor, Future[None]] | None = None
 
 
 @dataclass

@@ -340,6 +340,13 @@ class MixedHotlineCollection(PerDtype):
         """Every group's hot-tier tensors (tiers.py ``static_version``)."""
         return tuple(g.static_version for g in self.groups)
 
+    def staged_cold(self, static: MixedStatic, cold: GroupCold | None) -> GroupCold | None:
+        """Each group's cold rows ready for its buffers' load (tiers.py ``staged_cold``)."""
+        if cold is not None:
+            cold.parts = [g.staged_cold(part, rows)  # type: ignore[arg-type]  # one process: ColdRows
+                          for g, part, rows in zip(self.groups, static.parts, cold.parts, strict=True)]
+        return cold
+
     def send_static_cold(self, static: MixedStatic, cold: GroupCold | None) -> None:
         """Each group's cold rows' gradient home (tiers.py ``send_static_cold``)."""
         for i, (g, part) in enumerate(zip(self.groups, static.parts, strict=True)):

@@ -9,7 +9,9 @@
         │           hot rows: the fused update (as the eager step's held one, in the kernel);
         │           cold rows: their gradient by cold row into cold_grad [C, D]
         ▼
-    after the step: cold_grad[:U] D2H to the host tier (its update thread applies it)
+    after the step: cold_grad[:U] D2H to the host tier (its update thread applies it);
+    or, staged (cold_stage.py: fp32 tables, per-row optimizer state), the cold rows
+    patched, updated on the device and rows[:U] with their state D2H, stored as they are
 
 F*B and the capacity C (lookups and cold rows: U <= N, at most every lookup cold and
 distinct) are the captured batch's, so a CUDA graph of the whole step
@@ -31,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from embeddings.hotline.cold_stage import ColdStage
 from embeddings.jagged import bag_offsets
 
 if TYPE_CHECKING:
@@ -38,6 +41,7 @@ if TYPE_CHECKING:
     from embeddings.hotline.hot_tier import HotTier
     from embeddings.hotline.lookups import ColdRows
     from embeddings.hotline.split import DeviceSplit, JointSplit
+    from embeddings.optim import SparseOptimizer
 
 
 @dataclass
@@ -52,22 +56,26 @@ class StaticLookups:
     cold_grad: torch.Tensor  # [C, D] fp32, first U written by the backward
     batch: int
     num_features: int
+    stage: ColdStage | None = None  # the cold rows updated on the device (cold_stage.py)
 
     @classmethod
-    def like(cls, split: DeviceSplit, dim: int, dtype: torch.dtype) -> StaticLookups:
+    def like(cls, split: DeviceSplit, dim: int, dtype: torch.dtype,
+             optimizer: SparseOptimizer | None = None) -> StaticLookups:
         """Buffers for batches of ``split``'s shapes (not its values: ``load`` copies
         them): B samples, F features, N lookups; multi-hot (N varies by batch) a
-        quarter more lookups, so most later batches fit too."""
+        quarter more lookups, so most later batches fit too. ``optimizer``: the cold
+        rows are staged for it (cold_stage.py; None: their gradient goes home)."""
         lookups = split.lookups
         n, device = lookups.ids.numel(), lookups.ids.device
         bags = lookups.lengths.numel()
         capacity = max(n if n == bags else n + n // 4, 1)
+        stage = None if optimizer is None else ColdStage.like(capacity, dim, optimizer, device)
         return cls(torch.zeros(capacity, dtype=torch.bool, device=device),
                    torch.zeros(capacity, dtype=torch.int64, device=device),
                    torch.zeros(capacity, dtype=torch.int64, device=device), torch.zeros_like(lookups.lengths),
                    torch.zeros(capacity, dim, dtype=dtype, device=device),
                    torch.zeros(capacity, dim, dtype=torch.float32, device=device),
-                   lookups.batch, lookups.num_features)
+                   lookups.batch, lookups.num_features, stage)
 
     @property
     def capacity(self) -> int:
@@ -93,15 +101,17 @@ class StaticLookups:
         self.slot[:n].copy_(lookups.slot, non_blocking=True)
         self.cold_local[:n].copy_(split.cold_local, non_blocking=True)
         self.lengths.copy_(lookups.lengths, non_blocking=True)
-        if cold is None or cold.rows.shape[0] == 0:
-            return
-        rows = cold.rows.detach()
-        if rows.device.type == "cuda":
-            current = torch.cuda.current_stream(rows.device)
+        staged = cold is not None and cold.rows.shape[0] > 0
+        if staged and cold.rows.device.type == "cuda":  # copied on the gather's side stream
+            current = torch.cuda.current_stream(cold.rows.device)
             if cold.ready is not None:
                 current.wait_event(cold.ready)
-            rows.record_stream(current)
-        self.cold_rows[:rows.shape[0]].copy_(rows, non_blocking=True)
+            for t in [cold.rows, *(cold.state or {}).values()]:
+                t.record_stream(current)
+        if self.stage is not None:
+            self.stage.load(cold.ids if staged else None, cold.state if staged else None)
+        if staged:
+            self.cold_rows[:cold.rows.shape[0]].copy_(cold.rows.detach(), non_blocking=True)
 
 
 @dataclass
@@ -137,6 +147,8 @@ def static_pooled(hot: HotTier, static: StaticLookups, mean: bool) -> torch.Tens
     from embeddings.kernels.two_tier import two_tier_lookup  # imports triton
 
     offsets = bag_offsets(static.lengths)
+    if static.stage is not None:  # rows the last static step updated: its results
+        static.stage.patch(static.cold_rows)
     backward = partial(_backward, hot, static, offsets, mean)
     return two_tier_lookup(hot.weight, static.cold_rows, static.is_hot, static.slot, static.cold_local,
                            offsets, static.num_features, static.batch, mean, backward)
@@ -150,3 +162,7 @@ def _backward(hot: HotTier, static: StaticLookups, offsets: torch.Tensor, mean: 
 
     ids = tier_ids(static.is_hot, static.slot, static.cold_local, hot.weight.shape[0])
     hot.update_static(grad_pooled, ids, offsets, static.num_features, static.batch, mean, static.cold_grad)
+    stage = static.stage
+    if stage is not None:
+        hot.update_staged(stage, static.cold_rows, static.cold_grad)
+        stage.keep(static.cold_rows)

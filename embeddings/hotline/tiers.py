@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from embeddings.collection import EmbeddingCollection, naming_oom
+from embeddings.hotline.cold_stage import stageable
 from embeddings.hotline.host_local import LocalHostTier
 from embeddings.hotline.host_sharded import ShardedHostTier
 from embeddings.hotline.host_tier import HostTier
@@ -373,7 +374,25 @@ class HotlineEmbeddingCollection(EmbeddingCollection):
         """A captured step's buffers for batches of ``split``'s shapes, the cold rows in
         the hot tier's type (that of the host rows)."""
         weight = self.hot.weight
-        return StaticLookups.like(split, weight.shape[1], weight.dtype)
+        staged = isinstance(self.tier, LocalHostTier) and stageable(self.optimizer, weight.dtype)
+        if staged:
+            self.tier.stage_state = True  # gathers bring the rows' optimizer state from now on
+        return StaticLookups.like(split, weight.shape[1], weight.dtype, self.optimizer if staged else None)
+
+    def staged_cold(self, static: StaticLookups, cold: ColdRows | None) -> ColdRows | None:
+        """``cold`` ready for ``static``'s load: where its stage's last rows no longer
+        stand (host rows written since its write-back: an eager step, a refresh), the
+        stage forgets them and the stale rows are read again on the host, with every
+        row's state if the gather did not bring it (cold_stage.py). Otherwise as it
+        is: the replay's patch replaces the rows the last write-back wrote."""
+        stage = static.stage
+        if stage is None or cold is None:
+            return cold
+        assert isinstance(self.tier, LocalHostTier)
+        if stage.serial != self.tier.writes:
+            stage.invalidate()
+            return self.tier.resolve(cold, with_state=True)
+        return cold
 
     @property
     def static_version(self) -> object:
@@ -389,8 +408,18 @@ class HotlineEmbeddingCollection(EmbeddingCollection):
 
     def send_static_cold(self, static: StaticLookups, cold: ColdRows | None) -> None:
         """After a static step's backward was queued: ``cold``'s U rows' gradient goes
-        home (D2H, applied by the host tier's ``step``). Called outside any capture."""
+        home (D2H, applied by the host tier's ``step``), or where they were staged
+        their updated rows and state (``write_back``). Called outside any capture."""
         self._static_done = True
+        stage = static.stage
+        if stage is not None:  # the rows and their state as the device updated them
+            assert isinstance(self.tier, LocalHostTier)
+            unique = 0 if cold is None else cold.rows.shape[0]
+            if unique:
+                self.tier.write_back(cold.host_ids, static.cold_rows[:unique],
+                                     {name: t[:unique] for name, t in stage.state.items()})
+            stage.serial = self.tier.writes  # its rows stand until another write
+            return
         if cold is not None and cold.rows.shape[0]:
             unique = cold.rows.shape[0]
             self.tier.receive_rows(cold.host_ids, static.cold_grad[:unique])

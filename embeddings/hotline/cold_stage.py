@@ -1,0 +1,128 @@
+"""A static Hotline step's cold rows updated on the device and written back to the host.
+
+Before, the captured step wrote each staged cold row's gradient, the host tier applied
+it on its update thread, and the next step's gather waited for that update to reread
+the rows both steps share. On the 2026-11-27 H200 that chain (replay, gradient D2H,
+host update, reread, H2D, launch) left the GPU idle for 2 of every 3.4 ms a step.
+Here the device updates the staged rows itself and the host only stores them:
+
+    step t, one replay (this module's parts marked *)          host
+    * patch: staged rows that step t-1 also staged ◄─ prev (t-1's updated rows, state)
+      two-tier lookup; backward: hot rows updated, cold rows' gradient [C, D]
+    * update: the staged rows and their state, by the optimizer's own kernel
+    * prev ← t's ids, rows, state
+    after the replay: rows[:U], state[:U] D2H ────────────────► write-back thread:
+                                                                index_copy into the tables
+    gather of t+1 (during replay t): the host rows as they are; a row that t writes
+    back may be read before or after its write: it is one that t+1 patches from prev.
+
+Exact: each row's value after step t is the one the device computed (the host stores
+it, never recomputes it), and step t+1 reads either the host's copy after every
+earlier write or, for the rows step t updated, that update's own result. The patch
+holds only while nothing else wrote host rows since this stage's write-back (an
+eager step's update, a refresh, a sync of the hot rows): the host tier counts its
+writes, and a stage whose count is behind forgets ``prev`` (``invalidate``); the
+stale rows of such a step's gather are then read again on the host before use.
+
+Staged where the update needs nothing the host keeps per table: fp32 tables (no
+stochastic rounding, whose step the host counts) and optimizers whose state is per
+row (SGD, Adagrad, row-wise Adagrad; not Adam, whose step is per table).
+
+    ids         [C]     host stacked ids of the staged rows, ascending; SENTINEL past U
+    state[name] [C] or [C, D]  their optimizer state, staged with them
+    prev_*      the same, as the last static step left them
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from embeddings.optim import SparseOptimizer, StateKind
+
+SENTINEL = torch.iinfo(torch.int64).max  # past U: above every id, so ``ids`` stays sorted
+
+
+def stageable(optimizer: SparseOptimizer, weight_dtype: torch.dtype) -> bool:
+    """Whether a static step's cold rows can be updated on the device (module docstring)."""
+    per_table = [name for name, spec in optimizer.state_layout().items() if spec.kind is StateKind.TABLE_SCALAR]
+    return weight_dtype == torch.float32 and not optimizer.rounding and not per_table
+
+
+@dataclass
+class ColdStage:
+    """The staged cold rows' ids and state, and the last static step's (see the module
+    docstring); the rows themselves are the static buffers' ``cold_rows``."""
+
+    ids: torch.Tensor
+    count: torch.Tensor  # [1] U
+    state: dict[str, torch.Tensor]
+    prev_ids: torch.Tensor
+    prev_rows: torch.Tensor
+    prev_state: dict[str, torch.Tensor]
+    positions: torch.Tensor  # [C + 1] 0..C: the update's identity lookups and bounds
+    row_base: torch.Tensor  # [1] zero: the update's one feature starts at row 0
+    serial: int = -1  # the host tier's write count after this stage's last write-back
+
+    @classmethod
+    def like(cls, capacity: int, dim: int, optimizer: SparseOptimizer, device: torch.device) -> ColdStage:
+        """Buffers for ``capacity`` staged rows of ``dim``; ``prev`` empty."""
+        state = optimizer.init_state(capacity, dim, device)
+        return cls(torch.full((capacity,), SENTINEL, dtype=torch.int64, device=device),
+                   torch.zeros(1, dtype=torch.int64, device=device), state,
+                   torch.full((capacity,), SENTINEL, dtype=torch.int64, device=device),
+                   torch.zeros(capacity, dim, dtype=torch.float32, device=device),
+                   {name: torch.zeros_like(t) for name, t in state.items()},
+                   torch.arange(capacity + 1, dtype=torch.int64, device=device),
+                   torch.zeros(1, dtype=torch.int64, device=device))
+
+    @property
+    def capacity(self) -> int:
+        return self.ids.numel()
+
+    def load(self, ids: torch.Tensor | None, state: dict[str, torch.Tensor] | None) -> None:
+        """This step's U staged ids (on the device, ascending; None: no cold row) and
+        their state rows, copied in on the current stream (the host does not wait)."""
+        unique = 0 if ids is None else ids.numel()
+        if unique:
+            self.ids[:unique].copy_(ids, non_blocking=True)
+            for name, rows in (state or {}).items():
+                self.state[name][:unique].copy_(rows, non_blocking=True)
+        self.ids[unique:].fill_(SENTINEL)
+        self.count.fill_(unique)
+
+    def invalidate(self) -> None:
+        """Forget the last static step's rows: host rows were written since (module
+        docstring), so none of its results may stand in for a host read."""
+        self.prev_ids.fill_(SENTINEL)
+
+    @torch.no_grad()
+    def patch(self, rows: torch.Tensor) -> None:
+        """In the replay, before the lookup: each staged row that the last static step
+        also staged takes that step's result, rows and state (static shapes: a sorted
+        search of every id in ``prev_ids``)."""
+        last = self.capacity - 1
+        at = torch.searchsorted(self.prev_ids, self.ids).clamp_(max=last)
+        hit = (self.prev_ids.index_select(0, at) == self.ids) & (self.ids != SENTINEL)
+        rows.copy_(torch.where(hit.unsqueeze(1), self.prev_rows.index_select(0, at), rows))
+        for name, tensor in self.state.items():
+            mask = hit.view(-1, *([1] * (tensor.dim() - 1)))
+            tensor.copy_(torch.where(mask, self.prev_state[name].index_select(0, at), tensor))
+
+    @torch.no_grad()
+    def keep(self, rows: torch.Tensor) -> None:
+        """In the replay, after the update: this step's ids, rows and state become
+        ``prev`` for the next."""
+        self.prev_ids.copy_(self.ids)
+        self.prev_rows.copy_(rows)
+        for name, tensor in self.state.items():
+            self.prev_state[name].copy_(tensor)
+
+    def update_layout(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(values, offsets, row_base) that make the update kernel apply ``grad[i]`` to
+        row i for i < U: one bag a row, bags past U empty (their lookups unapplied).
+        Made of buffers from outside any capture (a tensor first made in a capture
+        holds nothing until a replay)."""
+        capacity = self.capacity
+        return self.positions[:capacity], torch.minimum(self.positions, self.count), self.row_base
