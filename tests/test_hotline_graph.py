@@ -223,17 +223,18 @@ def test_static_hotline_step_with_tables_of_several_dtypes_equals_ordinary_train
                                                                                      monkeypatch) -> None:
     """Per-table dtypes (embeddings.dtypes): a hot tier per dtype group, each with its own
     static buffers (the cold rows in its type), lookup launch and fused update; the
-    groups' cold gradients sent home each to its host tier. Reference: ordinary
-    training with the same dtypes (the same stochastic rounding, keyed by full-table
+    fp32 and bf16 groups' cold rows updated on the device and written back
+    (cold_stage.py), the fp16 group's gradient sent home. Reference: ordinary training
+    with the same dtypes (the same stochastic rounding, keyed by full-table
     coordinates). The body a graph would hold passes the sync audit: one lookup and
-    one update launch per group."""
+    one update launch per group, and one for each staged group's cold rows."""
     steps = ("train.max_steps=5", "optim.sparse=rowwise_adagrad", "optim.dense=adam",
              "embeddings.dtypes.C1=fp32", "embeddings.dtypes.C2=fp16", "embeddings.dtype=bf16")
     run(tiny_data, tmp_path / "plain", *steps, "data.batch_size=32")
     audits = audited_bodies(monkeypatch)
     summary = run(tiny_data, tmp_path / "hot", *steps, *STATIC)
     assert audits and all(a.violations == [] for a in audits), [a.violations for a in audits]
-    assert all(a.ops["triton._two_tier_kernel"] == 3 and a.ops["triton._runs_kernel"] == 3 for a in audits)
+    assert all(a.ops["triton._two_tier_kernel"] == 3 and a.ops["triton._runs_kernel"] == 3 + 2 for a in audits)
     hot = run_state(tmp_path / "hot")
     assert (hot["tables.C1.weight"].dtype, hot["tables.C2.weight"].dtype, hot["tables.C3.weight"].dtype) == (
         torch.float32, torch.float16, torch.bfloat16)
@@ -244,10 +245,12 @@ def test_static_hotline_step_with_tables_of_several_dtypes_equals_ordinary_train
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("optim", ["sgd", "rowwise_adagrad"])
+@pytest.mark.parametrize("optim,dtype", [("sgd", "fp32"), ("rowwise_adagrad", "fp32"), ("adagrad", "bf16")])
 def test_static_steps_update_their_cold_rows_on_the_device(tiny_data, tmp_path: Path, monkeypatch,
-                                                           optim: str) -> None:
-    """fp32 tables, per-row state (embeddings/hotline/cold_stage.py): a static step updates
+                                                           optim: str, dtype: str) -> None:
+    """fp32 or bf16 tables (bf16: stochastically rounded by the kernel at each staged
+    row's full-table coordinates), per-row state (embeddings/hotline/cold_stage.py;
+    adagrad's in bf16 too, rounded in its own stream): a static step updates
     its staged cold rows and their state on the device and writes them back; no cold
     gradient goes home. The next gather does not wait for that write-back: the rows it
     read too early are patched in the next replay, or, before the eager step forced in
@@ -285,15 +288,17 @@ def test_static_steps_update_their_cold_rows_on_the_device(tiny_data, tmp_path: 
     monkeypatch.setattr(LocalHostTier, "resolve", counted_resolve)
     monkeypatch.setattr(LocalHostTier, "_receive", counted_receive)
     monkeypatch.setattr(HotlineGraph, "fits", fits_but_one)
-    steps = ("train.max_steps=9", f"optim.sparse={optim}", "optim.dense=adam")
+    steps = ("train.max_steps=9", f"optim.sparse={optim}", "optim.dense=adam", f"embeddings.dtype={dtype}",
+             f"embeddings.state_dtype={dtype}")
     run(tiny_data, tmp_path / "plain", *steps, "data.batch_size=32")
     audits = audited_bodies(monkeypatch)
     # no hot row: consecutive steps share their popular rows, all cold
     summary = run(tiny_data, tmp_path / "hot", *steps, *STATIC, "hotline.budget=1B")
     # what a graph holds: the patch and the staged rows' update (a second update launch
-    # and sort) have no op a capture refuses
+    # and sort; bf16: the rows' tables found for their rounding) have no op a capture refuses
     assert audits and all(a.violations == [] for a in audits), [a.violations for a in audits]
-    assert all(a.ops["triton._runs_kernel"] == 2 and a.ops["aten.searchsorted"] == 1 for a in audits), \
+    assert all(a.ops["triton._runs_kernel"] == 2 and a.ops["aten.searchsorted"] == 1 + (dtype == "bf16")
+               for a in audits), \
         [dict(a.ops) for a in audits]
     assert_states_close(run_state(tmp_path / "hot"), run_state(tmp_path / "plain"), f"staged cold rows {optim}",
                         tolerance(optim))
@@ -302,3 +307,21 @@ def test_static_steps_update_their_cold_rows_on_the_device(tiny_data, tmp_path: 
     assert calls["gradients"] == 4  # the 3 warm-up steps and the eager one sent gradients home
     assert calls["stale"] == 1  # the eager step's gather read rows the write-back before it wrote
     assert summary["hotline"]["late_rows"] > 0  # rows of consecutive steps: patched, or read again
+
+
+@pytest.mark.slow
+def test_cold_update_host_sends_the_gradient_home(tiny_data, tmp_path: Path, monkeypatch) -> None:
+    """``hotline.cold_update=host``: the static step's cold rows' gradient goes home and
+    the host tier applies it (no write-back), equal to ordinary training too."""
+    from embeddings.hotline.host_local import LocalHostTier
+
+    write_backs: list[int] = []
+    write_back = LocalHostTier.write_back
+    monkeypatch.setattr(LocalHostTier, "write_back", lambda self, *a: (write_backs.append(1), write_back(self, *a)))
+    steps = ("train.max_steps=6", "optim.sparse=rowwise_adagrad", "optim.dense=adam")
+    run(tiny_data, tmp_path / "plain", *steps, "data.batch_size=32")
+    summary = run(tiny_data, tmp_path / "hot", *steps, *STATIC, "hotline.cold_update=host")
+    assert_states_close(run_state(tmp_path / "hot"), run_state(tmp_path / "plain"), "cold_update=host",
+                        tolerance("rowwise_adagrad"))
+    assert summary["step_mode"].startswith("hotline step static: 3 steps"), summary["step_mode"]
+    assert write_backs == []

@@ -185,7 +185,7 @@ def hotline_embeddings(
     collection = hotline_collection(
         run_tables(cfg, schema), hot_profile, sparse_optimizer(cfg), fused=False, seed=seed,
         device=device, plan=plan, group=group, gather_threads=cfg.hotline.gather_threads, rounding_seed=cfg.seed,
-        kernels=cfg.embeddings.kernels, hot_group=hot_group,
+        kernels=cfg.embeddings.kernels, hot_group=hot_group, stage_cold=cfg.hotline.cold_update == "device",
     )
     if info is not None and info.world_size > 1:
         collection.grad_scale = pooled_grad_scale(cfg, info)

@@ -14,6 +14,11 @@ Here the whole step is one replay; only what needs the host stays outside:
                                                    kernel, cold rows' gradient by row;
                                                    the dense optimizer
     cold_grad[:U] home (host tier) ◄──────────────  D2H; the host-update thread applies it
+    or, staged (embeddings/hotline/cold_stage.py: fp32/bf16 tables, per-row state):
+    rows[:U], state[:U] home ◄────────────────────  the cold rows patched from the last
+                                                   step's results, updated in the replay;
+                                                   the host stores them, and the next
+                                                   gather waits for no update of this step
 
 The buffers are embeddings/hotline/static_step.py's: every shape is the batch's (N
 lookups, F*B bags, C = N cold rows), so one capture serves every split of a
@@ -26,7 +31,8 @@ counts them).
 
 Exact as the eager step (tests/test_hotline_graph.py): the same lookups, sums,
 updates, and the host tier's order of reads and writes (a gather of step t+1
-rereads the rows step t's update writes, host_local.py).
+rereads the rows step t's update writes, host_local.py; staged, step t+1's replay
+takes them from step t's results, cold_stage.py).
 
 Without CUDA (hotline.graph_step=on with the hot tier on interpreted Triton kernels,
 as the tests run it) the same static step runs uncaptured: its buffers and updates
@@ -150,7 +156,18 @@ class HotlineGraph:
         how = (f"captured {self.captures}x in {1000 * self.capture_s / max(self.captures, 1):.0f} ms each, replayed"
                if self.capture else "uncaptured (no CUDA device)")
         return (f"hotline step static: {self.steps} steps ({how}), {self.eager} other-shape steps "
-                f"eager{self.timer.summary()}")
+                f"eager{self.timer.summary()}{self._cold_update()}")
+
+    def _cold_update(self) -> str:
+        """Where the static steps' cold rows were updated (embeddings/hotline/cold_stage.py)."""
+        if self.static is None:
+            return ""
+        parts = getattr(self.static.sparse, "parts", [self.static.sparse])  # MixedStatic: per dtype group
+        staged = sum(part.stage is not None for part in parts)
+        if staged == len(parts):
+            return ", cold rows updated on the device"
+        return ", cold rows' gradient sent home" + (f" ({len(parts) - staged} of {len(parts)} dtype groups)"
+                                                    if staged else "")
 
 
 def _cold_rows(cold: Any) -> ColdRows | GroupCold | None:

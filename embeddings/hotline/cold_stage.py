@@ -24,9 +24,17 @@ eager step's update, a refresh, a sync of the hot rows): the host tier counts it
 writes, and a stage whose count is behind forgets ``prev`` (``invalidate``); the
 stale rows of such a step's gather are then read again on the host before use.
 
-Staged where the update needs nothing the host keeps per table: fp32 tables (no
-stochastic rounding, whose step the host counts) and optimizers whose state is per
-row (SGD, Adagrad, row-wise Adagrad; not Adam, whose step is per table).
+Staged where the update needs nothing the host keeps per table but the rounding step:
+fp32 and bf16 tables (bf16 rounded stochastically by the kernel at the rows' full-table
+coordinates, with the hot tier's step, which the host's counts equal) and optimizers
+whose state is per row (SGD, Adagrad, row-wise Adagrad; not Adam, whose step is per
+table). Not fp16 tables: their overflow warning counts per table on the host.
+
+The update is the hot rows' kernel over an identity layout, one "feature" per staged
+row (batch 1), so each row has its own rounding key and full-table row:
+
+    bag i = [i] for i < U, empty past U     values = 0..C-1     grad[i] = bag i's row
+    keys[i], full_rows[i]: table key and full-table row of ids[i]
 
     ids         [C]     host stacked ids of the staged rows, ascending; SENTINEL past U
     state[name] [C] or [C, D]  their optimizer state, staged with them
@@ -46,8 +54,9 @@ SENTINEL = torch.iinfo(torch.int64).max  # past U: above every id, so ``ids`` st
 
 def stageable(optimizer: SparseOptimizer, weight_dtype: torch.dtype) -> bool:
     """Whether a static step's cold rows can be updated on the device (module docstring)."""
-    per_table = [name for name, spec in optimizer.state_layout().items() if spec.kind is StateKind.TABLE_SCALAR]
-    return weight_dtype == torch.float32 and not optimizer.rounding and not per_table
+    per_table = [name for name, spec in optimizer.state_layout().items()
+                 if spec.kind is StateKind.TABLE_SCALAR and name != "rounding_step"]
+    return weight_dtype in (torch.float32, torch.bfloat16) and not per_table
 
 
 @dataclass
@@ -62,20 +71,33 @@ class ColdStage:
     prev_rows: torch.Tensor
     prev_state: dict[str, torch.Tensor]
     positions: torch.Tensor  # [C + 1] 0..C: the update's identity lookups and bounds
-    row_base: torch.Tensor  # [1] zero: the update's one feature starts at row 0
+    zeros: torch.Tensor  # [C] each row's "feature" starts at row 0, column 0
+    table_starts: torch.Tensor  # [T] each table's first stacked id
+    table_keys: torch.Tensor  # [T] each table's rounding key
+    keys: torch.Tensor  # [C] the staged rows' tables' keys (``locate``)
+    full_rows: torch.Tensor  # [C] their rows in their full tables
     serial: int = -1  # the host tier's write count after this stage's last write-back
 
     @classmethod
-    def like(cls, capacity: int, dim: int, optimizer: SparseOptimizer, device: torch.device) -> ColdStage:
-        """Buffers for ``capacity`` staged rows of ``dim``; ``prev`` empty."""
-        state = optimizer.init_state(capacity, dim, device)
-        return cls(torch.full((capacity,), SENTINEL, dtype=torch.int64, device=device),
-                   torch.zeros(1, dtype=torch.int64, device=device), state,
-                   torch.full((capacity,), SENTINEL, dtype=torch.int64, device=device),
-                   torch.zeros(capacity, dim, dtype=torch.float32, device=device),
+    def like(cls, capacity: int, dim: int, dtype: torch.dtype, optimizer: SparseOptimizer,
+             device: torch.device, table_starts: torch.Tensor, table_keys: torch.Tensor) -> ColdStage:
+        """Buffers for ``capacity`` staged rows of ``dim`` in ``dtype``; ``prev`` empty.
+        ``table_starts``, ``table_keys`` [T]: the stack's tables (where a row's rounding
+        coordinates come from)."""
+        state = {name: t for name, t in optimizer.init_state(capacity, dim, device).items()
+                 if name != "rounding_step"}  # the hot tier's step is the one counted
+
+        def ids() -> torch.Tensor:
+            return torch.full((capacity,), SENTINEL, dtype=torch.int64, device=device)
+
+        def rows() -> torch.Tensor:
+            return torch.zeros(capacity, dtype=torch.int64, device=device)
+
+        return cls(ids(), torch.zeros(1, dtype=torch.int64, device=device), state, ids(),
+                   torch.zeros(capacity, dim, dtype=dtype, device=device),
                    {name: torch.zeros_like(t) for name, t in state.items()},
-                   torch.arange(capacity + 1, dtype=torch.int64, device=device),
-                   torch.zeros(1, dtype=torch.int64, device=device))
+                   torch.arange(capacity + 1, dtype=torch.int64, device=device), rows(),
+                   table_starts.to(device), table_keys.to(device), rows(), rows())
 
     @property
     def capacity(self) -> int:
@@ -121,8 +143,16 @@ class ColdStage:
 
     def update_layout(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(values, offsets, row_base) that make the update kernel apply ``grad[i]`` to
-        row i for i < U: one bag a row, bags past U empty (their lookups unapplied).
-        Made of buffers from outside any capture (a tensor first made in a capture
-        holds nothing until a replay)."""
-        capacity = self.capacity
-        return self.positions[:capacity], torch.minimum(self.positions, self.count), self.row_base
+        row i for i < U: C features of one sample, bag i = [i], bags past U empty
+        (their lookups unapplied). Buffers made outside any capture (a tensor first
+        made in a capture holds nothing until a replay)."""
+        return self.positions[:self.capacity], torch.minimum(self.positions, self.count), self.zeros
+
+    @torch.no_grad()
+    def locate(self) -> None:
+        """In the replay: each staged row's table key and full-table row (``keys``,
+        ``full_rows``), for the stochastic rounding of half rows."""
+        last = self.table_starts.numel() - 1
+        table = (torch.searchsorted(self.table_starts, self.ids, right=True) - 1).clamp_(0, last)
+        self.keys.copy_(self.table_keys.index_select(0, table))
+        self.full_rows.copy_(self.ids - self.table_starts.index_select(0, table))

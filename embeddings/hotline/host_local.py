@@ -17,6 +17,12 @@ One step's ordering (CUDA; kept gradients, one pass per mini-batch as the traine
     update thread |                              waits the D2H events, applies ◄┘ (queued)
                   the NEXT step's gather waits for this queue (``collection``): read after write.
 
+A captured step whose cold rows are staged (cold_stage.py) sends home its updated rows
+and state instead (``write_back``: the update thread stores them); the next gather waits
+for the updates before that write-back only, and the rows it reads while it runs are
+``ColdRows.stale``: the next static step patches them on the device, any other use
+reads them again (``resolve``).
+
 Host waits left in the main thread: the split's 56-byte header (the micro-batches'
 shapes depend on it; it waits for the split stream, not for the compute stream; the
 trainer splits each mini-batch a step ahead and reads its header at the end of the

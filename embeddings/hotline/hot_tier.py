@@ -230,15 +230,31 @@ class HotTier(nn.Module):
                         self.weight.data, self.optimizer, self.state, self._device_lr(), self._kernel_rounding(),
                         rows_by_id=(self.weight.shape[0], cold_grad))
 
+    def cold_stage(self, capacity: int, dim: int) -> ColdStage:
+        """A stage for ``capacity`` cold rows of this tier's type (cold_stage.py), with
+        the stack's tables, where its rows' rounding coordinates come from."""
+        from embeddings.hotline.cold_stage import ColdStage
+
+        return ColdStage.like(capacity, dim, self.weight.dtype, self.optimizer, self.device, self._sr_starts,
+                              self._sr_keys)
+
     def update_staged(self, stage: ColdStage, rows: torch.Tensor, grad: torch.Tensor) -> None:
-        """A static step's staged cold ``rows`` [C, D] (fp32) and ``stage.state`` updated
-        with their summed ``grad`` [C, D] by the hot rows' own kernel and lr: row i by
-        grad[i], for i below the stage's count (cold_stage.py)."""
+        """A static step's staged cold ``rows`` [C, D] and ``stage.state`` updated with
+        their summed ``grad`` [C, D] by the hot rows' own kernel, lr and rounding step
+        (this step's: ``update_static`` counted it): row i by grad[i], for i below the
+        stage's count; half rows rounded at their full-table coordinates (cold_stage.py)."""
         from embeddings.kernels.sparse_update import backward_update
 
-        values, offsets, row_base = stage.update_layout()
-        backward_update(grad, values, offsets, row_base, rows.shape[0], False, True, rows,
-                        self.optimizer, stage.state, self._device_lr())
+        values, offsets, zeros = stage.update_layout()
+        rounding = None
+        if self.optimizer.rounding:
+            from embeddings.kernels.rounding import KernelRounding
+
+            stage.locate()
+            rounding = KernelRounding(self.rounding_seed, self.state["rounding_step"], stage.keys, zeros, zeros,
+                                      row_map=stage.full_rows)
+        backward_update(grad, values, offsets, zeros, 1, False, True, rows, self.optimizer, stage.state,
+                        self._device_lr(), rounding)
 
     def _device_lr(self) -> torch.Tensor:
         """The lr as a [1] device tensor the update kernel reads (``set_lr`` fills it):

@@ -154,6 +154,7 @@ class MixedHotlineCollection(PerDtype):
         rounding_seed: int | None = None,
         kernels: str = "auto",
         hot_group: dist.ProcessGroup | None = None,
+        stage_cold: bool = True,
     ) -> None:
         super().__init__()
         self.tables = list(tables)
@@ -173,7 +174,7 @@ class MixedHotlineCollection(PerDtype):
             self.groups.append(HotlineEmbeddingCollection(
                 mine, profile, own, fused=fused, seed=seed, device=device, host=host, plan=part, group=group,
                 gather_threads=gather_threads, rounding_seed=rounding_seed, kernels=kernels,
-                hot_group=hot_group))
+                hot_group=hot_group, stage_cold=stage_cold))
             self.bases.append(rows)
             rows += sum(t.rows for t in mine)
         self.optimizer = self.groups[0].optimizer

@@ -37,11 +37,12 @@ from embeddings.hotline.cold_stage import ColdStage
 from embeddings.jagged import bag_offsets
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from data.jagged import JaggedFeatures
     from embeddings.hotline.hot_tier import HotTier
     from embeddings.hotline.lookups import ColdRows
     from embeddings.hotline.split import DeviceSplit, JointSplit
-    from embeddings.optim import SparseOptimizer
 
 
 @dataclass
@@ -60,22 +61,21 @@ class StaticLookups:
 
     @classmethod
     def like(cls, split: DeviceSplit, dim: int, dtype: torch.dtype,
-             optimizer: SparseOptimizer | None = None) -> StaticLookups:
+             stage: Callable[[int], ColdStage] | None = None) -> StaticLookups:
         """Buffers for batches of ``split``'s shapes (not its values: ``load`` copies
         them): B samples, F features, N lookups; multi-hot (N varies by batch) a
-        quarter more lookups, so most later batches fit too. ``optimizer``: the cold
-        rows are staged for it (cold_stage.py; None: their gradient goes home)."""
+        quarter more lookups, so most later batches fit too. ``stage(capacity)``: the
+        cold rows' stage (cold_stage.py; None: their gradient goes home)."""
         lookups = split.lookups
         n, device = lookups.ids.numel(), lookups.ids.device
         bags = lookups.lengths.numel()
         capacity = max(n if n == bags else n + n // 4, 1)
-        stage = None if optimizer is None else ColdStage.like(capacity, dim, optimizer, device)
         return cls(torch.zeros(capacity, dtype=torch.bool, device=device),
                    torch.zeros(capacity, dtype=torch.int64, device=device),
                    torch.zeros(capacity, dtype=torch.int64, device=device), torch.zeros_like(lookups.lengths),
                    torch.zeros(capacity, dim, dtype=dtype, device=device),
                    torch.zeros(capacity, dim, dtype=torch.float32, device=device),
-                   lookups.batch, lookups.num_features, stage)
+                   lookups.batch, lookups.num_features, None if stage is None else stage(capacity))
 
     @property
     def capacity(self) -> int:

@@ -33,6 +33,7 @@ each micro-batch then one ``step()`` equals one step on the whole mini-batch
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -109,10 +110,13 @@ class HotlineEmbeddingCollection(EmbeddingCollection):
         rounding_seed: int | None = None,
         kernels: str | KernelChoice = KernelChoice.AUTO,
         hot_group: dist.ProcessGroup | None = None,
+        stage_cold: bool = True,
     ) -> None:
         """``rounding_seed`` (default ``seed``): of fp16/bf16 tables' stochastic rounding,
         in both tiers (embeddings/rounding.py). ``kernels``: the hot tier's lookups
-        (embeddings/kernels; ``auto``: Triton on CUDA, one process, any table type)."""
+        (embeddings/kernels; ``auto``: Triton on CUDA, one process, any table type).
+        ``stage_cold``: a static step updates its cold rows on the device where it can
+        (cold_stage.py; off: their gradient goes home, ``hotline.cold_update=host``)."""
         super().__init__()
         device = torch.device(device)
         rounding_seed = (seed or 0) if rounding_seed is None else rounding_seed
@@ -147,6 +151,7 @@ class HotlineEmbeddingCollection(EmbeddingCollection):
         self._last: tuple[int, int, int, int, int] | None = None
         # a static step's cold gradient was sent: its hot rows are updated already
         self._static_done = False
+        self.stage_cold = stage_cold
         self.profile = profile
         # Bumped whenever the hot tier is (re)loaded: a split made before classified
         # against other hot ids (the trainer's split made a step ahead checks it).
@@ -374,10 +379,12 @@ class HotlineEmbeddingCollection(EmbeddingCollection):
         """A captured step's buffers for batches of ``split``'s shapes, the cold rows in
         the hot tier's type (that of the host rows)."""
         weight = self.hot.weight
-        staged = isinstance(self.tier, LocalHostTier) and stageable(self.optimizer, weight.dtype)
+        staged = (self.stage_cold and isinstance(self.tier, LocalHostTier)
+                  and stageable(self.optimizer, weight.dtype))
         if staged:
             self.tier.stage_state = True  # gathers bring the rows' optimizer state from now on
-        return StaticLookups.like(split, weight.shape[1], weight.dtype, self.optimizer if staged else None)
+        return StaticLookups.like(split, weight.shape[1], weight.dtype,
+                                  partial(self.hot.cold_stage, dim=weight.shape[1]) if staged else None)
 
     def staged_cold(self, static: StaticLookups, cold: ColdRows | None) -> ColdRows | None:
         """``cold`` ready for ``static``'s load: where its stage's last rows no longer
