@@ -20,22 +20,21 @@
 #   1. first, up to 65 s, the Triton kernels' own tests (tests/test_kernels_*.py; compiled
 #      for the first time on the 2026-11-27 H200: 20 s, 14 test faults, fixed since),
 #      then up to 90 s the GPU tests of code no GPU has run yet or that failed on the
-#      last one (NEW_TESTS, a -k expression over the files in NEW_FILES), then the other
-#      gpu- and kernels-marked tests (tests/test_gpu.py's CUDA-equals-CPU matrix is
-#      most of it: ~40 s a case) in what is left before the reader, spread over
-#      12 pytest-xdist processes where xdist is installed (the image has it); then the
-#      failures alone, again, one process, so a failure caused by the sharing is told
-#      from a real one ($OUT/test_gpu.log, test_gpu_rerun.log). Each test's outcome and
-#      time go to $OUT/test_gpu.jsonl as it ends (a cut run still names its failures),
-#      summed up in the output
-#   2. the reader's rows/s at data.workers 0,4,16 (issue 23: $OUT/reader.json), with
-#      data.shuffle_buffer=65536 (READER_WINDOW): 16 windows in the 1,048,576 rows, the
+#      last one (NEW_TESTS, a -k expression over the files in NEW_FILES), spread over
+#      12 pytest-xdist processes where xdist is installed (the image has it). Each test's
+#      outcome and time go to $OUT/test_gpu.jsonl as it ends (a cut run still names its
+#      failures), summed up in the output
+#   2. up to 100 s the reader's rows/s at data.workers 0,4,16 (issue 23: $OUT/reader.json),
+#      with data.shuffle_buffer=65536 (READER_WINDOW): 16 windows in the 1,048,576 rows, the
 #      set copied until an epoch holds 8 windows a worker (dlrm/bench/reader_sweep.py).
-#      2026-11-27 H200: steady 4 workers 2.52x, 16 workers 4.81x one core's rate.
-#      Then 16 workers with data.prefetch=16 (a whole window ahead: a simulation of the
-#      measured costs gives 15.9x against 7-13x at the default depth; it got no time on
-#      2026-11-27, so it now runs before the fit)
-#   3. the vocabulary fit at data.fit_workers 0,16 (issue 26: $OUT/fit.json)
+#      2026-11-27 H200: steady 4 workers 2.52x, 16 workers 4.81x one core's rate; the
+#      evening's run cut it after one core (it came after the tests of 3, and got 70 s).
+#      Then, where 120 s are left, 16 workers with data.prefetch=16 (a whole window ahead)
+#   3. the vocabulary fit at data.fit_workers 0,16 (issue 26: $OUT/fit.json), up to 40 s;
+#      then the other gpu- and kernels-marked tests (tests/test_gpu.py's CUDA-equals-CPU
+#      matrix is most of it: ~40 s a case) in what is left, and the failures alone,
+#      again, one process, so a failure caused by the sharing is told from a real one
+#      ($OUT/test_gpu.log, test_gpu_rerun.log)
 # bench (configs/bench_gpu.yaml: 26 Criteo-Kaggle-sized tables, 8.6 GB fp32, 100 steps
 # of 4096), in order:
 #   1. the rows the open issues are judged by, each printed as it ends: native (fp32
@@ -118,7 +117,7 @@ PYEOF
 }
 
 tests() {
-  local xdist=() code
+  local xdist=() code=0
   "$PY" -c 'import xdist' 2>/dev/null && xdist=(-n 12 --dist load)
   rm -f "$OUT/test_gpu.jsonl"
   echo "== the Triton kernels' own tests, compiled"
@@ -135,30 +134,13 @@ tests() {
   DLRM_TEST_RECORD="$OUT/test_gpu.jsonl" timeout -k 5 "$(upto 90)" "$PY" -m pytest \
     $NEW_FILES -m "gpu or kernels" -k "$NEW_TESTS" "${xdist[@]}" -rfE >>"$OUT/test_gpu.log" 2>&1
   record_summary "$OUT/test_gpu.jsonl"
-  echo "== the other gpu and kernels tests"
-  # 95 s kept for the reader (at most 70) and the fit; the kernels' files ran above
-  local others=$(($(left) - 95 > 10 ? $(left) - 95 : 10))
-  # shellcheck disable=SC2046
-  DLRM_TEST_RECORD="$OUT/test_gpu.jsonl" timeout -k 5 "$others" "$PY" -m pytest tests \
-    -m "gpu or kernels" -k "not ($NEW_TESTS)" $(for f in tests/test_kernels_*.py; do echo "--ignore=$f"; done) \
-    "${xdist[@]}" -rfE --durations=15 >>"$OUT/test_gpu.log" 2>&1
-  code=$?
-  grep -E "worst relative|hotline timeline|ops per step| passed| failed" "$OUT/test_gpu.log" | tail -10
-  record_summary "$OUT/test_gpu.jsonl"
-  # pytest's exit 1: tests failed (not a time-out, 124, or a crash)
-  if [ $code -eq 1 ] && [ "$(left)" -gt 100 ]; then
-    echo "== the failures again, one process"
-    timeout -k 5 "$(upto 40)" "$PY" -m pytest tests -m "gpu or kernels" --lf -x -rfE \
-      >"$OUT/test_gpu_rerun.log" 2>&1
-    grep -E "FAILED|ERROR|passed|failed|Error" "$OUT/test_gpu_rerun.log" | tail -8
-  fi
   echo "== reader: rows/s by data.workers"
-  timeout -k 5 "$(upto 70)" "$PY" -m dlrm bench --config "$CONFIG" --reader-only \
+  timeout -k 5 "$(upto 100)" "$PY" -m dlrm bench --config "$CONFIG" --reader-only \
     --workers 0,4,16 --out /tmp/bench_reader generate.rows=${READER_ROWS:-1048576} \
     data.shuffle_buffer=${READER_WINDOW:-65536} >"$OUT/reader.log" 2>&1
   cp /tmp/bench_reader/bench.json "$OUT"/reader.json 2>/dev/null
   tail -10 "$OUT/reader.log"
-  if [ "$(left)" -gt 60 ]; then  # into reader.log; the same --out: its sets and copies reused
+  if [ "$(left)" -gt 120 ]; then  # into reader.log; the same --out: its sets and copies reused
     echo "== reader: 16 workers, data.prefetch=16"
     timeout -k 5 "$(upto 40)" "$PY" -m dlrm bench --config "$CONFIG" --reader-only \
       --workers 16 --out /tmp/bench_reader generate.rows=${READER_ROWS:-1048576} \
@@ -167,10 +149,28 @@ tests() {
   fi
   if [ "$(left)" -gt 25 ]; then
     echo "== vocabulary fit: rows/s by data.fit_workers"
-    timeout -k 5 "$(left)" "$PY" -m dlrm bench --config "$CONFIG" --fit-only \
+    timeout -k 5 "$(upto 40)" "$PY" -m dlrm bench --config "$CONFIG" --fit-only \
       --fit-workers 0,16 --fit-rows ${FIT_ROWS:-4194304} --no-fit-memory --out /tmp/bench_fit >"$OUT/fit.log" 2>&1
     cp /tmp/bench_fit/bench.json "$OUT"/fit.json 2>/dev/null
     tail -6 "$OUT/fit.log"
+  fi
+  echo "== the other gpu and kernels tests"
+  # what the reader and the fit left (the 2026-11-27 evening run cut the reader's worker
+  # sweep when it came after these); the kernels' files ran above
+  local others=$(($(left) > 10 ? $(left) : 10))
+  # shellcheck disable=SC2046
+  DLRM_TEST_RECORD="$OUT/test_gpu.jsonl" timeout -k 5 "$others" "$PY" -m pytest tests \
+    -m "gpu or kernels" -k "not ($NEW_TESTS)" $(for f in tests/test_kernels_*.py; do echo "--ignore=$f"; done) \
+    "${xdist[@]}" -rfE --durations=15 >>"$OUT/test_gpu.log" 2>&1
+  code=$?
+  grep -E "worst relative|hotline timeline|ops per step| passed| failed" "$OUT/test_gpu.log" | tail -10
+  record_summary "$OUT/test_gpu.jsonl"
+  # pytest's exit 1: tests failed (not a time-out, 124, or a crash)
+  if [ $code -eq 1 ] && [ "$(left)" -gt 45 ]; then
+    echo "== the failures again, one process"
+    timeout -k 5 "$(upto 40)" "$PY" -m pytest tests -m "gpu or kernels" --lf -x -rfE \
+      >"$OUT/test_gpu_rerun.log" 2>&1
+    grep -E "FAILED|ERROR|passed|failed|Error" "$OUT/test_gpu_rerun.log" | tail -8
   fi
   return $code
 }

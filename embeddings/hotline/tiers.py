@@ -425,7 +425,9 @@ class HotlineEmbeddingCollection(EmbeddingCollection):
             if unique:
                 self.tier.write_back(cold.host_ids, static.cold_rows[:unique],
                                      {name: t[:unique] for name, t in stage.state.items()})
-            stage.serial = self.tier.writes  # its rows stand until another write
+                stage.serial = self.tier.writes  # its rows stand until another write
+            else:  # kept no rows: an earlier write-back, maybe still running, is not covered
+                stage.serial = -1
             return
         if cold is not None and cold.rows.shape[0]:
             unique = cold.rows.shape[0]
