@@ -24,11 +24,11 @@ eager step's update, a refresh, a sync of the hot rows): the host tier counts it
 writes, and a stage whose count is behind forgets ``prev`` (``invalidate``); the
 stale rows of such a step's gather are then read again on the host before use.
 
-Staged where the update needs nothing the host keeps per table but the rounding step:
-fp32 and bf16 tables (bf16 rounded stochastically by the kernel at the rows' full-table
-coordinates, with the hot tier's step, which the host's counts equal) and optimizers
-whose state is per row (SGD, Adagrad, row-wise Adagrad; not Adam, whose step is per
-table). Not fp16 tables: their overflow warning counts per table on the host.
+Per-table counts (Adam's step, the rounding step) are the hot tier's: each tier counts
+every step once, so the host's equal them, and the host goes on counting its own (its
+update of the static step is empty). Staged: fp32 and bf16 tables (bf16 rounded
+stochastically by the kernel at the rows' full-table coordinates), every optimizer. Not
+fp16 tables: their overflow warning counts per table on the host.
 
 The update is the hot rows' kernel over an identity layout, one "feature" per staged
 row (batch 1), so each row has its own rounding key and full-table row:
@@ -47,16 +47,14 @@ from dataclasses import dataclass
 
 import torch
 
-from embeddings.optim import SparseOptimizer, StateKind
+from embeddings.optim import SparseOptimizer
 
 SENTINEL = torch.iinfo(torch.int64).max  # past U: above every id, so ``ids`` stays sorted
 
 
-def stageable(optimizer: SparseOptimizer, weight_dtype: torch.dtype) -> bool:
+def stageable(weight_dtype: torch.dtype) -> bool:
     """Whether a static step's cold rows can be updated on the device (module docstring)."""
-    per_table = [name for name, spec in optimizer.state_layout().items()
-                 if spec.kind is StateKind.TABLE_SCALAR and name != "rounding_step"]
-    return weight_dtype in (torch.float32, torch.bfloat16) and not per_table
+    return weight_dtype in (torch.float32, torch.bfloat16)
 
 
 @dataclass
@@ -66,7 +64,7 @@ class ColdStage:
 
     ids: torch.Tensor
     count: torch.Tensor  # [1] U
-    state: dict[str, torch.Tensor]
+    state: dict[str, torch.Tensor]  # per row only (staged, patched, written back)
     prev_ids: torch.Tensor
     prev_rows: torch.Tensor
     prev_state: dict[str, torch.Tensor]
@@ -76,6 +74,7 @@ class ColdStage:
     table_keys: torch.Tensor  # [T] each table's rounding key
     keys: torch.Tensor  # [C] the staged rows' tables' keys (``locate``)
     full_rows: torch.Tensor  # [C] their rows in their full tables
+    step: torch.Tensor | None = None  # [1] Adam's: the update counts it from the hot tier's
     serial: int = -1  # the host tier's write count after this stage's last write-back
 
     @classmethod
@@ -84,8 +83,9 @@ class ColdStage:
         """Buffers for ``capacity`` staged rows of ``dim`` in ``dtype``; ``prev`` empty.
         ``table_starts``, ``table_keys`` [T]: the stack's tables (where a row's rounding
         coordinates come from)."""
-        state = {name: t for name, t in optimizer.init_state(capacity, dim, device).items()
-                 if name != "rounding_step"}  # the hot tier's step is the one counted
+        per_row = optimizer.per_row_state()  # the hot tier's counts are the ones counted
+        state = {name: t for name, t in optimizer.init_state(capacity, dim, device).items() if name in per_row}
+        step = torch.zeros(1, dtype=torch.int64, device=device) if "step" in optimizer.state_layout() else None
 
         def ids() -> torch.Tensor:
             return torch.full((capacity,), SENTINEL, dtype=torch.int64, device=device)
@@ -97,7 +97,7 @@ class ColdStage:
                    torch.zeros(capacity, dim, dtype=dtype, device=device),
                    {name: torch.zeros_like(t) for name, t in state.items()},
                    torch.arange(capacity + 1, dtype=torch.int64, device=device), rows(),
-                   table_starts.to(device), table_keys.to(device), rows(), rows())
+                   table_starts.to(device), table_keys.to(device), rows(), rows(), step)
 
     @property
     def capacity(self) -> int:

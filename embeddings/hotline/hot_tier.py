@@ -246,6 +246,10 @@ class HotTier(nn.Module):
         from embeddings.kernels.sparse_update import backward_update
 
         values, offsets, zeros = stage.update_layout()
+        state = stage.state
+        if stage.step is not None:  # Adam: this step's count, the hot tier's (counted already)
+            stage.step.copy_(self.state["step"]).sub_(1)  # the update adds it back
+            state = {**state, "step": stage.step}
         rounding = None
         if self.optimizer.rounding:
             from embeddings.kernels.rounding import KernelRounding
@@ -253,7 +257,7 @@ class HotTier(nn.Module):
             stage.locate()
             rounding = KernelRounding(self.rounding_seed, self.state["rounding_step"], stage.keys, zeros, zeros,
                                       row_map=stage.full_rows)
-        backward_update(grad, values, offsets, zeros, 1, False, True, rows, self.optimizer, stage.state,
+        backward_update(grad, values, offsets, zeros, 1, False, True, rows, self.optimizer, state,
                         self._device_lr(), rounding)
 
     def _device_lr(self) -> torch.Tensor:

@@ -379,8 +379,7 @@ class HotlineEmbeddingCollection(EmbeddingCollection):
         """A captured step's buffers for batches of ``split``'s shapes, the cold rows in
         the hot tier's type (that of the host rows)."""
         weight = self.hot.weight
-        staged = (self.stage_cold and isinstance(self.tier, LocalHostTier)
-                  and stageable(self.optimizer, weight.dtype))
+        staged = self.stage_cold and isinstance(self.tier, LocalHostTier) and stageable(weight.dtype)
         if staged:
             self.tier.stage_state = True  # gathers bring the rows' optimizer state from now on
         return StaticLookups.like(split, weight.shape[1], weight.dtype,
