@@ -125,9 +125,9 @@ def test_the_static_step_body_has_no_host_sync(tiny_data, tmp_path: Path, monkey
     for audit in audits:
         assert audit.violations == [], audit.violations
         # one lookup launch over both tiers; one sort and one update launch for both (issue 22),
-        # and one of each for the staged cold rows' update (cold_stage.py)
+        # and one update launch (no sort: presorted) for the staged cold rows (cold_stage.py)
         assert audit.ops["triton._two_tier_kernel"] == 1 and audit.ops["triton._runs_kernel"] == 2
-        assert audit.ops["aten.sort"] == 2, {k: v for k, v in audit.ops.items() if "sort" in k}
+        assert audit.ops["aten.sort"] == 1, {k: v for k, v in audit.ops.items() if "sort" in k}
         print(f"static step body: {audit.compute_ops} ops")
 
 
@@ -296,14 +296,15 @@ def test_static_steps_update_their_cold_rows_on_the_device(tiny_data, tmp_path: 
     audits = audited_bodies(monkeypatch)
     # no hot row: consecutive steps share their popular rows, all cold
     summary = run(tiny_data, tmp_path / "hot", *steps, *STATIC, "hotline.budget=1B")
-    # what a graph holds: the patch and the staged rows' update (a second update launch
-    # and sort; bf16: the rows' tables found for their rounding) have no op a capture refuses
-    assert audits and all(a.violations == [] for a in audits), [a.violations for a in audits]
-    assert all(a.ops["triton._runs_kernel"] == 2 and a.ops["aten.searchsorted"] == 1 + (dtype == "bf16")
-               for a in audits), \
-        [dict(a.ops) for a in audits]
     assert_states_close(run_state(tmp_path / "hot"), run_state(tmp_path / "plain"), f"staged cold rows {optim}",
                         tolerance(optim))
+    # what a graph holds: the patch, the staged rows' update (a second update launch, no
+    # sort) and the keep (bf16: the rows' tables found for their rounding, a sorted search)
+    # have no op a capture refuses
+    assert audits and all(a.violations == [] for a in audits), [a.violations for a in audits]
+    assert all(a.ops["triton._runs_kernel"] == 2 and a.ops["aten.sort"] == 1 and a.ops["triton._patch_kernel"] == 1
+               and a.ops["triton._keep_kernel"] == 1 and a.ops["aten.searchsorted"] == (dtype == "bf16")
+               for a in audits), [dict(a.ops) for a in audits]
     assert summary["step_mode"].startswith("hotline step static: 5 steps"), summary["step_mode"]
     assert calls["write_back"] == 5
     assert calls["gradients"] == 4  # the 3 warm-up steps and the eager one sent gradients home

@@ -66,6 +66,7 @@ class ColdStage:
     count: torch.Tensor  # [1] U
     state: dict[str, torch.Tensor]  # per row only (staged, patched, written back)
     prev_ids: torch.Tensor
+    prev_count: torch.Tensor  # [1] how many of ``prev_ids`` hold the last step's
     prev_rows: torch.Tensor
     prev_state: dict[str, torch.Tensor]
     positions: torch.Tensor  # [C + 1] 0..C: the update's identity lookups and bounds
@@ -94,6 +95,7 @@ class ColdStage:
             return torch.zeros(capacity, dtype=torch.int64, device=device)
 
         return cls(ids(), torch.zeros(1, dtype=torch.int64, device=device), state, ids(),
+                   torch.zeros(1, dtype=torch.int64, device=device),
                    torch.zeros(capacity, dim, dtype=dtype, device=device),
                    {name: torch.zeros_like(t) for name, t in state.items()},
                    torch.arange(capacity + 1, dtype=torch.int64, device=device), rows(),
@@ -117,29 +119,30 @@ class ColdStage:
     def invalidate(self) -> None:
         """Forget the last static step's rows: host rows were written since (module
         docstring), so none of its results may stand in for a host read."""
-        self.prev_ids.fill_(SENTINEL)
+        self.prev_count.fill_(0)
+
+    def _carried(self, rows: torch.Tensor) -> tuple:
+        """The arguments of embeddings/kernels/stage_rows.py's launches."""
+        names = list(self.state)
+        return (self.ids, self.count, self.prev_ids, self.prev_count, rows, self.prev_rows,
+                [self.state[n] for n in names], [self.prev_state[n] for n in names])
 
     @torch.no_grad()
     def patch(self, rows: torch.Tensor) -> None:
         """In the replay, before the lookup: each staged row that the last static step
-        also staged takes that step's result, rows and state (static shapes: a sorted
-        search of every id in ``prev_ids``)."""
-        last = self.capacity - 1
-        at = torch.searchsorted(self.prev_ids, self.ids).clamp_(max=last)
-        hit = (self.prev_ids.index_select(0, at) == self.ids) & (self.ids != SENTINEL)
-        rows.copy_(torch.where(hit.unsqueeze(1), self.prev_rows.index_select(0, at), rows))
-        for name, tensor in self.state.items():
-            mask = hit.view(-1, *([1] * (tensor.dim() - 1)))
-            tensor.copy_(torch.where(mask, self.prev_state[name].index_select(0, at), tensor))
+        also staged takes that step's result, rows and state (one launch over the U
+        rows: a binary search of each id in the last step's)."""
+        from embeddings.kernels.stage_rows import patch_rows  # imports triton
+
+        patch_rows(*self._carried(rows))
 
     @torch.no_grad()
     def keep(self, rows: torch.Tensor) -> None:
         """In the replay, after the update: this step's ids, rows and state become
-        ``prev`` for the next."""
-        self.prev_ids.copy_(self.ids)
-        self.prev_rows.copy_(rows)
-        for name, tensor in self.state.items():
-            self.prev_state[name].copy_(tensor)
+        ``prev`` for the next (one launch over the U rows)."""
+        from embeddings.kernels.stage_rows import keep_rows  # imports triton
+
+        keep_rows(*self._carried(rows))
 
     def update_layout(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(values, offsets, row_base) that make the update kernel apply ``grad[i]`` to

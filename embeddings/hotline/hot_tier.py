@@ -258,7 +258,7 @@ class HotTier(nn.Module):
             rounding = KernelRounding(self.rounding_seed, self.state["rounding_step"], stage.keys, zeros, zeros,
                                       row_map=stage.full_rows)
         backward_update(grad, values, offsets, zeros, 1, False, True, rows, self.optimizer, state,
-                        self._device_lr(), rounding)
+                        self._device_lr(), rounding, presorted=True)  # row i's lookup is i
 
     def _device_lr(self) -> torch.Tensor:
         """The lr as a [1] device tensor the update kernel reads (``set_lr`` fills it):

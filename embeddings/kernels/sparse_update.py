@@ -313,9 +313,11 @@ def optimizer_code(optimizer: SparseOptimizer) -> int:
 
 
 def _sorted_runs(
-    values: torch.Tensor, offsets: torch.Tensor, row_base: torch.Tensor, batch: int
+    values: torch.Tensor, offsets: torch.Tensor, row_base: torch.Tensor, batch: int, presorted: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(sorted stacked ids, their lookup positions, the bag of each lookup), all [N]."""
+    """(sorted stacked ids, their lookup positions, the bag of each lookup), all [N].
+    ``presorted``: the stacked ids in lookup order are ascending already (unreached
+    lookups last): no sort."""
     n = values.numel()
     # OTHER_STACK where no bag reaches: a captured Hotline step's lookups past this
     # batch's (static_step.py: buffers of a multi-hot batch's capacity) are never applied
@@ -323,6 +325,8 @@ def _sorted_runs(
     bag_of = torch.empty(n, dtype=torch.int64, device=values.device)
     _linearize_kernel[(row_base.numel() * batch,)](values, offsets, row_base, linear, bag_of, batch,
                                                    num_warps=1)
+    if presorted:
+        return linear, torch.arange(n, device=values.device), bag_of
     sorted_ids, order = torch.sort(linear, stable=True)
     return sorted_ids, order, bag_of
 
@@ -354,7 +358,8 @@ def _segment_partials(sorted_ids, order, bag_of, offsets, grad_pooled, n, batch,
 
 def _launch_runs(grad_pooled, values, offsets, row_base, batch, mean, feature_major,
                  opt, weight, states, lr, step, out_ids, out_rows, eps=0.0, betas=(0.0, 0.0),
-                 rounding: KernelRounding | None = None, state_keys=(0, 0), rows_from: int = OTHER_STACK.value):
+                 rounding: KernelRounding | None = None, state_keys=(0, 0), rows_from: int = OTHER_STACK.value,
+                 presorted: bool = False):
     """``states``: the optimizer's state tensors the kernel updates; fp16/bf16 ones are
     rounded with ``rounding``, in the streams of ``state_keys`` (crc32 of their names).
     ``rows_from`` (an update): ids from it on are not applied, each one's summed row is
@@ -363,7 +368,7 @@ def _launch_runs(grad_pooled, values, offsets, row_base, batch, mean, feature_ma
     num_features = row_base.numel()
     dim = grad_pooled.shape[-1] if feature_major else grad_pooled.shape[1] // num_features
     stride_b, stride_f = (dim, batch * dim) if feature_major else (num_features * dim, dim)
-    sorted_ids, order, bag_of = _sorted_runs(values, offsets, row_base, batch)
+    sorted_ids, order, bag_of = _sorted_runs(values, offsets, row_base, batch, presorted)
     grad_pooled = grad_pooled.contiguous()
     partial = _segment_partials(sorted_ids, order, bag_of, offsets, grad_pooled, n, batch, dim, stride_b,
                                 stride_f, mean)
@@ -405,6 +410,7 @@ def backward_update(
     lr: torch.Tensor,
     rounding: KernelRounding | None = None,
     rows_by_id: tuple[int, torch.Tensor] | None = None,
+    presorted: bool = False,
 ) -> None:
     """Apply ``optimizer`` to the rows the lookup touched, in place (fused backward).
 
@@ -416,7 +422,8 @@ def backward_update(
     ``rows_by_id`` (first, out_rows): ids >= first are rows of another store (a static
     Hotline step's staged cold rows, ids H + cold row, static_step.py), sorted with the
     rest (one sort) but not applied: each one's summed gradient is written, fp32, at
-    ``out_rows[id - first]``."""
+    ``out_rows[id - first]``. ``presorted``: the lookups' stacked ids, in lookup order,
+    ascending already (a static Hotline step's staged rows, one each): no sort."""
     if values.numel() == 0:
         if isinstance(optimizer, SparseAdam):
             state["step"] += 1  # an empty step still counts, as in the torch path
@@ -435,7 +442,7 @@ def backward_update(
     rows_from, out_rows = rows_by_id if rows_by_id is not None else (OTHER_STACK.value, None)
     _launch_runs(grad_pooled, values, offsets, row_base, batch, mean, feature_major,
                  opt, weight, [state[name] for name in names], lr, step, None, out_rows, optimizer.eps, betas,
-                 rounding, keys, rows_from=rows_from)
+                 rounding, keys, rows_from=rows_from, presorted=presorted)
 
 
 def backward_kv(
