@@ -5,6 +5,7 @@ its stats are logged; it resumes exactly."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -55,6 +56,26 @@ def test_refresh_and_no_pipeline_stay_exact(tiny_data, tmp_path: Path, extra: tu
     # and the one after each swap's: made before the swap, so made again at its step
     assert stats["resplits"] == refreshes
     assert stats["split_ahead"] == (12 - 1 - refreshes) / 12
+
+
+@pytest.mark.slow
+def test_the_refresh_pause_says_its_wait_for_the_plan(tiny_data, tmp_path: Path, monkeypatch) -> None:
+    """A plan slower than the refresh window (here held back 3 s: the 2026-11-27 H200's
+    145 ms pauses at refresh_every=30 were likely the plan of 34M rows' counts) makes the
+    swap's step wait for it: the stats say how much of the pause that was."""
+    from dlrm.train.hotline import HotlineSteps
+
+    plan = HotlineSteps._plan
+
+    def slow_plan(self, counts):
+        time.sleep(3.0)  # past any window of 5 tiny steps, however loaded the machine
+        return plan(self, counts)
+
+    monkeypatch.setattr(HotlineSteps, "_plan", slow_plan)
+    stats = run(tiny_data, tmp_path / "hot", "optim.sparse=rowwise_adagrad", *HOTLINE, "hotline.refresh_every=5")[
+        "hotline"]
+    assert stats["refreshes"] == 1
+    assert 1000 < stats["refresh_wait_ms"] <= stats["refresh_pause_ms"], stats
 
 
 def test_hotline_resume_equals_uninterrupted(tiny_data, tmp_path: Path) -> None:

@@ -554,7 +554,8 @@ def _hotline_line(row: dict[str, Any]) -> str:
             f"hidden, {_gather_how(h)}, hot tier on "
             f"{'triton' if h.get('hot_tier_triton') else 'torch'}, "
             f"{h.get('split_ahead', 0.0):.0%} of mini-batches split a step ahead"
-            + (f", {h['refreshes']:.0f} refreshes pausing {h['refresh_pause_ms']:.1f} ms each"
+            + (f", {h['refreshes']:.0f} refreshes pausing {h['refresh_pause_ms']:.1f} ms each "
+               f"({h.get('refresh_wait_ms', 0.0):.1f} of it waiting for the plan)"
                if h.get("refreshes") else "")
             + (f", {h['split_graphed']:.0%} split by a graph replay" if h.get("split_graphed") else "")
             + (f"; the step loop waited {h['gather_wait_ms']:.2f} ms/step for cold rows, "

@@ -296,7 +296,7 @@ class HotlineSteps:
         """Close the current window: add it to the run's totals, keep it as the last."""
         self._last = dict(self._window)
         for key in ("steps", "hit", "popular", "gather", "transfer", "wait", "refreshes", "refresh",
-                    "ahead", "resplits", "graphed", "late", "update_wait", "header_wait"):
+                    "ahead", "resplits", "graphed", "late", "update_wait", "header_wait", "refresh_wait"):
             self._total[key] = self._total.get(key, 0.0) + self._window.get(key, 0.0)
             self._window[key] = 0.0
 
@@ -523,7 +523,9 @@ class HotlineSteps:
         t0 = time.perf_counter()
         if self._next_hot is not None:  # planned a window ago: swap it in now
             touched = torch.cat(self._touched) if self._touched else torch.zeros(0, dtype=torch.int64)
-            self.embeddings.refresh(self._next_hot.result(), touched)
+            plan = self._next_hot.result()  # later than a window: the step waits for it
+            self._window["refresh_wait"] += time.perf_counter() - t0
+            self.embeddings.refresh(plan, touched)
             self._next_hot = self._pending = None
             self._window["refreshes"] += 1
         if self.counts is not None:
@@ -601,6 +603,10 @@ class HotlineSteps:
             # hotline.refresh_every: re-profiles and the mean pause each cost the step loop
             "refreshes": w["refreshes"],
             "refresh_pause_ms": 1000 * w["refresh"] / w["refreshes"] if w["refreshes"] else 0.0,
+            # of that pause, the wait for the plan (made on the planner thread from the
+            # window's counts; a window shorter than the plan takes makes the step wait:
+            # a larger refresh_every hides it)
+            "refresh_wait_ms": 1000 * w["refresh_wait"] / w["refreshes"] if w["refreshes"] else 0.0,
             # mini-batches whose split was made a step ahead; those made again at their
             # step (the hot set changed in between, or another batch came)
             "split_ahead": w["ahead"] / steps,
