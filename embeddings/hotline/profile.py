@@ -101,20 +101,23 @@ def choose_hot_rows(
     """
     rows = []
     for t in tables:
-        seen_rows = torch.nonzero(counts[t.name]).squeeze(1)  # ascending row ids
+        ranked = counts[t.name] != 0
         kept = keep.get(t.name) if keep is not None else None
-        rows.append(seen_rows if kept is None or kept.numel() == 0
-                    else torch.unique(torch.cat([seen_rows, kept.to(torch.int64).cpu()])))
-    table_idx = torch.cat([torch.full((r.numel(),), i, dtype=torch.int64) for i, r in enumerate(rows)])
+        if kept is not None and kept.numel():
+            ranked[kept.to(torch.int64).cpu()] = True
+        rows.append(torch.nonzero(ranked).squeeze(1))  # ascending row ids: seen, or kept
+    sizes = [r.numel() for r in rows]
+    table_idx = torch.repeat_interleave(torch.arange(len(tables)), torch.tensor(sizes, dtype=torch.int64))
     row_id = torch.cat(rows)
     seen = torch.cat([counts[t.name][r].to(torch.int64) for t, r in zip(tables, rows, strict=True)])
     cost = torch.tensor([row_bytes(t, optimizer) for t in tables], dtype=torch.int64)
     # Candidates are in (table order, row id) order; a stable sort keeps it for ties.
     order = torch.sort(seen, descending=True, stable=True).indices
     taken = order[torch.cumsum(cost[table_idx[order]], 0) <= budget_bytes]
-    out = {}
-    for i, t in enumerate(tables):
-        out[t.name] = torch.sort(row_id[taken[table_idx[taken] == i]]).values
+    # taken in candidate order is each table's rows, ascending, one table after the other
+    taken = torch.sort(taken).values
+    per_table = torch.bincount(table_idx[taken], minlength=len(tables)).tolist()
+    out = dict(zip([t.name for t in tables], torch.split(row_id[taken], per_table), strict=True))
     room = budget_bytes - int(cost[table_idx[taken]].sum())
     if fill and room > 0 and taken.numel() == order.numel():  # every ranked row hot, room left
         fill_unseen(out, tables, cost.tolist(), room)

