@@ -269,7 +269,11 @@ class HotlineSteps:
         self._planner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hotline-refresh")
         self._next_hot: Future[RefreshPlan] | None = None
         self._touched: list[torch.Tensor] = []  # host rows cold updates wrote since the plan began
+        # the window's access counts, added on the planner thread (``_observe``: 1 ms a
+        # step of random writes into 34M rows' counts for bench_gpu, off the step loop);
+        # read through ``_counted``, which waits for the counts queued before
         self.counts: dict[str, torch.Tensor] | None = None
+        self._counting: Future[None] | None = None
         self._pending: dict[str, torch.Tensor] | None = None  # the counts _next_hot is planned from
         self._window: dict[str, float] = {}
         self._total: dict[str, float] = {}
@@ -461,7 +465,19 @@ class HotlineSteps:
         w["hit"] += (sizes.hot0 + sizes.hot1) / max(lookups, 1)
         w["popular"] += sizes.popular / max(batch.size, 1)
         if self.cfg.hotline.refresh_every:  # in place, O(the batch's ids); the host's copy of them
-            self.counts = count_accesses([batch.sparse], self.tables, into=self.counts)
+            self._counting = self._planner.submit(self._count, batch.sparse)
+
+    def _count(self, sparse: Any) -> None:
+        """On the planner thread, in step order (one thread, FIFO): a batch's ids added
+        to the window's counts (the first makes them)."""
+        self.counts = count_accesses([sparse], self.tables, into=self.counts)
+
+    def _counted(self) -> dict[str, torch.Tensor] | None:
+        """The window's counts once every batch queued so far is in them."""
+        if self._counting is not None:
+            self._counting.result()
+            self._counting = None
+        return self.counts
 
     def announce_next_reads(self) -> None:
         """Before the step's host update is queued (the trainer's static step calls this
@@ -528,7 +544,7 @@ class HotlineSteps:
             self.embeddings.refresh(plan, touched)
             self._next_hot = self._pending = None
             self._window["refreshes"] += 1
-        if self.counts is not None:
+        if self._counted() is not None:
             counts = sum_counts(self.counts, self.tables, self.info)  # a collective: here, on every rank
             self.counts = None
             self._touched = []
@@ -549,6 +565,7 @@ class HotlineSteps:
         leaves the next refresh's sum the same. A resume (``resume``) takes them back."""
         if not self.cfg.hotline.refresh_every:
             return
+        self._counted()
         if self.info.world_size > 1:
             mine = self.counts if self.counts is not None else count_accesses([], self.tables)
             summed = sum_counts(mine, self.tables, self.info)
@@ -561,6 +578,7 @@ class HotlineSteps:
         saved = self.embeddings.refresh_state
         if not saved or not self.cfg.hotline.refresh_every:
             return
+        self._counted()
         if self.info.is_main and saved["counts"] is not None:
             self.counts = _dense(saved["counts"], self.tables)
         if saved["pending"] is not None:
