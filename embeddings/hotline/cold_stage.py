@@ -38,7 +38,10 @@ row (batch 1), so each row has its own rounding key and full-table row:
 
     ids         [C]     host stacked ids of the staged rows, ascending; SENTINEL past U
     state[name] [C] or [C, D]  their optimizer state, staged with them
-    prev_*      the same, as the last static step left them
+    prev_*      the same, as the last static step left them (its first ``prev_count``)
+
+The patch and the keep are one Triton launch each over the U staged rows
+(embeddings/kernels/stage_rows.py: a binary search of the last step's ids).
 """
 
 from __future__ import annotations
