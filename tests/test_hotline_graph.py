@@ -180,8 +180,9 @@ def test_the_buffers_are_made_for_a_full_batch_only() -> None:
 @pytest.mark.slow
 def test_the_cold_path_copies_only_the_cold_rows_and_their_ids(tiny_data, tmp_path: Path, monkeypatch) -> None:
     """Over a run with static steps, the host tier's copies between host and device are,
-    per step with U cold rows, exactly the U ids (D2H), the U rows (H2D) and their U
-    gradient rows (D2H, fp32): nothing table-sized, nothing twice (issue 22)."""
+    per step with U cold rows, exactly the U ids (D2H), the U rows (H2D) and U rows back
+    (D2H, fp32: the eager steps' gradient rows, the static steps' updated rows, SGD
+    staging no state): nothing table-sized, nothing twice (issue 22)."""
     from embeddings.hotline.host_local import LocalHostTier
 
     gathered: list[tuple[int, int]] = []  # (U, row bytes) of each gather
@@ -202,7 +203,7 @@ def test_the_cold_path_copies_only_the_cold_rows_and_their_ids(tiny_data, tmp_pa
     steps = [(u, row) for u, row in gathered if u]
     assert len(steps) == 6  # every step had cold rows (budget: a tenth of the rows)
     assert tier.copied["h2d"] == sum(u * row for u, row in steps)
-    assert tier.copied["d2h"] == sum(u * 8 + u * 16 * 4 for u, _ in steps)  # ids, fp32 gradient rows (dim 16)
+    assert tier.copied["d2h"] == sum(u * 8 + u * 16 * 4 for u, _ in steps)  # ids, fp32 rows back (dim 16)
     assert tier.copied["copies"] == 3 * len(steps)
 
 
