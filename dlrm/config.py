@@ -220,8 +220,8 @@ class HotlineConfig:
     # the same gather
     gather_threads: int = 0
     # where a static step's cold rows are updated: device = in the replay, by the hot
-    # rows' kernel, the host storing the results (embeddings/hotline/cold_stage.py: fp32
-    # and bf16 tables, every optimizer; fp16 tables take host); host = their
+    # rows' kernel, the host storing the results (embeddings/hotline/cold_stage.py: every
+    # table type and optimizer); host = their
     # gradient goes home and the host tier's update thread applies it, which the next
     # step's gather waits for (the 2026-11-27 H200: the GPU idle 2 of 3.4 ms a step)
     cold_update: Literal["device", "host"] = "device"

@@ -26,9 +26,10 @@ stale rows of such a step's gather are then read again on the host before use.
 
 Per-table counts (Adam's step, the rounding step) are the hot tier's: each tier counts
 every step once, so the host's equal them, and the host goes on counting its own (its
-update of the static step is empty). Staged: fp32 and bf16 tables (bf16 rounded
-stochastically by the kernel at the rows' full-table coordinates), every optimizer. Not
-fp16 tables: their overflow warning counts per table on the host.
+update of the static step is empty). Staged: every table type (fp16 and bf16 rounded
+stochastically by the kernel at the rows' full-table coordinates; fp16's values the
+rounding made inf counted into the hot tier's per-feature counts, at their table's first
+feature, which its overflow warning reads), every optimizer.
 
 The update is the hot rows' kernel over an identity layout, one "feature" per staged
 row (batch 1), so each row has its own rounding key and full-table row:
@@ -57,7 +58,7 @@ SENTINEL = torch.iinfo(torch.int64).max  # past U: above every id, so ``ids`` st
 
 def stageable(weight_dtype: torch.dtype) -> bool:
     """Whether a static step's cold rows can be updated on the device (module docstring)."""
-    return weight_dtype in (torch.float32, torch.bfloat16)
+    return weight_dtype in (torch.float32, torch.float16, torch.bfloat16)
 
 
 @dataclass
@@ -78,7 +79,9 @@ class ColdStage:
     table_keys: torch.Tensor  # [T] each table's rounding key
     keys: torch.Tensor  # [C] the staged rows' tables' keys (``locate``)
     full_rows: torch.Tensor  # [C] their rows in their full tables
+    tables: torch.Tensor  # [C] their tables (``locate``)
     step: torch.Tensor | None = None  # [1] Adam's: the update counts it from the hot tier's
+    overflow: torch.Tensor | None = None  # [C] int32, fp16: each row's values rounded to inf
     serial: int = -1  # the host tier's write count after this stage's last write-back
 
     @classmethod
@@ -90,6 +93,7 @@ class ColdStage:
         per_row = optimizer.per_row_state()  # the hot tier's counts are the ones counted
         state = {name: t for name, t in optimizer.init_state(capacity, dim, device).items() if name in per_row}
         step = torch.zeros(1, dtype=torch.int64, device=device) if "step" in optimizer.state_layout() else None
+        overflow = torch.zeros(capacity, dtype=torch.int32, device=device) if dtype == torch.float16 else None
 
         def ids() -> torch.Tensor:
             return torch.full((capacity,), SENTINEL, dtype=torch.int64, device=device)
@@ -102,7 +106,7 @@ class ColdStage:
                    torch.zeros(capacity, dim, dtype=dtype, device=device),
                    {name: torch.zeros_like(t) for name, t in state.items()},
                    torch.arange(capacity + 1, dtype=torch.int64, device=device), rows(),
-                   table_starts.to(device), table_keys.to(device), rows(), rows(), step)
+                   table_starts.to(device), table_keys.to(device), rows(), rows(), rows(), step, overflow)
 
     @property
     def capacity(self) -> int:
@@ -160,5 +164,6 @@ class ColdStage:
         ``full_rows``), for the stochastic rounding of half rows."""
         last = self.table_starts.numel() - 1
         table = (torch.searchsorted(self.table_starts, self.ids, right=True) - 1).clamp_(0, last)
+        self.tables.copy_(table)
         self.keys.copy_(self.table_keys.index_select(0, table))
         self.full_rows.copy_(self.ids - self.table_starts.index_select(0, table))

@@ -94,6 +94,8 @@ class HotTier(nn.Module):
         self._table_first_feature = [0]  # per table (stacking order): its first feature
         for t in tables or []:
             self._table_first_feature.append(self._table_first_feature[-1] + len(t.features))
+        self.register_buffer("_first_features", torch.tensor(self._table_first_feature[:-1], dtype=torch.int64),
+                             persistent=False)
         self._rounded: tuple[RowRounding, torch.Tensor, torch.Tensor] | None = None  # the torch path's last
         self.register_buffer("_overflow_counts", torch.zeros(len(feature_keys), dtype=torch.int32),
                              persistent=False)
@@ -138,7 +140,7 @@ class HotTier(nn.Module):
             self.register_buffer(f"optim_{name}", tensor.to(weight.device) if on_device else tensor)
         self._state_names = list(state)
         self.register_buffer("_row_map", self._full_rows(ids), persistent=False)
-        for name in ("_sr_feature_keys", "_sr_feature_col0", "_overflow_counts"):
+        for name in ("_sr_feature_keys", "_sr_feature_col0", "_overflow_counts", "_first_features"):
             self.register_buffer(name, self.get_buffer(name).to(weight.device), persistent=False)
 
     def _fits_held(self, ids: torch.Tensor, weight: torch.Tensor, state: dict[str, torch.Tensor]) -> bool:
@@ -255,10 +257,15 @@ class HotTier(nn.Module):
             from embeddings.kernels.rounding import KernelRounding
 
             stage.locate()
+            if stage.overflow is not None:
+                stage.overflow.zero_()
             rounding = KernelRounding(self.rounding_seed, self.state["rounding_step"], stage.keys, zeros, zeros,
-                                      row_map=stage.full_rows)
+                                      row_map=stage.full_rows, overflow=stage.overflow)
         backward_update(grad, values, offsets, zeros, 1, False, True, rows, self.optimizer, state,
                         self._device_lr(), rounding, presorted=True)  # row i's lookup is i
+        if stage.overflow is not None:  # fp16: each row's count, at its table's first feature
+            first = self._first_features.index_select(0, stage.tables)
+            self._overflow_counts.index_add_(0, first, stage.overflow)
 
     def _device_lr(self) -> torch.Tensor:
         """The lr as a [1] device tensor the update kernel reads (``set_lr`` fills it):
