@@ -14,7 +14,7 @@ Here the whole step is one replay; only what needs the host stays outside:
                                                    kernel, cold rows' gradient by row;
                                                    the dense optimizer
     cold_grad[:U] home (host tier) ◄──────────────  D2H; the host-update thread applies it
-    or, staged (embeddings/hotline/cold_stage.py: fp32/bf16 tables, per-row state):
+    or, staged (embeddings/hotline/cold_stage.py, hotline.cold_update=device, the default):
     rows[:U], state[:U] home ◄────────────────────  the cold rows patched from the last
                                                    step's results, updated in the replay;
                                                    the host stores them, and the next
@@ -162,12 +162,8 @@ class HotlineGraph:
         """Where the static steps' cold rows were updated (embeddings/hotline/cold_stage.py)."""
         if self.static is None:
             return ""
-        parts = getattr(self.static.sparse, "parts", [self.static.sparse])  # MixedStatic: per dtype group
-        staged = sum(part.stage is not None for part in parts)
-        if staged == len(parts):
-            return ", cold rows updated on the device"
-        return ", cold rows' gradient sent home" + (f" ({len(parts) - staged} of {len(parts)} dtype groups)"
-                                                    if staged else "")
+        first = getattr(self.static.sparse, "parts", [self.static.sparse])[0]  # MixedStatic: every group alike
+        return ", cold rows updated on the device" if first.stage is not None else ", cold rows' gradient sent home"
 
 
 def _cold_rows(cold: Any) -> ColdRows | GroupCold | None:

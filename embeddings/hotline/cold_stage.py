@@ -56,11 +56,6 @@ from embeddings.optim import SparseOptimizer
 SENTINEL = torch.iinfo(torch.int64).max  # past U: above every id, so ``ids`` stays sorted
 
 
-def stageable(weight_dtype: torch.dtype) -> bool:
-    """Whether a static step's cold rows can be updated on the device (module docstring)."""
-    return weight_dtype in (torch.float32, torch.float16, torch.bfloat16)
-
-
 @dataclass
 class ColdStage:
     """The staged cold rows' ids and state, and the last static step's (see the module
@@ -80,7 +75,6 @@ class ColdStage:
     keys: torch.Tensor  # [C] the staged rows' tables' keys (``locate``)
     full_rows: torch.Tensor  # [C] their rows in their full tables
     tables: torch.Tensor  # [C] their tables (``locate``)
-    step: torch.Tensor | None = None  # [1] Adam's: the update counts it from the hot tier's
     overflow: torch.Tensor | None = None  # [C] int32, fp16: each row's values rounded to inf
     serial: int = -1  # the host tier's write count after this stage's last write-back
 
@@ -92,7 +86,6 @@ class ColdStage:
         coordinates come from)."""
         per_row = optimizer.per_row_state()  # the hot tier's counts are the ones counted
         state = {name: t for name, t in optimizer.init_state(capacity, dim, device).items() if name in per_row}
-        step = torch.zeros(1, dtype=torch.int64, device=device) if "step" in optimizer.state_layout() else None
         overflow = torch.zeros(capacity, dtype=torch.int32, device=device) if dtype == torch.float16 else None
 
         def ids() -> torch.Tensor:
@@ -106,7 +99,7 @@ class ColdStage:
                    torch.zeros(capacity, dim, dtype=dtype, device=device),
                    {name: torch.zeros_like(t) for name, t in state.items()},
                    torch.arange(capacity + 1, dtype=torch.int64, device=device), rows(),
-                   table_starts.to(device), table_keys.to(device), rows(), rows(), rows(), step, overflow)
+                   table_starts.to(device), table_keys.to(device), rows(), rows(), rows(), overflow)
 
     @property
     def capacity(self) -> int:

@@ -285,11 +285,9 @@ class LocalHostTier:
             if device.type == "cuda" and cold.ready is not None:
                 torch.cuda.current_stream(device).wait_event(cold.ready)  # after the gather's own copy
             if at is not None:
-                fixed = tables.weight.data.index_select(0, cold.host_ids.index_select(0, at))
-                cold.rows.index_copy_(0, at.to(device), fixed.to(device))
-                for name, rows in (cold.state or {}).items():
-                    fixed = tables.state[name].index_select(0, cold.host_ids.index_select(0, at))
-                    rows.index_copy_(0, at.to(device), fixed.to(device))
+                ids, at_device = cold.host_ids.index_select(0, at), at.to(device)
+                for source, out in self._sources(tables.weight.data, cold.state or {}, cold.rows):
+                    out.index_copy_(0, at_device, source.index_select(0, ids).to(device))
             if fetch_state:
                 cold.state = {name: tables.state[name].index_select(0, cold.host_ids).to(device)
                               for name in self.optimizer.per_row_state()}

@@ -91,11 +91,11 @@ class HotTier(nn.Module):
         # fp16 rows: per feature, the finite values an update rounded to inf (the Triton
         # update adds on the device; the torch path at its update), said by warn_fp16_overflow
         self._feature_tables = [t.name for t in tables or [] for _ in t.features]
-        self._table_first_feature = [0]  # per table (stacking order): its first feature
+        first_features, first = [], 0  # per table (stacking order): its first feature
         for t in tables or []:
-            self._table_first_feature.append(self._table_first_feature[-1] + len(t.features))
-        self.register_buffer("_first_features", torch.tensor(self._table_first_feature[:-1], dtype=torch.int64),
-                             persistent=False)
+            first_features.append(first)
+            first += len(t.features)
+        self.register_buffer("_first_features", torch.tensor(first_features, dtype=torch.int64), persistent=False)
         self._rounded: tuple[RowRounding, torch.Tensor, torch.Tensor] | None = None  # the torch path's last
         self.register_buffer("_overflow_counts", torch.zeros(len(feature_keys), dtype=torch.int32),
                              persistent=False)
@@ -248,10 +248,8 @@ class HotTier(nn.Module):
         from embeddings.kernels.sparse_update import backward_update
 
         values, offsets, zeros = stage.update_layout()
-        state = stage.state
-        if stage.step is not None:  # Adam: this step's count, the hot tier's (counted already)
-            stage.step.copy_(self.state["step"]).sub_(1)  # the update adds it back
-            state = {**state, "step": stage.step}
+        # Adam: this step's count, the hot tier's (``update_static`` counted it)
+        state = {**stage.state, "step": self.state["step"]} if "step" in self.state else stage.state
         rounding = None
         if self.optimizer.rounding:
             from embeddings.kernels.rounding import KernelRounding
@@ -262,7 +260,7 @@ class HotTier(nn.Module):
             rounding = KernelRounding(self.rounding_seed, self.state["rounding_step"], stage.keys, zeros, zeros,
                                       row_map=stage.full_rows, overflow=stage.overflow)
         backward_update(grad, values, offsets, zeros, 1, False, True, rows, self.optimizer, state,
-                        self._device_lr(), rounding, presorted=True)  # row i's lookup is i
+                        self._device_lr(), rounding, presorted=True, count=False)  # row i's lookup is i
         if stage.overflow is not None:  # fp16: each row's count, at its table's first feature
             first = self._first_features.index_select(0, stage.tables)
             self._overflow_counts.index_add_(0, first, stage.overflow)
@@ -378,9 +376,8 @@ class HotTier(nn.Module):
         if rounding.overflow is None or not bool(rounding.overflow.any()):
             return
         infs = torch.isinf(self.weight.data.index_select(0, slots[rounding.overflow])).sum(dim=1)
-        first = torch.tensor(self._table_first_feature, device=infs.device)[table[rounding.overflow]]
-        self._overflow_counts.index_add_(0, first.to(self._overflow_counts.device),
-                                         infs.to(self._overflow_counts))
+        first = self._first_features.index_select(0, table[rounding.overflow].to(self._first_features.device))
+        self._overflow_counts.index_add_(0, first, infs.to(self._overflow_counts))
 
     def shared(self, grad: KVGradient) -> KVGradient:
         """The torch path's hot gradient every replica applies: this rank's ``grad`` in

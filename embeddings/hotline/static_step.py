@@ -10,7 +10,7 @@
         │           cold rows: their gradient by cold row into cold_grad [C, D]
         ▼
     after the step: cold_grad[:U] D2H to the host tier (its update thread applies it);
-    or, staged (cold_stage.py: fp32 tables, per-row optimizer state), the cold rows
+    or, staged (cold_stage.py: hotline.cold_update=device, the default), the cold rows
     patched, updated on the device and rows[:U] with their state D2H, stored as they are
 
 F*B and the capacity C (lookups and cold rows: U <= N, at most every lookup cold and

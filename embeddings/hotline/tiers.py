@@ -39,7 +39,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from embeddings.collection import EmbeddingCollection, naming_oom
-from embeddings.hotline.cold_stage import stageable
 from embeddings.hotline.host_local import LocalHostTier
 from embeddings.hotline.host_sharded import ShardedHostTier
 from embeddings.hotline.host_tier import HostTier
@@ -379,7 +378,7 @@ class HotlineEmbeddingCollection(EmbeddingCollection):
         """A captured step's buffers for batches of ``split``'s shapes, the cold rows in
         the hot tier's type (that of the host rows)."""
         weight = self.hot.weight
-        staged = self.stage_cold and isinstance(self.tier, LocalHostTier) and stageable(weight.dtype)
+        staged = self.stage_cold and isinstance(self.tier, LocalHostTier)
         if staged:
             self.tier.stage_state = True  # gathers bring the rows' optimizer state from now on
         return StaticLookups.like(split, weight.shape[1], weight.dtype,

@@ -411,6 +411,7 @@ def backward_update(
     rounding: KernelRounding | None = None,
     rows_by_id: tuple[int, torch.Tensor] | None = None,
     presorted: bool = False,
+    count: bool = True,
 ) -> None:
     """Apply ``optimizer`` to the rows the lookup touched, in place (fused backward).
 
@@ -423,15 +424,18 @@ def backward_update(
     Hotline step's staged cold rows, ids H + cold row, static_step.py), sorted with the
     rest (one sort) but not applied: each one's summed gradient is written, fp32, at
     ``out_rows[id - first]``. ``presorted``: the lookups' stacked ids, in lookup order,
-    ascending already (a static Hotline step's staged rows, one each): no sort."""
+    ascending already (a static Hotline step's staged rows, one each): no sort.
+    ``count`` False: Adam's ``state["step"]`` counted this step already (the staged rows'
+    update reads the hot tier's, cold_stage.py)."""
     if values.numel() == 0:
-        if isinstance(optimizer, SparseAdam):
+        if isinstance(optimizer, SparseAdam) and count:
             state["step"] += 1  # an empty step still counts, as in the torch path
         return
     opt = optimizer_code(optimizer)
     step = None
     if opt == ADAM:
-        state["step"] += 1
+        if count:
+            state["step"] += 1
         step = state["step"]
         names = ["exp_avg", "exp_avg_sq"]
         betas = optimizer.betas
