@@ -44,14 +44,14 @@ from typing import Any, TypeVar
 
 from data.background import in_background
 from data.errors import UserError
-from data.shm_batch import Abandoned, new_prefix, unlink_blocks
+from data.shm_batch import Abandoned, forget_maps, new_prefix, unlink_blocks
 
 T = TypeVar("T")
 _ITEM, _END, _ERROR = range(3)
 _POLL_S = 0.1  # how often a waiting consumer checks that its worker is alive
 # slots a worker's items occupy beyond the queue and the consumer's: two decoded ahead
 # (in_background), one being decoded, one being put, one being received
-_IN_FLIGHT = 5
+IN_FLIGHT = 5
 
 
 class DecodeWorkerError(UserError):
@@ -116,7 +116,7 @@ class DecodePool:
         self.generation = ctx.RawValue("q", 0)
         self.tasks = [ctx.Queue() for _ in range(self.workers)]
         self.queues = [ctx.Queue(maxsize=self.depth) for _ in range(self.workers)]
-        states = [ctx.RawArray("b", self.depth + self.transport.hold + _IN_FLIGHT)
+        states = [ctx.RawArray("b", self.depth + self.transport.hold + IN_FLIGHT)
                   for _ in range(self.workers)]
         self.receivers = [self.transport.receiver(state) for state in states]
         self.prefix = new_prefix()  # of the workers' shared memory, unlinked by close()
@@ -194,6 +194,7 @@ class DecodePool:
         self.procs = []
         atexit.unregister(self._at_exit)
         unlink_blocks(self.prefix)  # every worker is gone: none is using them
+        forget_maps(self.prefix)  # their memory goes with the last batch viewing it
 
 
 def _close_pool(pool: weakref.ref) -> None:

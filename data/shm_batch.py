@@ -196,6 +196,18 @@ class SlotRing:
         self.blocks = [None] * len(self.blocks)
 
 
+def slots_that_fit(workers: int, batch_bytes: int, share: float = 0.5) -> int:
+    """Slots of a ``batch_bytes`` batch each of ``workers`` may make within ``share`` of
+    /dev/shm's free space (a slot is made a quarter larger than its first batch); no
+    limit (2^30) where there is no /dev/shm to ask."""
+    try:
+        st = os.statvfs(_SHM_DIR)
+    except OSError:
+        return 1 << 30
+    slot = batch_bytes + batch_bytes // 4
+    return int(st.f_bavail * st.f_frsize * share) // max(1, workers) // max(1, slot)
+
+
 def new_prefix() -> str:
     """A pool's block-name prefix: this (the trainer's) process and a random token, so
     pools, readers and runs never share a name."""
@@ -262,22 +274,36 @@ def _release(state: object, slot: int, released: collections.deque) -> None:
     released.append(slot)
 
 
-_MAPS: dict[str, mmap.mmap] = {}  # the trainer's mappings of workers' blocks, by name
-_KEEP_MAPS = 256
+# the trainer's mappings of workers' blocks, by slot ("{prefix}-w{i}-s{slot}"): (block
+# name, mapping). A slot's grown block replaces its older version here; a closed pool's
+# are forgotten (forget_maps). A mapping is never closed: it goes when the last array
+# viewing it does.
+_MAPS: dict[str, tuple[str, mmap.mmap]] = {}
+# at most this many (the oldest let go): every slot of the live pools stays mapped, as a
+# block mapped anew costs a page fault per 4 KiB again (16 workers x (128 + 9) slots: 2,192)
+_KEEP_MAPS = 4096
 
 
 def _attach(name: str) -> mmap.mmap:
-    """Block ``name`` mapped here (once). Past ``_KEEP_MAPS`` mappings the oldest are
-    let go (their workers replaced or unlinked them): a mapping is never closed, it
-    goes when the last array viewing it does."""
-    mm = _MAPS.get(name)
-    if mm is None:
-        fd = os.open(os.path.join(_SHM_DIR, name), os.O_RDWR)
-        try:
-            mm = mmap.mmap(fd, 0)
-        finally:
-            os.close(fd)
-        _MAPS[name] = mm
-        for old in list(_MAPS)[: max(0, len(_MAPS) - _KEEP_MAPS)]:
-            del _MAPS[old]
+    """Block ``name`` mapped here (once)."""
+    slot = name.rsplit("-v", 1)[0]
+    held = _MAPS.get(slot)
+    if held is not None and held[0] == name:
+        return held[1]
+    fd = os.open(os.path.join(_SHM_DIR, name), os.O_RDWR)
+    try:
+        mm = mmap.mmap(fd, 0)
+    finally:
+        os.close(fd)
+    _MAPS.pop(slot, None)  # (re)inserted last: the oldest are first
+    _MAPS[slot] = (name, mm)
+    for old in list(_MAPS)[: max(0, len(_MAPS) - _KEEP_MAPS)]:
+        del _MAPS[old]
     return mm
+
+
+def forget_maps(prefix: str) -> None:
+    """Let go of the mappings of a pool's blocks (``prefix``: the pool's; its workers are
+    gone), so they no longer hold its shared memory once its batches are dropped."""
+    for slot in [s for s in list(_MAPS) if s.startswith(f"{prefix}-")]:
+        _MAPS.pop(slot, None)

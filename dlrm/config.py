@@ -62,7 +62,9 @@ class DataConfig:
     # more decoding. A run saves the rows it used (RUN/config.yaml, its checkpoints), and
     # auto on resume takes its checkpoint's: the batches stay those it started with.
     shuffle_buffer: str = "auto"
-    prefetch: int = 4  # batches decoded ahead by the background worker
+    # batches decoded ahead by the background thread; each decode worker (data.workers)
+    # decodes a whole shuffle window ahead, at least this many (ParquetReader.worker_depth)
+    prefetch: int = 4
     # Processes decoding row groups in parallel (data/decode_workers.py), the batches the
     # same as with 0 (one background thread). auto: with CUDA, the cores the training
     # processes leave free (cores / local ranks - 1); on CPU 0 (the trainer's threads

@@ -29,7 +29,9 @@
 #      set copied until an epoch holds 8 windows a worker (dlrm/bench/reader_sweep.py).
 #      2026-11-27 H200: steady 4 workers 2.52x, 16 workers 4.81x one core's rate; the
 #      evening's run cut it after one core (it came after the tests of 3, and got 70 s).
-#      Then, where 120 s are left, 16 workers with data.prefetch=16 (a whole window ahead)
+#      Each worker decodes a whole window ahead now (ParquetReader.worker_depth: 16 batches
+#      here; 4 then). Then, where 120 s are left, 16 workers at the old depth
+#      (--worker-depth 4): the before of that change, on the same machine
 #   3. the vocabulary fit at data.fit_workers 0,16 (issue 26: $OUT/fit.json), up to 40 s;
 #      then the other gpu- and kernels-marked tests (tests/test_gpu.py's CUDA-equals-CPU
 #      matrix is most of it: ~40 s a case) in what is left, and the failures alone,
@@ -141,10 +143,10 @@ tests() {
   cp /tmp/bench_reader/bench.json "$OUT"/reader.json 2>/dev/null
   tail -10 "$OUT/reader.log"
   if [ "$(left)" -gt 120 ]; then  # into reader.log; the same --out: its sets and copies reused
-    echo "== reader: 16 workers, data.prefetch=16"
+    echo "== reader: 16 workers 4 batches ahead each (the depth before a window's)"
     timeout -k 5 "$(upto 40)" "$PY" -m dlrm bench --config "$CONFIG" --reader-only \
-      --workers 16 --out /tmp/bench_reader generate.rows=${READER_ROWS:-1048576} \
-      data.shuffle_buffer=${READER_WINDOW:-65536} data.prefetch=16 >>"$OUT/reader.log" 2>&1
+      --workers 16 --worker-depth 4 --out /tmp/bench_reader generate.rows=${READER_ROWS:-1048576} \
+      data.shuffle_buffer=${READER_WINDOW:-65536} >>"$OUT/reader.log" 2>&1
     grep -E "steady" "$OUT/reader.log" | tail -2
   fi
   if [ "$(left)" -gt 25 ]; then

@@ -50,10 +50,15 @@ def test_epoch_rate_counts_every_row(tmp_path: Path, workers: int) -> None:
     assert rate["steady"] > 0
     # the window it read in: auto for 10-row groups is 65,536 rows (one window here)
     assert (rate["shuffle_buffer"], rate["window_rows"], rate["windows"]) == (65536, 65536, 1)
-    assert rate["prefetch"] == 4  # the reader's default: batches decoded ahead per worker
+    assert rate["prefetch"] == 4  # the reader's default: batches decoded ahead by the thread
+    assert rate.get("depth") == (None if workers == 0 else 11)  # a worker: the window's 11 batches
     rate = epoch_rate(files, schema, 16, workers, steady_epochs=1, shuffle_buffer=40, prefetch=7)
     assert (rate["shuffle_buffer"], rate["window_rows"], rate["windows"]) == (40, 32, 6)
     assert rate["rows"] == 170 and rate["prefetch"] == 7
+    assert rate.get("depth") == (None if workers == 0 else 7)  # 2 a window, at least data.prefetch
+    if workers:
+        rate = epoch_rate(files, schema, 16, workers, steady_epochs=1, shuffle_buffer=40, depth=1)
+        assert rate["rows"] == 170 and rate["depth"] == 1
 
 
 def test_format_workers_ratios() -> None:
@@ -67,14 +72,19 @@ def test_format_workers_ratios() -> None:
          "4 workers 300 (3.00x, first batch 0.50 s) rows/s"),
         ("reader bench steady (workers running): 0 workers 110, 4 workers 330 rows/s; "
          "4 workers 3.00x = 94% of 0.8·N")]  # 3 / 3.2
+    del sweep["bench"]["0"]  # a count alone (gpu_session's A/B run): its rates, no ratio
+    assert format_workers(sweep).splitlines() == [
+        "reader bench first epoch: 4 workers 300 (first batch 0.50 s) rows/s",
+        "reader bench steady (workers running): 4 workers 330 rows/s"]
     window = {"window_rows": 262144, "shuffle_buffer": 262144, "windows": 4}
     sweep = {"bench": {"0": {"rows_per_s": 100.0, **window}}}
     assert format_workers(sweep).splitlines()[1] == (
         "reader bench windows: 262,144 rows (data.shuffle_buffer 262,144), 4 per epoch")
-    sweep = {"bench": {"0": {"rows_per_s": 100.0, **window, "prefetch": 16}}}
+    sweep = {"bench": {"0": {"rows_per_s": 100.0, **window, "prefetch": 16},
+                       "8": {"rows_per_s": 500.0, **window, "prefetch": 16, "depth": 64}}}
     assert format_workers(sweep).splitlines()[1] == (
         "reader bench windows: 262,144 rows (data.shuffle_buffer 262,144), 4 per epoch; "
-        "data.prefetch 16 batches ahead per worker")
+        "data.prefetch 16; batches ahead per worker: 8 workers 64")
 
 
 def test_copies_give_each_worker_eight_windows() -> None:
@@ -108,5 +118,5 @@ def test_the_window_line_names_the_copies() -> None:
     sweep = {"bench": {"0": {"rows_per_s": 100.0, **window, "windows": 16, "copies": 1},
                        "16": {"rows_per_s": 900.0, **window, "windows": 128, "copies": 8}}}
     assert format_workers(sweep).splitlines()[1] == (
-        "reader bench windows: 65,536 rows (data.shuffle_buffer 65,536), 16 per epoch; data.prefetch 4 "
-        "batches ahead per worker; the set copied for 16 workers 8x (8 windows a worker)")
+        "reader bench windows: 65,536 rows (data.shuffle_buffer 65,536), 16 per epoch; data.prefetch 4; "
+        "the set copied for 16 workers 8x (8 windows a worker)")

@@ -109,3 +109,46 @@ def test_a_closed_reader_leaves_no_block(tmp_path) -> None:
     reader.close()
     assert blocks_of(prefix) == []
     assert_same(held, list(ParquetReader(files, schema, 4, workers=0, **kw).epoch(0)))
+
+
+def mapped(prefix: str) -> list[str]:
+    """Blocks under ``prefix`` this process still maps (unlinked ones included)."""
+    with open("/proc/self/maps") as f:
+        return sorted({line.split("/dev/shm/")[1].split()[0] for line in f
+                       if f"/dev/shm/{prefix}-" in line})
+
+
+def test_a_closed_readers_shared_memory_goes_with_its_last_batch(tmp_path) -> None:
+    """The trainer's mappings of a closed pool's blocks are let go: once the batches
+    viewing them are dropped, none is mapped (the memory goes back to the system)."""
+    import gc
+
+    files, schema = tiny_dataset(tmp_path)
+    reader = ParquetReader(files, schema, 4, workers=2, prefetch=1, shuffle_buffer=8)
+    held = within(120, lambda: list(reader.epoch(0)))
+    prefix = reader._pool.prefix
+    reader.close()
+    assert mapped(prefix)  # the batches held still view them
+    del held
+    gc.collect()
+    assert mapped(prefix) == []
+
+
+def test_a_grown_block_replaces_its_older_version_in_the_trainers_mappings() -> None:
+    from data.shm_batch import _attach, forget_maps
+
+    prefix = new_prefix()
+    names = [f"{prefix}-w0-s0-v{v}" for v in range(2)]
+    for v, name in enumerate(names):  # made as a worker makes them, not mapped here
+        fd = os.open(f"/dev/shm/{name}", os.O_CREAT | os.O_RDWR, 0o600)
+        os.ftruncate(fd, 4096 * (v + 1))
+        os.close(fd)
+    try:
+        assert len(_attach(names[0])) == 4096 and _attach(names[0]) is _attach(names[0])
+        assert mapped(prefix) == [names[0]]
+        assert len(_attach(names[1])) == 8192
+        assert mapped(prefix) == [names[1]]  # v0 let go: nothing viewed it
+        forget_maps(prefix)
+        assert mapped(prefix) == []
+    finally:
+        unlink_blocks(prefix)

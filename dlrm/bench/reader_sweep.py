@@ -44,22 +44,24 @@ MAX_COPIES = 16  # copies of the set at most (16 x bench_gpu's 1M-row set: 1 GB 
 
 
 def reader_sweep(files: list[str], schema: Any, batch_size: int, workers: list[int],
-                 out: Path, shuffle_buffer: int | str = "auto", prefetch: int = 4) -> dict[str, Any]:
+                 out: Path, shuffle_buffer: int | str = "auto", prefetch: int = 4,
+                 depth: int | None = None) -> dict[str, Any]:
     """{"bench": {count: rates}, "avazu": {count: rates}} for each count in ``workers``,
-    shuffling in windows of ``shuffle_buffer`` rows (the run's data.shuffle_buffer), each
-    worker decoding up to ``prefetch`` batches ahead (data.prefetch)."""
+    shuffling in windows of ``shuffle_buffer`` rows (the run's data.shuffle_buffer), the
+    one thread ``prefetch`` batches ahead (data.prefetch), each worker ``depth`` (None: the
+    reader's own, ParquetReader.worker_depth)."""
     import pyarrow as pa
 
     threads = pa.cpu_count()
     pa.set_cpu_count(1)  # one core per count's decoder: the workers hold themselves to one
     try:
-        return _sweep(files, schema, batch_size, workers, out, shuffle_buffer, prefetch)
+        return _sweep(files, schema, batch_size, workers, out, shuffle_buffer, prefetch, depth)
     finally:
         pa.set_cpu_count(threads)
 
 
 def _sweep(files: list[str], schema: Any, batch_size: int, workers: list[int],
-           out: Path, shuffle_buffer: int | str, prefetch: int) -> dict[str, Any]:
+           out: Path, shuffle_buffer: int | str, prefetch: int, depth: int | None) -> dict[str, Any]:
     from data import preprocess
 
     strings = avazu_files(files, out / "avazu")
@@ -73,7 +75,7 @@ def _sweep(files: list[str], schema: Any, batch_size: int, workers: list[int],
         for w in workers:
             copies = copies_for(warm["rows"], warm["window_rows"], w)
             rate = epoch_rate(replicated(paths, copies, out / "copies" / name), sch, batch_size, w, p,
-                              shuffle_buffer=shuffle_buffer, prefetch=prefetch)
+                              shuffle_buffer=shuffle_buffer, prefetch=prefetch, depth=depth)
             result[name][str(w)] = {**rate, "copies": copies}
     return result
 
@@ -106,15 +108,18 @@ def replicated(files: list[str], copies: int, out: Path) -> list[str]:
 
 def epoch_rate(files: list[str], schema: Any, batch_size: int, workers: int,
                prep: Any = None, steady_epochs: int = STEADY_EPOCHS,
-               shuffle_buffer: int | str = "auto", prefetch: int = 4) -> dict[str, float]:
+               shuffle_buffer: int | str = "auto", prefetch: int = 4,
+               depth: int | None = None) -> dict[str, float]:
     """Shuffled epochs of one fresh reader at ``workers``: the first one's rows/s and
     start-up seconds, then the steady rows/s of ``steady_epochs`` more; and the window
-    it shuffled in (its rows, the shuffle_buffer it came from, windows per epoch) and
-    ``prefetch``, the batches each worker (or the one thread) decodes ahead."""
+    it shuffled in (its rows, the shuffle_buffer it came from, windows per epoch),
+    ``prefetch`` (the one thread's batches ahead) and, with workers, ``depth``: the
+    batches each worker decodes ahead (None: the reader's choice)."""
     from data.reader import ParquetReader
 
     reader = ParquetReader(files, schema, batch_size, shuffle=True, prefetch=prefetch,
-                           preprocess=prep, workers=workers, shuffle_buffer=shuffle_buffer)
+                           preprocess=prep, workers=workers, shuffle_buffer=shuffle_buffer,
+                           worker_depth=depth)
     try:
         t0 = time.perf_counter()
         it = reader.epoch(0)
@@ -132,7 +137,8 @@ def epoch_rate(files: list[str], schema: Any, batch_size: int, workers: int,
     return {"rows_per_s": rows / (t2 - t0), "startup_s": t1 - t0,
             "steady": float(np.median(steady)) if steady else 0.0, "rows": rows,
             "window_rows": reader.window_rows, "shuffle_buffer": reader.shuffle_buffer,
-            "windows": -(-rows // reader.window_rows), "prefetch": prefetch}
+            "windows": -(-rows // reader.window_rows), "prefetch": prefetch,
+            **({"depth": reader.worker_depth()} if workers else {})}
 
 
 def avazu_files(files: list[str], out: Path) -> list[str]:
@@ -185,7 +191,8 @@ def _string_schema(files: list[str]) -> Any:
 def format_workers(sweep: dict[str, Any]) -> str:
     """Per schema: the first epoch's rows/s at each worker count, its ratio to 0 workers
     and its seconds to the first batch; then, for N >= 1 workers, the steady rate's ratio
-    to 0 workers' steady rate against the target 0.8·N (issue 23: N workers on N cores)."""
+    to 0 workers' steady rate against the target 0.8·N (issue 23: N workers on N cores),
+    where 0 workers ran."""
     lines = []
     for name, by_count in sweep.items():
         base = by_count.get("0", {}).get("rows_per_s")
@@ -199,11 +206,11 @@ def format_workers(sweep: dict[str, Any]) -> str:
         lines.append(f"reader {name} first epoch: " + ", ".join(cells) + " rows/s")
         lines.extend(_window_line(name, by_count))
         steady0 = by_count.get("0", {}).get("steady")
-        if not steady0:
+        if not any("steady" in r for r in by_count.values()):
             continue
         scaling = [f"{n} workers {r['steady'] / steady0:.2f}x = "
                    f"{r['steady'] / steady0 / (0.8 * int(n)):.0%} of 0.8·N"
-                   for n, r in by_count.items() if int(n) > 0 and "steady" in r]
+                   for n, r in by_count.items() if int(n) > 0 and "steady" in r and steady0]
         lines.append(f"reader {name} steady (workers running): "
                      + ", ".join(f"{n} workers {r['steady']:,.0f}" for n, r in by_count.items()
                                  if "steady" in r)
@@ -220,7 +227,10 @@ def _window_line(name: str, by_count: dict[str, Any]) -> list[str]:
     once = r["windows"] // r.get("copies", 1)
     line = (f"reader {name} windows: {r['window_rows']:,} rows (data.shuffle_buffer "
             f"{r['shuffle_buffer']:,}), {once} per epoch"
-            + (f"; data.prefetch {r['prefetch']} batches ahead per worker" if "prefetch" in r else ""))
+            + (f"; data.prefetch {r['prefetch']}" if "prefetch" in r else ""))
+    depths = [f"{n} workers {c['depth']}" for n, c in by_count.items() if "depth" in c]
+    if depths:
+        line += "; batches ahead per worker: " + ", ".join(depths)
     copied = [f"{n} workers {c['copies']}x ({c['windows'] / int(n):.0f} windows a worker)"
               for n, c in by_count.items() if c.get("copies", 1) > 1]
     if copied:

@@ -219,7 +219,8 @@ def reader_only(a: argparse.Namespace, cfg: Config, out: Path, data_dir: Path) -
 
         reader["workers"] = reader_sweep(reader.pop("files"), reader.pop("schema"),
                                          cfg.data.batch_size, a.workers, out,
-                                         window_setting(cfg.data.shuffle_buffer), cfg.data.prefetch)
+                                         window_setting(cfg.data.shuffle_buffer), cfg.data.prefetch,
+                                         a.worker_depth)
         print(format_workers(reader["workers"]))
     reader.pop("files", None), reader.pop("schema", None)
     path = out / "bench.json"  # kept beside the training rows of an earlier bench
@@ -277,6 +278,9 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--workers", default=None,
                    help="with --reader-only: comma-separated data.workers counts to sweep, "
                         "e.g. 0,1,2 (bench and Avazu-shaped string schemas)")
+    p.add_argument("--worker-depth", type=int, default=None,
+                   help="with --workers: batches each decode worker decodes ahead (default: "
+                        "the reader's, a shuffle window's)")
     p.add_argument("--checkpoint", action="store_true",
                    help="only checkpoint save/resume GB/s and peak RSS of the config's model")
     p.add_argument("--fit-only", action="store_true",
@@ -312,6 +316,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
             raise BenchError(f"--workers {a.workers}: worker counts must be >= 0")
     if a.steps is not None and a.steps < 1:
         raise BenchError(f"--steps {a.steps}: must be >= 1")
+    if a.worker_depth is not None and a.worker_depth < 1:
+        raise BenchError(f"--worker-depth {a.worker_depth}: must be >= 1")
     return a
 
 
