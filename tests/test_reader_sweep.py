@@ -48,6 +48,7 @@ def test_epoch_rate_counts_every_row(tmp_path: Path, workers: int) -> None:
     rate = epoch_rate(files, schema, 16, workers, steady_epochs=2)
     assert rate["rows"] == 170 and rate["rows_per_s"] > 0 and rate["startup_s"] >= 0
     assert rate["steady"] > 0
+    assert 0 < rate["consumer_ms"] < 1e3 * 170 / rate["steady"]  # CPU ms a batch, within an epoch's wall time
     # the window it read in: auto for 10-row groups is 65,536 rows (one window here)
     assert (rate["shuffle_buffer"], rate["window_rows"], rate["windows"]) == (65536, 65536, 1)
     assert rate["prefetch"] == 4  # the reader's default: batches decoded ahead by the thread
@@ -73,9 +74,11 @@ def test_format_workers_ratios() -> None:
         ("reader bench steady (workers running): 0 workers 110, 4 workers 330 rows/s; "
          "4 workers 3.00x = 94% of 0.8·N")]  # 3 / 3.2
     del sweep["bench"]["0"]  # a count alone (gpu_session's A/B run): its rates, no ratio
+    sweep["bench"]["4"]["consumer_ms"] = 0.1234
     assert format_workers(sweep).splitlines() == [
         "reader bench first epoch: 4 workers 300 (first batch 0.50 s) rows/s",
-        "reader bench steady (workers running): 4 workers 330 rows/s"]
+        "reader bench steady (workers running): 4 workers 330 rows/s",
+        "reader bench taking thread's CPU ms a batch: 4 workers 0.123"]
     window = {"window_rows": 262144, "shuffle_buffer": 262144, "windows": 4}
     sweep = {"bench": {"0": {"rows_per_s": 100.0, **window}}}
     assert format_workers(sweep).splitlines()[1] == (

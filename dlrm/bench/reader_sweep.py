@@ -127,15 +127,21 @@ def epoch_rate(files: list[str], schema: Any, batch_size: int, workers: int,
         t1 = time.perf_counter()
         rows = first.size + sum(batch.size for batch in it)
         t2 = time.perf_counter()
-        steady = []
+        steady, busy = [], []
         for epoch in range(1, 1 + steady_epochs):
-            t3 = time.perf_counter()
-            n = sum(batch.size for batch in reader.epoch(epoch))
+            t3, c3, batches = time.perf_counter(), time.thread_time(), 0
+            n = 0
+            for batch in reader.epoch(epoch):
+                n, batches = n + batch.size, batches + 1
             steady.append(n / (time.perf_counter() - t3))
+            busy.append((time.thread_time() - c3) / max(1, batches) * 1e3)
     finally:
         reader.close()
+    # the thread taking the batches: with workers, what it spends on each (the queue, the
+    # mapping, and with CUDA the copy into pinned memory) bounds all workers' rate
     return {"rows_per_s": rows / (t2 - t0), "startup_s": t1 - t0,
             "steady": float(np.median(steady)) if steady else 0.0, "rows": rows,
+            "consumer_ms": float(np.median(busy)) if busy else 0.0,
             "window_rows": reader.window_rows, "shuffle_buffer": reader.shuffle_buffer,
             "windows": -(-rows // reader.window_rows), "prefetch": prefetch,
             **({"depth": reader.worker_depth()} if workers else {})}
@@ -215,6 +221,10 @@ def format_workers(sweep: dict[str, Any]) -> str:
                      + ", ".join(f"{n} workers {r['steady']:,.0f}" for n, r in by_count.items()
                                  if "steady" in r)
                      + " rows/s" + ("; " + ", ".join(scaling) if scaling else ""))
+        busy = [f"{n} workers {r['consumer_ms']:.3f}" for n, r in by_count.items()
+                if int(n) > 0 and "consumer_ms" in r]
+        if busy:
+            lines.append(f"reader {name} taking thread's CPU ms a batch: " + ", ".join(busy))
     return "\n".join(lines)
 
 
