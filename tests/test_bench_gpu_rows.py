@@ -169,3 +169,19 @@ def test_rows_time_the_batches_after_hotline_s_profile_window(tmp_path) -> None:
     assert row["windows"] == 4 and row["samples_per_s"] == 95.0  # 61-70 .. 91-100: 1e6, 80, 90, 100
     row = bench.collect(metrics, untimed=66)
     assert row["windows"] == 3 and row["samples_per_s"] == 90.0
+
+
+def test_the_hotline_line_says_what_the_gather_waited_for() -> None:
+    """The GPU session reads where a Hotline step's time went from this line: the
+    gather's wait for the cold ids' copy (the device's split, a step ahead) is said
+    where there was one (CUDA), and so are the step loop's and the gather's waits."""
+    stats = {"hot_hit_rate": 0.954, "popular_share": 0.371, "gather_ms": 1.3, "transfer_ms": 0.2,
+             "gather_hidden": 0.48, "gather_threads": 0.0, "gather_torch_threads": 16.0,
+             "hot_tier_triton": 1.0, "split_ahead": 0.99, "gather_wait_ms": 0.79,
+             "header_wait_ms": 0.02, "update_wait_ms": 0.65}
+    row = {"engine": "hotline", "ranks": 1, "hotline": stats}
+    line = bench._hotline_line(row)
+    assert "host gather 1.3 ms/step, transfer 0.2 ms/step" in line and "cold ids" not in line
+    assert "the step loop waited 0.79 ms/step for cold rows" in line and "the gather 0.65 for host updates" in line
+    line = bench._hotline_line({**row, "hotline": {**stats, "ids_wait_ms": 0.9}})
+    assert "host gather 1.3 ms/step (0.9 of it waiting for the cold ids' copy), transfer 0.2 ms/step" in line

@@ -138,6 +138,7 @@ def test_hotline_gather_and_copy_hidden_under_the_step_s_hot_side(tiny_data, tmp
     assert 0.2 < stats["popular_share"] < 0.9, stats  # both kinds of samples non-trivial
     assert stats["gather_ms"] > 0 and stats["transfer_ms"] > 0, stats
     assert stats["gather_hidden"] > 0, stats
+    assert 0 <= stats["ids_wait_ms"] <= stats["gather_ms"], stats  # a part of the gather's time
     timeline = cases.gpu_timeline(tmp_path / "hot" / "profile" / "rank-0.json")
     copies = timeline["cold_copies"]
     print(f"hotline timeline: {len(copies)} cold copies, {timeline['overlapped']:.0%} of their time under "

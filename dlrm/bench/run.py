@@ -555,7 +555,9 @@ def _hotline_line(row: dict[str, Any]) -> str:
     """A Hotline row's stats in one line: hits, the gather, where the step loop waited."""
     h = row["hotline"]
     return (f"{row['engine']}: hot hit rate {h['hot_hit_rate']:.1%}, popular share "
-            f"{h['popular_share']:.1%}, host gather {h['gather_ms']:.1f} ms/step, "
+            f"{h['popular_share']:.1%}, host gather {h['gather_ms']:.1f} ms/step"
+            + (f" ({h['ids_wait_ms']:.1f} of it waiting for the cold ids' copy)" if h.get("ids_wait_ms") else "")
+            + ", "
             f"transfer {h['transfer_ms']:.1f} ms/step, {h['gather_hidden']:.0%} of both "
             f"hidden, {_gather_how(h)}, hot tier on "
             f"{'triton' if h.get('hot_tier_triton') else 'torch'}, "

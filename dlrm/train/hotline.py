@@ -300,7 +300,7 @@ class HotlineSteps:
         """Close the current window: add it to the run's totals, keep it as the last."""
         self._last = dict(self._window)
         for key in ("steps", "hit", "popular", "gather", "transfer", "wait", "refreshes", "refresh",
-                    "ahead", "resplits", "graphed", "late", "update_wait", "header_wait", "refresh_wait"):
+                    "ahead", "resplits", "graphed", "late", "update_wait", "header_wait", "refresh_wait", "ids_wait"):
             self._total[key] = self._total.get(key, 0.0) + self._window.get(key, 0.0)
             self._window[key] = 0.0
 
@@ -456,6 +456,7 @@ class HotlineSteps:
         self._window["transfer"] += cold.transfer_s
         self._window["late"] += getattr(cold, "late_rows", 0)  # one process (ColdRows, GroupCold)
         self._window["update_wait"] += getattr(cold, "update_wait_s", 0.0)
+        self._window["ids_wait"] += getattr(cold, "ids_wait_s", 0.0)
         return cold
 
     def _observe(self, batch: Batch, sizes: Sizes) -> None:
@@ -634,6 +635,8 @@ class HotlineSteps:
             # one process: the gather thread's wait for host updates, and the cold rows it
             # read again after the previous step's update (the rows that update wrote)
             "update_wait_ms": 1000 * w["update_wait"] / steps,
+            # of gather_ms, the gather thread's wait for the cold ids' D2H copy (CUDA)
+            "ids_wait_ms": 1000 * w["ids_wait"] / steps,
             "late_rows": w["late"] / steps,
             # the step loop's wait for the next mini-batch's split header (its sizes): the
             # split stream's work, queued a step ahead, not yet done when the host reads it

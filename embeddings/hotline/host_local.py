@@ -169,9 +169,11 @@ class LocalHostTier:
         t0 = time.perf_counter()
         ids = micro.cold_ids
         cuda = device.type == "cuda" and source.device.type == "cpu"
+        ids_wait = 0.0
         if cuda and micro.cold_host_ids is not None:  # copied a step ahead (dlrm/train/hotline.py)
             if micro.cold_host_ready is not None:
                 micro.cold_host_ready.synchronize()  # this thread's wait; the copy was queued a step ago
+                ids_wait = time.perf_counter() - t0
             host_ids = micro.cold_host_ids
             rows = torch.empty(ids.numel(), source.shape[1], dtype=source.dtype, pin_memory=True)
         elif cuda:
@@ -187,6 +189,7 @@ class LocalHostTier:
                 arrived = torch.cuda.Event()
                 arrived.record(self._copy_stream)
             arrived.synchronize()  # this thread waits for U ids, the trainer does not
+            ids_wait = time.perf_counter() - t0
             rows = torch.empty(ids.numel(), source.shape[1], dtype=source.dtype, pin_memory=True)
         else:
             host_ids = ids.to(source.device) if micro.cold_host_ids is None else micro.cold_host_ids
@@ -210,7 +213,8 @@ class LocalHostTier:
             state = {name: t.to(device) for name, t in state.items()}
         self._count("h2d", rows, *state.values())
         return ColdRows(ids, rows.requires_grad_(True), host_ids, t1 - t0 - waited, time.perf_counter() - t1, ready,
-                        late_rows=late, update_wait_s=waited, state=state or None, stale=stale)
+                        late_rows=late, update_wait_s=waited, ids_wait_s=ids_wait, state=state or None,
+                        stale=stale)
 
     def _state_like(self, unique: int, pinned: bool) -> dict[str, torch.Tensor]:
         """Empty rows for ``unique`` rows' per-row optimizer state (none: not staged)."""

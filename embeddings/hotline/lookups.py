@@ -92,6 +92,9 @@ class ColdRows:
     ready: torch.cuda.Event | None = None  # CUDA: recorded on the copy stream after the copy
     late_rows: int = 0  # rows read again after the previous step's host update ended
     update_wait_s: float = 0.0  # time the gather waited for host updates
+    # of gather_s, the wait for the cold ids' D2H copy (queued a step ahead, after the
+    # split stream classified them: the device's work, not the gather's)
+    ids_wait_s: float = 0.0
     # staged for the device's update (cold_stage.py): the rows' optimizer state [U] or [U, D]
     state: dict[str, torch.Tensor] | None = None
     # rows read while the last static step's write-back ran (positions in ``host_ids``,

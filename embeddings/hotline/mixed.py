@@ -80,6 +80,10 @@ class GroupCold:
         return sum(getattr(p, "late_rows", 0) for p in self.parts)
 
     @property
+    def ids_wait_s(self) -> float:
+        return sum(getattr(p, "ids_wait_s", 0.0) for p in self.parts)
+
+    @property
     def update_wait_s(self) -> float:
         return sum(getattr(p, "update_wait_s", 0.0) for p in self.parts)
 
