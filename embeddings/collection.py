@@ -111,7 +111,6 @@ class LocalEmbeddingCollection(EmbeddingCollection):
         init_dim: dict[str, int] | None = None,
         rounding_seed: int | None = None,
         kernels: str | KernelChoice = KernelChoice.AUTO,
-        pin_memory: bool = False,
     ) -> None:
         """``table_origin`` (for shards): table name → (full table name, its rows,
         first row, first column) and ``init_dim`` → the full table's dim, so a shard
@@ -126,9 +125,8 @@ class LocalEmbeddingCollection(EmbeddingCollection):
         rounding keyed by (``rounding_seed``, default ``seed``; the table's update count;
         full table name, row, column) (embeddings/rounding.py).
 
-        ``pin_memory`` (host tables copied to and from a GPU, Hotline's host tier): the
-        weight and state are allocated page-locked and filled there, so the tables are
-        never held twice (pinning a filled table copies it)."""
+        In host memory the weight and the per-row state are on 2 MiB pages where the
+        kernel grants them (embeddings/huge_pages.py)."""
         super().__init__()
         table_origin = table_origin or {}
         init_dim = init_dim or {}
@@ -162,7 +160,7 @@ class LocalEmbeddingCollection(EmbeddingCollection):
             persistent=False,
         )
 
-        weight, initial_state = self._allocate(device, pin_memory)
+        weight, initial_state = self._allocate(device)
         if seed is not None:
             self._initial_rows(weight, seed, table_origin, init_dim)
         # requires_grad so autograd calls our backward; its .grad stays None.
@@ -174,7 +172,7 @@ class LocalEmbeddingCollection(EmbeddingCollection):
         self._rounding_keys(table_origin, device)
         rounding_cpu.compile_for(device, self.weight_dtype, [t.dtype for t in initial_state.values()])
 
-    def _allocate(self, device: torch.device, pin_memory: bool) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def _allocate(self, device: torch.device) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The stacked weight (not filled) and the optimizer's zero state; running out of
         memory for either is one line naming it and its bytes."""
         total, largest = self.total_rows, max(self.tables, key=lambda t: t.rows)
@@ -183,15 +181,11 @@ class LocalEmbeddingCollection(EmbeddingCollection):
                    f"{largest.name}, {largest.rows:,} rows)")
         itemsize = self.weight_dtype.itemsize
         with naming_oom(f"the embedding weight of {stacked}", total * self.dim * itemsize, device):
-            weight = torch.empty(total, self.dim, device=device, dtype=self.weight_dtype,
-                                 pin_memory=pin_memory)
-            if not pin_memory:
-                advise_huge_pages(weight)  # before the first write: rows are touched at random
+            weight = torch.empty(total, self.dim, device=device, dtype=self.weight_dtype)
+            advise_huge_pages(weight)  # before the first write: rows are touched at random
         state_bytes = total * self.optimizer.state_bytes_per_row(self.dim)
         with naming_oom(f"the {type(self.optimizer).__name__} state of {stacked}", state_bytes, device):
-            state = self.optimizer.init_state(total, self.dim, device, pin_memory)
-        for tensor in state.values() if not pin_memory else ():
-            advise_huge_pages(tensor)  # already zeroed: khugepaged collapses it later
+            state = self.optimizer.init_state(total, self.dim, device)  # on 2 MiB pages too
         return weight, state
 
     def _initial_rows(self, weight: torch.Tensor, seed: int, table_origin: dict[str, tuple[str, int, int, int]],

@@ -37,6 +37,7 @@ from enum import Enum
 
 import torch
 
+from embeddings.huge_pages import advise_huge_pages
 from embeddings.kv import KVGradient
 from embeddings.rounding import (
     RowRounding,
@@ -77,15 +78,17 @@ class StateSpec:
         per_row = {StateKind.ROW_VECTOR: dim, StateKind.ROW_SCALAR: 1}.get(self.kind, 0)
         return per_row * self.dtype.itemsize
 
-    def zeros(self, rows: int, dim: int, device: torch.device, pin_memory: bool = False) -> torch.Tensor:
+    def zeros(self, rows: int, dim: int, device: torch.device) -> torch.Tensor:
         """The initial tensor. A per-table scalar is made on the CPU, where Python
-        reads it every step without waiting for a device. ``pin_memory``: page-locked
-        host memory from the start (a host tier's state), not a copy made later."""
-        if self.kind is StateKind.ROW_VECTOR:
-            return torch.zeros(rows, dim, dtype=self.dtype, device=device, pin_memory=pin_memory)
-        if self.kind is StateKind.ROW_SCALAR:
-            return torch.zeros(rows, dtype=self.dtype, device=device, pin_memory=pin_memory)
-        return torch.zeros(1, dtype=self.dtype, pin_memory=pin_memory)
+        reads it every step without waiting for a device. Per-row state in host memory
+        is advised onto 2 MiB pages before it is zeroed (embeddings/huge_pages.py): it is
+        read and written a row here, a row there, as the weight is."""
+        if self.kind is StateKind.TABLE_SCALAR:
+            return torch.zeros(1, dtype=self.dtype)
+        shape = (rows, dim) if self.kind is StateKind.ROW_VECTOR else (rows,)
+        state = torch.empty(shape, dtype=self.dtype, device=device)
+        advise_huge_pages(state)
+        return state.zero_()
 
 
 class SparseOptimizer(ABC):
@@ -113,10 +116,9 @@ class SparseOptimizer(ABC):
             layout["rounding_step"] = StateSpec(StateKind.TABLE_SCALAR, torch.int64)
         return layout
 
-    def init_state(self, rows: int, dim: int, device: torch.device,
-                   pin_memory: bool = False) -> dict[str, torch.Tensor]:
+    def init_state(self, rows: int, dim: int, device: torch.device) -> dict[str, torch.Tensor]:
         """State for a table of ``rows`` x ``dim``: zeros, as ``state_layout`` says."""
-        return {name: spec.zeros(rows, dim, device, pin_memory)
+        return {name: spec.zeros(rows, dim, device)
                 for name, spec in self.state_layout().items()}
 
     @abstractmethod

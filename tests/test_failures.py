@@ -155,9 +155,8 @@ def test_table_too_big_for_memory_names_the_table(data, tmp_path: Path, capsys) 
 class _GreedyAdagrad(type(make_sparse_optimizer("rowwise_adagrad"))):
     """Row-wise Adagrad whose state asks for 2**36 floats a row: more than any machine."""
 
-    def init_state(self, rows: int, dim: int, device: torch.device,
-                   pin_memory: bool = False) -> dict[str, torch.Tensor]:
-        state = super().init_state(rows, dim, device, pin_memory)
+    def init_state(self, rows: int, dim: int, device: torch.device) -> dict[str, torch.Tensor]:
+        state = super().init_state(rows, dim, device)
         if rows > 3:  # the state it declares (state_layout) stays the usual one
             state["sum"] = torch.zeros(rows << 36, device=device)
         return state

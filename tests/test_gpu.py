@@ -114,7 +114,7 @@ def test_hotline_on_cuda_resumes_exactly(tiny_data, tmp_path: Path) -> None:
     cases.hotline_resume(tiny_data, tmp_path, "cuda")
 
 
-def test_hotline_host_tier_pinned_and_cold_rows_on_a_side_stream(
+def test_hotline_host_tier_pageable_and_cold_rows_on_a_side_stream(
     tiny_data, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     cases.host_tier_and_cold_copy(tiny_data, tmp_path, "cuda", monkeypatch)

@@ -317,8 +317,7 @@ def test_cold_rows_gathered_ahead_and_checked() -> None:
 class _HotGreedySGD(type(make_sparse_optimizer("sgd"))):
     """SGD whose state for exactly 7 rows (the hot tier below) is more than any machine has."""
 
-    def init_state(self, rows: int, dim: int, device: torch.device,
-                   pin_memory: bool = False) -> dict[str, torch.Tensor]:
+    def init_state(self, rows: int, dim: int, device: torch.device) -> dict[str, torch.Tensor]:
         return {"waste": torch.zeros(rows << 40, device=device)} if rows == 7 else {}
 
 

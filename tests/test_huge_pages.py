@@ -64,3 +64,15 @@ def test_embedding_table_weight_gets_huge_pages() -> None:
     tables = [TableSpec(name="t", rows=600_000, dim=64, features=("f",))]  # 154 MB
     collection = LocalEmbeddingCollection(tables, make_sparse_optimizer("sgd"), seed=0)
     assert huge_kib(collection.weight) >= 32 << 10
+
+
+@pytest.mark.slow
+def test_optimizer_state_gets_huge_pages_from_its_first_write() -> None:
+    """The per-row state is advised before it is zeroed: zeroed first, its pages were
+    small until khugepaged came by (if ever)."""
+    tables = [TableSpec(name="t", rows=600_000, dim=64, features=("f",))]  # 154 MB a state
+    collection = LocalEmbeddingCollection(tables, make_sparse_optimizer("adam"), seed=None)
+    state = collection.state
+    for name in ("exp_avg", "exp_avg_sq"):
+        assert huge_kib(state[name]) >= 32 << 10, (name, huge_kib(state[name]))
+        assert not state[name].any()  # zeros all the same
