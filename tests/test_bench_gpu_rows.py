@@ -185,3 +185,8 @@ def test_the_hotline_line_says_what_the_gather_waited_for() -> None:
     assert "the step loop waited 0.79 ms/step for cold rows" in line and "the gather 0.65 for host updates" in line
     line = bench._hotline_line({**row, "hotline": {**stats, "ids_wait_ms": 0.9}})
     assert "host gather 1.3 ms/step (0.9 of it waiting for the cold ids' copy), transfer 0.2 ms/step" in line
+    refresh = {**stats, "refreshes": 4.0, "refresh_pause_ms": 148.6, "refresh_wait_ms": 0.5, "plan_ms": 212.0,
+               "count_ms": 1.234}
+    line = bench._hotline_line({**row, "hotline": refresh})
+    assert ("4 refreshes pausing 148.6 ms each (0.5 of it waiting for the plan; the planner 212 ms a plan, "
+            "1.23 ms a step counting)") in line

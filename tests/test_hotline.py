@@ -340,3 +340,37 @@ def test_both_host_tiers_implement_the_interface() -> None:
     assert {"read_rows", "write_rows", "gather_cold", "pool", "step"} <= set(methods)
     for tier in (LocalHostTier, ShardedHostTier):
         assert [n for n in methods if not callable(getattr(tier, n, None))] == [], tier
+
+
+def test_hot_rows_are_the_hot_sets_per_table() -> None:
+    """``hot_rows`` (a refresh's ``keep``) gives back each table's hot rows as the
+    profile chose them, tables empty, whole or cut at either end included."""
+    gen = torch.Generator().manual_seed(3)
+    tables = [TableSpec(f"t{i}", rows=r, dim=4, features=(f"f{i}",)) for i, r in enumerate([5, 40, 1, 300, 7])]
+    for _ in range(20):
+        hot = {}
+        for t in tables:
+            keep = torch.rand(t.rows, generator=gen) < float(torch.rand(1, generator=gen))
+            hot[t.name] = torch.nonzero(keep).flatten()
+        coll = HotlineEmbeddingCollection(tables, profile_of(tables, hot), make_sparse_optimizer("sgd"), seed=0)
+        got = coll.hot_rows()
+        assert list(got) == [t.name for t in tables]
+        for t in tables:
+            assert torch.equal(got[t.name], hot[t.name]), t.name
+
+
+def test_profile_summary_counts_every_lookup_and_the_hot_ones() -> None:
+    """The summary a profile prints (hit rates): per table every counted lookup, those
+    on its hot rows and how many rows are hot, kept rows of no count included."""
+    gen = torch.Generator().manual_seed(4)
+    tables = [TableSpec(f"t{i}", rows=r, dim=4, features=(f"f{i}",)) for i, r in enumerate([50, 9, 400])]
+    counts = {t.name: torch.randint(0, 4, (t.rows,), generator=gen) * (torch.rand(t.rows, generator=gen) < 0.3)
+              for t in tables}
+    keep = {"t0": torch.tensor([0, 1, 2]), "t2": torch.tensor([7, 399])}
+    opt = make_sparse_optimizer("sgd")
+    profile = HotProfile.build(counts, tables, opt, budget_bytes=40 * row_bytes(tables[0], opt), keep=keep)
+    for t in tables:
+        c = counts[t.name].tolist()
+        hot = profile.hot[t.name].tolist()
+        assert profile.summary[t.name] == {"lookups": sum(c), "hot_lookups": sum(c[r] for r in hot),
+                                           "hot_rows": len(hot)}

@@ -62,20 +62,23 @@ def test_refresh_and_no_pipeline_stay_exact(tiny_data, tmp_path: Path, extra: tu
 def test_the_refresh_pause_says_its_wait_for_the_plan(tiny_data, tmp_path: Path, monkeypatch) -> None:
     """A plan slower than the refresh window (here held back 3 s: the 2026-11-27 H200's
     145 ms pauses at refresh_every=30 were likely the plan of 34M rows' counts) makes the
-    swap's step wait for it: the stats say how much of the pause that was."""
+    swap's step wait for it: the stats say how much of the pause that was, and the
+    planner thread's own time says it was the plan (not the counting)."""
     from dlrm.train.hotline import HotlineSteps
 
-    plan = HotlineSteps._plan
+    plan = HotlineSteps._make_plan
 
     def slow_plan(self, counts):
         time.sleep(3.0)  # past any window of 5 tiny steps, however loaded the machine
         return plan(self, counts)
 
-    monkeypatch.setattr(HotlineSteps, "_plan", slow_plan)
+    monkeypatch.setattr(HotlineSteps, "_make_plan", slow_plan)
     stats = run(tiny_data, tmp_path / "hot", "optim.sparse=rowwise_adagrad", *HOTLINE, "hotline.refresh_every=5")[
         "hotline"]
     assert stats["refreshes"] == 1
     assert 1000 < stats["refresh_wait_ms"] <= stats["refresh_pause_ms"], stats
+    assert stats["refresh_wait_ms"] < stats["plan_ms"] and stats["plan_ms"] >= 3000, stats
+    assert 0 < stats["count_ms"] < 1000, stats  # a tiny batch's counting
 
 
 def test_hotline_resume_equals_uninterrupted(tiny_data, tmp_path: Path) -> None:

@@ -563,7 +563,8 @@ def _hotline_line(row: dict[str, Any]) -> str:
             f"{'triton' if h.get('hot_tier_triton') else 'torch'}, "
             f"{h.get('split_ahead', 0.0):.0%} of mini-batches split a step ahead"
             + (f", {h['refreshes']:.0f} refreshes pausing {h['refresh_pause_ms']:.1f} ms each "
-               f"({h.get('refresh_wait_ms', 0.0):.1f} of it waiting for the plan)"
+               f"({h.get('refresh_wait_ms', 0.0):.1f} of it waiting for the plan; the planner "
+               f"{h.get('plan_ms', 0.0):.0f} ms a plan, {h.get('count_ms', 0.0):.2f} ms a step counting)"
                if h.get("refreshes") else "")
             + (f", {h['split_graphed']:.0%} split by a graph replay" if h.get("split_graphed") else "")
             + (f"; the step loop waited {h['gather_wait_ms']:.2f} ms/step for cold rows, "

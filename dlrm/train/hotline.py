@@ -274,6 +274,10 @@ class HotlineSteps:
         # read through ``_counted``, which waits for the counts queued before
         self.counts: dict[str, torch.Tensor] | None = None
         self._counting: Future[None] | None = None
+        # the planner thread's own time, the whole run (written there only): its plans
+        # and their count, its counting and the steps counted. A refresh waits for a plan
+        # that outlasts a window: these say whether the plan or the counting did.
+        self._planner_s = {"plan": 0.0, "plans": 0.0, "count": 0.0, "counted": 0.0}
         self._pending: dict[str, torch.Tensor] | None = None  # the counts _next_hot is planned from
         self._window: dict[str, float] = {}
         self._total: dict[str, float] = {}
@@ -471,7 +475,10 @@ class HotlineSteps:
     def _count(self, sparse: Any) -> None:
         """On the planner thread, in step order (one thread, FIFO): a batch's ids added
         to the window's counts (the first makes them)."""
+        t0 = time.perf_counter()
         self.counts = count_accesses([sparse], self.tables, into=self.counts)
+        self._planner_s["count"] += time.perf_counter() - t0
+        self._planner_s["counted"] += 1
 
     def _counted(self) -> dict[str, torch.Tensor] | None:
         """The window's counts once every batch queued so far is in them."""
@@ -587,6 +594,13 @@ class HotlineSteps:
 
     def _plan(self, counts: dict[str, torch.Tensor]) -> RefreshPlan:
         """On the planner thread: the hot set the counts choose, and how to get there."""
+        t0 = time.perf_counter()
+        plan = self._make_plan(counts)
+        self._planner_s["plan"] += time.perf_counter() - t0
+        self._planner_s["plans"] += 1
+        return plan
+
+    def _make_plan(self, counts: dict[str, torch.Tensor]) -> RefreshPlan:
         optimizer = make_sparse_optimizer(self.cfg.optim.sparse, self.cfg.optim.eps,
                                           self.cfg.embeddings.state_dtype)
         budget = parse_size(self.cfg.hotline.budget) or 0
@@ -604,6 +618,7 @@ class HotlineSteps:
         or over the whole run. Several ranks: this rank's view."""
         self.reset_window()
         w = self._total if whole_run else self._last
+        p = dict(self._planner_s)
         steps = max(w["steps"], 1)
         gather, transfer, wait = w["gather"], w["transfer"], w["wait"]
         busy = gather + transfer
@@ -626,6 +641,10 @@ class HotlineSteps:
             # window's counts; a window shorter than the plan takes makes the step wait:
             # a larger refresh_every hides it)
             "refresh_wait_ms": 1000 * w["refresh_wait"] / w["refreshes"] if w["refreshes"] else 0.0,
+            # the planner thread's time (the whole run): a plan, and a step's counting; a
+            # window of refresh_every steps shorter than both makes the refresh wait
+            "plan_ms": 1000 * p["plan"] / p["plans"] if p["plans"] else 0.0,
+            "count_ms": 1000 * p["count"] / p["counted"] if p["counted"] else 0.0,
             # mini-batches whose split was made a step ahead; those made again at their
             # step (the hot set changed in between, or another batch came)
             "split_ahead": w["ahead"] / steps,

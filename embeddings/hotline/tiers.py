@@ -220,12 +220,18 @@ class HotlineEmbeddingCollection(EmbeddingCollection):
         self.hot_version += 1
 
     def hot_rows(self) -> dict[str, torch.Tensor]:
-        """The hot set now, per table: its sorted row ids (of the table, not stacked)."""
+        """The hot set now, per table: its sorted row ids (of the table, not stacked). The
+        stacked ids are sorted and the tables stacked in order: each table's are a slice
+        (26 masks over bench_gpu's 500k hot ids took 48 ms of each refresh's plan)."""
         ids = self._hot_ids_host
-        out = {}
-        for t in self.tables:
-            start = self.row_offsets[t.name]
-            out[t.name] = ids[(ids >= start) & (ids < start + t.rows)] - start
+        starts = [self.row_offsets[t.name] for t in self.tables]
+        last = self.tables[-1]
+        bounds = torch.tensor([*starts[1:], self.row_offsets[last.name] + last.rows], dtype=ids.dtype)
+        ends = torch.searchsorted(ids, bounds).tolist()
+        out, lo = {}, 0
+        for t, start, hi in zip(self.tables, starts, ends, strict=True):
+            out[t.name] = ids[lo:hi] - start
+            lo = hi
         return out
 
     def hot_ids_by_group(self) -> list[torch.Tensor]:
