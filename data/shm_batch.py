@@ -298,7 +298,7 @@ def _attach(name: str) -> mmap.mmap:
     _MAPS.pop(slot, None)  # (re)inserted last: the oldest are first
     _MAPS[slot] = (name, mm)
     for old in list(_MAPS)[: max(0, len(_MAPS) - _KEEP_MAPS)]:
-        del _MAPS[old]
+        _MAPS.pop(old, None)  # another reader's thread may have let it go first
     return mm
 
 
