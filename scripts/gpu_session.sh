@@ -147,7 +147,7 @@ tests() {
     timeout -k 5 "$(upto 40)" "$PY" -m dlrm bench --config "$CONFIG" --reader-only \
       --workers 16 --worker-depth 4 --out /tmp/bench_reader generate.rows=${READER_ROWS:-1048576} \
       data.shuffle_buffer=${READER_WINDOW:-65536} >>"$OUT/reader.log" 2>&1
-    grep -E "steady" "$OUT/reader.log" | tail -2
+    grep -E "steady|taking" "$OUT/reader.log" | tail -4
   fi
   if [ "$(left)" -gt 25 ]; then
     echo "== vocabulary fit: rows/s by data.fit_workers"
