@@ -223,8 +223,10 @@ def _get(q: queue.Queue, proc: object, i: int) -> tuple[int, object]:
 
 def _died(proc: object, i: int) -> DecodeWorkerError:
     code = proc.exitcode  # type: ignore[attr-defined]
+    why = ("SIGBUS: /dev/shm full? give it more room or set data.workers lower" if code == -signal.SIGBUS
+           else "killed? out of memory? try data.workers=0")
     return DecodeWorkerError(f"Parquet decode worker {i} died (exit code {code}) before "
-                             "sending its batches (killed? out of memory? try data.workers=0)")
+                             f"sending its batches ({why})")
 
 
 def _serve(factory: Callable[..., Callable[[int], Iterable[T]]], tasks: object, q: object,

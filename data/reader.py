@@ -71,7 +71,7 @@ from data.files import open_parquet
 from data.hashing import splitmix64
 from data.rows import Alloc, Layout, Rows, WindowBuilder, batch_bytes, offsets_of
 from data.schema import Schema, SparseFeature, allowed_kinds, column_kind, screen_files, type_name
-from data.shm_batch import Receiver, SlotRing, slots_that_fit
+from data.shm_batch import Receiver, SlotRing, shm_free_bytes, slot_bytes, slots_that_fit
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -115,6 +115,8 @@ class ParquetReader:
         workers: int = 0,
         pin_memory: bool = False,
         worker_depth: int | None = None,
+        shm_share: float = 1.0,
+        fit_workers: bool = False,
     ) -> None:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} outside world size {world_size}")
@@ -133,6 +135,10 @@ class ParquetReader:
             raise ValueError(f"workers {workers} is negative")
         self.workers = workers  # decode processes (0: the background thread, or none)
         self._depth = worker_depth  # batches a worker decodes ahead (None: worker_depth())
+        # the share of /dev/shm's free space this reader's workers may fill (torchrun: the
+        # processes of a machine share it); fit_workers: fewer workers where it is short
+        # (data.workers=auto), else a short /dev/shm is an error before they start
+        self.shm_share, self.fit_workers = shm_share, fit_workers
         # batches handed out page-locked (CUDA training), pinned off the consumer's thread
         self.pin_memory = pin_memory
         self._pool: DecodePool | None = None  # the decode workers, from the first epoch on
@@ -186,6 +192,8 @@ class ParquetReader:
         if epoch < 0:
             raise ValueError(f"epoch {epoch} is negative")
         self.unseen_ids = {}
+        if self.workers > 0 and self._pool is None:
+            self._fit_shared_memory()
         if self.workers > 0:
             if self._pool is None:  # started once, kept across epochs
                 self._pool = DecodePool(self.workers, self.worker_depth(), _SHARED)
@@ -206,8 +214,8 @@ class ParquetReader:
 
     def worker_depth(self) -> int:
         """Batches each decode worker may hold decoded ahead of the trainer: a whole
-        window's, at least ``prefetch``, as many as half of /dev/shm's free space holds
-        over all workers (``worker_depth=`` given: that).
+        window's, at least ``prefetch``, as many as half of this reader's share of
+        /dev/shm's free space holds over all workers (``worker_depth=`` given: that).
 
         The trainer takes a window's batches from one worker in a row
         (data/decode_workers.py). A worker a few batches ahead assembles the rest of its
@@ -220,8 +228,31 @@ class ParquetReader:
         least = max(self.prefetch, 2)
         window = -(-min(self._window, self._hi - self._lo) // self.local_batch_size)
         batch = batch_bytes(self.local_batch_size, self.layout)
-        room = slots_that_fit(self.workers, batch) - _HELD_BATCHES - IN_FLIGHT
+        room = slots_that_fit(self.workers, batch, 0.5 * self.shm_share) - _HELD_BATCHES - IN_FLIGHT
         return max(least, min(window, room, _MAX_DEPTH))
+
+    def _fit_shared_memory(self) -> None:
+        """Before the workers start: their slots, every one in use at once, within this
+        reader's share of /dev/shm's free space. A slot written past the space is a
+        SIGBUS in its worker, mid-run (Docker's default /dev/shm is 64 MB); so where they
+        do not fit, fewer workers (``fit_workers``) or one line naming the space."""
+        free = shm_free_bytes()
+        if free is None:
+            return
+        room = int(free * self.shm_share)
+        each = (self.worker_depth() + _HELD_BATCHES + IN_FLIGHT) * slot_bytes(
+            batch_bytes(self.local_batch_size, self.layout))
+        if self.workers * each <= room:
+            return
+        fit = room // each
+        if self.fit_workers:
+            self.workers = fit
+            return
+        mib = 1 << 20
+        raise UserError(
+            f"data.workers={self.workers}: their batches need about {self.workers * each // mib:,} MiB of "
+            f"shared memory (/dev/shm), {room // mib:,} MiB free for this process; give /dev/shm more room "
+            f"(docker run --shm-size=...) or set data.workers={fit} or lower (0: no worker processes)")
 
     def worker_pids(self) -> list[int]:
         """Process ids of the decode workers (``workers`` > 0, from the first epoch on)."""

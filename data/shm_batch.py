@@ -196,16 +196,27 @@ class SlotRing:
         self.blocks = [None] * len(self.blocks)
 
 
-def slots_that_fit(workers: int, batch_bytes: int, share: float = 0.5) -> int:
-    """Slots of a ``batch_bytes`` batch each of ``workers`` may make within ``share`` of
-    /dev/shm's free space (a slot is made a quarter larger than its first batch); no
-    limit (2^30) where there is no /dev/shm to ask."""
+def shm_free_bytes() -> int | None:
+    """/dev/shm's free bytes (None: there is none to ask)."""
     try:
         st = os.statvfs(_SHM_DIR)
     except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def slot_bytes(batch_bytes: int) -> int:
+    """A slot made for a batch of ``batch_bytes``: a quarter larger (SlotRing.alloc)."""
+    return batch_bytes + batch_bytes // 4
+
+
+def slots_that_fit(workers: int, batch_bytes: int, share: float = 0.5) -> int:
+    """Slots of a ``batch_bytes`` batch each of ``workers`` may make within ``share`` of
+    /dev/shm's free space; no limit (2^30) where there is no /dev/shm to ask."""
+    free = shm_free_bytes()
+    if free is None:
         return 1 << 30
-    slot = batch_bytes + batch_bytes // 4
-    return int(st.f_bavail * st.f_frsize * share) // max(1, workers) // max(1, slot)
+    return int(free * share) // max(1, workers) // max(1, slot_bytes(batch_bytes))
 
 
 def new_prefix() -> str:

@@ -21,7 +21,7 @@ import torch
 
 from data.batch import Batch
 from data.decode_workers import IN_FLIGHT, DecodeWorkerError, auto_workers
-from data.errors import DataError
+from data.errors import DataError, UserError
 from data.reader import ParquetReader
 from data.schema import Schema
 from data.shm_batch import FREE, SENT, slots_that_fit
@@ -140,7 +140,7 @@ def test_the_workers_depth_is_a_window_within_the_shared_memory(tiny, monkeypatc
         return ParquetReader(files, schema, 4, **kw).worker_depth()
 
     assert depth() == 10 and depth(prefetch=12) == 12 and depth(worker_depth=3) == 3
-    monkeypatch.setattr("data.reader.slots_that_fit", lambda workers, nbytes: 4 + IN_FLIGHT + 6)
+    monkeypatch.setattr("data.reader.slots_that_fit", lambda workers, nbytes, share: 4 + IN_FLIGHT + 6)
     assert depth() == 6 and depth(prefetch=7) == 7
     monkeypatch.undo()
 
@@ -335,3 +335,41 @@ def test_a_pool_whose_start_was_cut_short_closes(tiny, monkeypatch: pytest.Monke
     assert reader.worker_pids() == [started[0].pid]
     reader.close()
     assert not started[0].is_alive() and reader.worker_pids() == []
+
+
+def test_a_short_dev_shm_is_one_line_before_the_workers_start(tiny, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Workers whose slots /dev/shm cannot hold died of SIGBUS mid-run (Docker's 64 MB
+    default: "decode worker died (exit code -7)"). Now: one line naming /dev/shm and
+    the workers that fit before any starts; ``fit_workers`` (data.workers=auto) takes
+    those instead, the batches the same."""
+    from data.rows import batch_bytes
+    from data.shm_batch import slot_bytes
+
+    files, schema = tiny
+    kw = {"shuffle": True, "seed": 7, "shuffle_buffer": 24}
+    probe = ParquetReader(files, schema, 12, workers=3, **kw)
+    each = (probe.worker_depth() + 4 + IN_FLIGHT) * slot_bytes(batch_bytes(12, probe.layout))
+    monkeypatch.setattr("data.reader.shm_free_bytes", lambda: 2 * each + each // 2)  # two workers' room
+    reader = ParquetReader(files, schema, 12, workers=3, **kw)
+    with pytest.raises(UserError, match=r"^data\.workers=3: their batches need about .* of shared memory "
+                                        r"\(/dev/shm\), .* free for this process; .* set data\.workers=2 or lower"):
+        next(reader.epoch(0))
+    assert reader.worker_pids() == []  # none started
+    fitted = ParquetReader(files, schema, 12, workers=3, fit_workers=True, **kw)
+    assert_same(within(120, lambda: list(fitted.epoch(0))), list(ParquetReader(files, schema, 12, **kw).epoch(0)))
+    assert fitted.workers == 2 and len(fitted.worker_pids()) == 2
+    fitted.close()
+    halved = ParquetReader(files, schema, 12, workers=2, shm_share=0.5, **kw)  # two processes share it
+    with pytest.raises(UserError, match=r"set data\.workers=1 or lower"):
+        next(halved.epoch(0))
+
+
+def test_a_worker_killed_by_sigbus_names_dev_shm() -> None:
+    from data.decode_workers import _died
+
+    class Dead:
+        exitcode = -signal.SIGBUS
+
+    assert "/dev/shm full?" in str(_died(Dead(), 1))
+    Dead.exitcode = -signal.SIGKILL
+    assert "/dev/shm" not in str(_died(Dead(), 1)) and "out of memory?" in str(_died(Dead(), 1))

@@ -248,6 +248,9 @@ def order_reader(
         preprocess=preprocess,
         workers=workers,
         pin_memory=pin,
+        # the processes of a machine share /dev/shm; auto fits the workers to it
+        shm_share=1.0 / max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1"))),
+        fit_workers=cfg.data.workers == "auto",
     )
 
 
