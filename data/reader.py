@@ -69,7 +69,7 @@ from data.decode_workers import IN_FLIGHT, DecodePool, Transport
 from data.errors import DataError, UserError
 from data.files import open_parquet
 from data.hashing import splitmix64
-from data.rows import Alloc, Layout, Rows, WindowBuilder, batch_bytes, offsets_of
+from data.rows import Alloc, Layout, Rows, WindowBuilder, batch_specs, offsets_of
 from data.schema import Schema, SparseFeature, allowed_kinds, column_kind, screen_files, type_name
 from data.shm_batch import Receiver, SlotRing, shm_free_bytes, slot_bytes, slots_that_fit
 
@@ -227,9 +227,14 @@ class ParquetReader:
             return max(1, self._depth)
         least = max(self.prefetch, 2)
         window = -(-min(self._window, self._hi - self._lo) // self.local_batch_size)
-        batch = batch_bytes(self.local_batch_size, self.layout)
-        room = slots_that_fit(self.workers, batch, 0.5 * self.shm_share) - _HELD_BATCHES - IN_FLIGHT
+        room = slots_that_fit(self.workers, self._slot_bytes(), 0.5 * self.shm_share) - _HELD_BATCHES - IN_FLIGHT
         return max(least, min(window, room, _MAX_DEPTH))
+
+    def _slot_bytes(self) -> int:
+        """A worker's slot for one of this reader's batches, each feature one id a row
+        (bags of more grow their slots)."""
+        b, features = self.local_batch_size, len(self.layout.packed)
+        return slot_bytes(batch_specs(b, self.layout.n_dense, b * features, features))
 
     def _fit_shared_memory(self) -> None:
         """Before the workers start: their slots, every one in use at once, within this
@@ -240,8 +245,7 @@ class ParquetReader:
         if free is None:
             return
         room = int(free * self.shm_share)
-        each = (self.worker_depth() + _HELD_BATCHES + IN_FLIGHT) * slot_bytes(
-            batch_bytes(self.local_batch_size, self.layout))
+        each = (self.worker_depth() + _HELD_BATCHES + IN_FLIGHT) * self._slot_bytes()
         if self.workers * each <= room:
             return
         fit = room // each

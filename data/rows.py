@@ -17,7 +17,6 @@ may leave a row with no id (a multi-hot bag, or an identity feature under
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -129,13 +128,6 @@ def batch_specs(n: int, n_dense: int, n_values: int, n_features: int
     """(shape, dtype) of a batch's dense, labels, values and lengths, in that order."""
     f32, i64 = np.dtype(np.float32), np.dtype(np.int64)
     return [((n, n_dense), f32), ((n,), f32), ((n_values,), i64), ((n_features * n,), i64)]
-
-
-def batch_bytes(n: int, layout: Layout) -> int:
-    """Bytes of a batch of ``n`` rows whose features hold one id a row (a bag of more
-    makes its batch larger)."""
-    specs = batch_specs(n, layout.n_dense, n * len(layout.packed), len(layout.packed))
-    return sum(math.prod(shape) * dtype.itemsize for shape, dtype in specs)
 
 
 class Scratch:

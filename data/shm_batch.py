@@ -131,7 +131,7 @@ class SlotRing:
         i = self._free_slot()
         shm = self.blocks[i]
         if shm is None or shm.size < need:
-            self._replace(i, need + need // 4)
+            self._replace(i, _grown(need))
         self.state[i] = WRITING  # type: ignore[index]
         self.written.append(i)
         return _lay_out(np.frombuffer(self.blocks[i].buf, np.uint8), specs)
@@ -205,18 +205,24 @@ def shm_free_bytes() -> int | None:
     return st.f_bavail * st.f_frsize
 
 
-def slot_bytes(batch_bytes: int) -> int:
-    """A slot made for a batch of ``batch_bytes``: a quarter larger (SlotRing.alloc)."""
-    return batch_bytes + batch_bytes // 4
+def _grown(need: int) -> int:
+    """A block made for ``need`` bytes is a quarter larger: a later batch may be bigger."""
+    return need + need // 4
 
 
-def slots_that_fit(workers: int, batch_bytes: int, share: float = 0.5) -> int:
-    """Slots of a ``batch_bytes`` batch each of ``workers`` may make within ``share`` of
-    /dev/shm's free space; no limit (2^30) where there is no /dev/shm to ask."""
+def slot_bytes(specs: list[tuple[tuple[int, ...], np.dtype]]) -> int:
+    """The block ``SlotRing.alloc`` makes for a batch of ``specs`` (data/rows.py's
+    ``batch_specs``): its arrays cache-line aligned, a quarter more."""
+    return _grown(max(1, _offsets([(shape, np.dtype(dtype)) for shape, dtype in specs])[-1]))
+
+
+def slots_that_fit(workers: int, slot: int, share: float = 0.5) -> int:
+    """Slots of ``slot`` bytes each of ``workers`` may make within ``share`` of /dev/shm's
+    free space; no limit (2^30) where there is no /dev/shm to ask."""
     free = shm_free_bytes()
     if free is None:
         return 1 << 30
-    return int(free * share) // max(1, workers) // max(1, slot_bytes(batch_bytes))
+    return int(free * share) // max(1, workers) // max(1, slot)
 
 
 def new_prefix() -> str:

@@ -67,8 +67,9 @@ class DataConfig:
     prefetch: int = 4
     # Processes decoding row groups in parallel (data/decode_workers.py), the batches the
     # same as with 0 (one background thread). auto: with CUDA, the cores the training
-    # processes leave free (cores / local ranks - 1); on CPU 0 (the trainer's threads
-    # use every core).
+    # processes leave free (cores / local ranks - 1), as many as /dev/shm holds the
+    # batches of; on CPU 0 (the trainer's threads use every core). A count /dev/shm
+    # cannot hold is one error line before the workers start (docker: --shm-size).
     workers: str = "auto"
     # Benchmark: train on the first epoch's batches read once and kept (on the device under
     # CUDA), replayed every epoch: the step's rate without the input (dlrm/train/staged.py)

@@ -23,8 +23,9 @@ from data.batch import Batch
 from data.decode_workers import IN_FLIGHT, DecodeWorkerError, auto_workers
 from data.errors import DataError, UserError
 from data.reader import ParquetReader
+from data.rows import batch_specs
 from data.schema import Schema
-from data.shm_batch import FREE, SENT, slots_that_fit
+from data.shm_batch import FREE, SENT, slot_bytes, slots_that_fit
 from tests.data_helpers import tiny_dataset, within
 from tests.test_bad_data import SCHEMA, columns, smash_row_group, write
 
@@ -148,7 +149,9 @@ def test_the_workers_depth_is_a_window_within_the_shared_memory(tiny, monkeypatc
         f_bavail, f_frsize = 1000, 4096  # 4,096,000 bytes free
 
     monkeypatch.setattr("os.statvfs", lambda path: Shm)
-    assert slots_that_fit(2, 8000) == 4_096_000 // 2 // 2 // 10_000  # half the space, 2 workers
+    assert slots_that_fit(2, 10_000) == 4_096_000 // 2 // 2 // 10_000  # half the space, 2 workers
+    specs = batch_specs(4, 2, 12, 3)  # dense [4, 2] f32, labels [4], values [12], lengths [12]
+    assert slot_bytes(specs) == (64 + 64 + 128 + 128) * 5 // 4  # each array from a cache line, a quarter more
 
 
 def test_held_batches_stay_intact_while_the_workers_reuse_their_slots(tiny) -> None:
@@ -342,13 +345,12 @@ def test_a_short_dev_shm_is_one_line_before_the_workers_start(tiny, monkeypatch:
     default: "decode worker died (exit code -7)"). Now: one line naming /dev/shm and
     the workers that fit before any starts; ``fit_workers`` (data.workers=auto) takes
     those instead, the batches the same."""
-    from data.rows import batch_bytes
-    from data.shm_batch import slot_bytes
-
     files, schema = tiny
     kw = {"shuffle": True, "seed": 7, "shuffle_buffer": 24}
     probe = ParquetReader(files, schema, 12, workers=3, **kw)
-    each = (probe.worker_depth() + 4 + IN_FLIGHT) * slot_bytes(batch_bytes(12, probe.layout))
+    layout = probe.layout
+    each = (probe.worker_depth() + 4 + IN_FLIGHT) * slot_bytes(
+        batch_specs(12, layout.n_dense, 12 * len(layout.packed), len(layout.packed)))
     monkeypatch.setattr("data.reader.shm_free_bytes", lambda: 2 * each + each // 2)  # two workers' room
     reader = ParquetReader(files, schema, 12, workers=3, **kw)
     with pytest.raises(UserError, match=r"^data\.workers=3: their batches need about .* of shared memory "

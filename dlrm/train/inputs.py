@@ -249,7 +249,7 @@ def order_reader(
         workers=workers,
         pin_memory=pin,
         # the processes of a machine share /dev/shm; auto fits the workers to it
-        shm_share=1.0 / max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1"))),
+        shm_share=1.0 / _local_ranks(),
         fit_workers=cfg.data.workers == "auto",
     )
 
@@ -263,8 +263,12 @@ def decode_workers(cfg: Config) -> int:
     device = cfg.train.device
     if device == "cpu" or (device == "auto" and not torch.cuda.is_available()):
         return 0
-    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    return auto_workers(available_cores(), local_ranks, trainer_threads=1)
+    return auto_workers(available_cores(), _local_ranks(), trainer_threads=1)
+
+
+def _local_ranks() -> int:
+    """This machine's training processes (torchrun's LOCAL_WORLD_SIZE; 1 without it)."""
+    return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
 
 
 def reader_remedy(cfg: Config) -> str:
