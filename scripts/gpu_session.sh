@@ -66,8 +66,8 @@ CONFIG=${CONFIG:-configs/bench_gpu.yaml}  # a dry run elsewhere: a small config
 # Hotline test with SGD, Adagrad or row-wise Adagrad runs it), and Adam's 1 - beta made in
 # fp64 (cuda_equals_cpu adam: 56 and 60 tensors past 3e-4 there; the two-tier Adam
 # kernel test, 3.35e-6, runs with the kernels' own tests)
-NEW_TESTS=${NEW_TESTS:-"update_their_cold_rows or cold_update_host or static_hotline or static_step_with_no_hot_row or (cuda_equals_cpu and adam) or hotline_on_cuda or splits_and_dense or graph_replayed or gather_and_copy_hidden or host_tier_pageable"}
-NEW_FILES=${NEW_FILES:-"tests/test_gpu.py tests/test_hotline_graph.py"}
+NEW_TESTS=${NEW_TESTS:-"update_their_cold_rows or cold_update_host or static_hotline or static_step_with_no_hot_row or (cuda_equals_cpu and adam) or hotline_on_cuda or splits_and_dense or graph_replayed or gather_and_copy_hidden or host_tier_pageable or window_on_cuda"}
+NEW_FILES=${NEW_FILES:-"tests/test_gpu.py tests/test_hotline_graph.py tests/test_hotline_access_window.py"}
 mkdir -p "$OUT"
 export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 {

@@ -22,7 +22,6 @@ import torch
 from dlrm.config import load_config
 from dlrm.train.hotline import HotlineSteps
 from embeddings.collection import LocalEmbeddingCollection
-from embeddings.hotline.profile import count_accesses
 from embeddings.hotline.tiers import HotlineEmbeddingCollection
 from embeddings.optim import make_sparse_optimizer
 from tests.conftest import TINY
@@ -142,13 +141,14 @@ def test_the_rows_written_over_a_long_window_reach_the_swap_once_each(monkeypatc
         return refresh(plan, touched_rows)
 
     monkeypatch.setattr(coll, "refresh", spy)
-    steps.counts = count_accesses(kjts, tables)
+    for kjt in kjts:
+        steps.window.add(kjt)
     steps.after_step(200)  # plans
     written = [torch.arange(s % 50, s % 50 + 20) for s in range(150)]  # 150 steps' rows, overlapping
     for ids in written:
         steps._touch(SimpleNamespace(host_ids=ids))
     assert len(steps._touched) < 64
-    steps.counts = count_accesses(kjts[:1], tables)
+    steps.window.add(kjts[0])
     steps.after_step(400)  # swaps
     assert len(swapped) == 1
     assert torch.equal(torch.unique(swapped[0]), torch.unique(torch.cat(written)))
@@ -175,7 +175,8 @@ def test_trainer_plans_in_the_background_and_swaps_at_the_next_refresh_step(monk
         return plan_refresh(profile)
 
     monkeypatch.setattr(coll, "plan_refresh", spy)
-    steps.counts = count_accesses(kjts, tables)
+    for kjt in kjts:
+        steps.window.add(kjt)
     first = coll.hot_ids.clone()
     steps.after_step(2)  # a refresh step: the plan starts
     assert torch.equal(coll.hot_ids, first)  # not swapped yet
@@ -183,7 +184,7 @@ def test_trainer_plans_in_the_background_and_swaps_at_the_next_refresh_step(monk
     assert planned_on and planned_on[0].startswith("hotline-refresh")
     steps.after_step(3)  # not a refresh step: the plan waits, done or not
     assert torch.equal(coll.hot_ids, first) and steps.stats()["refreshes"] == 0
-    steps.counts = count_accesses(kjts[:1], tables)
+    steps.window.add(kjts[0])
     steps.after_step(4)  # the next refresh step: swapped in, and the next one planned
     assert torch.equal(coll.hot_ids, plan.ids) and not torch.equal(plan.ids, first)
     assert steps._next_hot is not None

@@ -68,9 +68,9 @@ def test_the_refresh_pause_says_its_wait_for_the_plan(tiny_data, tmp_path: Path,
 
     plan = HotlineSteps._make_plan
 
-    def slow_plan(self, counts):
+    def slow_plan(self, keys, seen):
         time.sleep(3.0)  # past any window of 5 tiny steps, however loaded the machine
-        return plan(self, counts)
+        return plan(self, keys, seen)
 
     monkeypatch.setattr(HotlineSteps, "_make_plan", slow_plan)
     stats = run(tiny_data, tmp_path / "hot", "optim.sparse=rowwise_adagrad", *HOTLINE, "hotline.refresh_every=5")[
@@ -78,7 +78,7 @@ def test_the_refresh_pause_says_its_wait_for_the_plan(tiny_data, tmp_path: Path,
     assert stats["refreshes"] == 1
     assert 1000 < stats["refresh_wait_ms"] <= stats["refresh_pause_ms"], stats
     assert stats["refresh_wait_ms"] < stats["plan_ms"] and stats["plan_ms"] >= 3000, stats
-    assert 0 < stats["count_ms"] < 1000, stats  # a tiny batch's counting
+    assert 0 < stats["count_ms"] < 1000, stats  # keying a tiny batch's lookups
 
 
 def test_hotline_resume_equals_uninterrupted(tiny_data, tmp_path: Path) -> None:

@@ -55,9 +55,16 @@ import torch
 
 from data.batch import Batch
 from dlrm.config import Config, ConfigError
-from dlrm.parallel.distributed import DistInfo, all_reduce_sum
+from dlrm.parallel.distributed import DistInfo, all_gather_rows, all_reduce_sum
 from dlrm.train.split_graphs import GraphedSplits
 from dlrm.train.split_graphs import why_not as split_graphs_why_not
+from embeddings.hotline.access_window import (
+    AccessWindow,
+    Counts,
+    by_table,
+    from_tables,
+    merge_counts,
+)
 from embeddings.hotline.lookups import ColdInFlight
 from embeddings.hotline.mixed import MixedMicro
 from embeddings.hotline.profile import HotProfile, count_accesses, default_max_batches, row_bytes
@@ -76,6 +83,7 @@ from embeddings.plan.sizes import format_bytes, parse_size
 from embeddings.table import TableSpec
 
 PROFILE_FILE = "hot_profile.pt"
+WindowCounts = Counts | Future[Counts]  # a window's counts, or the planner's future of them
 
 
 def make_profile(
@@ -269,16 +277,15 @@ class HotlineSteps:
         self._planner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hotline-refresh")
         self._next_hot: Future[RefreshPlan] | None = None
         self._touched: list[torch.Tensor] = []  # host rows cold updates wrote since the plan began
-        # the window's access counts, added on the planner thread (``_observe``: 1 ms a
-        # step of random writes into 34M rows' counts for bench_gpu, off the step loop);
-        # read through ``_counted``, which waits for the counts queued before
-        self.counts: dict[str, torch.Tensor] | None = None
-        self._counting: Future[None] | None = None
-        # the planner thread's own time, the whole run (written there only): its plans
-        # and their count, its counting and the steps counted. A refresh waits for a plan
-        # that outlasts a window: these say whether the plan or the counting did.
+        # the window's lookups, keyed on the device at each step and merged on the planner
+        # thread (embeddings/hotline/access_window.py: no host pass over the ids, no
+        # count per row of every table)
+        self.window = (AccessWindow(self.tables, self.device, self._planner) if cfg.hotline.refresh_every
+                       else None)
+        # the planner thread's time (plans), the step loop's keying of a batch's lookups
+        # (count): a refresh waits for a plan that outlasts its window
         self._planner_s = {"plan": 0.0, "plans": 0.0, "count": 0.0, "counted": 0.0}
-        self._pending: dict[str, torch.Tensor] | None = None  # the counts _next_hot is planned from
+        self._pending: WindowCounts | None = None  # the counts _next_hot is planned from
         self._window: dict[str, float] = {}
         self._total: dict[str, float] = {}
         self.reset_window()
@@ -325,7 +332,7 @@ class HotlineSteps:
         if upcoming is not None:
             self._ahead = self._issue(upcoming)
         dev, split = self._use(made)
-        self._observe(batch, sizes)
+        self._observe(batch, dev, sizes)
         yield from self._one_pass(made, dev, split, sizes)
         if self._ahead is not None:
             # The next batch's header, read after this batch's work is queued. On CUDA
@@ -463,29 +470,17 @@ class HotlineSteps:
         self._window["ids_wait"] += getattr(cold, "ids_wait_s", 0.0)
         return cold
 
-    def _observe(self, batch: Batch, sizes: Sizes) -> None:
+    def _observe(self, batch: Batch, dev: Batch, sizes: Sizes) -> None:
         w = self._window
         w["steps"] += 1
         lookups = sizes.hot0 + sizes.cold0 + sizes.hot1 + sizes.cold1
         w["hit"] += (sizes.hot0 + sizes.hot1) / max(lookups, 1)
         w["popular"] += sizes.popular / max(batch.size, 1)
-        if self.cfg.hotline.refresh_every:  # in place, O(the batch's ids); the host's copy of them
-            self._counting = self._planner.submit(self._count, batch.sparse)
-
-    def _count(self, sparse: Any) -> None:
-        """On the planner thread, in step order (one thread, FIFO): a batch's ids added
-        to the window's counts (the first makes them)."""
-        t0 = time.perf_counter()
-        self.counts = count_accesses([sparse], self.tables, into=self.counts)
-        self._planner_s["count"] += time.perf_counter() - t0
-        self._planner_s["counted"] += 1
-
-    def _counted(self) -> dict[str, torch.Tensor] | None:
-        """The window's counts once every batch queued so far is in them."""
-        if self._counting is not None:
-            self._counting.result()
-            self._counting = None
-        return self.counts
+        if self.window is not None:  # the device batch's lookups, keyed where they are
+            t0 = time.perf_counter()
+            self.window.add(dev.sparse)
+            self._planner_s["count"] += time.perf_counter() - t0
+            self._planner_s["counted"] += 1
 
     def announce_next_reads(self) -> None:
         """Before the step's host update is queued (the trainer's static step calls this
@@ -552,14 +547,23 @@ class HotlineSteps:
             self.embeddings.refresh(plan, touched)
             self._next_hot = self._pending = None
             self._window["refreshes"] += 1
-        if self._counted() is not None:
-            counts = sum_counts(self.counts, self.tables, self.info)  # a collective: here, on every rank
-            self.counts = None
+        if self.window is not None:
             self._touched = []
-            self._submit(counts)
+            self._submit(self._take_window())
         self._window["refresh"] += time.perf_counter() - t0
 
-    def _submit(self, counts: dict[str, torch.Tensor]) -> None:
+    def _take_window(self) -> WindowCounts:
+        """The window's counts (a new window begins): one process, as the planner will
+        make them (it plans after); several ranks, summed (a collective: here, on every
+        rank), on the host."""
+        assert self.window is not None
+        made = self.window.take()
+        if self.info.world_size == 1:
+            return made
+        keys, seen = (t.cpu() for t in made.result())
+        return merge_counts(all_gather_rows(keys, self.info), all_gather_rows(seen, self.info))
+
+    def _submit(self, counts: WindowCounts) -> None:
         """Plan the hot set ``counts`` choose on the planner thread (swapped in by the
         next ``after_step``)."""
         self._pending = counts
@@ -571,42 +575,44 @@ class HotlineSteps:
         a planned refresh was made from. Several ranks (a collective; every rank
         saves): the counts are summed into rank 0's and the others' zeroed, which
         leaves the next refresh's sum the same. A resume (``resume``) takes them back."""
-        if not self.cfg.hotline.refresh_every:
+        if self.window is None:
             return
-        self._counted()
-        if self.info.world_size > 1:
-            mine = self.counts if self.counts is not None else count_accesses([], self.tables)
-            summed = sum_counts(mine, self.tables, self.info)
-            self.counts = summed if self.info.is_main else None
-        self.embeddings.refresh_state = {"counts": _sparse(self.counts), "pending": _sparse(self._pending)}
+        counts = _on_host(self._take_window())
+        if self.info.is_main:  # the window goes on from them
+            self.window.seed(counts)
+        self.embeddings.refresh_state = {"counts": by_table(counts, self.tables),
+                                         "pending": by_table(_on_host(self._pending), self.tables)}
 
     def resume(self) -> None:
         """After a checkpoint loaded: the refresh's inputs it saved (``before_save``),
         the counts on rank 0 (the sum of every rank's), a planned refresh planned again."""
         saved = self.embeddings.refresh_state
-        if not saved or not self.cfg.hotline.refresh_every:
+        if not saved or self.window is None:
             return
-        self._counted()
-        if self.info.is_main and saved["counts"] is not None:
-            self.counts = _dense(saved["counts"], self.tables)
+        if self.info.is_main:
+            self.window.seed(from_tables(saved["counts"], self.tables))
         if saved["pending"] is not None:
-            self._submit(_dense(saved["pending"], self.tables))
+            self._submit(from_tables(saved["pending"], self.tables))
 
-    def _plan(self, counts: dict[str, torch.Tensor]) -> RefreshPlan:
+    def _plan(self, counts: WindowCounts) -> RefreshPlan:
         """On the planner thread: the hot set the counts choose, and how to get there."""
         t0 = time.perf_counter()
-        plan = self._make_plan(counts)
+        assert self.window is not None
+        with self.window.planner_stream():
+            plan = self._make_plan(*(counts.result() if isinstance(counts, Future) else counts))
         self._planner_s["plan"] += time.perf_counter() - t0
         self._planner_s["plans"] += 1
         return plan
 
-    def _make_plan(self, counts: dict[str, torch.Tensor]) -> RefreshPlan:
+    def _make_plan(self, keys: torch.Tensor, seen: torch.Tensor) -> RefreshPlan:
+        """The plan from the window's counts (``AccessWindow``'s keys and counts), ranked
+        on the hot tier's device."""
         optimizer = make_sparse_optimizer(self.cfg.optim.sparse, self.cfg.optim.eps,
                                           self.cfg.embeddings.state_dtype)
         budget = parse_size(self.cfg.hotline.budget) or 0
         # the rows hot now fill what room the window's rows leave (choose_hot_rows)
-        profile = HotProfile.build(counts, self.tables, optimizer, budget, keep=self.embeddings.hot_rows(),
-                                   fill=self.cfg.hotline.fill_unseen)
+        profile = HotProfile.chosen(keys.to(self.device), seen.to(self.device), self.tables, optimizer, budget,
+                                    keep=self.embeddings.hot_rows(), fill=self.cfg.hotline.fill_unseen)
         plan = self.embeddings.plan_refresh(profile)
         self.embeddings.prefetch_entering(plan)  # after this step's queued host update
         return plan
@@ -619,6 +625,7 @@ class HotlineSteps:
         self.reset_window()
         w = self._total if whole_run else self._last
         p = dict(self._planner_s)
+        merge_s = self.window.merge_s if self.window is not None else 0.0
         steps = max(w["steps"], 1)
         gather, transfer, wait = w["gather"], w["transfer"], w["wait"]
         busy = gather + transfer
@@ -641,9 +648,10 @@ class HotlineSteps:
             # window's counts; a window shorter than the plan takes makes the step wait:
             # a larger refresh_every hides it)
             "refresh_wait_ms": 1000 * w["refresh_wait"] / w["refreshes"] if w["refreshes"] else 0.0,
-            # the planner thread's time (the whole run): a plan, and a step's counting; a
-            # window of refresh_every steps shorter than both makes the refresh wait
-            "plan_ms": 1000 * p["plan"] / p["plans"] if p["plans"] else 0.0,
+            # the planner thread's time a plan (the whole run; its merges of the windows'
+            # keys included): a window of refresh_every steps shorter makes the refresh
+            # wait; and the step loop's time a step keying its lookups for the window
+            "plan_ms": 1000 * (p["plan"] + merge_s) / p["plans"] if p["plans"] else 0.0,
             "count_ms": 1000 * p["count"] / p["counted"] if p["counted"] else 0.0,
             # mini-batches whose split was made a step ahead; those made again at their
             # step (the hot set changed in between, or another batch came)
@@ -671,25 +679,9 @@ class HotlineSteps:
         self._planner.shutdown(wait=True)
 
 
-def _sparse(counts: dict[str, torch.Tensor] | None) -> dict[str, torch.Tensor] | None:
-    """Per-table access counts as [2, n] (the rows seen, their counts): a checkpoint
-    holds the rows seen, not a count per row of every table."""
+def _on_host(counts: WindowCounts | None) -> Counts | None:
+    """A window's counts (made or in the making) as host tensors."""
     if counts is None:
         return None
-    out = {}
-    for name, c in counts.items():
-        rows = c.nonzero().flatten()
-        out[name] = torch.stack([rows, c.index_select(0, rows)])
-    return out
-
-
-def _dense(counts: dict[str, torch.Tensor], tables: list[TableSpec]) -> dict[str, torch.Tensor]:
-    """``_sparse``'s inverse, a count per row of every table."""
-    out = {}
-    for t in tables:
-        full = torch.zeros(t.rows, dtype=torch.int64)
-        if t.name in counts:
-            rows, seen = counts[t.name]
-            full.index_put_((rows,), seen)
-        out[t.name] = full
-    return out
+    keys, seen = counts.result() if isinstance(counts, Future) else counts
+    return keys.cpu(), seen.cpu()

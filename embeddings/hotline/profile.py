@@ -52,7 +52,8 @@ def count_accesses(
     A batch costs O(its ids), not O(the tables' rows): the ids are added in place
     (``index_add_``). A ``bincount(minlength=rows)`` per feature, then a new sum, made
     Hotline's per-step counting (``hotline.refresh_every``) walk every row of every
-    table at every step: 8.5k samples/s instead of 220k with a 55M-row table.
+    table at every step: 8.5k samples/s instead of 220k with a 55M-row table. (A
+    refresh's window is counted on the device since: access_window.py.)
     """
     counts = into if into is not None else {t.name: torch.zeros(t.rows, dtype=torch.int64) for t in tables}
     table_of = {f: t.name for t in tables for f in t.features}
@@ -99,42 +100,78 @@ def choose_hot_rows(
     them, not of every row of every table): memory and time follow the rows seen and
     the budget, not the tables' size.
     """
-    return _choose(*_candidates(counts, tables, keep), tables, optimizer, budget_bytes, fill)
+    keys, seen = _with_kept(*_candidates(counts, tables), tables, keep)
+    return _choose(keys, seen, tables, optimizer, budget_bytes, fill)[0]
 
 
-def _candidates(counts: dict[str, torch.Tensor], tables: list[TableSpec],
-                keep: dict[str, torch.Tensor] | None) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """Per table the rows ranked (counted at least once, or kept: ascending row ids) and
+def table_starts(tables: list[TableSpec]) -> torch.Tensor:
+    """[T + 1] int64: where each table's rows start when the tables are stacked in their
+    order (the ranking's key: start + row id), then the total rows."""
+    rows = torch.tensor([0] + [t.rows for t in tables], dtype=torch.int64)
+    return torch.cumsum(rows, 0)
+
+
+def in_sorted(values: torch.Tensor, sorted_ids: torch.Tensor) -> torch.Tensor:
+    """``torch.isin(values, sorted_ids)`` for ascending ``sorted_ids``: a sorted search
+    (500k hot ids against 500k: 20 ms here where isin, which sorts both, took 112 ms)."""
+    if sorted_ids.numel() == 0:
+        return torch.zeros_like(values, dtype=torch.bool)
+    at = torch.searchsorted(sorted_ids, values).clamp_(max=sorted_ids.numel() - 1)
+    return sorted_ids.index_select(0, at) == values
+
+
+def _candidates(counts: dict[str, torch.Tensor], tables: list[TableSpec]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rows counted at least once as stacked keys (``table_starts``), ascending, and
     their counts (int64; a table's counts sum to its lookups)."""
-    rows = []
-    for t in tables:
-        ranked = counts[t.name] != 0
-        kept = keep.get(t.name) if keep is not None else None
-        if kept is not None and kept.numel():
-            ranked[kept.to(torch.int64).cpu()] = True
-        rows.append(torch.nonzero(ranked).squeeze(1))  # ascending row ids: seen, or kept
-    return rows, [counts[t.name][r].to(torch.int64) for t, r in zip(tables, rows, strict=True)]
+    starts = table_starts(tables).tolist()
+    rows = [torch.nonzero(counts[t.name]).squeeze(1) for t in tables]
+    keys = torch.cat([r + starts[i] for i, r in enumerate(rows)])
+    return keys, torch.cat([counts[t.name][r].to(torch.int64) for t, r in zip(tables, rows, strict=True)])
 
 
-def _choose(rows: list[torch.Tensor], counted: list[torch.Tensor], tables: list[TableSpec],
-            optimizer: SparseOptimizer, budget_bytes: int, fill: bool) -> dict[str, torch.Tensor]:
-    """``choose_hot_rows`` from the ``_candidates``."""
-    sizes = [r.numel() for r in rows]
-    table_idx = torch.repeat_interleave(torch.arange(len(tables)), torch.tensor(sizes, dtype=torch.int64))
-    row_id = torch.cat(rows)
-    seen = torch.cat(counted)
-    cost = torch.tensor([row_bytes(t, optimizer) for t in tables], dtype=torch.int64)
-    # Candidates are in (table order, row id) order; a stable sort keeps it for ties.
+def _with_kept(keys: torch.Tensor, seen: torch.Tensor, tables: list[TableSpec],
+               keep: dict[str, torch.Tensor] | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Candidates ``keys`` (ascending; ``seen``: their counts) and the rows of ``keep`` not
+    among them, at count 0, in key order (on ``keys``' device)."""
+    if keep is None or not any(ids.numel() for ids in keep.values()):
+        return keys, seen
+    starts = table_starts(tables).tolist()
+    kept = torch.cat([keep[t.name].to(torch.int64).cpu() + starts[i] for i, t in enumerate(tables)
+                      if t.name in keep]).to(keys.device)
+    extra = kept[~in_sorted(kept, keys)]
+    if extra.numel() == 0:
+        return keys, seen
+    keys, order = torch.sort(torch.cat([keys, extra]))
+    return keys, torch.cat([seen, torch.zeros_like(extra)]).index_select(0, order)
+
+
+def _choose(keys: torch.Tensor, seen: torch.Tensor, tables: list[TableSpec], optimizer: SparseOptimizer,
+            budget_bytes: int, fill: bool) -> tuple[dict[str, torch.Tensor], list[int], list[int]]:
+    """``choose_hot_rows`` over candidates ``keys`` (stacked, ascending; on any device) and
+    their counts ``seen``: the hot rows per table (on the host), and per table the
+    candidates' lookups and those of its hot rows."""
+    device = keys.device
+    starts = table_starts(tables).to(device)
+    table_idx = torch.searchsorted(starts[1:], keys, right=True)
+    cost = torch.tensor([row_bytes(t, optimizer) for t in tables], dtype=torch.int64, device=device)
+    # Candidates are in key (table, row id) order; a stable sort keeps it for ties.
     order = torch.sort(seen, descending=True, stable=True).indices
     taken = order[torch.cumsum(cost[table_idx[order]], 0) <= budget_bytes]
-    # taken in candidate order is each table's rows, ascending, one table after the other
-    taken = torch.sort(taken).values
-    per_table = torch.bincount(table_idx[taken], minlength=len(tables)).tolist()
-    out = dict(zip([t.name for t in tables], torch.split(row_id[taken], per_table), strict=True))
-    room = budget_bytes - int(cost[table_idx[taken]].sum())
+    taken = torch.sort(taken).values  # in key order: each table's rows ascending, table after table
+    hot_keys = keys.index_select(0, taken)
+    sums = torch.zeros(3, len(tables), dtype=torch.int64, device=device)
+    sums[0].index_add_(0, table_idx, seen)
+    sums[1].index_add_(0, table_idx.index_select(0, taken), seen.index_select(0, taken))
+    sums[2].index_add_(0, table_idx.index_select(0, taken), cost.index_select(0, table_idx.index_select(0, taken)))
+    lookups, hot_lookups, used = sums.cpu().tolist()
+    hot_keys, starts = hot_keys.cpu(), starts.cpu()
+    bounds = torch.searchsorted(hot_keys, starts).tolist()
+    out = {t.name: hot_keys[lo:hi] - int(starts[i])
+           for i, (t, lo, hi) in enumerate(zip(tables, bounds[:-1], bounds[1:], strict=True))}
+    room = budget_bytes - sum(used)
     if fill and room > 0 and taken.numel() == order.numel():  # every ranked row hot, room left
         fill_unseen(out, tables, cost.tolist(), room)
-    return out
+    return out, lookups, hot_lookups
 
 
 def fill_unseen(hot: dict[str, torch.Tensor], tables: list[TableSpec], cost: list[int], room: int) -> None:
@@ -181,15 +218,19 @@ class HotProfile:
         """The hot set ``counts`` choose (``keep``, ``fill``: see ``choose_hot_rows``).
         The lookups are summed over the ranked rows' counts, not over every row of every
         table (a refresh's plan over bench_gpu's 34M rows: 26 ms a plan)."""
-        rows, counted = _candidates(counts, tables, keep)
-        hot = _choose(rows, counted, tables, optimizer, budget_bytes, fill)
+        return HotProfile.chosen(*_candidates(counts, tables), tables, optimizer, budget_bytes, keep, fill)
+
+    @staticmethod
+    def chosen(keys: torch.Tensor, seen: torch.Tensor, tables: list[TableSpec], optimizer: SparseOptimizer,
+               budget_bytes: int, keep: dict[str, torch.Tensor] | None = None, fill: bool = True) -> HotProfile:
+        """``build`` from the rows counted at least once as stacked keys (``table_starts``;
+        ascending, distinct, on any device) and their counts ``seen``: a refresh's, from
+        its window (embeddings/hotline/access_window.py), ranked where the window is."""
+        keys, seen = _with_kept(keys, seen, tables, keep)
+        hot, lookups, hot_lookups = _choose(keys, seen, tables, optimizer, budget_bytes, fill)
         summary = {
-            t.name: {
-                "lookups": int(seen.sum()),
-                "hot_lookups": int(counts[t.name][hot[t.name]].sum()),
-                "hot_rows": int(hot[t.name].numel()),
-            }
-            for t, seen in zip(tables, counted, strict=True)
+            t.name: {"lookups": lookups[i], "hot_lookups": hot_lookups[i], "hot_rows": int(hot[t.name].numel())}
+            for i, t in enumerate(tables)
         }
         features = {f: t.name for t in tables for f in t.features}
         return HotProfile(hot, features, budget_bytes, summary)

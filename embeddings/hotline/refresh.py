@@ -1,7 +1,7 @@
 """A new hot set swapped in at a step boundary, moving only the rows that change.
 
-    old hot ids [H]   ──┐ plan (host arithmetic on sorted ids: any thread, in the
-    new hot ids [H']  ──┘ background while steps go on)
+    old hot ids [H]   ──┐ plan (searches of sorted ids, on the hot tier's device: any
+    new hot ids [H']  ──┘ thread, in the background while steps go on)
         stay   rows hot before and after: new slot ◄── old slot   (device to device)
         leave  rows no longer hot: written home (weight + per-row state)
         enter  rows newly hot: read from the host tier, ahead on the planner's thread
@@ -24,7 +24,7 @@ import torch
 
 from embeddings.hotline.host_tier import HostTier
 from embeddings.hotline.hot_tier import HotTier
-from embeddings.hotline.profile import HotProfile
+from embeddings.hotline.profile import HotProfile, in_sorted
 
 
 @dataclass
@@ -51,23 +51,18 @@ class RefreshPlan:
         return self.leave_old.numel() + self.enter_new.numel()
 
 
-def plan_refresh(old_ids: torch.Tensor, new_ids: torch.Tensor, profile: HotProfile) -> RefreshPlan:
-    """The plan from hot set ``old_ids`` to ``new_ids`` (both sorted, on the host)."""
-    stays_in_new = _in_sorted(new_ids, old_ids)
-    stays_in_old = _in_sorted(old_ids, new_ids)
+def plan_refresh(old_ids: torch.Tensor, new_ids: torch.Tensor, profile: HotProfile,
+                 device: torch.device | None = None) -> RefreshPlan:
+    """The plan from hot set ``old_ids`` to ``new_ids`` (both sorted, on the host), its
+    searches run on ``device`` (the hot tier's: 500k ids against 500k took 36 ms on one
+    core here), the plan's tensors on the host."""
+    old, new = (old_ids, new_ids) if device is None else (old_ids.to(device), new_ids.to(device))
+    stays_in_new = in_sorted(new, old)
+    stays_in_old = in_sorted(old, new)
     stay_new = stays_in_new.nonzero().flatten()
-    stay_old = torch.searchsorted(old_ids, new_ids[stay_new])
-    return RefreshPlan(profile, old_ids, new_ids, stay_old, stay_new,
-                       (~stays_in_old).nonzero().flatten(), (~stays_in_new).nonzero().flatten())
-
-
-def _in_sorted(values: torch.Tensor, sorted_ids: torch.Tensor) -> torch.Tensor:
-    """``torch.isin(values, sorted_ids)`` for ascending ``sorted_ids``: a sorted search
-    (500k hot ids against 500k: 20 ms here where isin, which sorts both, took 112 ms)."""
-    if sorted_ids.numel() == 0:
-        return torch.zeros_like(values, dtype=torch.bool)
-    at = torch.searchsorted(sorted_ids, values).clamp_(max=sorted_ids.numel() - 1)
-    return sorted_ids.index_select(0, at) == values
+    stay_old = torch.searchsorted(old, new.index_select(0, stay_new))
+    moves = (stay_old, stay_new, (~stays_in_old).nonzero().flatten(), (~stays_in_new).nonzero().flatten())
+    return RefreshPlan(profile, old_ids, new_ids, *(t.cpu() for t in moves))
 
 
 def prefetch_entering(tier: HostTier, plan: RefreshPlan) -> None:

@@ -206,7 +206,9 @@ class HotlineEmbeddingCollection(EmbeddingCollection):
             ids = profile.hot.get(t.name, torch.zeros(0, dtype=torch.int64)).to(torch.int64).cpu()
             if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= t.rows):
                 raise ValueError(f"hot profile: table {t.name!r} has row ids outside [0, {t.rows})")
-            parts.append(torch.unique(ids) + self.row_offsets[t.name])
+            if ids.numel() > 1 and not bool((ids[1:] > ids[:-1]).all()):  # a chosen set is: no sort
+                ids = torch.unique(ids)
+            parts.append(ids + self.row_offsets[t.name])
         return torch.cat(parts)
 
     def _load_hot(self, stacked: torch.Tensor, device: torch.device) -> None:
@@ -260,9 +262,10 @@ class HotlineEmbeddingCollection(EmbeddingCollection):
         self.tier.write_rows(self.hot.ids, self.hot.weight.data, self.hot.state)
 
     def plan_refresh(self, profile: HotProfile) -> RefreshPlan:
-        """The rows that stay, leave and enter to reach ``profile``'s hot set: host
-        arithmetic on ids only, so another thread may build it while steps go on."""
-        return plan_refresh(self._hot_ids_host, self._stacked_hot_ids(profile), profile)
+        """The rows that stay, leave and enter to reach ``profile``'s hot set: searches of
+        ids only (on the hot tier's device, on the caller's stream: the planner's), so
+        another thread may build it while steps go on."""
+        return plan_refresh(self._hot_ids_host, self._stacked_hot_ids(profile), profile, self.hot.device)
 
     def prefetch_entering(self, plan: RefreshPlan) -> None:
         """One process: read ``plan``'s entering rows on the host now (any thread);
