@@ -290,6 +290,9 @@ class TrainConfig:
     # (operators by time) and .json (Chrome trace); 0 steps = off
     profile_start: int = 10
     profile_steps: int = 0
+    # torch: the profiler above (the steps run eager); python: cProfile of the step loop's
+    # Python, the steps as they run (CUDA graphs too): RUN/profile/rank-R-python.txt
+    profile_mode: Literal["torch", "python"] = "torch"
     progress: bool = True
     # Print the resolved config and the full sharding plan at start (dlrm train
     # --print-config); off: a short header, the config is in RUN/config.yaml

@@ -51,7 +51,8 @@
 #   2. native with optim.dense=adagrad (the default; dlrm/train/adagrad.py, graphed since
 #      2026-11-27), hotline and hotline_bf16_tables with the cold update before
 #      (hotline.cold_update=host: the gradient home, the host's update; now in the replay),
-#      hotline with a refresh every 30 steps (issue 22: the refresh's pause), the embedding
+#      hotline with a refresh every 30 steps (issue 22: the refresh's pause), hotline's step
+#      loop under cProfile (train.profile_mode=python: where its host time goes), the embedding
 #      kernels alone (python -m dlrm.bench.kernels: bytes/s per path), the hotline.budget
 #      sweep at 512MB and 2GB (64MB: 1,203,263 on 2026-11-27's evening), native_fp16_tables
 #      and torch_baseline
@@ -214,6 +215,12 @@ bench() {
     # the 2026-11-27 H200 (5 in 166 steps: 735,884 samples/s against 1,170,850)
     echo "== hotline, hotline.refresh_every=30"
     bench_part refresh 45 --engines hotline "$@" hotline.refresh_every=30
+    # where the captured Hotline step's host time goes (its replay took 1.47 ms of GPU time
+    # of a 3.44 ms step on the 2026-11-27 H200): cProfile of the step loop's thread, the
+    # steps still captured (train.profile_mode=python), microseconds a step per function
+    echo "== hotline, the step loop under cProfile (steps 60..89)"
+    bench_part hostprof 45 --engines hotline "$@" train.profile_mode=python train.profile_start=60 \
+      train.profile_steps=30
     echo "== embedding kernels alone"
     timeout -k 5 "$(upto 40)" "$PY" -m dlrm.bench.kernels --config "$CONFIG"
     echo "== hotline.budget sweep (128MB: the main rows)"
@@ -223,6 +230,14 @@ bench() {
   } >"$OUT/bench_extra.log" 2>&1
   grep -E "^  [a-z_0-9]+@|FAILED|^==|budget|GB/s|^ +[0-9]+[KMGT]?B |hot hit rate|steps: hotline step static|\"step_mode\"" \
     "$OUT/bench_extra.log" | tail -34
+  local prof
+  prof=$(find /tmp/bench_gpu/hostprof -name 'rank-0-python.txt' 2>/dev/null | head -1)
+  if [ -n "$prof" ]; then  # the whole file is in runs.tgz
+    echo "== hotline's step loop under cProfile ($prof)"
+    head -2 "$prof"
+    grep -A16 "== by own" "$prof"
+    grep -A24 "== by with callees" "$prof"
+  fi
   tar czf "$OUT/runs.tgz" -C /tmp/bench_gpu --exclude='checkpoints' --exclude='data' . 2>/dev/null
   return $code
 }

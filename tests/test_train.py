@@ -190,6 +190,36 @@ def test_profile_steps_writes_operator_table_and_trace(tiny_data, tmp_path: Path
     assert not list((run / "profile").glob(".*"))  # temp names renamed away
 
 
+def test_python_profile_mode_times_the_step_loops_functions(tiny_data, tmp_path: Path) -> None:
+    """train.profile_mode=python: cProfile of the profiled steps' Python (Hotline's step
+    loop here), by own time and by time with callees; no operator table, no trace, and
+    the steps keep their mode (a captured step stays captured: only torch's mode
+    forces eager, checked on the graphs' reasons)."""
+    from types import SimpleNamespace
+
+    from dlrm.train.graphs import why_not
+
+    run = tmp_path / "python"
+    run_train(tiny_data, run, **{"train.max_steps": 8, "train.profile_start": 3, "train.profile_steps": 2,
+                                 "train.profile_mode": "python", "data.eval": "",
+                                 "embeddings.placement": "hotline", "hotline.budget": "64KB"})
+    text = (run / "profile" / "rank-0-python.txt").read_text()
+    assert text.startswith("steps 3..4, rank 0, the step loop's thread under cProfile")
+    assert "page faults" in text.splitlines()[1]
+    by_own, by_cumulative = text.split("== by own time")[1].split("== by with callees time")
+    assert "run_backward" in by_own and "hotline.py" in by_cumulative  # the Hotline step loop's
+    rows = [line.split() for line in by_cumulative.splitlines()[1:] if line.strip()]
+    assert [float(r[1]) for r in rows] == sorted((float(r[1]) for r in rows), reverse=True)
+    assert any(r[3].endswith("(_forward_backward)") and float(r[2]) == 1.0 for r in rows)  # once a step
+    assert not (run / "profile" / "rank-0.txt").exists() and not (run / "profile" / "rank-0.json").exists()
+    cfg = SimpleNamespace(embeddings=SimpleNamespace(placement="sharded", backend="native", kernels="triton",
+                                                     fused=True),
+                          train=SimpleNamespace(accumulate=1, profile_steps=2, profile_mode="python"))
+    assert why_not(cfg, torch.device("cuda"), 1) is None
+    cfg.train.profile_mode = "torch"
+    assert "profile_steps" in why_not(cfg, torch.device("cuda"), 1)
+
+
 def test_profile_window_past_the_end_still_writes(tiny_data, tmp_path: Path) -> None:
     run = tmp_path / "short"
     run_train(tiny_data, run, **{"train.max_steps": 5, "train.profile_start": 3,

@@ -50,7 +50,8 @@ def why_not(cfg: Any, device: torch.device, world_size: int) -> str | None:
         (cfg.embeddings.backend != "native", f"embeddings.backend={cfg.embeddings.backend}"),
         (cfg.embeddings.kernels == "torch", "embeddings.kernels=torch (its backward syncs)"),
         (not cfg.embeddings.fused or cfg.train.accumulate != 1, "unfused sparse updates"),
-        (cfg.train.profile_steps > 0, "train.profile_steps (profiled steps run eager)"),
+        (cfg.train.profile_steps > 0 and cfg.train.profile_mode == "torch",
+         "train.profile_steps (profiled steps run eager; train.profile_mode=python keeps them)"),
     ]
     return next((why for broken, why in reasons if broken), None)
 

@@ -62,7 +62,8 @@ def why_not(cfg: Any, embeddings: Any, world_size: int) -> str | None:
         (world_size > 1, "more than one process (the host tier's all-to-alls and DDP run eager)"),
         (not embeddings.on_triton(), "the hot tier is not on the Triton kernels"),
         (cfg.train.accumulate != 1, "train.accumulate > 1"),
-        (cfg.train.profile_steps > 0, "train.profile_steps (profiled steps run eager)"),
+        (cfg.train.profile_steps > 0 and cfg.train.profile_mode == "torch",
+         "train.profile_steps (profiled steps run eager; train.profile_mode=python keeps them)"),
     ]
     return next((why for broken, why in reasons if broken), None)
 

@@ -1,14 +1,26 @@
-"""``train.profile_steps``: torch.profiler over a few steps, one report per rank.
+"""``train.profile_steps``: a profile of a few steps, one report per rank.
 
-    RUN/profile/rank-R.txt    operators by self CPU time (CUDA time with a GPU)
-    RUN/profile/rank-R.json   the Chrome trace (chrome://tracing, Perfetto)
+    train.profile_mode=torch (torch.profiler; the steps run eager, uncaptured):
+      RUN/profile/rank-R.txt          operators by self CPU time (CUDA time with a GPU)
+      RUN/profile/rank-R.json         the Chrome trace (chrome://tracing, Perfetto)
+    train.profile_mode=python (cProfile of the step loop's thread; the steps run as
+    they would, CUDA graphs replayed):
+      RUN/profile/rank-R-python.txt   functions by own time, then by time with callees
 
 Steps ``train.profile_start`` .. ``+ train.profile_steps - 1`` (global steps,
 counted from 0) are recorded; give the warm-up a few steps before them.
+
+The python mode answers where a step's host time goes when the device waits for the
+host (the 2026-11-27 H200: the captured Hotline step took 3.44 ms, its replay 1.47 ms
+of GPU time): what the step loop itself runs, not the operators the device runs.
+cProfile costs about a microsecond a Python call, so its times are inflated alike.
 """
 
 from __future__ import annotations
 
+import cProfile
+import os
+import pstats
 import resource
 import time
 from pathlib import Path
@@ -19,24 +31,32 @@ from data.atomic import atomic_path, write_atomic
 
 
 class StepProfiler:
-    def __init__(self, start: int, steps: int, run_dir: Path, rank: int, device: torch.device) -> None:
+    def __init__(self, start: int, steps: int, run_dir: Path, rank: int, device: torch.device,
+                 mode: str = "torch") -> None:
         self.start, self.stop = start, start + steps
         self.dir = run_dir / "profile"
         self.rank = rank
         self.cuda = device.type == "cuda"
-        self._prof: torch.profiler.profile | None = None
+        self.mode = mode
+        self._prof: torch.profiler.profile | cProfile.Profile | None = None
         self._done = steps <= 0
 
     def before(self, step: int) -> None:
         """Called before global step ``step`` runs."""
         if self._done or self._prof is not None or not self.start <= step < self.stop:
             return
+        self._first = self._last = step
+        if self.mode == "python":
+            self._prof = cProfile.Profile()
+            self._usage = resource.getrusage(resource.RUSAGE_SELF)
+            self._wall = time.perf_counter()
+            self._prof.enable()
+            return
         activities = [torch.profiler.ProfilerActivity.CPU]
         if self.cuda:
             activities.append(torch.profiler.ProfilerActivity.CUDA)
         self._prof = torch.profiler.profile(activities=activities, record_shapes=True)
         self._prof.__enter__()
-        self._first = self._last = step
         self._usage = resource.getrusage(resource.RUSAGE_SELF)
         self._wall = time.perf_counter()
 
@@ -52,7 +72,10 @@ class StepProfiler:
         if self._prof is None:
             return
         prof, self._prof, self._done = self._prof, None, True
-        prof.__exit__(None, None, None)
+        if isinstance(prof, cProfile.Profile):
+            prof.disable()
+        else:
+            prof.__exit__(None, None, None)
         steps = self._last - self._first + 1
         wall = (time.perf_counter() - self._wall) / steps
         now, then = resource.getrusage(resource.RUSAGE_SELF), self._usage
@@ -65,6 +88,12 @@ class StepProfiler:
                  f"{(now.ru_nivcsw - then.ru_nivcsw) / steps:,.0f} involuntary and "
                  f"{(now.ru_nvcsw - then.ru_nvcsw) / steps:,.0f} voluntary context switches")
         self.dir.mkdir(parents=True, exist_ok=True)
+        if isinstance(prof, cProfile.Profile):
+            write_atomic(self.dir / f"rank-{self.rank}-python.txt",
+                         f"steps {self._first}..{self._first + steps - 1}, rank {self.rank}, the step loop's "
+                         f"thread under cProfile (times are totals over the {steps} steps)\n{usage}\n"
+                         + _python_table(prof, steps, "own") + _python_table(prof, steps, "with callees"))
+            return
         sort = "self_cuda_time_total" if self.cuda else "self_cpu_time_total"
         table = prof.key_averages(group_by_input_shape=True).table(sort_by=sort, row_limit=60)
         write_atomic(self.dir / f"rank-{self.rank}.txt",
@@ -72,3 +101,17 @@ class StepProfiler:
                      f"profiler: slower than unprofiled)\n{usage}\n{table}\n")
         with atomic_path(self.dir / f"rank-{self.rank}.json") as trace:
             prof.export_chrome_trace(str(trace))
+
+
+def _python_table(prof: cProfile.Profile, steps: int, by: str, rows: int = 40) -> str:
+    """The ``rows`` first functions by own time (``by`` "own") or by time with their
+    callees ("with callees"): each one's microseconds and calls a step (a GPU step's
+    host time is a few ms: pstats' totals in ms would round most rows to 0)."""
+    stats = pstats.Stats(prof).stats  # type: ignore[attr-defined]  # (file, line, name) -> (cc, nc, tt, ct, _)
+    key = 2 if by == "own" else 3
+    ranked = sorted(stats.items(), key=lambda item: -item[1][key])[:rows]
+    lines = [f"\n== by {by} time, per step: own us, with callees us, calls, function"]
+    for (path, line, name), (_, calls, own, total, _) in ranked:
+        where = f"{os.path.basename(path)}:{line}({name})" if path != "~" else name
+        lines.append(f"{1e6 * own / steps:10.1f} {1e6 * total / steps:12.1f} {calls / steps:8.1f}  {where}")
+    return "\n".join(lines) + "\n"

@@ -278,7 +278,7 @@ class Trainer:
         newest = find_checkpoint(run_dir) if resumed else None
         self.guard = DivergenceGuard(cfg, model.dense_parameters(), newest.name if newest else None)
         self.profiler = StepProfiler(cfg.train.profile_start, cfg.train.profile_steps, run_dir,
-                                     info.rank, info.device)
+                                     info.rank, info.device, cfg.train.profile_mode)
         self.last_eval: dict[str, Any] | None = None
         self._batches: Iterator[Batch] | None = None
         self._upcoming: Batch | None = None  # Hotline: the next step's first batch (``_peek_next``)
