@@ -182,12 +182,7 @@ class AccessWindow:
 
 def _keyed(values: torch.Tensor, per_feature: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
     """[N] keys: each feature's ids (``per_feature`` of them, feature-major) plus its
-    table's start. CUDA: a repeat of the starts (no sync: the output's size is N);
-    the host: a slice add per feature (0.14 ms for bench_gpu's batch, the repeat 0.6)."""
-    if values.device.type != "cpu":
-        return values.to(torch.int64) + torch.repeat_interleave(starts, per_feature, output_size=values.numel())
-    out = torch.empty(values.numel(), dtype=torch.int64)
-    counts = per_feature.tolist()
-    for o, x, s in zip(out.split(counts), values.split(counts), starts.tolist(), strict=True):
-        torch.add(x, s, out=o)
-    return out
+    table's start, repeated over them (no sync: the output's size is N, known). On
+    one core here: 0.15 ms for bench_gpu's 106k ids, 0.01 ms for 1.7k (a slice add per
+    feature: 0.13 and 0.09)."""
+    return values.to(torch.int64) + torch.repeat_interleave(starts, per_feature, output_size=values.numel())
