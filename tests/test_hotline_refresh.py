@@ -64,9 +64,9 @@ def test_swap_moves_only_the_changed_rows_and_stays_exact(kind: str, monkeypatch
     tables, kjts, ups, a, b, ref, coll = _two_collections(kind)
     moved: dict[str, set[int]] = {"read": set(), "write": set()}
     tier = coll.tier
-    read, write = tier.read_rows, tier.write_rows
+    read, write = tier.read_rows, tier.write_rows_later  # the swap's write home: queued (refresh.py)
     monkeypatch.setattr(tier, "read_rows", lambda ids, dev: moved["read"].update(ids.tolist()) or read(ids, dev))
-    monkeypatch.setattr(tier, "write_rows",
+    monkeypatch.setattr(tier, "write_rows_later",
                         lambda ids, w, s: moved["write"].update(ids.tolist()) or write(ids, w, s))
     for i, (kjt, up) in enumerate(zip(kjts, ups)):
         _step((ref, coll), kjt, up)

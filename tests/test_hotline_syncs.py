@@ -157,6 +157,37 @@ def test_gather_waits_for_the_queued_host_update() -> None:
     torch.testing.assert_close(result[0].rows.detach(), updated, rtol=0, atol=0)
 
 
+def test_a_refreshs_leaving_rows_are_written_home_behind_the_queued_updates() -> None:
+    """A refresh's swap queues the leaving rows' write home on the host-update thread
+    (refresh.py, ``write_rows_later``) and returns while it waits there: then a
+    gather of those rows reads them as written (it waits for the write, as for an
+    update), and so does every other reader of the tables."""
+    import threading
+
+    coll, _, rest = _collection()
+    tier = coll.tier
+    cold = coll.gather_cold(rest)  # rows that are cold now: their ids and values
+    ids = cold.ids
+    written = cold.rows.detach() + 1.0
+    gate = threading.Event()
+    tier._later(gate.wait)  # hold the update thread: the write queues behind it
+    tier.write_rows_later(ids, written, {})  # the weights alone (the state as it is)
+    try:
+        assert not tier._pending.done()
+        assert torch.equal(tier._tables.weight.data.index_select(0, ids), cold.rows.detach())  # not yet
+        result: list = []
+        reader = threading.Thread(target=lambda: result.append(coll.gather_cold(rest)))
+        reader.start()
+        reader.join(timeout=0.3)
+        waited = reader.is_alive() and not result
+    finally:
+        gate.set()  # a failure must not leave the update thread blocked
+    assert waited  # the gather waits for the write
+    reader.join()
+    torch.testing.assert_close(result[0].rows.detach(), written, rtol=0, atol=0)
+    torch.testing.assert_close(tier.collection.weight.data.index_select(0, ids), written, rtol=0, atol=0)
+
+
 def test_covering_coalesce_equals_from_lookups_bit_for_bit() -> None:
     """The cold side's KV gradient (every row 0..U-1 used): the same sums as the
     general coalesce, bit for bit, with no op that waits for the device."""

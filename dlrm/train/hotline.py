@@ -578,6 +578,8 @@ class HotlineSteps:
         if self.window is None:
             return
         counts = _on_host(self._take_window())
+        if counts is not None and counts[0].numel() == 0:
+            counts = None  # no lookup since the last refresh: saved as before the window (None)
         if self.info.is_main:  # the window goes on from them
             self.window.seed(counts)
         self.embeddings.refresh_state = {"counts": by_table(counts, self.tables),

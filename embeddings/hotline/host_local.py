@@ -149,13 +149,49 @@ class LocalHostTier:
     def write_rows(
         self, stacked_ids: torch.Tensor, weight: torch.Tensor, state: dict[str, torch.Tensor]
     ) -> None:
-        host_ids = stacked_ids.to(self.device)
-        self.collection.weight.data.index_copy_(0, host_ids, weight.to(host_ids.device))
-        per_row = self.optimizer.per_row_state()
-        host_state = self.collection.state
+        self.wait_updates()
         self.writes += 1
+        self._write(stacked_ids.to(self.device), weight, state)
+
+    @torch.no_grad()
+    def write_rows_later(
+        self, stacked_ids: torch.Tensor, weight: torch.Tensor, state: dict[str, torch.Tensor]
+    ) -> None:
+        """``write_rows`` queued on the host-update thread behind the updates queued
+        before: a refresh's leaving rows (refresh.py ``swap``), which the step loop then
+        neither waits for (CUDA: D2H into pinned memory on the current stream, no sync)
+        nor stores. Every reader of the host rows waits for it as for an update: a
+        gather of those rows (``_gather_updated``: a write, not a write-back), every
+        other reader through ``collection``."""
+        ready = None
+        if weight.device.type == "cuda":
+            weight = _pinned_copy(weight)
+            state = {name: _pinned_copy(t) if t.device.type == "cuda" else t.clone() for name, t in state.items()}
+            ready = torch.cuda.Event()
+            ready.record()
+        else:  # the caller's tensors may change once this returns (the hot tier's)
+            weight, state = weight.clone(), {name: t.clone() for name, t in state.items()}
+        host_ids = stacked_ids.to(self.device)
+        before = self._pending
+        self._later(self._write_when, host_ids, weight, state, ready)
+        self._writing, self._before_writing = (self._pending, host_ids, False), before
+        self._first_written = None
+        self.writes += 1
+
+    def _write_when(self, host_ids: torch.Tensor, weight: torch.Tensor, state: dict[str, torch.Tensor],
+                    ready: torch.cuda.Event | None) -> None:
+        """On the host-update thread: ``write_rows_later``'s rows once they are home."""
+        if ready is not None:
+            ready.synchronize()
+        self._write(host_ids, weight, state)
+
+    def _write(self, host_ids: torch.Tensor, weight: torch.Tensor, state: dict[str, torch.Tensor]) -> None:
+        """Rows and their state into the tables (the updates queued before are in)."""
+        tables = self._tables
+        tables.weight.data.index_copy_(0, host_ids, weight.to(host_ids.device))
+        per_row = self.optimizer.per_row_state()
         for name, tensor in state.items():
-            dst = host_state[name]
+            dst = tables.state[name]
             if name in per_row:
                 dst.index_copy_(0, host_ids, tensor.to(dst.device))
             else:

@@ -85,6 +85,12 @@ class ShardedHostTier:
         write_rows(self.collection, self.row_offsets, stacked_ids, weight, state,
                    self.optimizer.per_row_state())
 
+    def write_rows_later(
+        self, stacked_ids: torch.Tensor, weight: torch.Tensor, state: dict[str, torch.Tensor]
+    ) -> None:
+        """No update queue here (the cold updates run in the step): written now."""
+        self.write_rows(stacked_ids, weight, state)
+
     # ------------------------------------------------------------------ cold bags
     def gather_cold(self, micro: MicroLookups, device: torch.device) -> ColdPooled:
         """The cold part of every bag, looked up by the owners of its rows (a

@@ -48,6 +48,13 @@ class HostTier(Protocol):
         """Rows ``weight`` [H, D] and their state written back (no communication)."""
         ...
 
+    def write_rows_later(
+        self, stacked_ids: torch.Tensor, weight: torch.Tensor, state: dict[str, torch.Tensor]
+    ) -> None:
+        """``write_rows`` behind the host updates queued (one process: on their thread,
+        the caller going on; several ranks: now). Readers of the rows see it."""
+        ...
+
     def gather_cold(self, micro: MicroLookups, device: torch.device) -> ColdRows | ColdPooled:
         """What ``micro``'s cold part needs from the host, on ``device``."""
         ...

@@ -87,7 +87,15 @@ def _entering(tier: HostTier, plan: RefreshPlan, device: torch.device, per_row: 
         weight.index_copy_(0, stale, fresh_weight)
         for name in per_row:
             state[name].index_copy_(0, stale, fresh_state[name])
-    return weight.to(device), {name: t.to(device) for name, t in state.items()}
+    return _to(weight, device), {name: _to(t, device) for name, t in state.items()}
+
+
+def _to(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``t`` on ``device``; host to CUDA through page-locked memory, queued (a pageable
+    copy makes the host wait until the stream reaches it: the whole step queued)."""
+    if device.type == "cuda" and t.device.type == "cpu":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
 
 
 @torch.no_grad()
@@ -95,14 +103,19 @@ def swap(tier: HostTier, hot: HotTier, plan: RefreshPlan, per_row: list[str],
          touched: torch.Tensor | None = None) -> None:
     """Move ``hot`` to ``plan``'s hot set (see the module docstring); several ranks:
     a collective (every rank reads the same entering rows). ``touched``: stacked ids
-    the host tier updated since ``prefetch_entering`` (None: read them all now)."""
+    the host tier updated since ``prefetch_entering`` (None: read them all now).
+
+    The entering rows are read first (after the host updates queued: the reads of
+    the stale ones wait for them), then the leaving rows are written home behind
+    them (one process: queued on the host-update thread, their D2H queued on the
+    stream, so the step loop waits for neither; the two sets of rows are disjoint)."""
     device = hot.device
     weight, state = hot.weight.data, hot.state
-    leave = plan.leave_old.to(device)
-    tier.write_rows(plan.old_ids.index_select(0, plan.leave_old), weight.index_select(0, leave),
-                    {n: t.index_select(0, leave) if n in per_row else t for n, t in state.items()})
     enter_weight, enter_state = _entering(tier, plan, device, per_row, touched)
-    stay_old, stay_new, enter = (t.to(device) for t in (plan.stay_old, plan.stay_new, plan.enter_new))
+    leave = _to(plan.leave_old, device)
+    tier.write_rows_later(plan.old_ids.index_select(0, plan.leave_old), weight.index_select(0, leave),
+                          {n: t.index_select(0, leave) if n in per_row else t for n, t in state.items()})
+    stay_old, stay_new, enter = (_to(t, device) for t in (plan.stay_old, plan.stay_new, plan.enter_new))
 
     def built(old: torch.Tensor, entering: torch.Tensor) -> torch.Tensor:
         new = old.new_empty((plan.ids.numel(), *old.shape[1:]))
@@ -110,4 +123,4 @@ def swap(tier: HostTier, hot: HotTier, plan: RefreshPlan, per_row: list[str],
         return new.index_copy_(0, enter, entering.to(old.dtype))
 
     new_state = {n: built(t, enter_state[n]) if n in per_row else t.clone() for n, t in state.items()}
-    hot.load(plan.ids.to(device), built(weight, enter_weight), new_state)
+    hot.load(_to(plan.ids, device), built(weight, enter_weight), new_state)
