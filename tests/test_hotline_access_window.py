@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from data.jagged import JaggedFeatures
-from embeddings.hotline.access_window import AccessWindow, by_table, from_tables
+from embeddings.hotline.access_window import AccessWindow, from_checkpoint, to_checkpoint
 from embeddings.hotline.profile import HotProfile, count_accesses
 from embeddings.optim import make_sparse_optimizer
 from embeddings.table import TableSpec
@@ -55,10 +55,10 @@ def test_a_windows_counts_are_the_lookups_of_each_row(chunk_keys: int) -> None:
         window.add(kjt)
     keys, seen = window.take().result()
     assert keys.numel() and int(keys.min()) >= 0 and torch.equal(keys, torch.unique(keys))  # ascending, distinct
-    got = by_table((keys, seen), tables)
+    got = to_checkpoint((keys, seen), tables)
     assert as_counter(got) == python_counts([*kjts, stray], tables)
     window.add(kjts[0])
-    assert as_counter(by_table(window.take().result(), tables)) == python_counts(kjts[:1], tables)
+    assert as_counter(to_checkpoint(window.take().result(), tables)) == python_counts(kjts[:1], tables)
     assert all(s.numel() == 0 for s in window.take().result())  # nothing since
     planner.shutdown()
 
@@ -71,12 +71,12 @@ def test_a_seeded_window_adds_its_lookups_to_the_seed() -> None:
     window, planner = window_of(tables, 5)
     for kjt in kjts[:2]:
         window.add(kjt)
-    saved = by_table(window.take().result(), tables)
+    saved = to_checkpoint(window.take().result(), tables)
     resumed, planner2 = window_of(tables, 5)
-    resumed.seed(from_tables(saved, tables))
+    resumed.seed(from_checkpoint(saved, tables))
     for kjt in kjts[2:]:
         resumed.add(kjt)
-    assert as_counter(by_table(resumed.take().result(), tables)) == python_counts(kjts, tables)
+    assert as_counter(to_checkpoint(resumed.take().result(), tables)) == python_counts(kjts, tables)
     planner.shutdown()
     planner2.shutdown()
 
@@ -125,7 +125,7 @@ def test_a_window_on_cuda_counts_and_chooses_as_on_the_host() -> None:
         busy.add_(1.0)  # the step stream's own work between the adds
     keys, seen = window.take().result()
     assert keys.is_cuda
-    assert as_counter(by_table((keys, seen), tables)) == python_counts(kjts, tables)
+    assert as_counter(to_checkpoint((keys, seen), tables)) == python_counts(kjts, tables)
     optimizer = make_sparse_optimizer("rowwise_adagrad")
     with window.planner_stream():
         got = HotProfile.chosen(keys, seen, tables, optimizer, 40 * 20)

@@ -61,9 +61,9 @@ from dlrm.train.split_graphs import why_not as split_graphs_why_not
 from embeddings.hotline.access_window import (
     AccessWindow,
     Counts,
-    by_table,
-    from_tables,
+    from_checkpoint,
     merge_counts,
+    to_checkpoint,
 )
 from embeddings.hotline.lookups import ColdInFlight
 from embeddings.hotline.mixed import MixedMicro
@@ -582,8 +582,8 @@ class HotlineSteps:
             counts = None  # no lookup since the last refresh: saved as before the window (None)
         if self.info.is_main:  # the window goes on from them
             self.window.seed(counts)
-        self.embeddings.refresh_state = {"counts": by_table(counts, self.tables),
-                                         "pending": by_table(_on_host(self._pending), self.tables)}
+        self.embeddings.refresh_state = {"counts": to_checkpoint(counts, self.tables),
+                                         "pending": to_checkpoint(_on_host(self._pending), self.tables)}
 
     def resume(self) -> None:
         """After a checkpoint loaded: the refresh's inputs it saved (``before_save``),
@@ -592,9 +592,9 @@ class HotlineSteps:
         if not saved or self.window is None:
             return
         if self.info.is_main:
-            self.window.seed(from_tables(saved["counts"], self.tables))
+            self.window.seed(from_checkpoint(saved["counts"], self.tables))
         if saved["pending"] is not None:
-            self._submit(from_tables(saved["pending"], self.tables))
+            self._submit(from_checkpoint(saved["pending"], self.tables))
 
     def _plan(self, counts: WindowCounts) -> RefreshPlan:
         """On the planner thread: the hot set the counts choose, and how to get there."""

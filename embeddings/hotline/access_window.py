@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from embeddings.hotline.profile import table_starts
+from embeddings.hotline.profile import by_table, stacked_keys, table_starts
 from embeddings.table import TableSpec
 
 Counts = tuple[torch.Tensor, torch.Tensor]  # (keys ascending, distinct; their counts), int64
@@ -53,27 +53,21 @@ def merge_counts(keys: torch.Tensor, counts: torch.Tensor | None = None) -> Coun
     return distinct[first:], seen[first:].to(torch.int64)
 
 
-def by_table(window: Counts | None, tables: list[TableSpec]) -> dict[str, torch.Tensor] | None:
+def to_checkpoint(window: Counts | None, tables: list[TableSpec]) -> dict[str, torch.Tensor] | None:
     """A window as a checkpoint holds it: per table [2, n] (row ids seen, their counts),
     on the host."""
     if window is None:
         return None
-    keys, seen = (t.cpu() for t in window)
-    starts = table_starts(tables)
-    ends = torch.searchsorted(keys, starts).tolist()
-    return {t.name: torch.stack([keys[lo:hi] - int(starts[i]), seen[lo:hi]])
-            for i, (t, lo, hi) in enumerate(zip(tables, ends[:-1], ends[1:], strict=True))}
+    return {name: torch.stack(parts) for name, parts in by_table(window[0], tables, window[1]).items()}
 
 
-def from_tables(saved: dict[str, torch.Tensor] | None, tables: list[TableSpec]) -> Counts | None:
-    """``by_table``'s inverse (tables a checkpoint does not name: no lookups)."""
+def from_checkpoint(saved: dict[str, torch.Tensor] | None, tables: list[TableSpec]) -> Counts | None:
+    """``to_checkpoint``'s inverse (tables a checkpoint does not name: no lookups)."""
     if saved is None:
         return None
-    starts = table_starts(tables).tolist()
-    parts = [saved[t.name] + torch.tensor([[starts[i]], [0]]) for i, t in enumerate(tables) if t.name in saved]
-    if not parts:
-        return torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=torch.int64)
-    keys, seen = torch.cat(parts, dim=1).to(torch.int64)
+    keys = stacked_keys({name: rows_seen[0] for name, rows_seen in saved.items()}, tables)
+    named = [t.name for t in tables if t.name in saved]
+    seen = torch.cat([saved[name][1].to(torch.int64) for name in named]) if named else torch.zeros(0, dtype=torch.int64)
     return keys, seen
 
 

@@ -40,14 +40,12 @@ def count_accesses(
     tables: list[TableSpec],
     max_batches: int | None = None,
     max_seconds: float | None = DEFAULT_MAX_SECONDS,
-    into: dict[str, torch.Tensor] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Per table, how often each row was looked up in ``batches`` ([rows] int64).
 
     Features sharing a table add up. Stops after ``max_batches`` batches or once
     ``max_seconds`` have passed, whichever comes first (None: no bound). Default
     policy (the caller's): ``default_max_batches`` = 5% of the data, 60 s at most.
-    ``into``: counts to add to, in place (returned), else new zeros.
 
     A batch costs O(its ids), not O(the tables' rows): the ids are added in place
     (``index_add_``). A ``bincount(minlength=rows)`` per feature, then a new sum, made
@@ -55,7 +53,7 @@ def count_accesses(
     table at every step: 8.5k samples/s instead of 220k with a 55M-row table. (A
     refresh's window is counted on the device since: access_window.py.)
     """
-    counts = into if into is not None else {t.name: torch.zeros(t.rows, dtype=torch.int64) for t in tables}
+    counts = {t.name: torch.zeros(t.rows, dtype=torch.int64) for t in tables}
     table_of = {f: t.name for t in tables for f in t.features}
     start = time.monotonic()
     for i, sparse in enumerate(batches):
@@ -111,6 +109,24 @@ def table_starts(tables: list[TableSpec]) -> torch.Tensor:
     return torch.cumsum(rows, 0)
 
 
+def stacked_keys(rows: dict[str, torch.Tensor], tables: list[TableSpec]) -> torch.Tensor:
+    """Per-table row ids as one tensor of keys (``table_starts``), table after table
+    (tables ``rows`` does not name: none), on the host."""
+    starts = table_starts(tables).tolist()
+    parts = [rows[t.name].to(torch.int64).cpu() + starts[i] for i, t in enumerate(tables) if t.name in rows]
+    return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64)
+
+
+def by_table(keys: torch.Tensor, tables: list[TableSpec], *alongside: torch.Tensor) -> dict[str, list[torch.Tensor]]:
+    """Ascending ``keys`` back to per-table row ids: per table [its row ids, then each
+    tensor of ``alongside`` sliced alike], on the host."""
+    keys, starts = keys.cpu(), table_starts(tables)
+    alongside = tuple(t.cpu() for t in alongside)
+    bounds = torch.searchsorted(keys, starts).tolist()
+    return {t.name: [keys[lo:hi] - int(starts[i]), *(a[lo:hi] for a in alongside)]
+            for i, (t, lo, hi) in enumerate(zip(tables, bounds[:-1], bounds[1:], strict=True))}
+
+
 def in_sorted(values: torch.Tensor, sorted_ids: torch.Tensor) -> torch.Tensor:
     """``torch.isin(values, sorted_ids)`` for ascending ``sorted_ids``: a sorted search
     (500k hot ids against 500k: 20 ms here where isin, which sorts both, took 112 ms)."""
@@ -123,10 +139,8 @@ def in_sorted(values: torch.Tensor, sorted_ids: torch.Tensor) -> torch.Tensor:
 def _candidates(counts: dict[str, torch.Tensor], tables: list[TableSpec]) -> tuple[torch.Tensor, torch.Tensor]:
     """The rows counted at least once as stacked keys (``table_starts``), ascending, and
     their counts (int64; a table's counts sum to its lookups)."""
-    starts = table_starts(tables).tolist()
-    rows = [torch.nonzero(counts[t.name]).squeeze(1) for t in tables]
-    keys = torch.cat([r + starts[i] for i, r in enumerate(rows)])
-    return keys, torch.cat([counts[t.name][r].to(torch.int64) for t, r in zip(tables, rows, strict=True)])
+    rows = {t.name: torch.nonzero(counts[t.name]).squeeze(1) for t in tables}
+    return stacked_keys(rows, tables), torch.cat([counts[name][r].to(torch.int64) for name, r in rows.items()])
 
 
 def _with_kept(keys: torch.Tensor, seen: torch.Tensor, tables: list[TableSpec],
@@ -135,9 +149,7 @@ def _with_kept(keys: torch.Tensor, seen: torch.Tensor, tables: list[TableSpec],
     among them, at count 0, in key order (on ``keys``' device)."""
     if keep is None or not any(ids.numel() for ids in keep.values()):
         return keys, seen
-    starts = table_starts(tables).tolist()
-    kept = torch.cat([keep[t.name].to(torch.int64).cpu() + starts[i] for i, t in enumerate(tables)
-                      if t.name in keep]).to(keys.device)
+    kept = stacked_keys(keep, tables).to(keys.device)
     extra = kept[~in_sorted(kept, keys)]
     if extra.numel() == 0:
         return keys, seen
@@ -158,16 +170,13 @@ def _choose(keys: torch.Tensor, seen: torch.Tensor, tables: list[TableSpec], opt
     order = torch.sort(seen, descending=True, stable=True).indices
     taken = order[torch.cumsum(cost[table_idx[order]], 0) <= budget_bytes]
     taken = torch.sort(taken).values  # in key order: each table's rows ascending, table after table
-    hot_keys = keys.index_select(0, taken)
+    taken_table = table_idx.index_select(0, taken)
     sums = torch.zeros(3, len(tables), dtype=torch.int64, device=device)
     sums[0].index_add_(0, table_idx, seen)
-    sums[1].index_add_(0, table_idx.index_select(0, taken), seen.index_select(0, taken))
-    sums[2].index_add_(0, table_idx.index_select(0, taken), cost.index_select(0, table_idx.index_select(0, taken)))
+    sums[1].index_add_(0, taken_table, seen.index_select(0, taken))
+    sums[2].index_add_(0, taken_table, cost.index_select(0, taken_table))
     lookups, hot_lookups, used = sums.cpu().tolist()
-    hot_keys, starts = hot_keys.cpu(), starts.cpu()
-    bounds = torch.searchsorted(hot_keys, starts).tolist()
-    out = {t.name: hot_keys[lo:hi] - int(starts[i])
-           for i, (t, lo, hi) in enumerate(zip(tables, bounds[:-1], bounds[1:], strict=True))}
+    out = {name: rows for name, (rows,) in by_table(keys.index_select(0, taken), tables).items()}
     room = budget_bytes - sum(used)
     if fill and room > 0 and taken.numel() == order.numel():  # every ranked row hot, room left
         fill_unseen(out, tables, cost.tolist(), room)
