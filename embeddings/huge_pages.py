@@ -40,3 +40,29 @@ def advise_huge_pages(tensor: torch.Tensor) -> bool:
         return False
     madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     return madvise(first, last - first, _MADV_HUGEPAGE) == 0
+
+
+def huge_page_bytes(tensors: list[torch.Tensor]) -> list[int] | None:
+    """Bytes of each CPU tensor's storage that the kernel backs with 2 MiB pages now:
+    the AnonHugePages of the mappings holding it (madvise splits a mapping, so its
+    2 MiB-aligned interior is a mapping of its own), at most the storage's size. None
+    where /proc/self/smaps cannot be read. A gather of random rows from a table on 4 KiB
+    pages misses the TLB at nearly every row; the kernel may fall back to them when
+    memory is fragmented, whatever was advised: Hotline's summary says how much it got."""
+    try:
+        with open("/proc/self/smaps") as fh:
+            text = fh.read()
+    except OSError:
+        return None
+    spans = [(t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()) for t in tensors]
+    found = [0] * len(spans)
+    inside: list[int] = []
+    for line in text.splitlines():
+        head = line.split(maxsplit=1)[0] if line else ""
+        if "-" in head and ":" not in head:
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            inside = [i for i, (start, size) in enumerate(spans) if lo < start + size and start < hi]
+        elif inside and head == "AnonHugePages:":
+            for i in inside:
+                found[i] += int(line.split()[1]) * 1024
+    return [min(f, size) for f, (_, size) in zip(found, spans)]

@@ -84,9 +84,12 @@ export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
   # x 2 threads), and the shared memory the decode workers' slots live in
   echo "cpus $(nproc) | $(lscpu 2>/dev/null | grep -E '^(Model name|Thread\(s\) per core|Core\(s\) per socket|Socket\(s\))' | tr -s ' ' | paste -sd '|')"
   echo "shm $(df -h /dev/shm 2>/dev/null | tail -1)"
+  # the host tier's tables are advised onto 2 MiB pages (embeddings/huge_pages.py): THP
+  # "never" leaves the cold gather a TLB miss a row; the Hotline line says what it got
+  echo "thp $(cat /sys/kernel/mm/transparent_hugepage/enabled 2>/dev/null) defrag $(cat /sys/kernel/mm/transparent_hugepage/defrag 2>/dev/null) | $(grep -E '^(MemFree|AnonHugePages)' /proc/meminfo | tr -s ' ' | paste -sd ' ')"
   git log -1 --format='commit %H %s' 2>/dev/null || echo "commit ${DLRM_COMMIT:-unknown: call with DLRM_COMMIT=\$(git rev-parse --short HEAD) from the checkout}"
 } >"$OUT/env.txt" 2>&1
-grep -E "^(python|triton|numba|commit|cpus|shm)|NVIDIA H" "$OUT/env.txt"
+grep -E "^(python|triton|numba|commit|cpus|shm|thp)|NVIDIA H" "$OUT/env.txt"
 
 mode=${1:-tests}
 [ $# -gt 0 ] && shift

@@ -190,3 +190,6 @@ def test_the_hotline_line_says_what_the_gather_waited_for() -> None:
     line = bench._hotline_line({**row, "hotline": refresh})
     assert ("4 refreshes pausing 148.6 ms each (0.5 of it waiting for the plan; the planner 212 ms a plan, "
             "1.23 ms a step counting)") in line
+    assert "pages" not in line  # no big host tensor: no share said
+    line = bench._hotline_line({**row, "hotline": {**stats, "host_huge_pages": 0.0}})
+    assert "gather in one call over 16 torch thread(s) from a host tier 0% on 2 MiB pages" in line

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from embeddings.collection import LocalEmbeddingCollection
+from embeddings.huge_pages import huge_page_bytes
 from embeddings.optim import make_sparse_optimizer
 from embeddings.table import TableSpec
 
@@ -21,19 +22,10 @@ pytestmark = pytest.mark.skipif(MODE not in ("madvise", "always"), reason=f"THP 
 
 
 def huge_kib(tensor: torch.Tensor) -> int:
-    """AnonHugePages of the mappings that hold ``tensor`` (madvise splits its
-    mapping: the 2 MiB-aligned interior becomes a mapping of its own)."""
-    start = tensor.untyped_storage().data_ptr()
-    end = start + tensor.untyped_storage().nbytes()
-    total, inside = 0, False
-    for line in Path("/proc/self/smaps").read_text().splitlines():
-        head = line.split()[0]
-        if "-" in head and ":" not in head:
-            lo, hi = (int(x, 16) for x in head.split("-"))
-            inside = lo < end and start < hi
-        elif inside and head == "AnonHugePages:":
-            total += int(line.split()[1])
-    return total
+    """KiB of ``tensor`` on 2 MiB pages (embeddings/huge_pages.py reads /proc/self/smaps)."""
+    found = huge_page_bytes([tensor])
+    assert found is not None
+    return found[0] // 1024
 
 
 def test_advised_tensor_is_backed_by_huge_pages() -> None:
@@ -93,3 +85,22 @@ def test_optimizer_state_gets_huge_pages_from_its_first_write() -> None:
     for name in ("exp_avg", "exp_avg_sq"):
         assert huge_kib(state[name]) >= 32 << 10, (name, huge_kib(state[name]))
         assert not state[name].any()  # zeros all the same
+
+
+@pytest.mark.slow
+def test_hotline_summary_gives_the_host_tiers_share_on_huge_pages() -> None:
+    """What Hotline's summary reports (dlrm/train/hotline.py host_huge_share) against the
+    kernel's count for the same tensors: a weight of 154 MB advised, a state under the
+    64 MiB worth advising left out; no big tensor, no figure."""
+    from dlrm.train.hotline import host_huge_share
+
+    if not grants_huge_pages_now():
+        pytest.skip("the kernel grants no huge pages now (memory fragmented)")
+    tables = [TableSpec(name="t", rows=600_000, dim=64, features=("f",))]
+    host = LocalEmbeddingCollection(tables, make_sparse_optimizer("rowwise_adagrad"), seed=0)
+    share = host_huge_share(host)
+    assert share is not None and share >= 0.25
+    assert share == pytest.approx(huge_kib(host.weight) * 1024 / host.weight.untyped_storage().nbytes())
+    small = LocalEmbeddingCollection([TableSpec(name="s", rows=1000, dim=8, features=("g",))],
+                                     make_sparse_optimizer("sgd"), seed=0)
+    assert host_huge_share(small) is None

@@ -577,9 +577,11 @@ def _hotline_line(row: dict[str, Any]) -> str:
 def _gather_how(h: dict[str, Any]) -> str:
     """How a Hotline row gathered its cold rows (hotline.gather_threads)."""
     threads = int(h.get("gather_threads", 0))
-    if threads > 1:
-        return f"{threads} gather threads"
-    return f"gather in one call over {h.get('gather_torch_threads', 1):.0f} torch thread(s)"
+    how = (f"{threads} gather threads" if threads > 1 else
+           f"gather in one call over {h.get('gather_torch_threads', 1):.0f} torch thread(s)")
+    if "host_huge_pages" in h:  # tables under 64 MB are not advised: no share
+        how += f" from a host tier {h['host_huge_pages']:.0%} on 2 MiB pages"
+    return how
 
 
 # ------------------------------------------------------------------ reader

@@ -58,6 +58,7 @@ from dlrm.config import Config, ConfigError
 from dlrm.parallel.distributed import DistInfo, all_gather_rows, all_reduce_sum
 from dlrm.train.split_graphs import GraphedSplits
 from dlrm.train.split_graphs import why_not as split_graphs_why_not
+from embeddings import huge_pages
 from embeddings.hotline.access_window import (
     AccessWindow,
     Counts,
@@ -671,6 +672,10 @@ class HotlineSteps:
             # split stream's work, queued a step ahead, not yet done when the host reads it
             "header_wait_ms": 1000 * w["header_wait"] / steps,
         }
+        if whole_run:  # the host tier's share on 2 MiB pages: the cold gather's TLB misses
+            share = host_huge_share(self.embeddings.host)
+            if share is not None:
+                out["host_huge_pages"] = share
         return out
 
     def close(self) -> None:
@@ -679,6 +684,18 @@ class HotlineSteps:
         self._ahead = None
         self.pool.shutdown(wait=True)
         self._planner.shutdown(wait=True)
+
+
+def host_huge_share(host: torch.nn.Module) -> float | None:
+    """Of the host tier's tensors big enough to be advised onto 2 MiB pages
+    (embeddings/huge_pages.py), the share of their bytes the kernel backs with them
+    now; None where there are none or /proc/self/smaps cannot be read."""
+    big = [t for t in (*host.parameters(), *host.buffers())
+           if t.device.type == "cpu" and t.untyped_storage().nbytes() >= huge_pages.MIN_BYTES]
+    found = huge_pages.huge_page_bytes(big) if big else None
+    if not found:
+        return None
+    return sum(found) / sum(t.untyped_storage().nbytes() for t in big)
 
 
 def _on_host(counts: WindowCounts | None) -> Counts | None:
