@@ -1,7 +1,8 @@
 """A decoded window of rows, packed one record per row, and batches cut out of it.
 
     record of a row (Layout)   [ id f0 | id f1 | ... | id fP-1 | dense 0..D-1 | label | pad ]
-                                 int64 per single-hot feature    float32 each   float32  to 8 bytes
+                                 int32 per single-hot feature    float32 each   float32  to 8 bytes
+                                 (int64 if a table has over 2^31 rows)
     bags (multi-hot features)  values [sum of lengths] and offsets [n + 1] beside, per feature
 
     window  rec [S, width] uint8  ──shuffle: one np.take of whole records per batch──►
@@ -37,14 +38,20 @@ class Layout:
         self.packed = packed
         self.slot = [int(sum(packed[:j])) if p else -1 for j, p in enumerate(packed)]
         self.n_ids, self.n_dense = int(sum(packed)), len(schema.dense)
-        self.dense_at = 8 * self.n_ids  # byte offsets in a record
+        # A packed id is a row of its table (checked, or mapped there, before it is
+        # written): int32 where no such table has over 2^31 rows. The record then
+        # shrinks (26 ids, 13 dense: 160 bytes, not 264), and so do the shuffle's random
+        # reads of whole records; a batch's ids are int64 all the same (_split widens them).
+        narrow = all(f.rows <= 2**31 for f, p in zip(schema.sparse, packed) if p)
+        self.id_dtype = np.dtype(np.int32 if narrow else np.int64)
+        self.dense_at = self.id_dtype.itemsize * self.n_ids  # byte offsets in a record
         self.label_at = self.dense_at + 4 * self.n_dense
-        self.width = -(-(self.label_at + 4) // 8) * 8  # whole int64s: aligned ids in every row
+        self.width = -(-(self.label_at + 4) // 8) * 8  # whole 8 bytes: aligned ids in every row
         self.runs = _runs(packed)
 
     def ids(self, rec: np.ndarray) -> np.ndarray:
-        """[n, P] int64 view of the packed ids of records ``rec`` [n, width]."""
-        return rec[:, : self.dense_at].view(np.int64)
+        """[n, P] view of the packed ids (``id_dtype``) of records ``rec`` [n, width]."""
+        return rec[:, : self.dense_at].view(self.id_dtype)
 
     def dense(self, rec: np.ndarray) -> np.ndarray:
         """[n, D] float32 view."""

@@ -34,9 +34,11 @@ MAX_BYTES = 256 << 20  # a window's records at most (one window per decode worke
 
 
 def row_bytes(schema: Schema) -> int:
-    """A window's bytes per row: its record (ids int64, dense and label float32, whole
-    int64s) and its place in the shuffle's permutation (int64). Bags of multi-hot
-    features are held beside the records, 8 bytes per id, and not counted here."""
+    """A window's bytes per row at most: its record at its widest (ids int64, dense and
+    label float32, whole int64s; data/rows.py narrows the ids to int32 where the tables
+    allow, and the cap stays this, so the windows and thus the batches never depend on
+    the tables' sizes) and its place in the shuffle's permutation (int64). Bags of
+    multi-hot features are held beside the records, 8 bytes per id, and not counted here."""
     record = 8 * len(schema.sparse) + 4 * len(schema.dense) + 4
     return -(-record // 8) * 8 + 8
 

@@ -361,3 +361,41 @@ def test_batch_select_takes_whole_samples(tmp_path) -> None:
         assert [row.tolist() for row in sub[key].to_dense()] == want
     empty = batch.select(torch.zeros(0, dtype=torch.int64))
     assert empty.size == 0 and empty.sparse.values().numel() == 0
+
+
+# --------------------------------------------------------------------------- record width
+
+
+@pytest.mark.parametrize("rows", [2**31, 2**31 + 1, 2**40])
+def test_ids_at_the_edge_of_int32_come_out_whole(tmp_path: Path, rows: int) -> None:
+    """A window's records hold single-hot ids as int32 where every table has at most 2^31
+    rows (data/rows.py Layout), else int64; either way a batch's ids are the file's
+    int64 ids, shuffled or not. Here the largest id a table of ``rows`` takes, beside
+    a small table's ids; the reference is pandas' rows."""
+    n = 40
+    top = [rows - 1 - i for i in range(n)]
+    cols = {"label": [float(i % 2) for i in range(n)], "I1": [float(i) for i in range(n)],
+            "C1": top, "C2": [i % 7 for i in range(n)]}
+    path = write_parquet(tmp_path / "edge.parquet", cols, 16)
+    schema = Schema("label", ("I1",), (SparseFeature("C1", rows), SparseFeature("C2", 7)))
+    frame = pd.read_parquet(path)
+    reader = ParquetReader([path], schema, 8, shuffle=True, prefetch=0, shuffle_buffer=32)
+    assert reader.layout.id_dtype == (np.int32 if rows <= 2**31 else np.int64)
+    seen = []
+    for batch in reader.epoch(0):
+        picked = frame.set_index("I1").loc[batch.dense[:, 0].numpy().astype(np.float64)]
+        ids = batch.sparse.values().numpy().reshape(2, -1)
+        np.testing.assert_array_equal(ids[0], picked["C1"].to_numpy())
+        np.testing.assert_array_equal(ids[1], picked["C2"].to_numpy())
+        seen += batch.dense[:, 0].tolist()
+    assert sorted(seen) == list(range(n))
+
+
+def test_an_id_past_int32_in_a_skipped_row_leaves_the_others_whole(tmp_path: Path) -> None:
+    """on_error=skip writes a row's values into its record before the row is dropped: an
+    id of 2^33 in an int32 record is cut there, and the row never leaves the window."""
+    cols = {"label": [0.0] * 8, "I1": [float(i) for i in range(8)], "C1": [i for i in range(8)]}
+    cols["C1"][5] = 2**33
+    batches = _one(tmp_path, "past", cols, on_error="skip")
+    assert [b.dense[:, 0].tolist() for b in batches] == [[0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 7.0]]
+    assert batches[0].sparse.values().tolist() == [0, 1, 2, 3, 4, 6, 7]

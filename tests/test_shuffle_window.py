@@ -82,9 +82,12 @@ def test_auto_is_four_of_the_largest_row_groups_on_every_rank(tmp_path: Path) ->
 
 def test_auto_caps_a_window_at_256_mb() -> None:
     wide = Schema("label", tuple(f"I{i}" for i in range(13)),
-                  tuple(SparseFeature(f"C{i}", 10) for i in range(26)))
-    record = Layout(wide, [True] * 26).width  # the reader's own record, single-hot ids
+                  tuple(SparseFeature(f"C{i}", 2**40) for i in range(26)))
+    record = Layout(wide, [True] * 26).width  # the reader's own record, single-hot int64 ids
     assert shuffle_window.row_bytes(wide) == record + 8 == 272  # + its place in the shuffle
+    # tables whose ids fit int32 narrow the record, not the cap: the same windows
+    small = Schema("label", wide.dense, tuple(SparseFeature(f"C{i}", 10) for i in range(26)))
+    assert Layout(small, [True] * 26).width == 160 and shuffle_window.row_bytes(small) == 272
     assert shuffle_window.auto_rows([[65536] * 3, [41248]], wide) == 262144
     huge = shuffle_window.auto_rows([[2_000_000]], wide)
     assert huge == (256 << 20) // 272 and huge * 272 <= 256 << 20
