@@ -765,6 +765,8 @@ def _map_ids(values: np.ndarray, feature: SparseFeature, problems: _Problems, po
 
         problems.flag(bad if offsets is None else _bag_rows(offsets, bad), feature.name, reason)
 
+    if values.view(np.uint64).max() < np.uint64(rows):  # one pass: a negative id reads >= 2^63 here
+        return values, offsets
     if not unsigned and values.min() < 0:
         flag(values < 0, lambda v: f"negative id {v}")
     if keys.max() < limit:
