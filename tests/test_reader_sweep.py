@@ -8,6 +8,8 @@ workers.
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -19,6 +21,7 @@ from dlrm.bench.reader_sweep import (
     WINDOWS_PER_WORKER,
     avazu_files,
     copies_for,
+    cpu_seconds,
     epoch_rate,
     format_workers,
     replicated,
@@ -88,6 +91,26 @@ def test_format_workers_ratios() -> None:
     assert format_workers(sweep).splitlines()[1] == (
         "reader bench windows: 262,144 rows (data.shuffle_buffer 262,144), 4 per epoch; "
         "data.prefetch 16; batches ahead per worker: 8 workers 64")
+
+
+def test_workers_own_cpu_is_read_from_proc_and_said() -> None:
+    """cpu_seconds against the kernel's count of this process as os.times gives it (a
+    tick apart at most); a process gone counts nothing. The line the sweep prints."""
+    import subprocess
+    import sys
+
+    end = time.process_time() + 0.3
+    while time.process_time() < end:  # some CPU time of our own
+        pass
+    t = os.times()
+    assert cpu_seconds([os.getpid()]) == pytest.approx(t.user + t.system, abs=0.05)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    assert cpu_seconds([gone.pid]) == 0.0
+    sweep = {"bench": {"4": {"rows_per_s": 300.0, "steady": 330.0, "workers_busy": 0.93,
+                             "rows_per_worker_cpu_s": 2_500_000.0}}}
+    assert format_workers(sweep).splitlines()[-1] == (
+        "reader bench workers' own CPU, steady (rows per CPU-second): 4 workers 93% busy, 2,500,000")
 
 
 def test_copies_give_each_worker_eight_windows() -> None:

@@ -31,6 +31,7 @@ this process, so their ratios come from one run of one machine.
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -127,16 +128,24 @@ def epoch_rate(files: list[str], schema: Any, batch_size: int, workers: int,
         t1 = time.perf_counter()
         rows = first.size + sum(batch.size for batch in it)
         t2 = time.perf_counter()
-        steady, busy = [], []
+        steady, busy, cpu, wall, done = [], [], 0.0, 0.0, 0
         for epoch in range(1, 1 + steady_epochs):
             t3, c3, batches = time.perf_counter(), time.thread_time(), 0
+            w3 = cpu_seconds(reader.worker_pids())
             n = 0
             for batch in reader.epoch(epoch):
                 n, batches = n + batch.size, batches + 1
-            steady.append(n / (time.perf_counter() - t3))
+            seconds = time.perf_counter() - t3
+            steady.append(n / seconds)
             busy.append((time.thread_time() - c3) / max(1, batches) * 1e3)
+            cpu, wall, done = cpu + cpu_seconds(reader.worker_pids()) - w3, wall + seconds, done + n
     finally:
         reader.close()
+    # the workers' own CPU time over the steady epochs: near 100% busy with a rate per
+    # CPU-second below one worker's, the cores (shared threads, memory) are the limit;
+    # idle workers wait for the taking thread or the queue
+    worked = ({"workers_busy": cpu / (wall * workers), "rows_per_worker_cpu_s": done / cpu}
+              if workers and cpu > 0 and wall > 0 else {})
     # the thread taking the batches: with workers, what it spends on each (the queue, the
     # mapping, and with CUDA the copy into pinned memory) bounds all workers' rate
     return {"rows_per_s": rows / (t2 - t0), "startup_s": t1 - t0,
@@ -144,7 +153,21 @@ def epoch_rate(files: list[str], schema: Any, batch_size: int, workers: int,
             "consumer_ms": float(np.median(busy)) if busy else 0.0,
             "window_rows": reader.window_rows, "shuffle_buffer": reader.shuffle_buffer,
             "windows": -(-rows // reader.window_rows), "prefetch": prefetch,
-            **({"depth": reader.worker_depth()} if workers else {})}
+            **({"depth": reader.worker_depth()} if workers else {}), **worked}
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU seconds of processes ``pids`` so far (/proc/PID/stat); a process
+    gone, or no /proc, counts 0."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime (clock ticks)
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def avazu_files(files: list[str], out: Path) -> list[str]:
@@ -225,6 +248,10 @@ def format_workers(sweep: dict[str, Any]) -> str:
                 if int(n) > 0 and "consumer_ms" in r]
         if busy:
             lines.append(f"reader {name} taking thread's CPU ms a batch: " + ", ".join(busy))
+        worked = [f"{n} workers {r['workers_busy']:.0%} busy, {r['rows_per_worker_cpu_s']:,.0f}"
+                  for n, r in by_count.items() if "workers_busy" in r]
+        if worked:
+            lines.append(f"reader {name} workers' own CPU, steady (rows per CPU-second): " + ", ".join(worked))
     return "\n".join(lines)
 
 
