@@ -1,0 +1,30 @@
+"""``python -m dlrm.bench.host_gather``: the cold gather timed alone, per pages and threads."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dlrm.bench import host_gather
+from tests.conftest import REPO
+from tests.test_huge_pages import MODE, grants_huge_pages_now
+
+
+def test_one_line_per_pages_and_threads_with_the_kernels_page_share(capsys) -> None:
+    """A 77 MB table (big enough to be advised): huge, then small pages, each at 1 and 2
+    threads; the huge-page share read back from the kernel (none where only advised
+    memory gets them and this one was not)."""
+    code = host_gather.main(["--config", str(REPO / "configs" / "bench_gpu.yaml"), "--rows", "300000",
+                             "--lookups", "500", "--threads", "1,2", "--repeat", "3"])
+    assert code == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(r["pages"], r["threads"]) for r in lines] == [("huge", 1), ("huge", 2), ("small", 1), ("small", 2)]
+    for r in lines:
+        assert (r["rows"], r["dim"], r["lookups"]) == (300_000, 64, 500)
+        assert r["ms"] > 0 and r["gb_per_s"] == pytest.approx(500 * 64 * 4 / r["ms"] / 1e6)
+        assert r["huge_page_share"] is None or 0.0 <= r["huge_page_share"] <= 1.0
+    if MODE == "madvise":
+        assert lines[2]["huge_page_share"] == 0.0
+    if MODE in ("madvise", "always") and grants_huge_pages_now():
+        assert lines[0]["huge_page_share"] > 0.25
