@@ -67,10 +67,16 @@ def audited_bodies(monkeypatch) -> list[SyncAudit]:
 @pytest.mark.slow
 @pytest.mark.parametrize("optim", ["sgd", "adam"])  # row-wise Adagrad: the refresh and bf16 tests
 def test_static_hotline_step_equals_ordinary_training(tiny_data, tmp_path: Path, optim: str) -> None:
-    """3 eager warm-up steps, then static ones (single-hot tiny data: every batch fits)."""
+    """3 eager warm-up steps, then static ones (single-hot tiny data: every batch fits).
+    Steps 4 and 5 under train.profile_mode=python, which changes nothing they compute:
+    the static steps are profiled too (they were not: the GPU bench's hostprof row of
+    2026-11-28 would have written nothing)."""
     steps = ("train.max_steps=7", f"optim.sparse={optim}", "optim.dense=adam")  # adam: capturable
     run(tiny_data, tmp_path / "plain", *steps, "data.batch_size=32")
-    summary = run(tiny_data, tmp_path / "hot", *steps, *STATIC)
+    profiled = ("train.profile_mode=python", "train.profile_start=4", "train.profile_steps=2")
+    summary = run(tiny_data, tmp_path / "hot", *steps, *STATIC, *profiled)
+    text = (tmp_path / "hot" / "profile" / "rank-0-python.txt").read_text()
+    assert text.startswith("steps 4..5, rank 0") and "hotline_graph.py" in text.split("== by with callees")[1]
     assert_states_close(run_state(tmp_path / "hot"), run_state(tmp_path / "plain"), f"static hotline {optim}",
                         tolerance(optim))
     assert summary["step_mode"].startswith("hotline step static: 4 steps"), summary["step_mode"]

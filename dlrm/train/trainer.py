@@ -506,7 +506,16 @@ class Trainer:
         return self._batches.peek()
 
     def step(self, batches: list[Batch]) -> StepDone:
-        """One optimizer step over ``batches`` (see the module docstring)."""
+        """One optimizer step over ``batches`` (see the module docstring), inside
+        ``train.profile_steps``' window when it is one of them: whichever way it runs
+        (eager, a graph replayed, Hotline's static step), as python mode promises."""
+        step = self.progress.global_step
+        self.profiler.before(step)
+        done = self._step(batches)
+        self.profiler.after(step)
+        return done
+
+    def _step(self, batches: list[Batch]) -> StepDone:
         t0 = time.perf_counter()
         step = self.progress.global_step
         rows = self._global_rows(batches)
@@ -520,7 +529,6 @@ class Trainer:
             if self.hotline_graph.fits(batches[0]):
                 return self._hotline_static_step(batches[0], rows, factor, t0)
             self.hotline_graph.eager += 1
-        self.profiler.before(step)
         self.model.begin_step(self.cfg.optim.sparse_lr * factor)
         self.dense_opt.zero_grad(set_to_none=True)
         embedding_before = sum(TIMER.totals[s] for s in EMBEDDING_SECTIONS)
@@ -538,7 +546,6 @@ class Trainer:
         self.model.end_step()
         if self.hotline:
             self.hotline.after_step(step + 1)
-        self.profiler.after(step)
         self.progress.global_step += 1
         # forward + backward outside the embedding sections timed inside them
         inside = (t_dense - t0) - (sum(TIMER.totals[s] for s in EMBEDDING_SECTIONS) - embedding_before)
