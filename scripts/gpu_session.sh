@@ -235,7 +235,7 @@ bench() {
     echo "== native_fp16_tables, torch_baseline"
     bench_part extra 90 --engines native_fp16_tables,torch_baseline "$@"
   } >"$OUT/bench_extra.log" 2>&1
-  grep -E "^  [a-z_0-9]+@|FAILED|^==|budget|GB/s|gb_per_s|^ +[0-9]+[KMGT]?B |hot hit rate|steps: hotline step static|\"step_mode\"" \
+  grep -E "^  [a-z_0-9]+@|FAILED|^==|budget|GB/s|gb_per_s|\"kernels\"|^ +[0-9]+[KMGT]?B |hot hit rate|steps: hotline step static|\"step_mode\"" \
     "$OUT/bench_extra.log" | tail -40
   local prof
   prof=$(find /tmp/bench_gpu/hostprof -name 'rank-0-python.txt' 2>/dev/null | head -1)

@@ -28,3 +28,20 @@ def test_one_line_per_pages_and_threads_with_the_kernels_page_share(capsys) -> N
         assert lines[2]["huge_page_share"] == 0.0
     if MODE in ("madvise", "always") and grants_huge_pages_now():
         assert lines[0]["huge_page_share"] > 0.25
+
+
+@pytest.mark.parametrize("rows,n", [(10, 10), (1000, 300), (10_000_000, 4500)])
+def test_the_ids_are_distinct_sorted_rows_of_the_table(rows: int, n: int) -> None:
+    import torch
+
+    gen = torch.Generator().manual_seed(1)
+    ids = host_gather._distinct(rows, n, gen)
+    assert ids.numel() == n == len(set(ids.tolist()))
+    assert ids.tolist() == sorted(ids.tolist()) and 0 <= int(ids.min()) and int(ids.max()) < rows
+
+
+def test_a_table_smaller_than_the_lookups_gathers_each_row_once(capsys) -> None:
+    assert host_gather.main(["--config", str(REPO / "configs" / "tiny.yaml"), "--rows", "1000",
+                             "--threads", "1", "--repeat", "2"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["lookups"] for r in lines] == [1000, 1000]

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from dlrm.bench.kernels import table_rows
 from dlrm.config import load_config
 from embeddings.huge_pages import advise_huge_pages, huge_page_bytes
 
@@ -38,6 +39,7 @@ def gather_rates(rows: int, dim: int, lookups: int, threads: list[int], repeat: 
                  seed: int = 0) -> list[dict[str, Any]]:
     """Median milliseconds of ``index_select`` of ``lookups`` distinct sorted random rows of
     a [rows, dim] fp32 table, per pages (huge, small) and thread count."""
+    lookups = min(lookups, rows)  # distinct rows: a small table has fewer
     out_rows = torch.empty(lookups, dim, pin_memory=torch.cuda.is_available())
     gen = torch.Generator().manual_seed(seed)
     before = torch.get_num_threads()
@@ -54,9 +56,9 @@ def gather_rates(rows: int, dim: int, lookups: int, threads: list[int], repeat: 
                 torch.set_num_threads(n)
                 ms = []
                 for _ in range(repeat):
-                    ids = torch.randint(0, rows, (lookups + lookups // 8,), generator=gen).unique()[:lookups]
+                    ids = _distinct(rows, lookups, gen)
                     begin = time.perf_counter()
-                    torch.index_select(table, 0, ids, out=out_rows[: ids.numel()])
+                    torch.index_select(table, 0, ids, out=out_rows)
                     ms.append(1e3 * (time.perf_counter() - begin))
                 median = float(np.median(ms))
                 records.append({"pages": pages, "huge_page_share": share, "threads": n,
@@ -68,6 +70,17 @@ def gather_rates(rows: int, dim: int, lookups: int, threads: list[int], repeat: 
     return records
 
 
+def _distinct(rows: int, n: int, gen: torch.Generator) -> torch.Tensor:
+    """``n`` distinct row ids of ``rows``, sorted, at random."""
+    if 4 * n >= rows:
+        return torch.randperm(rows, generator=gen)[:n].sort().values
+    while True:  # a few collisions among n draws of many rows: draw an eighth more
+        ids = torch.randint(0, rows, (n + n // 8 + 8,), generator=gen).unique()
+        if ids.numel() >= n:
+            keep = torch.randperm(ids.numel(), generator=gen)[:n]
+            return ids[keep].sort().values
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m dlrm.bench.host_gather", description=__doc__.split("\n")[0])
     parser.add_argument("--config", required=True)
@@ -77,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=100)
     args, overrides = parser.parse_known_args(argv)
     cfg = load_config(args.config, overrides)
-    rows = args.rows or sum(cfg.generate.table_rows)
+    rows = args.rows or sum(table_rows(cfg))
     cores = torch.get_num_threads()
     threads = ([int(t) for t in args.threads.split(",")] if args.threads
                else sorted({1, min(4, cores), cores}))
