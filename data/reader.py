@@ -143,7 +143,7 @@ class ParquetReader:
         self.pin_memory = pin_memory
         self._pool: DecodePool | None = None  # the decode workers, from the first epoch on
         self.unseen_ids: dict[str, int] = {}  # id_policy="drop": ids dropped, by column
-        self.layout = reader_layout(schema, id_policy)
+        self.layout = reader_layout(schema, id_policy, preprocess)
         screened = screen_files(list(files), schema, on_error)
         self.files = screened.files
         self.bad_data = BadDataLog(screened.left_out)
@@ -643,18 +643,22 @@ def decode_table(table: pa.Table, schema: Schema, *, id_policy: str = "error",
     columns, as the files had them) as one Batch, decoded, checked and mapped exactly as
     the reader decodes a row group. A bad value is a DataError naming its column and
     its row, counted from ``row0``."""
-    window = WindowBuilder(reader_layout(schema, id_policy))
+    window = WindowBuilder(reader_layout(schema, id_policy, preprocess))
     window.start(table.num_rows)
     _decode(table, schema, _Where(None, None, row0), id_policy, dense_nan, (window, 0), None,
             preprocess, unseen)
     return window.finish().batch(0, table.num_rows)
 
 
-def reader_layout(schema: Schema, id_policy: str) -> Layout:
+def reader_layout(schema: Schema, id_policy: str, prep: Preprocessing | None = None) -> Layout:
     """Single-hot ids packed in each row's record; a feature that may leave a row with
-    no id (a bag, an identity id under id_policy="drop") keeps its own offsets."""
+    no id (a bag, an identity id under id_policy="drop") keeps its own offsets. A
+    vocabulary or hash feature's ids are bounded by the mapping's rows (``prep``), an
+    identity feature's by the schema's."""
+    rows = [prep.rows.get(f.table_name, f.rows) if prep is not None and f.encoding != "identity" else f.rows
+            for f in schema.sparse]
     return Layout(schema, [not f.multi_hot and not (f.encoding == "identity" and id_policy == "drop")
-                           for f in schema.sparse])
+                           for f in schema.sparse], [max(n, f.rows) for n, f in zip(rows, schema.sparse)])
 
 
 def _prep(prep: Preprocessing | None, feature: SparseFeature) -> Preprocessing:

@@ -33,7 +33,8 @@ class Layout:
     """Where each field of a row lies in its record; ``packed[j]``: feature j is a
     single-hot id in the record (else a bag). Packed features take slots in schema order."""
 
-    def __init__(self, schema: Schema, packed: list[bool]) -> None:
+    def __init__(self, schema: Schema, packed: list[bool], rows: list[int] | None = None) -> None:
+        """``rows``: each feature's table rows, the bound of its ids (default: the schema's)."""
         self.keys = list(schema.sparse_names)
         self.packed = packed
         self.slot = [int(sum(packed[:j])) if p else -1 for j, p in enumerate(packed)]
@@ -42,7 +43,8 @@ class Layout:
         # written): int32 where no such table has over 2^31 rows. The record then
         # shrinks (26 ids, 13 dense: 160 bytes, not 264), and so do the shuffle's random
         # reads of whole records; a batch's ids are int64 all the same (_split widens them).
-        narrow = all(f.rows <= 2**31 for f, p in zip(schema.sparse, packed) if p)
+        bounds = rows if rows is not None else [f.rows for f in schema.sparse]
+        narrow = all(n <= 2**31 for n, p in zip(bounds, packed) if p)
         self.id_dtype = np.dtype(np.int32 if narrow else np.int64)
         self.dense_at = self.id_dtype.itemsize * self.n_ids  # byte offsets in a record
         self.label_at = self.dense_at + 4 * self.n_dense

@@ -399,3 +399,18 @@ def test_an_id_past_int32_in_a_skipped_row_leaves_the_others_whole(tmp_path: Pat
     batches = _one(tmp_path, "past", cols, on_error="skip")
     assert [b.dense[:, 0].tolist() for b in batches] == [[0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 7.0]]
     assert batches[0].sparse.values().tolist() == [0, 1, 2, 3, 4, 6, 7]
+
+
+def test_a_mapped_features_ids_are_bounded_by_its_mapping_not_the_schema() -> None:
+    """A vocabulary or hash feature's rows come from the fit (data/preprocess.py): a
+    schema not yet given them (rows 1) still gets int64 records where the mapping's
+    table has over 2^31 rows; an identity feature is bounded by its own rows."""
+    from types import SimpleNamespace
+
+    from data.reader import reader_layout
+
+    schema = Schema("label", (), (SparseFeature("C1", 1, encoding="hash"), SparseFeature("C2", 10)))
+    assert reader_layout(schema, "error").id_dtype == np.int32
+    assert reader_layout(schema, "error", SimpleNamespace(rows={"C1": 2**33})).id_dtype == np.int64
+    assert reader_layout(schema, "error", SimpleNamespace(rows={"C1": 2**31})).id_dtype == np.int32
+    assert reader_layout(schema, "error", SimpleNamespace(rows={"C2": 2**33})).id_dtype == np.int32  # identity
