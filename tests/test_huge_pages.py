@@ -98,9 +98,24 @@ def test_hotline_summary_gives_the_host_tiers_share_on_huge_pages() -> None:
         pytest.skip("the kernel grants no huge pages now (memory fragmented)")
     tables = [TableSpec(name="t", rows=600_000, dim=64, features=("f",))]
     host = LocalEmbeddingCollection(tables, make_sparse_optimizer("rowwise_adagrad"), seed=0)
-    share = host_huge_share(host)
+    share = host_huge_share([host])
     assert share is not None and share >= 0.25
     assert share == pytest.approx(huge_kib(host.weight) * 1024 / host.weight.untyped_storage().nbytes())
     small = LocalEmbeddingCollection([TableSpec(name="s", rows=1000, dim=8, features=("g",))],
                                      make_sparse_optimizer("sgd"), seed=0)
-    assert host_huge_share(small) is None
+    assert host_huge_share([small]) is None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtypes", [(), ("embeddings.dtypes.C2=bf16",)])  # one host tier, or one a dtype group
+def test_a_hotline_runs_summary_says_its_host_tiers_share_on_huge_pages(tiny_data, tmp_path: Path, dtypes) -> None:
+    """A host tier of 78 MB (C1 at 1.2M rows x 16 fp32, stacked with the small tables):
+    the run's summary carries the share (the wiring, with one host tier or several)."""
+    from tests.test_hotline_train import HOTLINE, run
+
+    granted = grants_huge_pages_now()
+    summary = run(tiny_data, tmp_path / "run", *HOTLINE, "data.rows={C1: 1200000}", "train.max_steps=3", *dtypes)
+    share = summary["hotline"]["host_huge_pages"]
+    assert 0.0 <= share <= 1.0
+    if granted:
+        assert share > 0.25

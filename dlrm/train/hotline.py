@@ -673,7 +673,7 @@ class HotlineSteps:
             "header_wait_ms": 1000 * w["header_wait"] / steps,
         }
         if whole_run:  # the host tier's share on 2 MiB pages: the cold gather's TLB misses
-            share = host_huge_share(self.embeddings.host)
+            share = host_huge_share(self.embeddings.host_tiers())
             if share is not None:
                 out["host_huge_pages"] = share
         return out
@@ -686,11 +686,11 @@ class HotlineSteps:
         self._planner.shutdown(wait=True)
 
 
-def host_huge_share(host: torch.nn.Module) -> float | None:
-    """Of the host tier's tensors big enough to be advised onto 2 MiB pages
+def host_huge_share(hosts: list[torch.nn.Module]) -> float | None:
+    """Of the host tiers' tensors big enough to be advised onto 2 MiB pages
     (embeddings/huge_pages.py), the share of their bytes the kernel backs with them
     now; None where there are none or /proc/self/smaps cannot be read."""
-    big = [t for t in (*host.parameters(), *host.buffers())
+    big = [t for host in hosts for t in (*host.parameters(), *host.buffers())
            if t.device.type == "cpu" and t.untyped_storage().nbytes() >= huge_pages.MIN_BYTES]
     found = huge_pages.huge_page_bytes(big) if big else None
     if not found:

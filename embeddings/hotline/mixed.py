@@ -188,6 +188,9 @@ class MixedHotlineCollection(PerDtype):
     def parts(self) -> list[EmbeddingCollection]:
         return list(self.groups)
 
+    def host_tiers(self) -> list[EmbeddingCollection]:
+        return [host for g in self.groups for host in g.host_tiers()]
+
     def hot_rows(self) -> dict[str, torch.Tensor]:
         """The hot set now, per table: its sorted row ids (every group's tables)."""
         return {name: rows for g in self.groups for name, rows in g.hot_rows().items()}

@@ -165,6 +165,10 @@ class HotlineEmbeddingCollection(EmbeddingCollection):
         ``ShardedEmbeddingCollection`` (several ranks); checkpoints save it."""
         return self.tier.collection
 
+    def host_tiers(self) -> list[EmbeddingCollection]:
+        """The host tiers' tables (one here; a MixedHotlineCollection has one a dtype group)."""
+        return [self.host]
+
     @property
     def plan(self) -> ShardingPlan | None:
         """The host tier's sharding plan (several ranks), else None."""
