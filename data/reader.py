@@ -655,10 +655,10 @@ def reader_layout(schema: Schema, id_policy: str, prep: Preprocessing | None = N
     no id (a bag, an identity id under id_policy="drop") keeps its own offsets. A
     vocabulary or hash feature's ids are bounded by the mapping's rows (``prep``), an
     identity feature's by the schema's."""
-    rows = [prep.rows.get(f.table_name, f.rows) if prep is not None and f.encoding != "identity" else f.rows
-            for f in schema.sparse]
+    bounds = [max(f.rows, prep.rows.get(f.table_name, 0)) if prep is not None and f.encoding != "identity"
+              else f.rows for f in schema.sparse]
     return Layout(schema, [not f.multi_hot and not (f.encoding == "identity" and id_policy == "drop")
-                           for f in schema.sparse], [max(n, f.rows) for n, f in zip(rows, schema.sparse)])
+                           for f in schema.sparse], bounds)
 
 
 def _prep(prep: Preprocessing | None, feature: SparseFeature) -> Preprocessing:
@@ -769,12 +769,13 @@ def _map_ids(values: np.ndarray, feature: SparseFeature, problems: _Problems, po
 
         problems.flag(bad if offsets is None else _bag_rows(offsets, bad), feature.name, reason)
 
-    if values.view(np.uint64).max() < np.uint64(rows):  # one pass: a negative id reads >= 2^63 here
+    top = values.view(np.uint64).max()  # one pass: a negative int64 id reads as 2^63 or more here
+    if top < np.uint64(rows):
         return values, offsets
-    if not unsigned and values.min() < 0:
+    if not unsigned and top >= np.uint64(2**63):  # some id is negative
         flag(values < 0, lambda v: f"negative id {v}")
-    if keys.max() < limit:
-        return values, offsets
+        if keys.max() < limit:
+            return values, offsets
     big = keys >= limit
     if policy == "error":
         flag(big, lambda v: f"id {v} >= table rows {rows} (set data.rows, or "
