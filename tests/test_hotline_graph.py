@@ -305,10 +305,13 @@ def test_static_steps_update_their_cold_rows_on_the_device(tiny_data, tmp_path: 
                         tolerance(optim))
     # what a graph holds: the patch, the staged rows' update (a second update launch, no
     # sort) and the keep (bf16: the rows' tables found for their rounding, a sorted search)
-    # have no op a capture refuses
+    # have no op a capture refuses; sorted searches: the main update's run heads (not a
+    # cummax: one thread block on CUDA), none for the staged rows' (one lookup a run), and
+    # bf16's tables
     assert audits and all(a.violations == [] for a in audits), [a.violations for a in audits]
     assert all(a.ops["triton._runs_kernel"] == 2 and a.ops["aten.sort"] == 1 and a.ops["triton._patch_kernel"] == 1
-               and a.ops["triton._keep_kernel"] == 1 and a.ops["aten.searchsorted"] == (dtype == "bf16")
+               and a.ops["triton._keep_kernel"] == 1 and a.ops["aten.searchsorted"] == 1 + (dtype == "bf16")
+               and a.ops["aten.cummax"] == 0 and a.ops["triton._segments_kernel"] == 1
                for a in audits), [dict(a.ops) for a in audits]
     assert summary["step_mode"].startswith("hotline step static: 5 steps"), summary["step_mode"]
     assert calls["write_back"] == 5

@@ -1,7 +1,7 @@
 """Backward of the pooled lookup: one sort, one program per run of equal ids.
 
     values [N] (feature-major bags)        grad_pooled (the forward's layout)
-        │ _linearize: one program per bag
+        │ _linearize: one program per 128 bags
         ▼
     linear [N] = row_base[f] + values[j]   bag_of [N] = the bag lookup j sits in
         │ torch.sort(stable): the step's only sort, static size N
@@ -96,16 +96,26 @@ KV, SGD, ROWWISE_ADAGRAD, ADAGRAD, ADAM = 0, 1, 2, 3, 4
 OTHER_STACK = tl.constexpr(1 << 62)
 
 
+# Bags one program of ``_linearize_kernel`` takes (their lookups a column at a time):
+# a program per bag, 106,496 of them for bench_gpu's batch, each one scheduled to move
+# 16 bytes, spent its time being scheduled.
+BAGS = 128
+
+
 @triton.jit
-def _linearize_kernel(values_ptr, offsets_ptr, row_base_ptr, linear_ptr, bag_of_ptr, batch):
-    bag = tl.program_id(0)
-    start = tl.load(offsets_ptr + bag)
-    end = tl.load(offsets_ptr + bag + 1)
-    base = tl.load(row_base_ptr + bag // batch)
-    for j in range(start, end):
-        linear = tl.load(values_ptr + j).to(tl.int64) + base
-        tl.store(linear_ptr + j, tl.where(base < 0, OTHER_STACK, linear))
-        tl.store(bag_of_ptr + j, bag)
+def _linearize_kernel(values_ptr, offsets_ptr, row_base_ptr, linear_ptr, bag_of_ptr, batch, bags,
+                      BAGS: tl.constexpr):
+    bag = tl.program_id(0).to(tl.int64) * BAGS + tl.arange(0, BAGS)
+    inside = bag < bags
+    start = tl.load(offsets_ptr + bag, mask=inside, other=0)
+    length = tl.load(offsets_ptr + bag + 1, mask=inside, other=0) - start
+    base = tl.load(row_base_ptr + bag // batch, mask=inside, other=0)
+    for k in range(tl.max(length, axis=0)):  # the k-th lookup of every bag that has one
+        live = k < length
+        j = start + k
+        linear = tl.load(values_ptr + j, mask=live, other=0).to(tl.int64) + base
+        tl.store(linear_ptr + j, tl.where(base < 0, OTHER_STACK, linear), mask=live)
+        tl.store(bag_of_ptr + j, bag, mask=live)
 
 
 # Lookups one program sums; a run's later segments are summed by programs of their own.
@@ -316,15 +326,17 @@ def _sorted_runs(
     values: torch.Tensor, offsets: torch.Tensor, row_base: torch.Tensor, batch: int, presorted: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(sorted stacked ids, their lookup positions, the bag of each lookup), all [N].
-    ``presorted``: the stacked ids in lookup order are ascending already (unreached
-    lookups last): no sort."""
+    ``presorted``: the stacked ids in lookup order are ascending and distinct already
+    (unreached lookups last): no sort."""
     n = values.numel()
     # OTHER_STACK where no bag reaches: a captured Hotline step's lookups past this
     # batch's (static_step.py: buffers of a multi-hot batch's capacity) are never applied
     linear = torch.full((n,), OTHER_STACK.value, dtype=torch.int64, device=values.device)
     bag_of = torch.empty(n, dtype=torch.int64, device=values.device)
-    _linearize_kernel[(row_base.numel() * batch,)](values, offsets, row_base, linear, bag_of, batch,
-                                                   num_warps=1)
+    bags = row_base.numel() * batch
+    if bags:
+        _linearize_kernel[(triton.cdiv(bags, BAGS),)](values, offsets, row_base, linear, bag_of, batch, bags,
+                                                      BAGS=BAGS, num_warps=4)
     if presorted:
         return linear, torch.arange(n, device=values.device), bag_of
     sorted_ids, order = torch.sort(linear, stable=True)
@@ -332,13 +344,13 @@ def _sorted_runs(
 
 
 def _run_heads(sorted_ids: torch.Tensor) -> torch.Tensor:
-    """[N]: the sorted position where each position's run starts (a running maximum of
-    the starts' positions: static shapes, no host sync)."""
-    n = sorted_ids.numel()
-    positions = torch.arange(n, device=sorted_ids.device)
-    starts = torch.ones(n, dtype=torch.bool, device=sorted_ids.device)
-    starts[1:] = sorted_ids[1:] != sorted_ids[:-1]
-    return torch.cummax(torch.where(starts, positions, 0), dim=0).values
+    """[N]: the sorted position where each position's run starts: the first place of
+    its id in the sorted ids, one binary search per position (static shapes, no host
+    sync). Not a running maximum of the starts' positions (torch.cummax, as before):
+    on CUDA a scan with indices of one row is one thread block walking the row 1,024
+    values at a time, ~100 dependent rounds for a 106k-lookup batch, on one SM while
+    the others idle; the searches run on all of them."""
+    return torch.searchsorted(sorted_ids, sorted_ids)
 
 
 def _segment_partials(sorted_ids, order, bag_of, offsets, grad_pooled, n, batch, dim, stride_b, stride_f,
@@ -370,8 +382,11 @@ def _launch_runs(grad_pooled, values, offsets, row_base, batch, mean, feature_ma
     stride_b, stride_f = (dim, batch * dim) if feature_major else (num_features * dim, dim)
     sorted_ids, order, bag_of = _sorted_runs(values, offsets, row_base, batch, presorted)
     grad_pooled = grad_pooled.contiguous()
-    partial = _segment_partials(sorted_ids, order, bag_of, offsets, grad_pooled, n, batch, dim, stride_b,
-                                stride_f, mean)
+    if presorted:  # distinct ids, every run one lookup: no later segment, no partial is read
+        partial = grad_pooled.new_empty(1, dim, dtype=torch.float32)
+    else:
+        partial = _segment_partials(sorted_ids, order, bag_of, offsets, grad_pooled, n, batch, dim, stride_b,
+                                    stride_f, mean)
     dummy = sorted_ids  # an unused pointer argument (its OPT never reads it)
     state, state2 = (list(states) + [dummy, dummy])[:2]
     half = NONE if rounding is None else half_code(weight.dtype)
@@ -424,7 +439,8 @@ def backward_update(
     Hotline step's staged cold rows, ids H + cold row, static_step.py), sorted with the
     rest (one sort) but not applied: each one's summed gradient is written, fp32, at
     ``out_rows[id - first]``. ``presorted``: the lookups' stacked ids, in lookup order,
-    ascending already (a static Hotline step's staged rows, one each): no sort.
+    ascending and distinct already (a static Hotline step's staged rows, one each): no
+    sort, and no run longer than a segment (no partials).
     ``count`` False: Adam's ``state["step"]`` counted this step already (the staged rows'
     update reads the hot tier's, cold_stage.py)."""
     if values.numel() == 0:
