@@ -37,21 +37,21 @@ class Case:
     batch: int
 
 
-def make_case(dim: int, multi_hot: bool, seed: int = 0) -> Case:
+def make_case(dim: int, multi_hot: bool, seed: int = 0, batch: int = BATCH) -> Case:
     """Feature-major bags; multi-hot ones hold 0-3 ids (empty bags included)."""
     gen = torch.Generator().manual_seed(seed)
-    bags = len(TABLE_ROWS) * BATCH
+    bags = len(TABLE_ROWS) * batch
     if multi_hot:
         lengths = torch.randint(0, 4, (bags,), generator=gen)
         lengths[1] = 0  # at least one empty bag, whatever the seed
     else:
         lengths = torch.ones(bags, dtype=torch.int64)
     values = torch.cat([
-        torch.randint(0, TABLE_ROWS[bag // BATCH], (int(lengths[bag]),), generator=gen)
+        torch.randint(0, TABLE_ROWS[bag // batch], (int(lengths[bag]),), generator=gen)
         for bag in range(bags)
     ])
     offsets = torch.zeros(bags + 1, dtype=torch.int64)
     offsets[1:] = lengths.cumsum(0)
     weight = torch.randn(STACKED_ROWS, dim, generator=gen)
     return Case(weight.to(DEVICE), values.to(DEVICE), offsets.to(DEVICE),
-                torch.tensor(ROW_BASE, device=DEVICE), BATCH)
+                torch.tensor(ROW_BASE, device=DEVICE), batch)

@@ -34,8 +34,9 @@ def embedding_bag_per_feature(case, mean: bool) -> torch.Tensor:
 @pytest.mark.parametrize("dim", [8, 12])  # 12: not a power of two (masked columns)
 @pytest.mark.parametrize("multi_hot", [False, True])
 @pytest.mark.parametrize("mean", [False, True])
-def test_pooled_equals_embedding_bag(dim: int, multi_hot: bool, mean: bool) -> None:
-    case = make_case(dim, multi_hot)
+@pytest.mark.parametrize("batch", [5, 200])  # 600 bags: several programs, the last part-filled
+def test_pooled_equals_embedding_bag(dim: int, multi_hot: bool, mean: bool, batch: int) -> None:
+    case = make_case(dim, multi_hot, batch=batch)
     expected = embedding_bag_per_feature(case, mean)  # [F, B, D]
     feature_major = pooled_forward(case.weight, case.values, case.offsets, case.row_base,
                                    case.batch, mean, feature_major=True)

@@ -17,24 +17,26 @@ from embeddings.kernels.stage_rows import keep_reference, keep_rows, patch_refer
 CAPACITY, DIM = 12, 5
 
 
-def buffers(seed: int, count: int, prev_count: int, states: str, dtype: torch.dtype) -> tuple:
+def buffers(seed: int, count: int, prev_count: int, states: str, dtype: torch.dtype,
+            capacity: int = CAPACITY) -> tuple:
     """(ids, count, prev_ids, prev_count, rows, prev_rows, state, prev_state): ids drawn
-    from 0..19 (so the two steps share some), ascending in their first ``count``, stale
+    from 0..2C-5 (so the two steps share some), ascending in their first ``count``, stale
     values past it (a buffer's leftovers); ``states``: "" | "row" | "row,element"."""
     gen = torch.Generator().manual_seed(seed)
+    span = 2 * capacity - 4
 
     def ids(n: int) -> torch.Tensor:
-        head = torch.randperm(20, generator=gen)[:n].sort().values
-        return torch.cat([head, torch.randint(0, 20, (CAPACITY - n,), generator=gen)])
+        head = torch.randperm(span, generator=gen)[:n].sort().values
+        return torch.cat([head, torch.randint(0, span, (capacity - n,), generator=gen)])
 
     def values(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, generator=gen).to(dtype)
 
     widths = [w for w in states.split(",") if w]
-    state = [values(CAPACITY) if w == "row" else values(CAPACITY, DIM) for w in widths]
+    state = [values(capacity) if w == "row" else values(capacity, DIM) for w in widths]
     prev_state = [values(*t.shape) for t in state]
     tensors = (ids(count), torch.tensor([count]), ids(prev_count), torch.tensor([prev_count]),
-               values(CAPACITY, DIM), values(CAPACITY, DIM))
+               values(capacity, DIM), values(capacity, DIM))
     return (*(t.to(DEVICE) for t in tensors), [t.to(DEVICE) for t in state], [t.to(DEVICE) for t in prev_state])
 
 
@@ -44,9 +46,12 @@ def copies(args: tuple) -> tuple:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("states", ["", "row", "row,element", "element,element"])
-@pytest.mark.parametrize("count,prev_count", [(7, 9), (12, 12), (0, 5), (6, 0)])
-def test_patch_and_keep_equal_torch(count: int, prev_count: int, states: str, dtype: torch.dtype) -> None:
-    args = buffers(count + 10 * prev_count, count, prev_count, states, dtype)
+@pytest.mark.parametrize("count,prev_count,capacity", [(7, 9, CAPACITY), (12, 12, CAPACITY), (0, 5, CAPACITY),
+                                                       (6, 0, CAPACITY), (37, 45, 50), (50, 17, 50)])
+def test_patch_and_keep_equal_torch(count: int, prev_count: int, capacity: int, states: str,
+                                    dtype: torch.dtype) -> None:
+    """Capacity 50: several programs of ROWS (16) rows each, the last one part-filled."""
+    args = buffers(count + 10 * prev_count, count, prev_count, states, dtype, capacity)
     for kernel, reference in ((patch_rows, patch_reference), (keep_rows, keep_reference)):
         got, want = copies(args), copies(args)
         kernel(*got)

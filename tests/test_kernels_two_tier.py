@@ -27,11 +27,11 @@ FEATURES, BATCH, DIM = 3, 6, 5
 HOT, STAGED, CAPACITY = 4, 5, 9  # hot rows; cold rows staged (U); the cold buffer's rows
 
 
-def case(multi_hot: bool, seed: int, dtype: torch.dtype = torch.float32):
+def case(multi_hot: bool, seed: int, dtype: torch.dtype = torch.float32, batch: int = BATCH):
     """(hot [H, D], cold [C, D] first U staged, is_hot, slot, cold_local, offsets): each
     lookup hot with p 0.6; every staged cold row used by at least one lookup."""
     gen = torch.Generator().manual_seed(seed)
-    bags = FEATURES * BATCH
+    bags = FEATURES * batch
     lengths = torch.randint(0, 4, (bags,), generator=gen) if multi_hot else torch.ones(bags, dtype=torch.int64)
     if multi_hot:
         lengths[2] = 0
@@ -53,11 +53,12 @@ def case(multi_hot: bool, seed: int, dtype: torch.dtype = torch.float32):
 @pytest.mark.parametrize("mean", [False, True])
 @pytest.mark.parametrize("multi_hot", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_two_tier_forward_equals_one_table(mean: bool, multi_hot: bool, dtype: torch.dtype) -> None:
-    hot, cold, is_hot, slot, cold_local, offsets = case(multi_hot, seed=1, dtype=dtype)
-    got = two_tier_forward(hot, cold, is_hot, slot, cold_local, offsets, FEATURES, BATCH, mean)
+@pytest.mark.parametrize("batch", [BATCH, 200])  # 600 bags: several programs, the last part-filled
+def test_two_tier_forward_equals_one_table(mean: bool, multi_hot: bool, dtype: torch.dtype, batch: int) -> None:
+    hot, cold, is_hot, slot, cold_local, offsets = case(multi_hot, seed=1, dtype=dtype, batch=batch)
+    got = two_tier_forward(hot, cold, is_hot, slot, cold_local, offsets, FEATURES, batch, mean)
     safe_slot, safe_local = slot.clamp(max=HOT - 1), cold_local.clamp(max=CAPACITY - 1)
-    want = two_tier_reference(hot, cold, is_hot, safe_slot, safe_local, offsets, FEATURES, BATCH, mean)
+    want = two_tier_reference(hot, cold, is_hot, safe_slot, safe_local, offsets, FEATURES, batch, mean)
     torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
 
 

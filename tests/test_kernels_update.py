@@ -49,6 +49,18 @@ def test_kv_gradient_equals_autograd(feature_major: bool, dim: int, multi_hot: b
     torch.testing.assert_close(got.rows, want.rows, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("multi_hot", [False, True])
+def test_kv_gradient_of_many_bags_equals_autograd(multi_hot: bool) -> None:
+    """600 bags: several programs of the linearize kernel (BAGS a program), each with
+    its own longest bag, the last one part-filled."""
+    case = make_case(8, multi_hot, seed=4, batch=200)
+    grad_pooled = torch.randn(case.batch, 3 * 8, device=DEVICE)
+    got = backward_kv(grad_pooled, case.values, case.offsets, case.row_base, case.batch, False, False)
+    want = dense_gradient(case, grad_pooled, False, False)
+    assert torch.equal(got.ids, want.ids)
+    torch.testing.assert_close(got.rows, want.rows, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("optimizer", OPTIMIZERS)
 @pytest.mark.parametrize("dim", [8, 12])
 @pytest.mark.parametrize("multi_hot", [False, True])

@@ -6,11 +6,12 @@ only the U rows staged, not the C the buffers hold.
     prev_ids  [C]  the last step's, first ``prev_count`` valid
     rows      [C, D], state: up to two tensors [C] or [C, D] (the optimizer's, per row)
 
-    patch  program i < count: j = the place of ids[i] in prev_ids[:prev_count] (a binary
+    patch  row i < count: j = the place of ids[i] in prev_ids[:prev_count] (a binary
            search); where prev_ids[j] == ids[i]: rows[i], state[i] = prev_rows[j], prev_state[j]
-    keep   program i < count: prev_*[i] = this step's; prev_count = count
+    keep   row i < count: prev_*[i] = this step's; prev_count = count
 
-Every size is the buffers' (C programs; those past ``count`` return at once), so both
+A program takes ROWS (16) rows, a [ROWS, D] tile. Every size is the buffers' (C / ROWS
+programs; those past ``count`` return at once), so both
 run inside a CUDA graph; ``count`` and ``prev_count`` are read on the device. The torch
 references (``patch_reference``, ``keep_reference``) do the same over all C rows.
 """
@@ -21,56 +22,70 @@ import torch
 import triton
 import triton.language as tl
 
-from embeddings.kernels.pooled import block_d, warps
+from embeddings.kernels.pooled import block_d
 
 NO_STATE, PER_ROW, PER_ELEMENT = 0, 1, 2  # a state tensor's width: none, [C], [C, D]
 
 
+# Staged rows a program carries: C / ROWS programs, not C. A program per row, most of
+# them past ``count`` (a static step's C is every lookup of the batch, ~23x its cold
+# rows on bench_gpu), spent its time being scheduled, not copying.
+ROWS = 16
+
+
 @triton.jit
-def _copy_row(dst_ptr, src_ptr, to, at, dim, cols, WIDTH: tl.constexpr):
-    """dst row ``to`` = src row ``at``: a whole row of ``dim`` (PER_ELEMENT) or one value."""
+def _copy_rows(dst_ptr, src_ptr, to, at, dim, cols, live, WIDTH: tl.constexpr):
+    """dst rows ``to`` = src rows ``at`` ([ROWS] each) where ``live``: whole rows of
+    ``dim`` (PER_ELEMENT) or one value each."""
     if WIDTH == 2:
-        in_row = cols < dim
-        value = tl.load(src_ptr + at * dim + cols, mask=in_row)
-        tl.store(dst_ptr + to * dim + cols, value, mask=in_row)
+        in_tile = live[:, None] & (cols[None, :] < dim)
+        value = tl.load(src_ptr + at[:, None] * dim + cols[None, :], mask=in_tile)
+        tl.store(dst_ptr + to[:, None] * dim + cols[None, :], value, mask=in_tile)
     elif WIDTH == 1:
-        tl.store(dst_ptr + to, tl.load(src_ptr + at))
+        tl.store(dst_ptr + to, tl.load(src_ptr + at, mask=live), mask=live)
 
 
 @triton.jit
 def _patch_kernel(ids_ptr, count_ptr, prev_ids_ptr, prev_count_ptr, rows_ptr, prev_rows_ptr,
                   s1_ptr, p1_ptr, s2_ptr, p2_ptr, dim,
-                  W1: tl.constexpr, W2: tl.constexpr, STEPS: tl.constexpr, BLOCK_D: tl.constexpr):
-    i = tl.program_id(0).to(tl.int64)
-    if i < tl.load(count_ptr):
-        target = tl.load(ids_ptr + i)
+                  W1: tl.constexpr, W2: tl.constexpr, STEPS: tl.constexpr, BLOCK_D: tl.constexpr,
+                  ROWS: tl.constexpr):
+    first = tl.program_id(0).to(tl.int64) * ROWS
+    count = tl.load(count_ptr)
+    if first < count:
+        i = first + tl.arange(0, ROWS)
+        live = i < count
+        target = tl.load(ids_ptr + i, mask=live, other=0)
         n = tl.load(prev_count_ptr)
-        lo = n * 0
-        hi = n
-        for _ in range(STEPS):  # the first place whose id is not below target
+        lo = tl.zeros([ROWS], dtype=tl.int64)
+        hi = lo + n
+        for _ in range(STEPS):  # each row's first place whose id is not below its target
             mid = (lo + hi) // 2
-            open_range = lo < hi
+            open_range = live & (lo < hi)
             below = tl.load(prev_ids_ptr + mid, mask=open_range, other=0) < target
             lo = tl.where(open_range & below, mid + 1, lo)
             hi = tl.where(open_range & (below == 0), mid, hi)
-        inside = lo < n
-        if inside & (tl.load(prev_ids_ptr + lo, mask=inside, other=-1) == target):  # ids are >= 0
-            cols = tl.arange(0, BLOCK_D)
-            _copy_row(rows_ptr, prev_rows_ptr, i, lo, dim, cols, 2)
-            _copy_row(s1_ptr, p1_ptr, i, lo, dim, cols, W1)
-            _copy_row(s2_ptr, p2_ptr, i, lo, dim, cols, W2)
+        inside = live & (lo < n)
+        hit = inside & (tl.load(prev_ids_ptr + lo, mask=inside, other=-1) == target)  # ids are >= 0
+        cols = tl.arange(0, BLOCK_D)
+        _copy_rows(rows_ptr, prev_rows_ptr, i, lo, dim, cols, hit, 2)
+        _copy_rows(s1_ptr, p1_ptr, i, lo, dim, cols, hit, W1)
+        _copy_rows(s2_ptr, p2_ptr, i, lo, dim, cols, hit, W2)
 
 
 @triton.jit
 def _keep_kernel(ids_ptr, count_ptr, prev_ids_ptr, rows_ptr, prev_rows_ptr, s1_ptr, p1_ptr, s2_ptr, p2_ptr,
-                 dim, W1: tl.constexpr, W2: tl.constexpr, BLOCK_D: tl.constexpr):
-    i = tl.program_id(0).to(tl.int64)
-    if i < tl.load(count_ptr):
+                 dim, W1: tl.constexpr, W2: tl.constexpr, BLOCK_D: tl.constexpr, ROWS: tl.constexpr):
+    first = tl.program_id(0).to(tl.int64) * ROWS
+    count = tl.load(count_ptr)
+    if first < count:
+        i = first + tl.arange(0, ROWS)
+        live = i < count
         cols = tl.arange(0, BLOCK_D)
-        tl.store(prev_ids_ptr + i, tl.load(ids_ptr + i))
-        _copy_row(prev_rows_ptr, rows_ptr, i, i, dim, cols, 2)
-        _copy_row(p1_ptr, s1_ptr, i, i, dim, cols, W1)
-        _copy_row(p2_ptr, s2_ptr, i, i, dim, cols, W2)
+        tl.store(prev_ids_ptr + i, tl.load(ids_ptr + i, mask=live), mask=live)
+        _copy_rows(prev_rows_ptr, rows_ptr, i, i, dim, cols, live, 2)
+        _copy_rows(p1_ptr, s1_ptr, i, i, dim, cols, live, W1)
+        _copy_rows(p2_ptr, s2_ptr, i, i, dim, cols, live, W2)
 
 
 def _states(state: list[torch.Tensor], prev: list[torch.Tensor], filler: torch.Tensor
@@ -89,6 +104,11 @@ def _states(state: list[torch.Tensor], prev: list[torch.Tensor], filler: torch.T
     return pairs, widths
 
 
+def _tile_warps(dim: int) -> int:
+    """Warps for a [ROWS, BLOCK_D] tile: one per 512 values, 1 to 4."""
+    return min(4, max(1, ROWS * block_d(dim) // 512))
+
+
 def patch_rows(ids: torch.Tensor, count: torch.Tensor, prev_ids: torch.Tensor, prev_count: torch.Tensor,
                rows: torch.Tensor, prev_rows: torch.Tensor, state: list[torch.Tensor],
                prev_state: list[torch.Tensor]) -> None:
@@ -97,8 +117,9 @@ def patch_rows(ids: torch.Tensor, count: torch.Tensor, prev_ids: torch.Tensor, p
     capacity, dim = rows.shape
     pairs, (w1, w2) = _states(state, prev_state, rows)
     steps = max(1, int(capacity).bit_length())  # halvings of [0, C] down to one place
-    _patch_kernel[(capacity,)](ids, count, prev_ids, prev_count, rows, prev_rows, *pairs, dim,
-                               W1=w1, W2=w2, STEPS=steps, BLOCK_D=block_d(dim), num_warps=warps(dim))
+    _patch_kernel[(triton.cdiv(capacity, ROWS),)](ids, count, prev_ids, prev_count, rows, prev_rows, *pairs, dim,
+                                                  W1=w1, W2=w2, STEPS=steps, BLOCK_D=block_d(dim), ROWS=ROWS,
+                                                  num_warps=_tile_warps(dim))
 
 
 def keep_rows(ids: torch.Tensor, count: torch.Tensor, prev_ids: torch.Tensor, prev_count: torch.Tensor,
@@ -107,8 +128,9 @@ def keep_rows(ids: torch.Tensor, count: torch.Tensor, prev_ids: torch.Tensor, pr
     """The first ``count`` staged ids, rows and state become the last step's."""
     capacity, dim = rows.shape
     pairs, (w1, w2) = _states(state, prev_state, rows)
-    _keep_kernel[(capacity,)](ids, count, prev_ids, rows, prev_rows, *pairs, dim,
-                              W1=w1, W2=w2, BLOCK_D=block_d(dim), num_warps=warps(dim))
+    _keep_kernel[(triton.cdiv(capacity, ROWS),)](ids, count, prev_ids, rows, prev_rows, *pairs, dim,
+                                                 W1=w1, W2=w2, BLOCK_D=block_d(dim), ROWS=ROWS,
+                                                 num_warps=_tile_warps(dim))
     prev_count.copy_(count)
 
 

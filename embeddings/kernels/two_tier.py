@@ -8,7 +8,7 @@ hot rows) or cold (a row of the step's staged cold rows, gathered by the host):
     cold_local [N]        row of ``cold_rows``       (read where cold; < U)
     offsets    [F*B + 1]  bag p = f*B + b holds lookups offsets[p]:offsets[p+1]
     hot_weight [H, D]     the hot tier               cold_rows [C, D]  first U staged
-        │ program p: acc = Σ (hot_weight[slot[j]] if is_hot[j] else cold_rows[cold_local[j]])
+        │ bag p: acc = Σ (hot_weight[slot[j]] if is_hot[j] else cold_rows[cold_local[j]])
         │            in fp32; mean: acc / max(len, 1) (the WHOLE bag: both tiers' lookups)
         ▼
     pooled [B, F*D] fp32, sample-major
@@ -35,33 +35,37 @@ import torch
 import triton
 import triton.language as tl
 
-from embeddings.kernels.pooled import block_d, warps
+from embeddings.kernels.pooled import bags_a_program, block_d
 
 
 @triton.jit
 def _two_tier_kernel(
     hot_ptr, cold_ptr, is_hot_ptr, slot_ptr, cold_local_ptr, offsets_ptr, out_ptr,
-    batch, dim, stride_b, stride_f, MEAN: tl.constexpr, BLOCK_D: tl.constexpr,
+    batch, dim, stride_b, stride_f, bags, MEAN: tl.constexpr, BLOCK_D: tl.constexpr, BAGS: tl.constexpr,
 ):
-    bag = tl.program_id(0)
+    bag = tl.program_id(0).to(tl.int64) * BAGS + tl.arange(0, BAGS)
+    inside = bag < bags
     feature = bag // batch
     sample = bag % batch
-    start = tl.load(offsets_ptr + bag)
-    end = tl.load(offsets_ptr + bag + 1)
+    start = tl.load(offsets_ptr + bag, mask=inside, other=0)
+    length = tl.load(offsets_ptr + bag + 1, mask=inside, other=0) - start
     cols = tl.arange(0, BLOCK_D)
-    in_row = cols < dim
-    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
-    for j in range(start, end):
-        if tl.load(is_hot_ptr + j) != 0:
-            row = tl.load(slot_ptr + j).to(tl.int64)
-            acc += tl.load(hot_ptr + row * dim + cols, mask=in_row, other=0.0).to(tl.float32)
-        else:
-            row = tl.load(cold_local_ptr + j).to(tl.int64)
-            acc += tl.load(cold_ptr + row * dim + cols, mask=in_row, other=0.0).to(tl.float32)
+    in_row = (cols < dim)[None, :]
+    acc = tl.zeros([BAGS, BLOCK_D], dtype=tl.float32)
+    for k in range(tl.max(length, axis=0)):  # the k-th lookup of every bag that has one
+        live = k < length
+        j = start + k
+        hot = live & (tl.load(is_hot_ptr + j, mask=live, other=0) != 0)
+        cold = live & (hot == 0)
+        slot = tl.load(slot_ptr + j, mask=hot, other=0).to(tl.int64)
+        row = tl.load(cold_local_ptr + j, mask=cold, other=0).to(tl.int64)
+        from_hot = tl.load(hot_ptr + slot[:, None] * dim + cols[None, :], mask=hot[:, None] & in_row, other=0.0)
+        from_cold = tl.load(cold_ptr + row[:, None] * dim + cols[None, :], mask=cold[:, None] & in_row, other=0.0)
+        acc += tl.where(hot[:, None], from_hot.to(tl.float32), from_cold.to(tl.float32))
     if MEAN:
-        acc = tl.div_rn(acc, tl.maximum(end - start, 1).to(tl.float32))
-    dst = out_ptr + sample.to(tl.int64) * stride_b + feature.to(tl.int64) * stride_f + cols
-    tl.store(dst, acc, mask=in_row)
+        acc = tl.div_rn(acc, tl.maximum(length, 1).to(tl.float32)[:, None])
+    dst = out_ptr + sample[:, None] * stride_b + feature[:, None] * stride_f + cols[None, :]
+    tl.store(dst, acc, mask=inside[:, None] & in_row)
 
 
 def two_tier_forward(hot_weight: torch.Tensor, cold_rows: torch.Tensor, is_hot: torch.Tensor,
@@ -72,9 +76,10 @@ def two_tier_forward(hot_weight: torch.Tensor, cold_rows: torch.Tensor, is_hot: 
     dim = cold_rows.shape[1]
     out = torch.empty(batch, features * dim, dtype=torch.float32, device=cold_rows.device)
     if features * batch:
-        _two_tier_kernel[(features * batch,)](
+        bags, per = features * batch, bags_a_program(dim)
+        _two_tier_kernel[(triton.cdiv(bags, per),)](
             hot_weight, cold_rows, is_hot.view(torch.uint8), slot, cold_local, offsets, out,
-            batch, dim, features * dim, dim, MEAN=mean, BLOCK_D=block_d(dim), num_warps=warps(dim),
+            batch, dim, features * dim, dim, bags, MEAN=mean, BLOCK_D=block_d(dim), BAGS=per, num_warps=4,
         )
     return out
 
