@@ -239,7 +239,8 @@ bench() {
     "$OUT/bench_extra.log" | tail -40
   local prof
   prof=$(find /tmp/bench_gpu/hostprof -name 'rank-0-python.txt' 2>/dev/null | head -1)
-  if [ -n "$prof" ]; then  # the whole file is in runs.tgz
+  if [ -n "$prof" ]; then  # the whole file comes back too (runs.tgz came back too big on 2026-11-28)
+    cp "$prof" "$OUT/hostprof.txt"
     echo "== hotline's step loop under cProfile ($prof)"
     head -2 "$prof"
     grep -A16 "== by own" "$prof"
