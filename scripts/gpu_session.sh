@@ -27,11 +27,11 @@
 #   2. up to 100 s the reader's rows/s at data.workers 0,4,16 (issue 23: $OUT/reader.json),
 #      with data.shuffle_buffer=65536 (READER_WINDOW): 16 windows in the 1,048,576 rows, the
 #      set copied until an epoch holds 8 windows a worker (dlrm/bench/reader_sweep.py).
-#      2026-11-27 H200: steady 4 workers 2.52x, 16 workers 4.81x one core's rate; the
-#      evening's run cut it after one core (it came after the tests of 3, and got 70 s).
-#      Each worker decodes a whole window ahead now (ParquetReader.worker_depth: 16 batches
-#      here; 4 then). Then, where 120 s are left, 16 workers at the old depth
-#      (--worker-depth 4): the before of that change, on the same machine
+#      2026-11-27 H200: steady 4 workers 2.52x, 16 workers 4.81x one core's rate;
+#      2026-11-28 H200 (53f03e8): 2.36x, 4.64x, the taking thread 0.479 ms of CPU a batch
+#      (16 workers 54% busy: it bounds them), its pinned copy four allocations and copies
+#      then, one of each since. Then, where 120 s are left, 16 workers at the old depth
+#      (--worker-depth 4)
 #   3. the vocabulary fit at data.fit_workers 0,16 (issue 26: $OUT/fit.json), up to 40 s;
 #      then the other gpu- and kernels-marked tests (tests/test_gpu.py's CUDA-equals-CPU
 #      matrix is most of it: ~40 s a case) in what is left, and the failures alone,
@@ -52,7 +52,8 @@
 #      2026-11-27), hotline and hotline_bf16_tables with the cold update before
 #      (hotline.cold_update=host: the gradient home, the host's update; now in the replay),
 #      hotline with a refresh every 30 steps (issue 22: the refresh's pause), hotline's step
-#      loop under cProfile (train.profile_mode=python: where its host time goes), the embedding
+#      loop under cProfile (train.profile_mode=python: where its host time goes), native's and
+#      hotline's steps under torch.profiler (their kernels' GPU time: $OUT/kprof-*.txt), the embedding
 #      kernels alone (python -m dlrm.bench.kernels: bytes/s per path), the hotline.budget
 #      sweep at 512MB and 2GB (64MB: 1,203,263 on 2026-11-27's evening), native_fp16_tables
 #      and torch_baseline
@@ -224,6 +225,17 @@ bench() {
     echo "== hotline, the step loop under cProfile (steps 60..89)"
     bench_part hostprof 45 --engines hotline "$@" train.profile_mode=python train.profile_start=60 \
       train.profile_steps=30
+    # where each step's GPU time goes, kernel by kernel (torch.profiler, the steps eager:
+    # each kernel's device time is the one it takes in the replay): native's 1.43 ms and
+    # hotline's 2.06 ms a replay on the 2026-11-28 H200, nothing said of which kernels.
+    # $OUT/kprof-<row>.txt: operators and kernels by self CUDA time
+    echo "== native and hotline steps under torch.profiler (steps 40..44, eager)"
+    bench_part kprof 50 --engines native,hotline "$@" train.profile_mode=torch train.profile_start=40 \
+      train.profile_steps=5
+    # 2026-11-28 H200 (53f03e8), triton: forward 0.157 ms, backward+update 1.111 ms (torch's
+    # 0.667 / 1.364); native's replay 1.43 ms of GPU time, hotline's 2.06 (1.48 with the cold
+    # update on the host). Since: run heads by a sorted search (a cummax was one thread
+    # block), no partials for the staged rows, blocked lookups, linearize, patch and keep
     echo "== embedding kernels alone"
     timeout -k 5 "$(upto 40)" "$PY" -m dlrm.bench.kernels --config "$CONFIG"
     # the cold gather alone (1.3 ms a step for ~4,500 rows on the 2026-11-27 H200, 0.3 ms
@@ -246,7 +258,18 @@ bench() {
     grep -A16 "== by own" "$prof"
     grep -A24 "== by with callees" "$prof"
   fi
-  tar czf "$OUT/runs.tgz" -C /tmp/bench_gpu --exclude='checkpoints' --exclude='data' . 2>/dev/null
+  local table row
+  for table in /tmp/bench_gpu/kprof/runs/*/profile/rank-0.txt; do
+    [ -f "$table" ] || continue
+    row=$(basename "$(dirname "$(dirname "$table")")")
+    cp "$table" "$OUT/kprof-$row.txt"
+    echo "== $row: kernels by self CUDA time ($OUT/kprof-$row.txt)"
+    sed -n 1,22p "$table" | cut -c1-200
+  done
+  # the runs' small text files only (the whole of them came back too big on 2026-11-28:
+  # at most 16 MiB a file, 8 files a call)
+  (cd /tmp/bench_gpu && find . -path '*/data' -prune -o -type f -size -1024k \( -name '*.txt' -o -name '*.json' \
+    -o -name '*.log' \) ! -path '*/profile/rank-*.json' -print | tar czf "$OUT/runs.tgz" -T - 2>/dev/null)
   return $code
 }
 
