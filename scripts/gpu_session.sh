@@ -238,6 +238,10 @@ bench() {
     # block), no partials for the staged rows, blocked lookups, linearize, patch and keep
     echo "== embedding kernels alone"
     timeout -k 5 "$(upto 40)" "$PY" -m dlrm.bench.kernels --config "$CONFIG"
+    # the run segment's A/B (a long run's serial walk against its partials' count), by the
+    # graph-replayed figures (*_graph_ms: GPU time; the eager ones may be the host's)
+    DLRM_KERNEL_RUN_SEGMENT=16 timeout -k 5 "$(upto 20)" "$PY" -m dlrm.bench.kernels --config "$CONFIG" \
+      --kernels triton
     # the cold gather alone (1.3 ms a step for ~4,500 rows on the 2026-11-27 H200, 0.3 ms
     # on the 2-core CPU machine): 2 MiB pages or not, 1 / 4 / all threads
     echo "== host gather alone"

@@ -18,8 +18,10 @@ Bytes counted are the ones the work cannot avoid, at 4 B a float and 8 B an id:
                      + U rows read and written (+ the optimizer's state rows)
 
 N lookups, U distinct rows. GB/s over the device's own copy rate (a 512 MB
-device-to-device copy, read + write) is the share of bandwidth reached. Prints one
-JSON line per path.
+device-to-device copy, read + write) is the share of bandwidth reached. On CUDA also
+``forward_graph_ms`` and ``backward_update_graph_ms``: the same calls captured in a
+CUDA graph and replayed, the kernels' GPU time without the host's launches (the eager
+figures are the host's wherever it is the slower side). Prints one JSON line per path.
 """
 
 from __future__ import annotations
@@ -52,6 +54,29 @@ def _seconds(fn: Callable[[], object], device: torch.device, calls: int) -> floa
     for _ in range(calls):
         fn()
     return (time.perf_counter() - begin) / calls
+
+
+def _graph_seconds(fn: Callable[[], object], device: torch.device) -> float | None:
+    """Seconds a replay of ``fn`` captured in a CUDA graph: its kernels' GPU time alone.
+    Eager calls back to back time the host's launches instead once those are the slower
+    side (each call here is a few kernels and the autograd around them). None where the
+    capture fails (then the eager figure is all there is)."""
+    from dlrm.bench.limits import cuda_seconds
+
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):  # warm-up off the capture's stream, as torch asks
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            fn()
+    except Exception:  # noqa: BLE001 - any capture error: report the eager figure only
+        torch.cuda.synchronize(device)
+        return None
+    return cuda_seconds(graph.replay)
 
 
 def zipf_batch(cfg: Config, batch: int, device: torch.device, seed: int = 0) -> JaggedFeatures:
@@ -100,6 +125,13 @@ def measure(cfg: Config, kernels: str, device: torch.device, calls: int) -> dict
     forward_bytes = lookups * (8 + row) + batch * len(tables) * row
     backward_bytes = lookups * (16 + row) + distinct * 2 * (row + state_row)
     backward_s = max(both_s - forward_s, 1e-12)
+    graphed = {}
+    if device.type == "cuda":  # the same work replayed from graphs: GPU time, no host launches
+        forward_g = _graph_seconds(lambda: collection(sparse).detach(), device)
+        both_g = _graph_seconds(lambda: collection(sparse).backward(grad), device)
+        if forward_g is not None and both_g is not None:
+            graphed = {"forward_graph_ms": forward_g * 1e3,
+                       "backward_update_graph_ms": max(both_g - forward_g, 1e-12) * 1e3}
     return {
         "kernels": kernels, "device": str(device), "tables": len(tables),
         "rows": collection.total_rows, "table_bytes": collection.total_rows * row, "dim": dim,
@@ -109,6 +141,7 @@ def measure(cfg: Config, kernels: str, device: torch.device, calls: int) -> dict
         "optimizer": cfg.optim.sparse,
         "forward_ms": forward_s * 1e3, "backward_update_ms": backward_s * 1e3,
         "forward_gbps": forward_bytes / forward_s / 1e9, "backward_update_gbps": backward_bytes / backward_s / 1e9,
+        **graphed,
     }
 
 
