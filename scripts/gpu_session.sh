@@ -48,15 +48,16 @@
 #      in_memory (issue 23: native / in_memory >= 0.95)              ($OUT/bench.json);
 #      each captured row's step mode says its replays' GPU time (graphs.ReplayTimer,
 #      since 2026-11-27): beside the step's wall time, device- or host-bound
-#   2. native with optim.dense=adagrad (the default; dlrm/train/adagrad.py, graphed since
-#      2026-11-27), hotline and hotline_bf16_tables with the cold update before
-#      (hotline.cold_update=host: the gradient home, the host's update; now in the replay),
-#      hotline with a refresh every 30 steps (issue 22: the refresh's pause), hotline's step
-#      loop under cProfile (train.profile_mode=python: where its host time goes), native's and
-#      hotline's steps under torch.profiler (their kernels' GPU time: $OUT/kprof-*.txt), the embedding
-#      kernels alone (python -m dlrm.bench.kernels: bytes/s per path), the hotline.budget
-#      sweep at 512MB and 2GB (64MB: 1,203,263 on 2026-11-27's evening), native_fp16_tables
-#      and torch_baseline
+#   2. in this order, each in what the call has left: native, hotline and host_embedding at
+#      train.threads=4 (the trainer's intra-op threads beside 15 decode workers), hotline's
+#      step loop under cProfile (train.profile_mode=python: where its host time goes,
+#      $OUT/hostprof.txt), native's and hotline's steps under torch.profiler (their kernels'
+#      GPU time, $OUT/kprof-*.txt), the embedding kernels alone (python -m
+#      dlrm.bench.kernels: eager and graph-replayed, and the run segment at 16), hotline
+#      with a refresh every 30 steps (issue 22: the refresh's pause), the host gather
+#      alone, hotline and hotline_bf16_tables with the cold update before
+#      (hotline.cold_update=host), native with optim.dense=adagrad (the default), the
+#      hotline.budget sweep at 512MB and 2GB, native_fp16_tables and torch_baseline
 # Rows that fail are listed and the others still run (dlrm bench --keep-going).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -203,22 +204,13 @@ bench() {
   grep -E "^  [a-z_0-9]+@|FAILED|generated|hotline|from Parquet|tables:|steps:|gpu:|bound" \
     "$OUT/bench.log" | tail -30
   {
-    # the default dense optimizer (adagrad; bench_gpu.yaml's is sgd): torch 2.11 has no
-    # fused CUDA Adagrad, so it ran eager at 813,595 samples/s on the 2026-11-27 H200
-    # (0.30x graphed SGD); since then ours (dlrm/train/adagrad.py): step_mode says graphed
-    echo "== native, optim.dense=adagrad (the default dense optimizer)"
-    bench_part adagrad 45 --engines native "$@" optim.dense=adagrad
-    grep -h '"step_mode"' /tmp/bench_gpu/adagrad/bench.json 2>/dev/null | head -1
-    # the static step's cold rows before 2026-11-28: their gradient home, the host tier's
-    # update, which the next gather waits for (now updated in the replay and written back,
-    # embeddings/hotline/cold_stage.py); the main hotline row's samples/s, waits and
-    # replay GPU time against this one's
-    echo "== hotline, hotline.cold_update=host (the cold update before)"
-    bench_part coldhost 60 --engines hotline,hotline_bf16_tables "$@" hotline.cold_update=host
-    # issue 22's "refresh without a stall": 292 ms a refresh under the captured step on
-    # the 2026-11-27 H200 (5 in 166 steps: 735,884 samples/s against 1,170,850)
-    echo "== hotline, hotline.refresh_every=30"
-    bench_part refresh 45 --engines hotline "$@" hotline.refresh_every=30
+    # the trainer's intra-op threads (train.threads; 0: torch's default, 16 on the H200
+    # host) beside data.workers=auto's 15 decode workers: every torch CPU op of the step
+    # loop (the cold gather's index_select, the take's copy, isin) forks 16 threads onto
+    # busy cores. The 2026-11-28 H200's in-step gather took 1.3 ms a step where the gather
+    # alone (host_gather below) took 0.05 ms over 16 idle threads and 0.22 in one
+    echo "== train.threads=4: native, hotline, host_embedding"
+    bench_part threads 70 --engines native,hotline,host_embedding "$@" train.threads=4
     # where the captured Hotline step's host time goes (its replay took 1.47 ms of GPU time
     # of a 3.44 ms step on the 2026-11-27 H200): cProfile of the step loop's thread, the
     # steps still captured (train.profile_mode=python), microseconds a step per function
@@ -242,10 +234,25 @@ bench() {
     # graph-replayed figures (*_graph_ms: GPU time; the eager ones may be the host's)
     DLRM_KERNEL_RUN_SEGMENT=16 timeout -k 5 "$(upto 20)" "$PY" -m dlrm.bench.kernels --config "$CONFIG" \
       --kernels triton
-    # the cold gather alone (1.3 ms a step for ~4,500 rows on the 2026-11-27 H200, 0.3 ms
-    # on the 2-core CPU machine): 2 MiB pages or not, 1 / 4 / all threads
+    # issue 22's "refresh without a stall": 292 ms a refresh under the captured step on
+    # the 2026-11-27 H200, 47.5 ms on the 2026-11-28 one (4 in 163 steps: 639,567 samples/s
+    # against 1,319,650)
+    echo "== hotline, hotline.refresh_every=30"
+    bench_part refresh 45 --engines hotline "$@" hotline.refresh_every=30
+    # the cold gather alone (1.3 ms a step for ~4,500 rows in the step on the 2026-11-28
+    # H200; alone 0.05 ms over 16 threads, 0.22 in one): 2 MiB pages or not, 1 / 4 / all threads
     echo "== host gather alone"
     timeout -k 5 "$(upto 30)" "$PY" -m dlrm.bench.host_gather --config "$CONFIG"
+    # the static step's cold rows before 2026-11-28: their gradient home, the host tier's
+    # update (2026-11-28 H200: 1,196,840 samples/s, 1.48 ms a replay, against 1,319,650
+    # and 2.06 ms updated in the replay)
+    echo "== hotline, hotline.cold_update=host (the cold update before)"
+    bench_part coldhost 60 --engines hotline,hotline_bf16_tables "$@" hotline.cold_update=host
+    # the default dense optimizer (adagrad; bench_gpu.yaml's is sgd): ours, graphed
+    # (dlrm/train/adagrad.py; 2026-11-28 H200: 2,537,587 samples/s, 0.95x SGD's)
+    echo "== native, optim.dense=adagrad (the default dense optimizer)"
+    bench_part adagrad 45 --engines native "$@" optim.dense=adagrad
+    grep -h '"step_mode"' /tmp/bench_gpu/adagrad/bench.json 2>/dev/null | head -1
     echo "== hotline.budget sweep (128MB: the main rows)"
     bench_part budgets 110 --engines "" --hotline-budgets 512MB,2GB "$@"
     echo "== native_fp16_tables, torch_baseline"
