@@ -49,8 +49,8 @@
 #      each captured row's step mode says its replays' GPU time (graphs.ReplayTimer,
 #      since 2026-11-27): beside the step's wall time, device- or host-bound
 #   2. in this order, each in what the call has left: native, hotline and host_embedding at
-#      train.threads=4 (the trainer's intra-op threads beside 15 decode workers), hotline's
-#      step loop under cProfile (train.profile_mode=python: where its host time goes,
+#      train.threads=4 (the trainer's intra-op threads beside 15 decode workers), hotline
+#      with the GIL switch interval at 0.5 ms, hotline's step loop under cProfile (train.profile_mode=python: where its host time goes,
 #      $OUT/hostprof.txt), native's and hotline's steps under torch.profiler (their kernels'
 #      GPU time, $OUT/kprof-*.txt), the embedding kernels alone (python -m
 #      dlrm.bench.kernels: eager and graph-replayed, and the run segment at 16), hotline
@@ -211,6 +211,13 @@ bench() {
     # alone (host_gather below) took 0.05 ms over 16 idle threads and 0.22 in one
     echo "== train.threads=4: native, hotline, host_embedding"
     bench_part threads 70 --engines native,hotline,host_embedding "$@" train.threads=4
+    # the interpreter's GIL switch interval at 0.5 ms, not 5 (a sitecustomize on PYTHONPATH,
+    # no product code): the step loop is Python beside the gather, update, pinning and
+    # split threads; a thread wanting the GIL from one busy in Python waits up to the
+    # interval (the gather's 1.3 ms a step in the step, 0.05-0.22 ms alone)
+    echo "== hotline, GIL switch interval 0.5 ms"
+    mkdir -p /tmp/gil_switch && echo 'import sys; sys.setswitchinterval(0.0005)' >/tmp/gil_switch/sitecustomize.py
+    PYTHONPATH="/tmp/gil_switch:$PYTHONPATH" bench_part gil 40 --engines hotline "$@"
     # where the captured Hotline step's host time goes (its replay took 1.47 ms of GPU time
     # of a 3.44 ms step on the 2026-11-27 H200): cProfile of the step loop's thread, the
     # steps still captured (train.profile_mode=python), microseconds a step per function
