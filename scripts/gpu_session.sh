@@ -48,7 +48,7 @@
 #      in_memory (issue 23: native / in_memory >= 0.95)              ($OUT/bench.json);
 #      each captured row's step mode says its replays' GPU time (graphs.ReplayTimer,
 #      since 2026-11-27): beside the step's wall time, device- or host-bound
-#   2. in this order, each in what the call has left: native, hotline and host_embedding at
+#   2. in this order, each in what the call has left: hotline and host_embedding at
 #      train.threads=4 (the trainer's intra-op threads beside 15 decode workers), hotline
 #      with the GIL switch interval at 0.5 ms, hotline's step loop under cProfile (train.profile_mode=python: where its host time goes,
 #      $OUT/hostprof.txt), native's and hotline's steps under torch.profiler (their kernels'
@@ -209,8 +209,8 @@ bench() {
     # loop (the cold gather's index_select, the take's copy, isin) forks 16 threads onto
     # busy cores. The 2026-11-28 H200's in-step gather took 1.3 ms a step where the gather
     # alone (host_gather below) took 0.05 ms over 16 idle threads and 0.22 in one
-    echo "== train.threads=4: native, hotline, host_embedding"
-    bench_part threads 70 --engines native,hotline,host_embedding "$@" train.threads=4
+    echo "== train.threads=4: hotline, host_embedding"
+    bench_part threads 50 --engines hotline,host_embedding "$@" train.threads=4
     # the interpreter's GIL switch interval at 0.5 ms, not 5 (a sitecustomize on PYTHONPATH,
     # no product code): the step loop is Python beside the gather, update, pinning and
     # split threads; a thread wanting the GIL from one busy in Python waits up to the
