@@ -44,6 +44,7 @@ import torch
 from embeddings.collection import LocalEmbeddingCollection
 from embeddings.hotline.hot_tier import HotTier
 from embeddings.hotline.lookups import ColdPooled, ColdRows
+from embeddings.hotline.profile import in_sorted
 from embeddings.hotline.split import MicroLookups
 from embeddings.jagged import bag_offsets
 from embeddings.kv import KVGradient
@@ -293,7 +294,11 @@ class LocalHostTier:
         waited = time.perf_counter() - t0
         for source, out in pairs:  # the rows the update writes: read again below
             self._gather_rows(source, host_ids, out)
-        late = torch.isin(host_ids, writing[1]).nonzero().flatten()
+        # a write-back's ids are a static step's staged ones, ascending: a sorted search
+        # (4,500 against 4,500: 61 us here where isin, which sorts both, took 233, on the
+        # gather thread, in the step's critical path); an update's may be several cat'd
+        written = in_sorted(host_ids, writing[1]) if writing[2] else torch.isin(host_ids, writing[1])
+        late = written.nonzero().flatten()
         if writing[2]:  # a write-back: left to the patch (or ``resolve``)
             return int(late.numel()), waited, ((late, writing[0]) if late.numel() else None)
         t1 = time.perf_counter()
