@@ -234,7 +234,8 @@ bench() {
     # 2026-11-28 H200 (53f03e8), triton: forward 0.157 ms, backward+update 1.111 ms (torch's
     # 0.667 / 1.364); native's replay 1.43 ms of GPU time, hotline's 2.06 (1.48 with the cold
     # update on the host). Since: run heads by a sorted search (a cummax was one thread
-    # block), no partials for the staged rows, blocked lookups, linearize, patch and keep
+    # block), no partials for the staged rows, blocked lookups, linearize, patch and keep,
+    # a run's segment (and its partials) loaded as one tile, not a walk of dependent loads
     echo "== embedding kernels alone"
     timeout -k 5 "$(upto 40)" "$PY" -m dlrm.bench.kernels --config "$CONFIG"
     # the run segment's A/B (a long run's serial walk against its partials' count), by the

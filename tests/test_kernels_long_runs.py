@@ -104,3 +104,24 @@ def test_fused_sgd_update_of_long_runs(mean: bool) -> None:
     backward_update(grad, values, offsets, row_base, BATCH, mean, False, updated, make_sparse_optimizer("sgd"),
                     {}, lr)
     torch.testing.assert_close(updated[kv.ids], weight[kv.ids] - 0.5 * kv.rows, rtol=0, atol=1e-6)
+
+
+@pytest.mark.skipif(SEGMENT != 32, reason="the run below sets its own segment")
+def test_runs_of_more_partials_than_a_load_takes() -> None:
+    """A run's later segments' partials are loaded SEGMENT at a time: the runs here
+    (150 lookups) have 4 partials at the default segment, so the tests above load them
+    once. At a segment of 2 (DLRM_KERNEL_RUN_SEGMENT, read at import: a fresh process)
+    a 150-lookup run has 74 partials, loaded 2 at a time in 37 rounds, and the same
+    bit-for-bit tests must hold."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "DLRM_KERNEL_RUN_SEGMENT": "2", "PYTHONPATH": str(root)}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
+                           f"{Path(__file__).relative_to(root)}", "-k", "not more_partials"],
+                          cwd=root, env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert "4 passed" in proc.stdout, proc.stdout[-2000:]

@@ -24,7 +24,9 @@ Why segments: a hot id's run is long (Zipf ids, a 3-row table: 1,444 of bench_gp
 4,096-sample batch), and one program walking it serially, a chain of dependent
 loads per lookup, was the step's longest kernel (the 2026-11-26 H200 profile of
 configs/bench_gpu.yaml: 1.4 ms of a Hotline step's 3.1 ms of GPU time). Segmented,
-its program walks 32 lookups and about len/32 partials. A run of at most 32 lookups
+its program sums 32 lookups and about len/32 partials; since 2026-11-28 a segment's
+32 gradient rows (and 32 partials) are loaded at once, a tile, and added from it one
+at a time, so a segment costs three dependent loads, not three a lookup. A run of at most 32 lookups
 is summed exactly as before, bit for bit; a longer one in a fixed order too (the
 segments start at its head, not at absolute positions, so a run sums the same
 wherever it sits in the sort: one table alone or stacked with others).
@@ -133,22 +135,27 @@ def _segment_gradient(sorted_ptr, order_ptr, bag_of_ptr, offsets_ptr, grad_ptr, 
                       batch, stride_b, stride_f, cols, in_row,
                       MEAN: tl.constexpr, BLOCK_D: tl.constexpr):
     """Sum of the gradient rows of ``row``'s lookups at sorted positions i, i+1, ...:
-    at most SEGMENT of them, up to the run's end."""
+    at most SEGMENT of them, up to the run's end, added one at a time in that order.
+
+    The rows are loaded at once, a [SEGMENT, BLOCK_D] tile (three dependent loads for
+    the whole segment, where a walk lookup by lookup made three per lookup: a hot id's
+    32-lookup segment was a chain of ~100 loads), then added row by row: row s picked
+    from the tile by a masked sum whose other terms are +0.0, which adds nothing (nor
+    changes a -0.0 row's effect: the accumulator, from +0.0, is never -0.0)."""
+    ks = i + tl.arange(0, _SEGMENT)
+    inside = ks < n
+    live = inside & (tl.load(sorted_ptr + ks, mask=inside, other=-1) == row)  # the run's prefix from i
+    bags = tl.load(bag_of_ptr + tl.load(order_ptr + ks, mask=live, other=0), mask=live, other=0)
+    src = grad_ptr + (bags % batch)[:, None] * stride_b + (bags // batch)[:, None] * stride_f + cols[None, :]
+    g = tl.load(src, mask=live[:, None] & in_row[None, :], other=0.0).to(tl.float32)
+    if MEAN:
+        length = (tl.load(offsets_ptr + bags + 1, mask=live, other=1)
+                  - tl.load(offsets_ptr + bags, mask=live, other=0))
+        g = tl.div_rn(g, tl.maximum(length, 1).to(tl.float32)[:, None])
     acc = tl.zeros([BLOCK_D], dtype=tl.float32)
-    k = i
-    end = tl.minimum(i + _SEGMENT, n)
-    more = k < end
-    while more:
-        bag = tl.load(bag_of_ptr + tl.load(order_ptr + k))
-        src = grad_ptr + (bag % batch) * stride_b + (bag // batch) * stride_f + cols
-        g = tl.load(src, mask=in_row, other=0.0).to(tl.float32)
-        if MEAN:
-            length = tl.load(offsets_ptr + bag + 1) - tl.load(offsets_ptr + bag)
-            g = tl.div_rn(g, tl.maximum(length, 1).to(tl.float32))
-        acc += g
-        k += 1
-        nxt = tl.load(sorted_ptr + k, mask=k < end, other=-1)
-        more = (k < end) & (nxt == row)
+    at = tl.arange(0, _SEGMENT)
+    for s in range(tl.sum(live.to(tl.int32), axis=0)):
+        acc += tl.sum(tl.where((at == s)[:, None], g, 0.0), axis=0)
     return acc
 
 
@@ -180,15 +187,24 @@ def _run_gradient(sorted_ptr, order_ptr, bag_of_ptr, offsets_ptr, grad_ptr, part
                   batch, dim, stride_b, stride_f, cols, in_row,
                   MEAN: tl.constexpr, BLOCK_D: tl.constexpr):
     """Sum of the gradient rows of the run of ``row`` that starts at sorted position i:
-    its first segment, then the later segments' partials in order."""
+    its first segment, then the later segments' partials in order, SEGMENT of them
+    loaded at once and added one at a time (as ``_segment_gradient`` adds its rows)."""
     acc = _segment_gradient(sorted_ptr, order_ptr, bag_of_ptr, offsets_ptr, grad_ptr, i, row, n,
                             batch, stride_b, stride_f, cols, in_row, MEAN, BLOCK_D)
-    j = i + _SEGMENT
+    at = tl.arange(0, _SEGMENT)
+    j = i + _SEGMENT  # the next later segment's start
     more = (j < n) & (tl.load(sorted_ptr + j, mask=j < n, other=-1) == row)
     while more:
-        acc += tl.load(partial_ptr + (j // _SEGMENT).to(tl.int64) * dim + cols, mask=in_row, other=0.0)
-        j += _SEGMENT
-        more = (j < n) & (tl.load(sorted_ptr + j, mask=j < n, other=-1) == row)
+        starts = j + at * _SEGMENT
+        inside = starts < n
+        live = inside & (tl.load(sorted_ptr + starts, mask=inside, other=-1) == row)  # a prefix: the run's
+        partials = tl.load(partial_ptr + (starts // _SEGMENT).to(tl.int64)[:, None] * dim + cols[None, :],
+                           mask=live[:, None] & in_row[None, :], other=0.0)
+        count = tl.sum(live.to(tl.int32), axis=0)
+        for s in range(count):
+            acc += tl.sum(tl.where((at == s)[:, None], partials, 0.0), axis=0)
+        j += _SEGMENT * _SEGMENT
+        more = (count == _SEGMENT) & (j < n) & (tl.load(sorted_ptr + j, mask=j < n, other=-1) == row)
     return acc
 
 
