@@ -244,8 +244,12 @@ bench() {
     # issue 22's "refresh without a stall": 292 ms a refresh under the captured step on
     # the 2026-11-27 H200, 47.5 ms on the 2026-11-28 one (4 in 163 steps: 639,567 samples/s
     # against 1,319,650)
+    # under cProfile over steps 55..64 (a refresh at 60: where its pause goes; the table in
+    # runs.tgz, refresh/runs/hotline_1/profile/rank-0-python.txt; cProfile cost the
+    # 2026-11-28 hostprof row 3% of its samples/s)
     echo "== hotline, hotline.refresh_every=30"
-    bench_part refresh 45 --engines hotline "$@" hotline.refresh_every=30
+    bench_part refresh 45 --engines hotline "$@" hotline.refresh_every=30 train.profile_mode=python \
+      train.profile_start=55 train.profile_steps=10
     # the cold gather alone (1.3 ms a step for ~4,500 rows in the step on the 2026-11-28
     # H200; alone 0.05 ms over 16 threads, 0.22 in one): 2 MiB pages or not, 1 / 4 / all threads
     echo "== host gather alone"
