@@ -81,7 +81,10 @@ def _entering(tier: HostTier, plan: RefreshPlan, device: torch.device, per_row: 
     if plan.entering is None or touched is None:
         return tier.read_rows(ids, device)
     weight, state = plan.entering
-    stale = torch.isin(ids, touched).nonzero().flatten()
+    # a sorted search in the touched ids made unique (the cold updates of a window of
+    # steps: ~135k ids, repeats among them, on bench_gpu), where isin sorts both: 2.8 ms
+    # against 7.2 here for 20k entering rows, in the refresh's pause
+    stale = in_sorted(ids, torch.unique(touched)).nonzero().flatten()
     if stale.numel():
         fresh_weight, fresh_state = tier.read_rows(ids.index_select(0, stale), torch.device("cpu"))
         weight.index_copy_(0, stale, fresh_weight)
