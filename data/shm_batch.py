@@ -78,12 +78,8 @@ class SharedBatch:
     def tensors(self, block: torch.Tensor) -> list[torch.Tensor]:
         """The four arrays as torch views of ``block`` (uint8, a copy of the slot's
         first ``nbytes()``; each array starts on a cache line, so every view is aligned)."""
-        specs = self._specs()
-        out = []
-        for (shape, dtype), at in zip(specs, _offsets(specs)):
-            size = math.prod(shape) * dtype.itemsize
-            out.append(block[at : at + size].view(_torch_dtype(dtype)).view(shape))
-        return out
+        return [block[at : at + size].view(_torch_dtype(dtype)).view(shape)
+                for shape, dtype, at, size in _spans(self._specs())]
 
     def _specs(self) -> list[tuple[tuple[int, ...], np.dtype]]:
         return [(tuple(s), np.dtype(d)) for s, d in zip(self.shapes, self.dtypes)]
@@ -104,11 +100,13 @@ def _lay_out(block: np.ndarray, specs: list[tuple[tuple[int, ...], np.dtype]]
              ) -> list[np.ndarray]:
     """Arrays of ``specs`` one after the other in ``block`` (uint8), as views of it,
     each starting on a cache line (int64 values after float32 ones stay aligned)."""
-    out = []
-    for (shape, dtype), at in zip(specs, _offsets(specs)):
-        size = math.prod(shape) * dtype.itemsize
-        out.append(block[at : at + size].view(dtype).reshape(shape))
-    return out
+    return [block[at : at + size].view(dtype).reshape(shape) for shape, dtype, at, size in _spans(specs)]
+
+
+def _spans(specs: list[tuple[tuple[int, ...], np.dtype]]) -> list[tuple[tuple[int, ...], np.dtype, int, int]]:
+    """(shape, dtype, byte offset, bytes) of each array of ``specs`` laid out one after the other."""
+    return [(shape, dtype, at, math.prod(shape) * dtype.itemsize)
+            for (shape, dtype), at in zip(specs, _offsets(specs))]
 
 
 def _offsets(specs: list[tuple[tuple[int, ...], np.dtype]]) -> list[int]:

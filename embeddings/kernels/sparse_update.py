@@ -26,10 +26,10 @@ loads per lookup, was the step's longest kernel (the 2026-11-26 H200 profile of
 configs/bench_gpu.yaml: 1.4 ms of a Hotline step's 3.1 ms of GPU time). Segmented,
 its program sums 32 lookups and about len/32 partials; since 2026-11-28 a segment's
 32 gradient rows (and 32 partials) are loaded at once, a tile, and added from it one
-at a time, so a segment costs three dependent loads, not three a lookup. A run of at most 32 lookups
-is summed exactly as before, bit for bit; a longer one in a fixed order too (the
-segments start at its head, not at absolute positions, so a run sums the same
-wherever it sits in the sort: one table alone or stacked with others).
+at a time, so a segment costs three dependent loads, not three a lookup. A run of at
+most 32 lookups is summed exactly as before, bit for bit; a longer one in a fixed
+order too (the segments start at its head, not at absolute positions, so a run sums
+the same wherever it sits in the sort: one table alone or stacked with others).
 
 A feature whose row_base is -1 belongs to another stack (one process, tables of
 several dtypes: embeddings/dtype_stacks.py): its lookups linearize to OTHER_STACK,
@@ -139,9 +139,8 @@ def _segment_gradient(sorted_ptr, order_ptr, bag_of_ptr, offsets_ptr, grad_ptr, 
 
     The rows are loaded at once, a [SEGMENT, BLOCK_D] tile (three dependent loads for
     the whole segment, where a walk lookup by lookup made three per lookup: a hot id's
-    32-lookup segment was a chain of ~100 loads), then added row by row: row s picked
-    from the tile by a masked sum whose other terms are +0.0, which adds nothing (nor
-    changes a -0.0 row's effect: the accumulator, from +0.0, is never -0.0)."""
+    32-lookup segment was a chain of ~100 loads), then added row by row
+    (``_add_in_order``)."""
     ks = i + tl.arange(0, _SEGMENT)
     inside = ks < n
     live = inside & (tl.load(sorted_ptr + ks, mask=inside, other=-1) == row)  # the run's prefix from i
@@ -152,10 +151,17 @@ def _segment_gradient(sorted_ptr, order_ptr, bag_of_ptr, offsets_ptr, grad_ptr, 
         length = (tl.load(offsets_ptr + bags + 1, mask=live, other=1)
                   - tl.load(offsets_ptr + bags, mask=live, other=0))
         g = tl.div_rn(g, tl.maximum(length, 1).to(tl.float32)[:, None])
-    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    return _add_in_order(tl.zeros([BLOCK_D], dtype=tl.float32), g, tl.sum(live.to(tl.int32), axis=0))
+
+
+@triton.jit
+def _add_in_order(acc, tile, count):
+    """``acc`` + the first ``count`` rows of ``tile`` [SEGMENT, BLOCK_D], one at a time
+    in row order: row s picked by a masked sum whose other terms are +0.0, which adds
+    nothing (nor changes a -0.0 row's effect: an accumulator from +0.0 is never -0.0)."""
     at = tl.arange(0, _SEGMENT)
-    for s in range(tl.sum(live.to(tl.int32), axis=0)):
-        acc += tl.sum(tl.where((at == s)[:, None], g, 0.0), axis=0)
+    for s in range(count):
+        acc += tl.sum(tl.where((at == s)[:, None], tile, 0.0), axis=0)
     return acc
 
 
@@ -191,18 +197,16 @@ def _run_gradient(sorted_ptr, order_ptr, bag_of_ptr, offsets_ptr, grad_ptr, part
     loaded at once and added one at a time (as ``_segment_gradient`` adds its rows)."""
     acc = _segment_gradient(sorted_ptr, order_ptr, bag_of_ptr, offsets_ptr, grad_ptr, i, row, n,
                             batch, stride_b, stride_f, cols, in_row, MEAN, BLOCK_D)
-    at = tl.arange(0, _SEGMENT)
     j = i + _SEGMENT  # the next later segment's start
     more = (j < n) & (tl.load(sorted_ptr + j, mask=j < n, other=-1) == row)
     while more:
-        starts = j + at * _SEGMENT
+        starts = j + tl.arange(0, _SEGMENT) * _SEGMENT
         inside = starts < n
         live = inside & (tl.load(sorted_ptr + starts, mask=inside, other=-1) == row)  # a prefix: the run's
         partials = tl.load(partial_ptr + (starts // _SEGMENT).to(tl.int64)[:, None] * dim + cols[None, :],
                            mask=live[:, None] & in_row[None, :], other=0.0)
         count = tl.sum(live.to(tl.int32), axis=0)
-        for s in range(count):
-            acc += tl.sum(tl.where((at == s)[:, None], partials, 0.0), axis=0)
+        acc = _add_in_order(acc, partials, count)
         j += _SEGMENT * _SEGMENT
         more = (count == _SEGMENT) & (j < n) & (tl.load(sorted_ptr + j, mask=j < n, other=-1) == row)
     return acc
