@@ -54,11 +54,11 @@ def available() -> bool:
 
 @cache
 def _kernels(to_bf16: bool):
-    """round_rows, add_round_rows (for one half type), pool_bags, widen_rows (bf16):
-    numba is imported here, at the first compiled call, not with this module."""
+    """round_rows, add_round_rows, pool_bags, widen_rows for one half type: numba is
+    imported here, at the first compiled call, not with this module."""
     from embeddings import rounding_cpu_kernels as kernels
 
-    return (*kernels.rounding_kernels(to_bf16), kernels.pool_bags, kernels.widen_rows)
+    return kernels.rounding_kernels(to_bf16)
 
 
 def _seed_step_hash(seed: int, step: int) -> int:
@@ -97,27 +97,23 @@ def add_rows_rounded(
     CPU ``weight`` and UNIQUE ``ids``: one pass that reads the half rows, adds, rounds
     and writes them back (the torch path widens, adds, rounds and scatters in ~35 ops).
     Returns [U] bool: rows where a finite fp16 value became inf."""
-    bf16 = weight.dtype == torch.bfloat16
-    _, add_round_rows, _, _ = _kernels(bf16)
+    _, add_round_rows, _, _ = _kernels(weight.dtype == torch.bfloat16)
     threads = _match_torch_threads()
     grad = grad.float().contiguous()
-    # fp16 → fp32 in the kernel is a branchy bit shuffle or a table gather per element;
-    # torch's gather + conversion (F16C) is vectorised, so fp16 rows arrive widened
-    old = np.empty((0, 0), np.float32) if bf16 else weight.index_select(0, ids).float().numpy()
     overflow = np.zeros(ids.numel(), dtype=np.bool_)
     if ids.numel():
-        add_round_rows(weight.view(torch.uint16).numpy(), _int64(ids), old, grad.numpy(),
-                       np.float32(alpha), np.uint64(_seed_step_hash(seed, step)),
-                       _int64(tables), _int64(rows), _int64(col0), overflow, threads)
+        add_round_rows(weight.view(torch.uint16).numpy(), _int64(ids), grad.numpy(), np.float32(alpha),
+                       np.uint64(_seed_step_hash(seed, step)), _int64(tables), _int64(rows), _int64(col0),
+                       overflow, threads)
     return torch.from_numpy(overflow)
 
 
-def pool_bf16_bags(weight: torch.Tensor, ids: torch.Tensor, offsets: torch.Tensor,
+def pool_half_bags(weight: torch.Tensor, ids: torch.Tensor, offsets: torch.Tensor,
                    scale: torch.Tensor | None) -> torch.Tensor:
-    """[S, D] fp32 sums of the bags ``offsets`` over rows ``ids`` of a bf16 CPU ``weight``
-    (times ``scale`` [N] per id if given): the rows widened in registers (a shift) and
+    """[S, D] fp32 sums of the bags ``offsets`` over rows ``ids`` of a fp16/bf16 CPU
+    ``weight`` (times ``scale`` [N] per id if given): the rows widened in registers and
     summed in fp32, bag by bag, with no [N, D] fp32 copy of the gathered rows."""
-    _, _, pool_bags, _ = _kernels(True)
+    _, _, pool_bags, _ = _kernels(weight.dtype == torch.bfloat16)
     threads = _match_torch_threads()
     out = np.empty((offsets.numel() - 1, weight.shape[1]), dtype=np.float32)
     weights = (scale.float().contiguous().numpy() if scale is not None
@@ -127,14 +123,14 @@ def pool_bf16_bags(weight: torch.Tensor, ids: torch.Tensor, offsets: torch.Tenso
     return torch.from_numpy(out)
 
 
-def widen_bf16_rows(weight: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """``weight[ids].float()`` for a bf16 CPU ``weight`` in one pass (torch gathers, then
-    converts through a second [N, D] buffer)."""
-    _, _, _, widen_rows = _kernels(True)
-    _match_torch_threads()
+def widen_half_rows(weight: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """``weight[ids].float()`` for a fp16/bf16 CPU ``weight`` in one pass (torch gathers,
+    then converts through a second [N, D] buffer)."""
+    _, _, _, widen_rows = _kernels(weight.dtype == torch.bfloat16)
+    threads = _match_torch_threads()
     out = torch.empty(ids.numel(), weight.shape[1], dtype=torch.float32)
     if out.numel():
-        widen_rows(weight.view(torch.uint16).numpy(), _int64(ids), out.view(torch.int32).numpy().view(np.uint32))
+        widen_rows(weight.view(torch.uint16).numpy(), _int64(ids), out.numpy(), threads)
     return out
 
 
@@ -163,13 +159,12 @@ def compile_for(device: torch.device, weight: torch.dtype, states: Iterable[torc
 
 @cache
 def _compile_weight(dtype: torch.dtype) -> None:
-    """The update of ``dtype`` rows, and for bf16 the lookups (pooled bags, single ids)."""
+    """The update of ``dtype`` rows and their lookups (pooled bags, single ids)."""
     weight = torch.zeros(2, 1, dtype=dtype)
     one = torch.zeros(1, dtype=torch.int64)
     add_rows_rounded(weight, one, torch.zeros(1, 1), 1.0, 0, 1, one, one, one)
-    if dtype == torch.bfloat16:
-        pool_bf16_bags(weight, one, torch.tensor([0, 1]), None)
-        widen_bf16_rows(weight, one)
+    pool_half_bags(weight, one, torch.tensor([0, 1]), None)
+    widen_half_rows(weight, one)
 
 
 @cache

@@ -56,8 +56,8 @@ def test_fused_update_equals_gather_add_round_scatter(dtype: torch.dtype) -> Non
 @pytest.mark.parametrize("single_hot", [False, True])
 def test_half_bags_equal_embedding_bag_of_the_widened_rows(dtype: torch.dtype, mean: bool,
                                                             single_hot: bool) -> None:
-    """The lookup of half rows (embeddings/lookup.py): compiled for bf16, torch for fp16,
-    a gather for bags of one id; each against embedding_bag over the widened rows."""
+    """The lookup of half rows (embeddings/lookup.py), compiled, bags of one id and
+    longer ones, against embedding_bag over the rows widened by torch."""
     g = torch.Generator().manual_seed(6)
     weight = (torch.randn(700, 20, generator=g)).to(dtype)
     lengths = torch.ones(300, dtype=torch.int64) if single_hot else torch.randint(0, 5, (300,), generator=g)
@@ -75,6 +75,26 @@ def test_half_bags_equal_embedding_bag_of_the_widened_rows(dtype: torch.dtype, m
     assert torch.equal(got[one], weight.float()[ids[offsets[:-1][one]]])
 
 
+@pytest.mark.parametrize("dtype", HALF)
+def test_widening_is_exact_for_every_half_value(dtype: torch.dtype) -> None:
+    """Every one of the 65,536 bit patterns (zeros, subnormals, infinities, NaNs) widened
+    in the kernels, alone and pooled with a zero row, equals torch's conversion."""
+    table = torch.arange(-(1 << 15), 1 << 15, dtype=torch.int32).to(torch.int16).view(dtype).view(1024, 64)
+    zero = torch.zeros(1, 64, dtype=dtype)
+    weight = torch.cat([table, zero])
+    ids = torch.randperm(1024, generator=torch.Generator().manual_seed(1))
+    want = weight.float()[ids]
+
+    def same_floats(a: torch.Tensor, b: torch.Tensor) -> bool:  # bits, a NaN need only be a NaN
+        nan = torch.isnan(b)
+        return torch.equal(torch.isnan(a), nan) and torch.equal(a.view(torch.int32)[~nan], b.view(torch.int32)[~nan])
+
+    assert same_floats(rounding_cpu.widen_half_rows(weight, ids), want)
+    pairs = torch.stack([ids, torch.full_like(ids, 1024)], dim=1).flatten()  # each row + the zero row
+    pooled = rounding_cpu.pool_half_bags(weight, pairs, torch.arange(0, 2 * 1024 + 1, 2), None)
+    assert same_floats(pooled, want + 0.0)  # x + 0.0: -0.0 pools to +0.0 as embedding_bag's sum
+
+
 # Run in a fresh interpreter with an empty numba cache, as on a fresh machine: two CPU
 # collections (bf16 weight + fp16 Adagrad state, fp16 weight + bf16 Adam state) are
 # built, then trained a step on multi-hot bags and one on single ids, then called
@@ -89,11 +109,8 @@ from embeddings.optim import make_sparse_optimizer
 from embeddings.table import TableSpec
 
 def compiled():
-    names = {}  # pool_bags and widen_rows serve both types: named once
-    for bf16 in (True, False):
-        for k in rounding_cpu._kernels(bf16):
-            names.setdefault(k, f"{bf16}.{k.py_func.__name__}")
-    return {name: len(k.signatures) for k, name in names.items()}
+    return {f"{bf16}.{k.py_func.__name__}": len(k.signatures)
+            for bf16 in (True, False) for k in rounding_cpu._kernels(bf16)}
 
 cases = [("bf16", "adagrad", "fp16"), ("fp16", "adam", "bf16")]
 tables = [[TableSpec("t0", rows=40, dim=8, features=("a",), dtype=w),
@@ -133,9 +150,9 @@ def test_building_a_half_cpu_collection_compiles_what_its_steps_call(tmp_path) -
     assert proc.returncode == 0, proc.stderr[-3000:]
     counts = json.loads(proc.stdout.strip().splitlines()[-1])
     used = {name for name, n in counts["after"].items() if n}
-    # the kernels these tables and states call (fp16 bags are pooled by torch)
-    assert used == {"True.round_rows", "True.add_round_rows", "True.pool_bags", "True.widen_rows",
-                    "False.round_rows", "False.add_round_rows"}
+    # the kernels these tables and states call: every one, of both types
+    assert used == {f"{bf16}.{name}" for bf16 in (True, False)
+                    for name in ("round_rows", "add_round_rows", "pool_bags", "widen_rows")}
     assert counts["after"] == counts["before"]
 
 
@@ -151,13 +168,10 @@ start = time.perf_counter()
 for weight in (torch.bfloat16, torch.float16):
     rounding_cpu.compile_for(torch.device("cpu"), weight, [torch.bfloat16, torch.float16])
 seconds = time.perf_counter() - start
-names = {}  # pool_bags and widen_rows serve both types: named once
-for bf16 in (True, False):
-    for k in rounding_cpu._kernels(bf16):
-        names.setdefault(k, f"{bf16}.{k.py_func.__name__}")
+names = {f"{bf16}.{k.py_func.__name__}": k for bf16 in (True, False) for k in rounding_cpu._kernels(bf16)}
 print(json.dumps({"seconds": seconds, "kernels": {
     name: {"signatures": len(k.signatures), "hits": sum(k.stats.cache_hits.values()),
-           "misses": sum(k.stats.cache_misses.values())} for k, name in names.items()}}))
+           "misses": sum(k.stats.cache_misses.values())} for name, k in names.items()}}))
 """
 
 
@@ -182,8 +196,7 @@ def test_a_second_process_loads_every_kernel_from_the_disk_cache(tmp_path) -> No
         runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
     first, second = (run["kernels"] for run in runs)
     used = {name for name, k in first.items() if k["signatures"]}
-    assert used == {"True.round_rows", "True.add_round_rows", "True.pool_bags", "True.widen_rows",
-                    "False.round_rows", "False.add_round_rows"}
+    assert used == set(first)  # every kernel of both types
     assert all(first[name]["misses"] == first[name]["signatures"] for name in used)  # it compiled
     for name in used:  # and the second loaded the same signatures, compiling none
         assert second[name] == {"signatures": first[name]["signatures"],
