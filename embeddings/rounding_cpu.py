@@ -84,7 +84,7 @@ def stochastic_round_cpu(
     xs = x.numpy()
     out = np.empty(xs.shape, dtype=np.uint16)
     if xs.size:
-        round_rows(xs, xs.view(np.uint32), out, np.uint64(_seed_step_hash(seed, step)),
+        round_rows(xs.view(np.uint32), out, np.uint64(_seed_step_hash(seed, step)),
                    _int64(tables), _int64(rows), _int64(col0))
     return torch.from_numpy(out).view(dtype)
 

@@ -30,6 +30,21 @@ def test_compiled_rounding_equals_the_torch_recipe(dtype: torch.dtype, dim: int)
 
 
 @pytest.mark.parametrize("dtype", HALF)
+def test_compiled_rounding_equals_the_torch_recipe_at_every_exponent(dtype: torch.dtype) -> None:
+    """Every fp32 exponent (subnormals to NaNs, 64 values each, random significands and
+    signs) rounded in the kernels' 32-bit arithmetic equals the torch recipe."""
+    g = torch.Generator().manual_seed(11)
+    exponent = torch.arange(256 * 64) // 64
+    bits = (torch.randint(0, 1 << 23, (256 * 64,), generator=g) | (exponent << 23)
+            | (torch.randint(0, 2, (256 * 64,), generator=g) << 31))
+    x = torch.where(bits >= 1 << 31, bits - (1 << 32), bits).to(torch.int32).view(torch.float32).view(256, 64)
+    tables, rows, col0 = coordinates(256, seed=12)
+    got = rounding_cpu.stochastic_round_cpu(x, dtype, 3, 8, tables, rows, col0)
+    want = stochastic_round(x, dtype, 3, 8, tables, rows, col0, compiled=False)
+    assert bits_equal(got, want)
+
+
+@pytest.mark.parametrize("dtype", HALF)
 def test_fused_update_equals_gather_add_round_scatter(dtype: torch.dtype) -> None:
     g = torch.Generator().manual_seed(3)
     weight = values(5000, 24, seed=4).to(dtype)
