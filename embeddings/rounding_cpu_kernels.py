@@ -197,6 +197,20 @@ def prefetch_row(weight, row):
 
 
 @_njit(inline="always")
+def row_ahead(weight, ids, i, end):
+    """``weight[ids[i]]``, the row of ``ids[i + AHEAD]`` asked for first (below ``end``)."""
+    if i + AHEAD < end:
+        prefetch_row(weight, ids[i + AHEAD])
+    return weight[ids[i]]
+
+
+@_njit(inline="always")
+def chunk_bounds(chunk, chunks, count):
+    """Items [start, end) of ``chunk`` of ``chunks`` near-equal parts of ``count``."""
+    return chunk * count // chunks, (chunk + 1) * count // chunks
+
+
+@_njit(inline="always")
 def half_to_float(bits, to_bf16):
     """The fp32 value of half ``bits`` (uint16), exactly (a NaN stays a NaN). A bf16 is
     the top half of its fp32. An fp16's normal values, infinities and NaNs move the
@@ -234,11 +248,9 @@ def rounding_kernels(to_bf16: bool):
         count, dim = grad.shape
         chunks = min(threads, count)
         for chunk in numba.prange(chunks):
-            end = (chunk + 1) * count // chunks
-            for i in range(chunk * count // chunks, end):
-                if i + AHEAD < end:
-                    prefetch_row(weight, ids[i + AHEAD])
-                row = weight[ids[i]]
+            start, end = chunk_bounds(chunk, chunks, count)
+            for i in range(start, end):
+                row = row_ahead(weight, ids, i, end)
                 h_row, c0 = row_hash(seed_step, tables[i], rows[i]), col0[i]
                 made_inf = 0  # fp16: values finite in fp32 that rounded to an infinity
                 for c in range(dim):
@@ -259,15 +271,13 @@ def rounding_kernels(to_bf16: bool):
         bags, dim = out.shape
         chunks = min(threads, bags)
         for chunk in numba.prange(chunks):
-            first, end = chunk * bags // chunks, (chunk + 1) * bags // chunks
+            first, end = chunk_bounds(chunk, chunks, bags)
             last = offsets[end]  # the chunk's lookups: ids[offsets[first]:last]
             for b in range(first, end):
                 for c in range(dim):
                     out[b, c] = 0.0
                 for j in range(offsets[b], offsets[b + 1]):
-                    if j + AHEAD < last:
-                        prefetch_row(weight, ids[j + AHEAD])
-                    row = weight[ids[j]]
+                    row = row_ahead(weight, ids, j, last)
                     w = scale[j] if scale.size else np.float32(1.0)
                     for c in range(dim):
                         out[b, c] += half_to_float(row[c], to_bf16) * w
@@ -277,11 +287,9 @@ def rounding_kernels(to_bf16: bool):
         count, dim = out.shape
         chunks = min(threads, count)
         for chunk in numba.prange(chunks):
-            end = (chunk + 1) * count // chunks
-            for i in range(chunk * count // chunks, end):
-                if i + AHEAD < end:
-                    prefetch_row(weight, ids[i + AHEAD])
-                row = weight[ids[i]]
+            start, end = chunk_bounds(chunk, chunks, count)
+            for i in range(start, end):
+                row = row_ahead(weight, ids, i, end)
                 for c in range(dim):
                     out[i, c] = half_to_float(row[c], to_bf16)
 
