@@ -26,7 +26,6 @@ functions stay plain Python, and nothing calls them (``rounding_cpu.available()`
 
 from __future__ import annotations
 
-import math
 from functools import cache
 
 import numpy as np
