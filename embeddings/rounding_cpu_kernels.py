@@ -72,7 +72,8 @@ if numba is not None:
     # numba's integers, 1.0 here; the same bits: tests/test_rounding_cpu.py).
     @intrinsic
     def element_hash(typingctx, h_row, col):
-        """fmix32(h_row ^ col): an element's 32 random bits from its row's and column's."""
+        """fmix32(h_row ^ col): an element's 32 random bits from its row's and column's
+        (and a row's from its table's and row number: ``row_hash``)."""
         def codegen(context, builder, signature, args):
             return _fmix_ir(builder, builder.xor(args[0], args[1]))
 
@@ -174,17 +175,10 @@ else:  # never called without numba (rounding_cpu.available() is False)
 
 
 @_njit(inline="always")
-def fmix(h):  # h: uint64 holding a uint32 (once per row: numba's integers will do)
-    h ^= h >> 16
-    h = (h * 0x85EBCA6B) & M32
-    h ^= h >> 13
-    h = (h * 0xC2B2AE35) & M32
-    return h ^ (h >> 16)
-
-
-@_njit(inline="always")
 def row_hash(seed_step, table, row):
-    return np.uint32(fmix(fmix(seed_step ^ np.uint64(table & M32)) ^ np.uint64(row & M32)))
+    """fmix(fmix(seed_step ^ table) ^ row), each mod 2^32: the bits a row's elements
+    start from (``element_hash`` twice; ``seed_step`` holds a uint32)."""
+    return element_hash(element_hash(np.uint32(seed_step), np.uint32(table & M32)), np.uint32(row & M32))
 
 
 @_njit(inline="always")
