@@ -28,5 +28,13 @@ $PIP "$FBGEMM==1.8.0"
 $PIP --no-deps "torchrec==1.8.0"
 $PIP tensordict "torchmetrics==1.0.3" tqdm pyre-extensions
 $PIP -e ".[test]"
+# triton 3.6, the GPU machine's (beside the venv's 3.9, whose interpreter the kernels'
+# tests need), in a folder of its own: tests/test_kernels_compile.py compiles every
+# kernel with both. 3.6 alone failed to compile the lookups' 64-wide tiles (D = 64) and
+# nothing but a GPU session would have said so. Only where torch is a CPU build: on a
+# GPU the kernels tests compile for real, with the machine's triton.
+if [ "$FBGEMM" = fbgemm-gpu-cpu ] && [ ! -d "$VENV/triton-3.6.0/triton" ]; then
+  $PIP --no-deps --target "$VENV/triton-3.6.0" "triton==3.6.0"
+fi
 "$VENV/bin/python" -c 'import torch, fbgemm_gpu, torchrec; print("setup ok: torch", torch.__version__)'
 touch "$STAMP"

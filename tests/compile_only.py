@@ -22,6 +22,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import subprocess
+import tempfile
 import traceback
 from typing import Any
 
@@ -85,7 +88,30 @@ def _recorded_compile(self, key, signature, device, constexprs, options, attrs, 
     # fp32 divisions and square roots not rounded as IEEE's (torch's, the CPU's)
     ptx = kernel.asm.get("ptx", "")
     entry["approximate"] = sorted({op for op in APPROXIMATE if op in ptx})
+    entry.update(resource_usage(ptx))
     return kernel
+
+
+def resource_usage(ptx: str) -> dict[str, int]:
+    """Registers a thread, and bytes of stack frame and of register spills (stores and
+    loads to local memory), as ptxas itself reports them (``-v``) assembling ``ptx``
+    for its own target with the ptxas triton compiled it with: a kernel that spills, or
+    whose registers cap its occupancy, shows here before any GPU runs it."""
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    target = re.search(r"^\.target (sm_\w+)", ptx, re.MULTILINE)
+    if target is None:
+        return {}
+    with tempfile.TemporaryDirectory() as tmp:
+        src = os.path.join(tmp, "kernel.ptx")
+        with open(src, "w") as f:
+            f.write(ptx)
+        report = subprocess.run([get_ptxas(TARGET.arch).path, "-v", f"--gpu-name={target[1]}", src, "-o",
+                                 os.path.join(tmp, "kernel.cubin")], capture_output=True, text=True, check=False)
+    text = report.stdout + report.stderr
+    found = {"registers": r"Used (\d+) registers", "stack": r"(\d+) bytes stack frame",
+             "spill_stores": r"(\d+) bytes spill stores", "spill_loads": r"(\d+) bytes spill loads"}
+    return {name: int(m[1]) for name, pattern in found.items() if (m := re.search(pattern, text))}
 
 
 def _compile_not_launch(self, *args, grid, warmup, **kwargs):

@@ -3,8 +3,10 @@
 The kernels tests run the kernels in Triton's interpreter here; this runs the same
 tests again under tests/compile_only.py, which compiles each launch to an H100 cubin
 (ptxas included) instead of running it, and checks the record: every kernel family
-compiled, none failed, and no fp32 division or square root in their PTX is an
-approximate one (the interpreter computes both exactly, so only the PTX shows it). What the interpreter cannot see (types the compiler enforces,
+compiled, none failed, no fp32 division or square root in their PTX is an
+approximate one (the interpreter computes both exactly, so only the PTX shows it), and
+none spills registers (ptxas's own report), at the widths runs
+use (D = 64 and 128 tiles) as well as the tests' narrow ones. What the interpreter cannot see (types the compiler enforces,
 ops the backend lowers) is then caught here and not on the first GPU that runs it.
 """
 
@@ -23,6 +25,8 @@ REPO = Path(__file__).resolve().parents[1]
 KERNELS = {"_pooled_kernel", "_runs_kernel", "_segments_kernel", "_linearize_kernel", "_round_kernel",
            "_two_tier_kernel", "_patch_kernel", "_keep_kernel"}
 
+SPILL_BYTES = 16  # a thread's spills at most: 4 registers
+
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the kernels tests compile for real"),
@@ -30,9 +34,22 @@ pytestmark = [
 ]
 
 
-def test_every_launched_specialization_compiles_for_sm90(tmp_path: Path) -> None:
+# The triton releases the kernels compile with: the venv's own (CI's interpreter), and the
+# GPU machine's 3.6, which scripts/setup.sh puts in a folder of its own (the import path
+# takes it first). 3.6 alone failed on the lookups' 64-wide tiles (embeddings/kernels/
+# pooled.py, ``row_tile``).
+GPU_TRITON = Path(sys.prefix) / "triton-3.6.0"  # sys.prefix: the venv running the tests
+
+
+@pytest.mark.parametrize("release", ["venv", "3.6.0"])
+def test_every_launched_specialization_compiles_for_sm90(tmp_path: Path, release: str) -> None:
     record = tmp_path / "compiled.json"
-    env = {**os.environ, "COMPILE_RECORD": str(record), "PYTHONPATH": str(REPO)}
+    path = [str(REPO)]
+    if release != "venv":
+        if not (GPU_TRITON / "triton").is_dir():
+            pytest.skip(f"no triton {release} at {GPU_TRITON} (scripts/setup.sh installs it)")
+        path.insert(0, str(GPU_TRITON))
+    env = {**os.environ, "COMPILE_RECORD": str(record), "PYTHONPATH": os.pathsep.join(path)}
     env.pop("TRITON_INTERPRET", None)
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "tests.compile_only", "-m", "kernels", "-q",
@@ -52,5 +69,28 @@ def test_every_launched_specialization_compiles_for_sm90(tmp_path: Path) -> None
     # IEEE's: the kernels use tl.div_rn / tl.sqrt_rn (embeddings/kernels/sparse_update.py)
     approximate = {(e["kernel"], op) for e in compiled for op in e["approximate"]}
     assert not approximate, sorted(approximate)
-    print(f"{len(compiled)} specializations compiled to sm_90 cubins "
-          f"({', '.join(sorted(KERNELS))})")
+    # Resources, as ptxas reports them assembling each kernel: none spills more than a
+    # few registers to local memory (a spilled tile is a round trip to memory per access,
+    # in kernels bound by memory latency already; a 4-byte spill comes and goes with the
+    # compiler's version), at the widths runs use too (the kernels tests' D = 64 and 100:
+    # 64- and 128-wide tiles, beside the tests' 16-wide ones)
+    assert all("registers" in e and "spill_stores" in e for e in compiled), "ptxas -v reported nothing"
+    spills = sorted({(e["kernel"], e["spill_stores"], e["spill_loads"]) for e in compiled
+                     if max(e["spill_stores"], e["spill_loads"]) > SPILL_BYTES})
+    assert not spills, spills
+    widths = {e["kernel"]: set() for e in compiled}  # each kernel's BLOCK_Ds compiled
+    for e in compiled:
+        names = list(e["signature"])  # a constexpr's key is "(its argument's index,)"
+        named = {names[int(key.strip("(),"))]: value for key, value in e["constexprs"].items()}
+        widths[e["kernel"]].add(int(named.get("BLOCK_D", 0)))
+    wide = {"_pooled_kernel", "_runs_kernel", "_two_tier_kernel", "_patch_kernel", "_keep_kernel"}
+    assert all({16, 64, 128} <= widths[k] for k in wide), {k: sorted(widths[k]) for k in wide}
+    registers = {}
+    for e in compiled:
+        registers[e["kernel"]] = max(registers.get(e["kernel"], 0), e["registers"])
+    version = subprocess.run([sys.executable, "-c", "import triton; print(triton.__version__)"], env=env,
+                             capture_output=True, text=True, check=True).stdout.strip()
+    assert release in ("venv", version), (release, version)
+    print(f"triton {version}: {len(compiled)} specializations compiled to sm_90 cubins, none spilling over {SPILL_BYTES} bytes; "
+          f"most registers a "
+          f"thread: {', '.join(f'{k} {n}' for k, n in sorted(registers.items()))}")

@@ -31,7 +31,10 @@ def embedding_bag_per_feature(case, mean: bool) -> torch.Tensor:
     return torch.stack(out)
 
 
-@pytest.mark.parametrize("dim", [8, 12])  # 12: not a power of two (masked columns)
+# 12: not a power of two (masked columns); 64 and 100 (a 128-wide tile, masked): the
+# widths runs use (bench_gpu's 64, criteo_1tb's 128), their own tiles, warps and bags a
+# program, which tests/test_kernels_compile.py then compiles
+@pytest.mark.parametrize("dim", [8, 12, 64, 100])
 @pytest.mark.parametrize("multi_hot", [False, True])
 @pytest.mark.parametrize("mean", [False, True])
 @pytest.mark.parametrize("batch", [5, 200])  # 600 bags: several programs, the last part-filled

@@ -18,7 +18,7 @@ CAPACITY, DIM = 12, 5
 
 
 def buffers(seed: int, count: int, prev_count: int, states: str, dtype: torch.dtype,
-            capacity: int = CAPACITY) -> tuple:
+            capacity: int = CAPACITY, dim: int = DIM) -> tuple:
     """(ids, count, prev_ids, prev_count, rows, prev_rows, state, prev_state): ids drawn
     from 0..2C-5 (so the two steps share some), ascending in their first ``count``, stale
     values past it (a buffer's leftovers); ``states``: "" | "row" | "row,element"."""
@@ -33,10 +33,10 @@ def buffers(seed: int, count: int, prev_count: int, states: str, dtype: torch.dt
         return torch.randn(*shape, generator=gen).to(dtype)
 
     widths = [w for w in states.split(",") if w]
-    state = [values(capacity) if w == "row" else values(capacity, DIM) for w in widths]
+    state = [values(capacity) if w == "row" else values(capacity, dim) for w in widths]
     prev_state = [values(*t.shape) for t in state]
     tensors = (ids(count), torch.tensor([count]), ids(prev_count), torch.tensor([prev_count]),
-               values(capacity, DIM), values(capacity, DIM))
+               values(capacity, dim), values(capacity, dim))
     return (*(t.to(DEVICE) for t in tensors), [t.to(DEVICE) for t in state], [t.to(DEVICE) for t in prev_state])
 
 
@@ -51,11 +51,27 @@ def copies(args: tuple) -> tuple:
 def test_patch_and_keep_equal_torch(count: int, prev_count: int, capacity: int, states: str,
                                     dtype: torch.dtype) -> None:
     """Capacity 50: several programs of ROWS (16) rows each, the last one part-filled."""
-    args = buffers(count + 10 * prev_count, count, prev_count, states, dtype, capacity)
+    check_patch_and_keep(count, prev_count, capacity, states, dtype, DIM)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dim", [64, 100])
+def test_patch_and_keep_of_wide_rows_equal_torch(dim: int, dtype: torch.dtype) -> None:
+    """The widths runs use (64: bench_gpu; 100: a masked 128-wide tile), their own
+    tiles and warps (compiled by tests/test_kernels_compile.py too)."""
+    check_patch_and_keep(37, 45, 50, "row,element", dtype, dim)
+
+
+def check_patch_and_keep(count: int, prev_count: int, capacity: int, states: str, dtype: torch.dtype,
+                         dim: int) -> None:
+    args = buffers(count + 10 * prev_count, count, prev_count, states, dtype, capacity, dim)
+    runs = []  # both kernels run before anything is compared (tests/compile_only.py compiles both)
     for kernel, reference in ((patch_rows, patch_reference), (keep_rows, keep_reference)):
         got, want = copies(args), copies(args)
         kernel(*got)
         reference(*want)
+        runs.append((kernel, got, want))
+    for kernel, got, want in runs:
         _, _, prev_ids, prev_count_t, rows, prev_rows, state, prev_state = got
         _, _, w_prev_ids, w_prev_count, w_rows, w_prev_rows, w_state, w_prev_state = want
         if kernel is patch_rows:  # the staged rows: every one, past ``count`` untouched

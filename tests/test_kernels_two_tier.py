@@ -27,7 +27,7 @@ FEATURES, BATCH, DIM = 3, 6, 5
 HOT, STAGED, CAPACITY = 4, 5, 9  # hot rows; cold rows staged (U); the cold buffer's rows
 
 
-def case(multi_hot: bool, seed: int, dtype: torch.dtype = torch.float32, batch: int = BATCH):
+def case(multi_hot: bool, seed: int, dtype: torch.dtype = torch.float32, batch: int = BATCH, dim: int = DIM):
     """(hot [H, D], cold [C, D] first U staged, is_hot, slot, cold_local, offsets): each
     lookup hot with p 0.6; every staged cold row used by at least one lookup."""
     gen = torch.Generator().manual_seed(seed)
@@ -45,8 +45,8 @@ def case(multi_hot: bool, seed: int, dtype: torch.dtype = torch.float32, batch: 
     cold_local[is_hot] = 10_000  # meaningless where hot
     offsets = torch.zeros(bags + 1, dtype=torch.int64)
     offsets[1:] = lengths.cumsum(0)
-    hot = torch.randn(HOT, DIM, generator=gen).to(dtype)
-    cold = torch.randn(CAPACITY, DIM, generator=gen).to(dtype)
+    hot = torch.randn(HOT, dim, generator=gen).to(dtype)
+    cold = torch.randn(CAPACITY, dim, generator=gen).to(dtype)
     return [t.to(DEVICE) for t in (hot, cold, is_hot, slot, cold_local, offsets)]
 
 
@@ -54,8 +54,11 @@ def case(multi_hot: bool, seed: int, dtype: torch.dtype = torch.float32, batch: 
 @pytest.mark.parametrize("multi_hot", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("batch", [BATCH, 200])  # 600 bags: several programs, the last part-filled
-def test_two_tier_forward_equals_one_table(mean: bool, multi_hot: bool, dtype: torch.dtype, batch: int) -> None:
-    hot, cold, is_hot, slot, cold_local, offsets = case(multi_hot, seed=1, dtype=dtype, batch=batch)
+# 64 and 100 (a masked 128-wide tile): the widths runs use, their own tiles and bags a program
+@pytest.mark.parametrize("dim", [DIM, 64, 100])
+def test_two_tier_forward_equals_one_table(mean: bool, multi_hot: bool, dtype: torch.dtype, batch: int,
+                                           dim: int) -> None:
+    hot, cold, is_hot, slot, cold_local, offsets = case(multi_hot, seed=1, dtype=dtype, batch=batch, dim=dim)
     got = two_tier_forward(hot, cold, is_hot, slot, cold_local, offsets, FEATURES, batch, mean)
     safe_slot, safe_local = slot.clamp(max=HOT - 1), cold_local.clamp(max=CAPACITY - 1)
     want = two_tier_reference(hot, cold, is_hot, safe_slot, safe_local, offsets, FEATURES, batch, mean)

@@ -61,10 +61,14 @@ def test_kv_gradient_of_many_bags_equals_autograd(multi_hot: bool) -> None:
     torch.testing.assert_close(got.rows, want.rows, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("optimizer", OPTIMIZERS)
-@pytest.mark.parametrize("dim", [8, 12])
-@pytest.mark.parametrize("multi_hot", [False, True])
-@pytest.mark.parametrize("mean", [False, True])
+# the widths runs use (64: bench_gpu; 100: a masked 128-wide tile, criteo_1tb's 128),
+# multi-hot sums, every optimizer: their tiles compile too (tests/test_kernels_compile.py)
+WIDE = [(optimizer, dim, True, False) for optimizer in OPTIMIZERS for dim in (64, 100)]
+
+
+@pytest.mark.parametrize("optimizer,dim,multi_hot,mean",
+                         [(o, d, h, m) for o in OPTIMIZERS for d in (8, 12) for h in (False, True)
+                          for m in (False, True)] + WIDE)
 def test_fused_update_equals_reference_optimizer(optimizer: str, dim: int, multi_hot: bool, mean: bool) -> None:
     """Three steps, different batches: weight and every state tensor follow the torch
     optimizer applied to the autograd gradient; untouched rows never move."""

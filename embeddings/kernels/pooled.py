@@ -49,12 +49,25 @@ def _pooled_kernel(
     for k in range(tl.max(length, axis=0)):  # the k-th lookup of every bag that has one
         live = k < length
         row = tl.load(values_ptr + start + k, mask=live, other=0).to(tl.int64) + base
-        acc += tl.load(weight_ptr + row[:, None] * dim + cols[None, :], mask=live[:, None] & in_row[None, :],
-                       other=0.0).to(tl.float32)
+        acc += row_tile(weight_ptr, row, live, cols, dim)
     if MEAN:
         acc = tl.div_rn(acc, tl.maximum(length, 1).to(tl.float32)[:, None])
     dst = out_ptr + sample[:, None] * stride_b + feature[:, None] * stride_f + cols[None, :]
     tl.store(dst, acc, mask=inside[:, None] & in_row[None, :])
+
+
+@triton.jit
+def row_tile(table_ptr, row, live, cols, dim):
+    """[BAGS, BLOCK_D] fp32: row ``row[i]`` of a [R, dim] table where ``live[i]``, zeros
+    elsewhere and past ``dim``. The pointers and the mask are made apart from the load:
+    written inside it (``tl.load(ptr + row[:, None] * dim + cols[None, :], mask=live[:,
+    None] & ...)``), triton 3.6 (the GPU machine's) failed to compile both lookups' loops
+    wherever a 32- or 64-wide tile met a ``dim`` divisible by 16, D = 64 among them
+    (``TritonGPURemoveLayoutConversions``: "mask type matches ptr type"); 3.9 compiled
+    it. tests/test_kernels_compile.py compiles these widths, run under either version."""
+    ptrs = table_ptr + row[:, None] * dim + cols[None, :]
+    mask = live[:, None] & (cols < dim)[None, :]
+    return tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
 
 
 def bags_a_program(dim: int) -> int:

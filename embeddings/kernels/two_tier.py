@@ -35,7 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
-from embeddings.kernels.pooled import bags_a_program, block_d
+from embeddings.kernels.pooled import bags_a_program, block_d, row_tile
 
 
 @triton.jit
@@ -59,9 +59,9 @@ def _two_tier_kernel(
         cold = live & (hot == 0)
         slot = tl.load(slot_ptr + j, mask=hot, other=0).to(tl.int64)
         row = tl.load(cold_local_ptr + j, mask=cold, other=0).to(tl.int64)
-        from_hot = tl.load(hot_ptr + slot[:, None] * dim + cols[None, :], mask=hot[:, None] & in_row, other=0.0)
-        from_cold = tl.load(cold_ptr + row[:, None] * dim + cols[None, :], mask=cold[:, None] & in_row, other=0.0)
-        acc += tl.where(hot[:, None], from_hot.to(tl.float32), from_cold.to(tl.float32))
+        from_hot = row_tile(hot_ptr, slot, hot, cols, dim)  # (pooled.py: why not written inline)
+        from_cold = row_tile(cold_ptr, row, cold, cols, dim)
+        acc += tl.where(hot[:, None], from_hot, from_cold)
     if MEAN:
         acc = tl.div_rn(acc, tl.maximum(length, 1).to(tl.float32)[:, None])
     dst = out_ptr + sample[:, None] * stride_b + feature[:, None] * stride_f + cols[None, :]
