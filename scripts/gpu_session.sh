@@ -68,7 +68,9 @@ CONFIG=${CONFIG:-configs/bench_gpu.yaml}  # a dry run elsewhere: a small config
 # on the 2026-11-28 H200 at 53f03e8): the Triton kernels' blocked launches, run heads and
 # segment tiles since (the kernels' own tests run first, compiled), so the whole
 # CUDA-equals-CPU matrix (fused or not, both run the Triton backward) and every static
-# Hotline step: 43 tests, ~100 s over 12 processes
+# Hotline step: 43 tests, ~100 s over 12 processes. Before f00af98 triton 3.6 could not
+# compile those lookups at D = 64 (bench_gpu's): every bench row would have failed at
+# its first step; tests/test_kernels_compile.py now compiles with 3.6 here, without a GPU
 NEW_TESTS=${NEW_TESTS:-"update_their_cold_rows or cold_update_host or static_hotline or static_step_with_no_hot_row or cuda_equals_cpu or hotline_on_cuda or splits_and_dense or graph_replayed or gather_and_copy_hidden"}
 NEW_FILES=${NEW_FILES:-"tests/test_gpu.py tests/test_hotline_graph.py"}
 mkdir -p "$OUT"
