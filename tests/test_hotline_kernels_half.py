@@ -106,12 +106,16 @@ def fused_step(coll, kjt, up: torch.Tensor) -> list[SyncAudit]:
     return audits
 
 
-def assert_same(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], label: str) -> None:
+def assert_same(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], label: str,
+                exact: bool = True) -> None:
+    """``exact=False``: half tensors as a GPU run's are checked (nearly all bits) on the
+    CPU too, where an fp32 sum's order may move a rounding (row-wise Adagrad's mean of
+    g^2 over a 64-wide row: torch's and the kernel's differ in the last bit)."""
     assert sorted(got) == sorted(want), label
     for key, value in want.items():
         other = got[key].to(value.device)
         assert other.dtype == value.dtype, f"{label} {key}"
-        if not value.is_floating_point() or (value.dtype in HALF and DEVICE.type == "cpu"):
+        if not value.is_floating_point() or (value.dtype in HALF and DEVICE.type == "cpu" and exact):
             assert torch.equal(other, value), f"{label} {key}"
         elif value.dtype in HALF:  # compiled, a contracted multiply-add may move a rounding
             assert (other == value).float().mean() > 0.99, f"{label} {key}"
@@ -129,7 +133,8 @@ def run(tables, kind: str, state: str, fused: bool) -> tuple[dict, object, objec
     resumed) on the same batches: (ordinary's tables, the torch hot tier's, both hot
     collections at the end)."""
     kjts = [random_kjt(FEATURES, rows_of(tables), batch=8, max_len=2, seed=s) for s in range(STEPS)]
-    ups = [torch.randn(8, 16, generator=torch.Generator().manual_seed(30 + s)) for s in range(STEPS)]
+    width = sum(t.dim * len(t.features) for t in tables)  # the pooled output's [B, F*D]
+    ups = [torch.randn(8, width, generator=torch.Generator().manual_seed(30 + s)) for s in range(STEPS)]
     ref = ordinary(tables, kind, state, fused, seed=4)
     paths = {k: make(k, tables, kind, state, fused, hot_profile(tables, kjts, 0)) for k in ("torch", "triton")}
     assert paths["triton"].on_triton() and not paths["torch"].on_triton()
@@ -166,16 +171,30 @@ CASES = [("bf16", "sgd", "fp32", False, Pooling.SUM), ("fp16", "sgd", "fp32", Tr
 @pytest.mark.parametrize("dtype,kind,state,fused,pooling", CASES)
 def test_triton_half_hot_tier_equals_torch_and_ordinary(dtype: str, kind: str, state: str, fused: bool,
                                                          pooling: Pooling) -> None:
-    tables = [dataclasses.replace(t, dtype=dtype) for t in tables_fixture(pooling)]
+    check_half_hot_tier(dtype, kind, state, fused, pooling)
+
+
+@pytest.mark.parametrize("dtype,kind,state,fused,pooling", [CASES[2], CASES[4]])
+def test_triton_half_hot_tier_of_wide_rows_equals_torch_and_ordinary(dtype: str, kind: str, state: str,
+                                                                     fused: bool, pooling: Pooling) -> None:
+    """D = 64 (bench_gpu's): the half hot tier's row map, rounding and mean at a 64-wide
+    tile, which tests/test_kernels_compile.py then compiles (the tables' 8 are 16-wide)."""
+    check_half_hot_tier(dtype, kind, state, fused, pooling, dim=64)
+
+
+def check_half_hot_tier(dtype: str, kind: str, state: str, fused: bool, pooling: Pooling,
+                        dim: int | None = None) -> None:
+    tables = [dataclasses.replace(t, dtype=dtype, dim=dim or t.dim) for t in tables_fixture(pooling)]
     want, torch_path, triton_path = run(tables, kind, state, fused)
-    label = f"{dtype} {kind} state={state} fused={fused}"
+    label = f"{dtype} {kind} state={state} fused={fused} dim={dim or tables[0].dim}"
+    exact = dim is None  # 64 wide: 1 of 2,816 fp16 elements moved a rounding (row-wise Adagrad's sum)
     assert triton_path.hot_weight.dtype == torch_path.hot_weight.dtype
     assert torch.equal(triton_path.hot_ids.cpu(), torch_path.hot_ids.cpu())
     assert_same({"weight": triton_path.hot_weight.detach(), **triton_path.hot_state},
-                {"weight": torch_path.hot_weight.detach(), **torch_path.hot_state}, f"hot tier {label}")
+                {"weight": torch_path.hot_weight.detach(), **torch_path.hot_state}, f"hot tier {label}", exact)
     assert int(triton_path.hot_state["rounding_step"]) == int(triton_path.host.state["rounding_step"]) == STEPS
-    assert_same(triton_path.export_tables(), torch_path.export_tables(), f"torch hot tier {label}")
-    assert_same(triton_path.export_tables(), want, f"ordinary {label}")
+    assert_same(triton_path.export_tables(), torch_path.export_tables(), f"torch hot tier {label}", exact)
+    assert_same(triton_path.export_tables(), want, f"ordinary {label}", exact)
 
 
 @pytest.mark.parametrize("kind,state,fused", [("rowwise_adagrad", "fp32", False), ("adam", "bf16", True)])

@@ -16,9 +16,9 @@ from embeddings.optim import make_sparse_optimizer
 from embeddings.table import Pooling, TableSpec
 
 
-def tables(pooling: Pooling) -> list[TableSpec]:
-    return [TableSpec("t0", rows=7, dim=12, features=("a", "b"), pooling=pooling),
-            TableSpec("t1", rows=5, dim=12, features=("c",), pooling=pooling)]
+def tables(pooling: Pooling, dim: int = 12) -> list[TableSpec]:
+    return [TableSpec("t0", rows=7, dim=dim, features=("a", "b"), pooling=pooling),
+            TableSpec("t1", rows=5, dim=dim, features=("c",), pooling=pooling)]
 
 
 def batch(seed: int, multi_hot: bool, keys: tuple[str, ...] = ("c", "a", "b")) -> JaggedFeatures:
@@ -101,25 +101,28 @@ def test_triton_step_has_no_host_sync_and_few_ops() -> None:
     assert audit.violations == ["aten._local_scalar_dense"]
 
 
-def half_tables(dtype: str) -> list[TableSpec]:
-    return [TableSpec(t.name, t.rows, t.dim, t.features, t.pooling, dtype=dtype) for t in tables(Pooling.MEAN)]
+def half_tables(dtype: str, dim: int = 12) -> list[TableSpec]:
+    return [TableSpec(t.name, t.rows, t.dim, t.features, t.pooling, dtype=dtype) for t in tables(Pooling.MEAN, dim)]
 
 
+# D = 64 (bench_gpu's) beside 12: the half paths' 64-wide tiles (compiled by
+# tests/test_kernels_compile.py too)
+@pytest.mark.parametrize("dim", [12, 64])
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 @pytest.mark.parametrize("optimizer", ["sgd", "rowwise_adagrad", "adam"])
-def test_triton_half_tables_train_like_torch(dtype: str, optimizer: str) -> None:
+def test_triton_half_tables_train_like_torch(dtype: str, optimizer: str, dim: int) -> None:
     """fp16/bf16 weights on the Triton path: pooled in fp32, updated by the fused kernel
     with the same stochastic rounding as the torch path (same hash coordinates, step
     counted on the device). The fp32 sums may differ in their last bit (a fused
     multiply-add on one side), which moves a rounding with probability ~2^-13; so
     rows agree to one step of the type, and nearly all elements bit for bit."""
-    made = {k: LocalEmbeddingCollection(half_tables(dtype), make_sparse_optimizer(optimizer), seed=3,
+    made = {k: LocalEmbeddingCollection(half_tables(dtype, dim), make_sparse_optimizer(optimizer), seed=3,
                                         device=DEVICE, kernels=k, rounding_seed=11)
             for k in ("triton", "torch")}
     assert made["triton"].on_triton() and made["triton"].weight.dtype == made["torch"].weight.dtype
     spacing = 2.0**-7 if dtype == "bf16" else 2.0**-10
     for step in range(4):
-        target = torch.randn(4, 36, generator=torch.Generator().manual_seed(step)).to(DEVICE)
+        target = torch.randn(4, 3 * dim, generator=torch.Generator().manual_seed(step)).to(DEVICE)
         pooled = {}
         for k, collection in made.items():
             collection.set_lr(1e-3)  # small: updates live in the rounding, not above it
@@ -133,16 +136,17 @@ def test_triton_half_tables_train_like_torch(dtype: str, optimizer: str) -> None
     torch.testing.assert_close(got, want, rtol=spacing, atol=1e-6)
     assert (got == want).float().mean() > 0.99
     moved = want != LocalEmbeddingCollection(
-        half_tables(dtype), make_sparse_optimizer(optimizer), seed=3).weight.float()
+        half_tables(dtype, dim), make_sparse_optimizer(optimizer), seed=3).weight.float()
     assert moved.any()  # updates below half a spacing moved weights: the rounding is stochastic
     for name in ("rounding_step",):
         assert torch.equal(made["triton"].state[name].cpu(), made["torch"].state[name])
 
 
+@pytest.mark.parametrize("dim", [12, 64])
 @pytest.mark.parametrize("weight_dtype", ["fp32", "bf16"])
 @pytest.mark.parametrize("state_dtype", ["bf16", "fp16"])
 @pytest.mark.parametrize("optimizer", ["adagrad", "adam"])
-def test_triton_half_state_trains_like_torch(weight_dtype: str, state_dtype: str, optimizer: str) -> None:
+def test_triton_half_state_trains_like_torch(weight_dtype: str, state_dtype: str, optimizer: str, dim: int) -> None:
     """Half element-wise state (``embeddings.state_dtype``) in the fused Triton update:
     read in its type, updated in fp32, written back stochastically rounded in its own
     stream (table key xor crc32 of the state's name), as the torch path writes it. In
@@ -151,13 +155,14 @@ def test_triton_half_state_trains_like_torch(weight_dtype: str, state_dtype: str
     which moves a rounding with probability ~2^-13, so there nearly all bits agree.
     An fp32 weight may differ in its last bit (torch's add with alpha is a fused
     multiply-add on the CPU), a half one is rounded from the same fp32 values."""
-    tabs = [TableSpec(t.name, t.rows, t.dim, t.features, t.pooling, dtype=weight_dtype) for t in tables(Pooling.MEAN)]
+    tabs = [TableSpec(t.name, t.rows, t.dim, t.features, t.pooling, dtype=weight_dtype)
+            for t in tables(Pooling.MEAN, dim)]
     made = {k: LocalEmbeddingCollection(tabs, make_sparse_optimizer(optimizer, state_dtype=state_dtype), seed=3,
                                         device=DEVICE, kernels=k, rounding_seed=11)
             for k in ("triton", "torch")}
     assert made["triton"].on_triton() and not made["torch"].on_triton()
     for step in range(4):
-        target = torch.randn(4, 36, generator=torch.Generator().manual_seed(step)).to(DEVICE)
+        target = torch.randn(4, 3 * dim, generator=torch.Generator().manual_seed(step)).to(DEVICE)
         for collection in made.values():
             collection.set_lr(1e-2)
             ((collection(batch(step, multi_hot=True)) - target) ** 2).sum().backward()
