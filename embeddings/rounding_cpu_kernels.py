@@ -4,18 +4,18 @@ Rows are read at random (a step's ids over millions of rows), so a kernel waits 
 memory, not arithmetic: each asks for the row ``AHEAD`` lookups on before it works on
 this one (``prefetch_row``, LLVM's prefetch), so several misses are in flight at once.
 Reading, adding to and writing back a bench step's 27k distinct fp16 rows (of 5.2M; no
-rounding) took 4.4 ms on one core without it, 1.8 with it. fp16 rows are widened in registers too (``half_to_float``: exact for all
-65,536 values, in integer and float operations that vectorise), so no kernel takes a
-torch-widened [N, D] fp32 copy of them. The per-element hash and rounding are LLVM IR
-(numba ``intrinsic``s) in 32-bit lanes.
+rounding) took 4.4 ms on one core without it, 1.8 with it. fp16 rows are widened in
+registers too (``half_to_float``: exact for all 65,536 values, in integer and float
+operations that vectorise), so no kernel takes a torch-widened [N, D] fp32 copy of them.
+The per-element hash and rounding are LLVM IR (numba ``intrinsic``s) in 32-bit lanes.
 
-Everything a kernel calls (helpers, intrinsics) is a module global, and each kernel's closure holds
-only the bool ``to_bf16``, because numba's disk cache (``cache=True``) keys a kernel by
-its bytecode and, for a closure, the pickle of what the closure holds: a jitted helper
-held there pickles with a per-process id, so such a kernel missed the cache in every
-process and compiled anew (1-3 s a type). A bool pickles alike in every process, so a
-second process with the same cache dir (``NUMBA_CACHE_DIR``, else ``__pycache__`` here)
-loads every kernel (tests/test_rounding_cpu.py checks it). The helpers are inlined when
+Everything a kernel calls (helpers, intrinsics) is a module global, and each kernel's
+closure holds only the bool ``to_bf16``, because numba's disk cache (``cache=True``)
+keys a kernel by its bytecode and, for a closure, the pickle of what the closure holds:
+a jitted helper held there pickles with a per-process id, so such a kernel missed the
+cache in every process and compiled anew (1-3 s a type). A bool pickles alike in every
+process, so a second process with the same cache dir (``NUMBA_CACHE_DIR``, else
+``__pycache__`` here) loads every kernel (tests/test_rounding_cpu.py checks it). The helpers are inlined when
 a kernel compiles, so the cache would not see an edit to them from the kernel's bytecode;
 it sees it from the stamp of this file (mtime and size), which drops every kernel's
 entry: keep the helpers in this file.

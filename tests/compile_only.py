@@ -106,8 +106,9 @@ def resource_usage(ptx: str) -> dict[str, int]:
         src = os.path.join(tmp, "kernel.ptx")
         with open(src, "w") as f:
             f.write(ptx)
-        report = subprocess.run([get_ptxas(TARGET.arch).path, "-v", f"--gpu-name={target[1]}", src, "-o",
-                                 os.path.join(tmp, "kernel.cubin")], capture_output=True, text=True, check=False)
+        command = [get_ptxas(TARGET.arch).path, "-v", f"--gpu-name={target[1]}", src,
+                   "-o", os.path.join(tmp, "kernel.cubin")]
+        report = subprocess.run(command, capture_output=True, text=True, check=False)
     text = report.stdout + report.stderr
     found = {"registers": r"Used (\d+) registers", "stack": r"(\d+) bytes stack frame",
              "spill_stores": r"(\d+) bytes spill stores", "spill_loads": r"(\d+) bytes spill loads"}

@@ -134,7 +134,8 @@ def run(tables, kind: str, state: str, fused: bool) -> tuple[dict, object, objec
     collections at the end)."""
     kjts = [random_kjt(FEATURES, rows_of(tables), batch=8, max_len=2, seed=s) for s in range(STEPS)]
     width = sum(t.dim * len(t.features) for t in tables)  # the pooled output's [B, F*D]
-    ups = [torch.randn(8, width, generator=torch.Generator().manual_seed(30 + s)) for s in range(STEPS)]
+    ups = [torch.randn(8, width, generator=torch.Generator().manual_seed(30 + s))
+           for s in range(STEPS)]
     ref = ordinary(tables, kind, state, fused, seed=4)
     paths = {k: make(k, tables, kind, state, fused, hot_profile(tables, kjts, 0)) for k in ("torch", "triton")}
     assert paths["triton"].on_triton() and not paths["torch"].on_triton()
@@ -191,9 +192,11 @@ def check_half_hot_tier(dtype: str, kind: str, state: str, fused: bool, pooling:
     assert triton_path.hot_weight.dtype == torch_path.hot_weight.dtype
     assert torch.equal(triton_path.hot_ids.cpu(), torch_path.hot_ids.cpu())
     assert_same({"weight": triton_path.hot_weight.detach(), **triton_path.hot_state},
-                {"weight": torch_path.hot_weight.detach(), **torch_path.hot_state}, f"hot tier {label}", exact)
+                {"weight": torch_path.hot_weight.detach(), **torch_path.hot_state},
+                f"hot tier {label}", exact)
     assert int(triton_path.hot_state["rounding_step"]) == int(triton_path.host.state["rounding_step"]) == STEPS
-    assert_same(triton_path.export_tables(), torch_path.export_tables(), f"torch hot tier {label}", exact)
+    assert_same(triton_path.export_tables(), torch_path.export_tables(), f"torch hot tier {label}",
+                exact)
     assert_same(triton_path.export_tables(), want, f"ordinary {label}", exact)
 
 
