@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from data.jagged import JaggedFeatures
+from data.pinned import pinned_copies
 
 
 @dataclass
@@ -37,11 +38,10 @@ class Batch:
         )
 
     def pin_memory(self) -> Batch:
-        return Batch(
-            dense=self.dense.pin_memory(),
-            sparse=self.sparse.pin_memory(),
-            labels=self.labels.pin_memory(),
-        )
+        """The batch in page-locked memory: dense and labels in one block, the sparse
+        tensors in another (data/pinned.py)."""
+        dense, labels = pinned_copies([self.dense, self.labels])
+        return Batch(dense=dense, sparse=self.sparse.pin_memory(), labels=labels)
 
     def select(self, index: torch.Tensor) -> Batch:
         """The samples at ``index`` (int64 [k]), in that order: a micro-batch."""

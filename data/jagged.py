@@ -189,9 +189,14 @@ class JaggedFeatures:
         )
 
     def pin_memory(self) -> JaggedFeatures:
+        """The tensors copied into one page-locked block (data/pinned.py: numpy's copies,
+        not torch's intra-op threads)."""
+        from data.pinned import pinned_copies
+
         offsets = self._offsets
-        return JaggedFeatures(self._keys, self._values.pin_memory(), self._lengths.pin_memory(),
-                              self._stride, None if offsets is None else offsets.pin_memory())
+        values, lengths, *cached = pinned_copies([self._values, self._lengths]
+                                                 + ([] if offsets is None else [offsets]))
+        return JaggedFeatures(self._keys, values, lengths, self._stride, cached[0] if cached else None)
 
     def record_stream(self, stream: torch.cuda.Stream) -> None:
         """Keep the tensors' memory alive until ``stream``'s queued work is done."""

@@ -302,7 +302,9 @@ class Receiver:
         # by the storage), so it is not handed out again before the copy ends.
         used = handle.nbytes()
         out = torch.empty(used, dtype=torch.uint8, pin_memory=self.pin)
-        out.copy_(torch.from_numpy(block[:used]))  # over torch's intra-op threads
+        # numpy's copy, on this thread with the GIL released: torch's copy_ spreads over
+        # its intra-op threads, which the decode workers' cores keep waiting (data/pinned.py)
+        np.copyto(out.numpy(), block[:used])
         self.free(handle)
         return handle.batch(handle.tensors(out))
 

@@ -217,11 +217,12 @@ class HotlineConfig:
     # One H200 (bench_gpu.yaml, 510732f): 1,170,850 samples/s against the eager step's
     # 634,883 (1.84x), 1.75x with bf16 tables.
     graph_step: Literal["auto", "on", "off"] = "auto"
-    # host threads gathering cold rows (each a slice of the ids into the pinned
-    # buffer); 0 = one index_select over torch's intra-op threads (train.threads), which
-    # beat 4 threads of slices (embeddings/hotline/host_local.py). host_embedding uses
-    # the same gather
-    gather_threads: int = 0
+    # host threads of ours gathering cold rows into the pinned buffer, each a slice of
+    # the ids, one numba kernel each (embeddings/host_rows.py; 1: the gather thread
+    # itself); 0 = one index_select over torch's intra-op threads (train.threads), the
+    # gather until 2026-11-28, whose parallel region, as wide as the machine, waited on
+    # cores the decode workers held. host_embedding uses the same gather
+    gather_threads: int = 1
     # where a static step's cold rows are updated: device = in the replay, by the hot
     # rows' kernel, the host storing the results (embeddings/hotline/cold_stage.py: every
     # table type and optimizer); host = their

@@ -48,8 +48,9 @@
 #      in_memory (issue 23: native / in_memory >= 0.95)              ($OUT/bench.json);
 #      each captured row's step mode says its replays' GPU time (graphs.ReplayTimer,
 #      since 2026-11-27): beside the step's wall time, device- or host-bound
-#   2. in this order, each in what the call has left: hotline and host_embedding at
-#      train.threads=4 (the trainer's intra-op threads beside 15 decode workers), hotline
+#   2. in this order, each in what the call has left: hotline and host_embedding with
+#      the gather before (hotline.gather_threads=0: torch's 16 intra-op threads beside 15
+#      decode workers), hotline's gather on 4 threads of ours, hotline
 #      with the GIL switch interval at 0.5 ms, hotline's step loop under cProfile (train.profile_mode=python: where its host time goes,
 #      $OUT/hostprof.txt), native's and hotline's steps under torch.profiler (their kernels'
 #      GPU time, $OUT/kprof-*.txt), the embedding kernels alone (python -m
@@ -205,13 +206,17 @@ bench() {
   grep -E "^  [a-z_0-9]+@|FAILED|generated|hotline|from Parquet|tables:|steps:|gpu:|bound" \
     "$OUT/bench.log" | tail -30
   {
-    # the trainer's intra-op threads (train.threads; 0: torch's default, 16 on the H200
-    # host) beside data.workers=auto's 15 decode workers: every torch CPU op of the step
-    # loop (the cold gather's index_select, the take's copy, isin) forks 16 threads onto
-    # busy cores. The 2026-11-28 H200's in-step gather took 1.3 ms a step where the gather
-    # alone (host_gather below) took 0.05 ms over 16 idle threads and 0.22 in one
-    echo "== train.threads=4: hotline, host_embedding"
-    bench_part threads 50 --engines hotline,host_embedding "$@" train.threads=4
+    # the gather before (hotline.gather_threads=0: one index_select over torch's 16
+    # intra-op threads, beside data.workers=auto's 15 decode workers; the main rows'
+    # gathers run on threads of ours since 2026-11-28's evening, embeddings/host_rows.py,
+    # and the reader's pinned copies are numpy's). The 2026-11-28 H200's in-step gather
+    # took 1.3 ms a step where the gather alone (host_gather below) took 0.05 ms over 16
+    # idle threads and 0.22 in one. Then hotline's gather on 4 threads of ours (the main
+    # row's: 1, the gather thread itself; host_embedding's: 4)
+    echo "== hotline.gather_threads=0 (the gather before): hotline, host_embedding"
+    bench_part gather0 50 --engines hotline,host_embedding "$@" hotline.gather_threads=0
+    echo "== hotline.gather_threads=4: hotline"
+    bench_part gather4 30 --engines hotline "$@" hotline.gather_threads=4
     # the interpreter's GIL switch interval at 0.5 ms, not 5 (a sitecustomize on PYTHONPATH,
     # no product code): the step loop is Python beside the gather, update, pinning and
     # split threads; a thread wanting the GIL from one busy in Python waits up to the
@@ -253,9 +258,11 @@ bench() {
     bench_part refresh 45 --engines hotline "$@" hotline.refresh_every=30 train.profile_mode=python \
       train.profile_start=55 train.profile_steps=10
     # the cold gather alone (1.3 ms a step for ~4,500 rows in the step on the 2026-11-28
-    # H200; alone 0.05 ms over 16 threads, 0.22 in one): 2 MiB pages or not, 1 / 4 / all threads
-    echo "== host gather alone"
-    timeout -k 5 "$(upto 30)" "$PY" -m dlrm.bench.host_gather --config "$CONFIG"
+    # H200; alone 0.05 ms over 16 threads, 0.22 in one): 2 MiB pages or not, torch's
+    # index_select and ours (embeddings/host_rows.py) on 1 / 4 / 16 threads, beside 15
+    # spinning processes as a run's decode workers (the mean and p90 show the stragglers)
+    echo "== host gather beside 15 busy processes"
+    timeout -k 5 "$(upto 40)" "$PY" -m dlrm.bench.host_gather --config "$CONFIG" --busy 15 --threads 1,4,16
     # the static step's cold rows before 2026-11-28: their gradient home, the host tier's
     # update (2026-11-28 H200: 1,196,840 samples/s, 1.48 ms a replay, against 1,319,650
     # and 2.06 ms updated in the replay)

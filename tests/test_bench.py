@@ -55,6 +55,9 @@ def test_bench_rows_ratios_and_limit(bench: Path) -> None:
     assert rows["native", 1]["vs_in_memory"] == pytest.approx(
         rows["native", 1]["samples_per_s"] / rows["in_memory", 1]["samples_per_s"])
     assert rows["host_embedding", 1]["hotline"]["hot_hit_rate"] == 0.0  # nothing on the device
+    # Hotline's cold gather on its gather thread; host_embedding's, every row, on 4 of ours
+    assert rows["hotline", 1]["hotline"]["gather_threads"] == 1.0
+    assert rows["host_embedding", 1]["hotline"]["gather_threads"] == 4.0
     # what it ran on, stated beside the figures: the commit git names for this checkout
     import subprocess
 

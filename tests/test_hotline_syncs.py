@@ -119,9 +119,14 @@ def test_cold_path_copies_only_cold_ids_rows_and_their_gradients() -> None:
 
 
 def test_threaded_gather_equals_index_select(monkeypatch) -> None:
+    """The gather on this thread (the default), on 3 threads of ours, and as one
+    index_select over torch's threads (``gather_threads=0``): the same rows."""
     coll, _, rest = _collection()
     tier = coll.tier
+    assert tier.gather_threads == 1
     one = coll.gather_cold(rest)
+    tier.gather_threads = 0
+    torch.testing.assert_close(coll.gather_cold(rest).rows, one.rows, rtol=0, atol=0)
     tier.gather_threads = 3
     tier._gather_pool = ThreadPoolExecutor(3)
     monkeypatch.setattr(type(tier), "PARALLEL_ROWS", 1)

@@ -639,7 +639,7 @@ class HotlineSteps:
             "transfer_ms": 1000 * transfer / steps,
             "gather_wait_ms": 1000 * wait / steps,
             "gather_hidden": max(0.0, 1 - wait / busy) if busy > 0 else 1.0,
-            # hotline.gather_threads; 0: one index_select over torch's intra-op threads
+            # hotline.gather_threads (threads of ours); 0: one index_select over torch's intra-op threads
             "gather_threads": float(self.embeddings.gather_threads),
             "gather_torch_threads": float(torch.get_num_threads()),
             # embeddings.kernels: 1 where the hot tier runs on the Triton kernels

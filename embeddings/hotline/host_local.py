@@ -42,6 +42,7 @@ from functools import partial
 import torch
 
 from embeddings.collection import LocalEmbeddingCollection
+from embeddings.host_rows import gather_rows, store_rows
 from embeddings.hotline.hot_tier import HotTier
 from embeddings.hotline.lookups import ColdPooled, ColdRows
 from embeddings.hotline.profile import in_sorted
@@ -68,13 +69,14 @@ class LocalHostTier:
         seed: int | None,
         device: torch.device | str,
         hot_device: torch.device,
-        gather_threads: int = 0,
+        gather_threads: int = 1,
         rounding_seed: int | None = None,
     ) -> None:
         """Tables on ``device`` (the host), cold rows copied to ``hot_device``, gathered
-        by ``gather_threads`` host threads (0: one ``index_select``, parallel over
-        torch's intra-op threads); cold rows travel in the tables' type (fp16/bf16: half
-        the bytes) and pool in fp32."""
+        by ``gather_threads`` host threads of ours (embeddings/host_rows.py; 1: the
+        gather thread itself; 0: one ``index_select``, parallel over torch's intra-op
+        threads); cold rows travel in the tables' type (fp16/bf16: half the bytes) and
+        pool in fp32."""
         # Pageable host memory on 2 MiB pages, not page-locked: rows cross to and from a
         # GPU through pinned buffers of their own (gather_cold, write_back, the gradient's
         # D2H), never by DMA from the tables. Page-locked, torch's host allocator rounded
@@ -107,13 +109,11 @@ class LocalHostTier:
         self.optimizer = optimizer
         self.fused = fused
         self.mean = tables[0].pooling is Pooling.MEAN
-        # 0: one index_select, which torch spreads over its own intra-op threads. Slices on
-        # threads of ours each start such a parallel region, every one as wide as the
-        # machine, beside the update thread's: on 2 cores 4 threads took 0.43-0.49 ms
-        # for 4,500 rows of 64 fp32 where one call took 0.15-0.25 (45,000 rows: 1.95-2.03
-        # against 1.39-1.46), and on the 2026-11-27 H200 (4 threads, 16 cores) the captured
-        # step's gather of ~1 MB took 1.7 ms a step, host_embedding's 5.3 ms captured
-        # against 3.1 eager
+        # Our threads run numba kernels, each exactly one thread (embeddings/host_rows.py).
+        # Torch's calls are each a parallel region as wide as the machine: on the
+        # 2026-11-27 H200 (16 cores beside 15 decode workers) the captured step's gather
+        # of ~1 MB took 1.7 ms a step over 4 threads of ours each calling index_select,
+        # 1.3 ms as one call (0: kept to compare), 0.05-0.22 ms alone
         self.gather_threads = gather_threads
         self._gather_pool = (ThreadPoolExecutor(gather_threads, thread_name_prefix="hotline-rows")
                              if gather_threads > 1 else None)
@@ -348,14 +348,13 @@ class LocalHostTier:
     PARALLEL_ROWS = 4096
 
     def _gather_rows(self, source: torch.Tensor, ids: torch.Tensor, out: torch.Tensor) -> None:
-        """``out[i] = source[ids[i]]``: one call, or (hotline.gather_threads > 1) slices
-        of ``ids`` on the gather threads (torch releases the GIL in index_select), each
-        into its own slice of ``out``."""
-        if self._gather_pool is None or ids.numel() < self.PARALLEL_ROWS:
+        """``out[i] = source[ids[i]]``: hotline.gather_threads of ours (embeddings/host_rows.py;
+        one: this thread), or (0) one ``index_select`` over torch's intra-op threads."""
+        if self.gather_threads == 0:
             torch.index_select(source, 0, ids, out=out)
             return
-        parts = zip(ids.tensor_split(self.gather_threads), out.tensor_split(self.gather_threads))
-        list(self._gather_pool.map(lambda p: torch.index_select(source, 0, p[0], out=p[1]), parts))
+        many = self._gather_pool is not None and ids.numel() >= self.PARALLEL_ROWS
+        gather_rows(source, ids, out, self._gather_pool if many else None, self.gather_threads)
 
     def hot_part(self, micro: MicroLookups, hot: HotTier) -> torch.Tensor:
         """Σ hot part per bag, [F*B, D] (mean: over the whole bag's length)."""
@@ -496,9 +495,11 @@ class LocalHostTier:
             ready.synchronize()
         with section("embedding_update"):
             tables = self._tables
-            tables.weight.data.index_copy_(0, host_ids, rows)
+            # on this thread, not over torch's threads (embeddings/host_rows.py): those would
+            # take the cores the next gather and the decode workers run on
+            store_rows(tables.weight.data, host_ids, rows)
             for name, tensor in state.items():
-                tables.state[name].index_copy_(0, host_ids, tensor)
+                store_rows(tables.state[name], host_ids, tensor)
 
     def _apply(self, kept: list[tuple[KVGradient, torch.cuda.Event | None]],
                first: tuple[torch.Tensor, torch.cuda.Event | None] | None = None,

@@ -32,7 +32,7 @@ class HostTier(Protocol):
     collection: EmbeddingCollection  # the tables: exported, imported, checkpointed
     plan: ShardingPlan | None  # how they are sharded (several ranks), else None
     collective: bool  # whether cold lookups are collectives (every rank takes part)
-    gather_threads: int  # host threads of one cold gather (0: one call over torch's intra-op threads)
+    gather_threads: int  # host threads of ours in one cold gather (0: one call over torch's intra-op threads)
     device: torch.device  # the home of the rows: cold gradients go here
 
     def read_rows(

@@ -105,7 +105,7 @@ class HotlineEmbeddingCollection(EmbeddingCollection):
         host: torch.device | str = "cpu",
         plan: ShardingPlan | None = None,
         group: dist.ProcessGroup | None = None,
-        gather_threads: int = 0,
+        gather_threads: int = 1,
         rounding_seed: int | None = None,
         kernels: str | KernelChoice = KernelChoice.AUTO,
         hot_group: dist.ProcessGroup | None = None,
