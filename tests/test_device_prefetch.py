@@ -128,10 +128,18 @@ def test_the_reader_pins_batches_off_the_consumers_thread(tiny, monkeypatch, wor
 
 
 @pytest.mark.gpu
-def test_cuda_reader_hands_out_pinned_batches(tiny) -> None:
+@pytest.mark.parametrize("workers", [0, 2])
+def test_cuda_reader_hands_out_pinned_batches(tiny, workers: int) -> None:
+    """In the reader's thread (data/pinned.py's numpy copies) and from decode workers'
+    shared memory (the slot's one numpy copy into a pinned block): the same batches."""
     files, schema = tiny
     want = reader_batches(tiny)
-    got = list(ParquetReader(files, schema, 16, shuffle=True, seed=1, prefetch=2, pin_memory=True).epoch(0))
+    reader = ParquetReader(files, schema, 16, shuffle=True, seed=1, prefetch=2, pin_memory=True,
+                           workers=workers)
+    try:
+        got = list(reader.epoch(0))
+    finally:
+        reader.close()
     assert all(b.dense.is_pinned() and b.sparse.values().is_pinned() and b.labels.is_pinned() for b in got)
     assert_same(got, want)
 

@@ -43,7 +43,7 @@ def test_no_tensors() -> None:
     assert pinned_copies([], pin=False) == []
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="page-locked memory needs CUDA")
+@pytest.mark.gpu  # page-locked memory needs CUDA
 def test_batch_pin_memory_is_pinned_and_equal() -> None:
     tensors = _tensors()
     sparse = JaggedFeatures(["a", "b"], tensors[2], torch.full((74,), 1), 37)
