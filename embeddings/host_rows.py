@@ -27,61 +27,42 @@ a copy, whatever the type. Ids out of range raise an IndexError, as torch's call
 the kernels do not take (a tensor not contiguous or not on the CPU, no numba) goes to
 torch's call, which gives the same result.
 
-The kernels inline ``row_ahead`` from rounding_cpu_kernels.py, and numba's disk cache
-sees only this file's stamp: an edit to ``row_ahead`` needs this file touched too.
+The kernels are host_rows_kernels.py's, imported with numba at the first compiled call
+(``prepare``: when a host tier is built).
 """
 
 from __future__ import annotations
 
 import math
 from concurrent.futures import Executor
+from functools import cache
 
 import numpy as np
 import torch
 
-from embeddings.rounding_cpu_kernels import row_ahead
-
-try:
-    import numba
-except ImportError:  # torch's calls do every copy
-    numba = None
+from embeddings.rounding_cpu import available
 
 _WORDS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
-def _kernel(function):
-    """``function`` compiled on first call, the GIL released while it runs, cached on
-    disk (as is, without numba: then nothing calls it)."""
-    return function if numba is None else numba.njit(nogil=True, cache=True)(function)
+@cache
+def _kernels():
+    """host_rows_kernels.py, imported (with numba) at the first compiled call."""
+    from embeddings import host_rows_kernels
+
+    return host_rows_kernels
 
 
-@_kernel
-def _gather_kernel(table, ids, out, start, end):
-    """out[i] = table[ids[i]] for i in [start, end); the first i whose id is out of
-    range (nothing copied from there on), else -1."""
-    rows = table.shape[0]
-    for i in range(start, end):
-        if ids[i] < 0 or ids[i] >= rows:
-            return i
-        row = row_ahead(table, ids, i, end)
-        for c in range(table.shape[1]):
-            out[i, c] = row[c]
-    return -1
-
-
-@_kernel
-def _store_kernel(table, ids, rows, start, end):
-    """table[ids[i]] = rows[i] for i in [start, end); the first i whose id is out of
-    range (nothing stored from there on), else -1. The rows written are read first
-    (``row_ahead``): a store to a line not in cache reads it anyway."""
-    count = table.shape[0]
-    for i in range(start, end):
-        if ids[i] < 0 or ids[i] >= count:
-            return i
-        row = row_ahead(table, ids, i, end)
-        for c in range(table.shape[1]):
-            row[c] = rows[i, c]
-    return -1
+def prepare(tables: list[torch.Tensor]) -> None:
+    """Compile now (or load from numba's disk cache) the gather and the store of rows of
+    each of ``tables``, as a step will call them, so that no step does: a process's
+    first compiled call starts numba, 0.36-0.48 s here with every kernel cached (a
+    200-step Hotline run of the Criteo sample spent that in its first gather, 2 ms a
+    step on average). Nothing without numba."""
+    for table in tables:  # stand-ins of the table's row shape and type: the same kernels
+        stand_in = torch.zeros(2, *table.shape[1:], dtype=table.dtype)
+        one = torch.ones(1, dtype=torch.int64)
+        store_rows(stand_in, one, gather_rows(stand_in, one, torch.empty_like(stand_in[:1])))
 
 
 def gather_rows(table: torch.Tensor, ids: torch.Tensor, out: torch.Tensor,
@@ -91,7 +72,7 @@ def gather_rows(table: torch.Tensor, ids: torch.Tensor, out: torch.Tensor,
     words = _words(table, ids, out)
     if words is None:
         return torch.index_select(table, 0, ids, out=out)
-    _run(_gather_kernel, *words, ids, pool, threads)
+    _run(_kernels().gather_kernel, *words, ids, pool, threads)
     return out
 
 
@@ -103,7 +84,7 @@ def store_rows(table: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor,
     if words is None:
         table.index_copy_(0, ids, rows)
         return
-    _run(_store_kernel, *words, ids, pool, threads)
+    _run(_kernels().store_kernel, *words, ids, pool, threads)
 
 
 def _words(table: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor
@@ -113,7 +94,7 @@ def _words(table: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor
     as 4-byte words the loop took 2-3x as long on cached rows here), else the element's
     size (a 1-D table: one element a row); None where the kernels cannot take them."""
     size = table.element_size()
-    ok = (numba is not None and table.dtype == rows.dtype and ids.dtype == torch.int64
+    ok = (available() and table.dtype == rows.dtype and ids.dtype == torch.int64
           and size in _WORDS and table.dim() in (1, 2) and table.dim() == rows.dim()
           and all(t.device.type == "cpu" and t.is_contiguous() for t in (table, ids, rows))
           and rows.shape[1:] == table.shape[1:] and rows.shape[0] == ids.numel() and ids.dim() == 1)

@@ -103,3 +103,44 @@ def test_rows_not_on_8_byte_addresses_are_copied_as_elements() -> None:
     want = table.clone().index_copy_(0, ids, rows)
     store_rows(table, ids, rows)
     assert torch.equal(table, want)
+
+
+_BUILD = """
+import sys
+import dlrm.train.trainer  # noqa: F401
+print("numba" in sys.modules)
+from embeddings.hotline.tiers import HotlineEmbeddingCollection
+from embeddings.optim import make_sparse_optimizer
+from tests.test_embeddings import random_kjt, tables_fixture
+from tests.test_hotline import FEATURES, profile_of, rows_of, touched
+tables = tables_fixture()
+kjt = random_kjt(FEATURES, rows_of(tables), batch=16, max_len=2, seed=3)
+hot = {name: ids[ids % 5 != 0] for name, ids in touched(tables, [kjt]).items()}
+HotlineEmbeddingCollection(tables, profile_of(tables, hot), make_sparse_optimizer("rowwise_adagrad"),
+                           fused=True, seed=1, gather_threads=int(sys.argv[1]))
+print("numba" in sys.modules)
+if "numba" in sys.modules:
+    from embeddings import host_rows_kernels as k
+    print(len(k.gather_kernel.signatures), len(k.store_kernel.signatures))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("threads", [0, 1])
+def test_a_host_tier_loads_its_kernels_when_built_and_nothing_else_imports_numba(threads: int) -> None:
+    """The trainer's import brings no numba (50 MiB of every fp32 process); a host tier
+    that gathers on threads of ours compiles (or loads) its kernels when it is built,
+    the weight's and the row-wise state's (so no step starts numba: 0.4 s here), and
+    one that gathers with torch (0) imports nothing."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    proc = subprocess.run([sys.executable, "-c", _BUILD, str(threads)], cwd=REPO, capture_output=True,
+                          text=True, timeout=300, check=True)
+    lines = proc.stdout.split("\n")
+    assert lines[0] == "False"
+    assert lines[1] == str(threads > 0)
+    if threads:
+        assert lines[2] == "2 2"  # 8-byte words (the rows), 4-byte words (row-wise sums)

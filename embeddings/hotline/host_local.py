@@ -42,7 +42,7 @@ from functools import partial
 import torch
 
 from embeddings.collection import LocalEmbeddingCollection
-from embeddings.host_rows import gather_rows, store_rows
+from embeddings.host_rows import gather_rows, prepare, store_rows
 from embeddings.hotline.hot_tier import HotTier
 from embeddings.hotline.lookups import ColdPooled, ColdRows
 from embeddings.hotline.profile import in_sorted
@@ -115,6 +115,8 @@ class LocalHostTier:
         # of ~1 MB took 1.7 ms a step over 4 threads of ours each calling index_select,
         # 1.3 ms as one call (0: kept to compare), 0.05-0.22 ms alone
         self.gather_threads = gather_threads
+        if gather_threads:  # numba started, the kernels loaded, before any step
+            prepare([self._tables.weight.data, *self._tables.state.values()])
         self._gather_pool = (ThreadPoolExecutor(gather_threads, thread_name_prefix="hotline-rows")
                              if gather_threads > 1 else None)
         self._kept: list[tuple[KVGradient, torch.cuda.Event | None]] = []
