@@ -16,11 +16,11 @@ alone took 0.05 ms on 16 idle threads and 0.22 on one.
 
 So here each copy is a numba kernel (``nogil``) on the calling thread, or on ``threads``
 threads of the caller's pool, each a slice of the ids: exactly that many threads, none
-waiting on another's schedule. One such thread is as fast as torch's call on one thread:
-4,500 random rows of 64 fp32 from an 8.6 GB table on 2 MiB pages, fresh ids each time,
-took 0.79-0.92 ms here against 0.77 for ``index_select`` on one thread (rows in cache:
-0.07-0.11 against 0.31). A kernel asks for the row ``AHEAD`` ids on before it copies
-this one (rounding_cpu_kernels.py ``row_ahead``), so several misses are in flight.
+waiting on another's schedule. One such thread is a little faster than torch's call on
+one thread: 4,500 random rows of 64 fp32 from an 8.6 GB table on 2 MiB pages, fresh ids
+each time, took 227-231 us at the median here against 259-262 for ``index_select`` on
+one thread (two runs, the calls interleaved). Each copy asks for the row ``AHEAD`` ids
+on first (host_rows_kernels.py), so several misses are in flight.
 
 A row travels as 8-byte integers where it can (else as integers of its element's size):
 a copy, whatever the type. Ids out of range raise an IndexError, as torch's calls do. Anything

@@ -3,7 +3,7 @@
 Imported (with numba) at host_rows.py's first compiled call, not with it: an fp32
 process that copies no host row never imports numba. Each kernel is compiled at its
 first call in a process, or loaded from numba's disk cache (``cache=True``), which
-keys it by this file's stamp: the kernels inline ``row_ahead`` from
+keys it by this file's stamp: the kernels inline ``prefetch_line`` from
 rounding_cpu_kernels.py, so an edit to it needs this file touched too.
 """
 
@@ -11,33 +11,46 @@ from __future__ import annotations
 
 import numba
 
-from embeddings.rounding_cpu_kernels import row_ahead
+from embeddings.rounding_cpu_kernels import AHEAD, LINE, prefetch_line
 
 
 @numba.njit(nogil=True, cache=True)
 def gather_kernel(table, ids, out, start, end):
     """out[i] = table[ids[i]] for i in [start, end); the first i whose id is out of
-    range (nothing copied from there on), else -1."""
-    rows = table.shape[0]
+    range (nothing copied from there on), else -1. The row ``AHEAD`` ids on is asked
+    for first (a prefetch of any address is harmless: one out of range is not read)."""
+    count, width = table.shape
+    # a row's cache lines, the step worked out once: per row (rounding_cpu_kernels'
+    # prefetch_row, inlined) the gather took 275 us against 230 (4,500 rows of 256 B)
+    step = max(1, LINE // table.itemsize)
     for i in range(start, end):
-        if ids[i] < 0 or ids[i] >= rows:
+        if i + AHEAD < end:
+            ahead = ids[i + AHEAD]
+            for c in range(0, width, step):
+                prefetch_line(table, ahead, c)
+        row = ids[i]
+        if row < 0 or row >= count:
             return i
-        row = row_ahead(table, ids, i, end)
-        for c in range(table.shape[1]):
-            out[i, c] = row[c]
+        for c in range(width):
+            out[i, c] = table[row, c]
     return -1
 
 
 @numba.njit(nogil=True, cache=True)
 def store_kernel(table, ids, rows, start, end):
     """table[ids[i]] = rows[i] for i in [start, end); the first i whose id is out of
-    range (nothing stored from there on), else -1. The rows written are read first
-    (``row_ahead``): a store to a line not in cache reads it anyway."""
-    count = table.shape[0]
+    range (nothing stored from there on), else -1. The rows written are asked for
+    ahead too: a store to a line not in cache reads it first."""
+    count, width = table.shape
+    step = max(1, LINE // table.itemsize)
     for i in range(start, end):
-        if ids[i] < 0 or ids[i] >= count:
+        if i + AHEAD < end:
+            ahead = ids[i + AHEAD]
+            for c in range(0, width, step):
+                prefetch_line(table, ahead, c)
+        row = ids[i]
+        if row < 0 or row >= count:
             return i
-        row = row_ahead(table, ids, i, end)
-        for c in range(table.shape[1]):
-            row[c] = rows[i, c]
+        for c in range(width):
+            table[row, c] = rows[i, c]
     return -1

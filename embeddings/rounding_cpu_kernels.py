@@ -155,7 +155,7 @@ if numba is not None:
         return numba.types.float32(numba.types.uint32), codegen
 
     @intrinsic
-    def _prefetch(typingctx, array, row, col):
+    def prefetch_line(typingctx, array, row, col):
         """``llvm.prefetch`` of ``&array[row, col]`` (a read, kept in every cache level):
         a hint, nothing waits for it."""
         def codegen(context, builder, signature, args):
@@ -171,7 +171,7 @@ if numba is not None:
 
         return numba.types.void(array, row, col), codegen
 else:  # never called without numba (rounding_cpu.available() is False)
-    element_hash = bf16_round = fp16_round = fused_multiply_add = float_bits = bits_float = _prefetch = None
+    element_hash = bf16_round = fp16_round = fused_multiply_add = float_bits = bits_float = prefetch_line = None
 
 
 @_njit(inline="always")
@@ -186,7 +186,7 @@ def prefetch_row(weight, row):
     """Ask for every cache line of ``weight[row]``."""
     step = max(1, LINE // weight.itemsize)
     for c in range(0, weight.shape[1], step):
-        _prefetch(weight, row, c)
+        prefetch_line(weight, row, c)
 
 
 @_njit(inline="always")
