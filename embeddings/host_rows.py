@@ -27,7 +27,7 @@ a copy, whatever the type. Ids out of range raise an IndexError, as torch's call
 the kernels do not take (a tensor not contiguous or not on the CPU, no numba) goes to
 torch's call, which gives the same result.
 
-The kernels are host_rows_kernels.py's, imported with numba at the first compiled call
+The kernel is host_rows_kernels.py's, imported with numba at the first compiled call
 (``prepare``: when a host tier is built).
 """
 
@@ -72,7 +72,7 @@ def gather_rows(table: torch.Tensor, ids: torch.Tensor, out: torch.Tensor,
     words = _words(table, ids, out)
     if words is None:
         return torch.index_select(table, 0, ids, out=out)
-    _run(_kernels().gather_kernel, *words, ids, pool, threads)
+    _run(*words, ids, pool, threads, store=False)
     return out
 
 
@@ -84,7 +84,7 @@ def store_rows(table: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor,
     if words is None:
         table.index_copy_(0, ids, rows)
         return
-    _run(_kernels().store_kernel, *words, ids, pool, threads)
+    _run(*words, ids, pool, threads, store=True)
 
 
 def _words(table: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor
@@ -110,17 +110,18 @@ def _words(table: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor
     return as_2d(table), ids.numpy(), as_2d(rows)
 
 
-def _run(kernel, table: np.ndarray, ids_np: np.ndarray, rows: np.ndarray, ids: torch.Tensor,
-         pool: Executor | None, threads: int) -> None:
-    """``kernel`` over ``ids`` in ``threads`` slices (one: on this thread); an id out of
-    range raises as torch would."""
+def _run(table: np.ndarray, ids_np: np.ndarray, rows: np.ndarray, ids: torch.Tensor,
+         pool: Executor | None, threads: int, store: bool) -> None:
+    """The kernel over ``ids`` in ``threads`` slices (one: on this thread); an id out
+    of range raises as torch would."""
+    kernel = _kernels().copy_rows
     n = ids_np.shape[0]
     parts = max(1, min(threads, n)) if pool is not None else 1
     bounds = [(k * n // parts, (k + 1) * n // parts) for k in range(parts)]
     if parts == 1:
-        bad = [kernel(table, ids_np, rows, 0, n)]
+        bad = [kernel(table, ids_np, rows, 0, n, store)]
     else:
-        bad = list(pool.map(lambda b: kernel(table, ids_np, rows, *b), bounds))
+        bad = list(pool.map(lambda b: kernel(table, ids_np, rows, *b, store), bounds))
     for at in bad:
         if at >= 0:
             raise IndexError(f"index {int(ids[at])} is out of bounds for dimension 0 with size {table.shape[0]}")
