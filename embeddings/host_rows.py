@@ -23,9 +23,9 @@ one thread (two runs, the calls interleaved). Each copy asks for the row ``AHEAD
 on first (host_rows_kernels.py), so several misses are in flight.
 
 A row travels as 8-byte integers where it can (else as integers of its element's size):
-a copy, whatever the type. Ids out of range raise an IndexError, as torch's calls do. Anything
-the kernels do not take (a tensor not contiguous or not on the CPU, no numba) goes to
-torch's call, which gives the same result.
+a copy, whatever the type. Ids out of range raise an IndexError, as torch's calls do.
+Anything the kernels do not take (a tensor not contiguous, not on the CPU or requiring
+grad; no numba) goes to torch's call, which gives the same result.
 
 The kernel is host_rows_kernels.py's, imported with numba at the first compiled call
 (``prepare``: when a host tier is built).
@@ -99,7 +99,8 @@ def _words(table: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor
             and ids.dim() == 1 and table.dim() in (1, 2) and table.dim() == rows.dim()
             and rows.shape[1:] == table.shape[1:] and rows.shape[0] == ids.shape[0]
             and table.is_cpu and rows.is_cpu and ids.is_cpu and table.is_contiguous()
-            and rows.is_contiguous() and ids.is_contiguous() and available()):
+            and rows.is_contiguous() and ids.is_contiguous() and not table.requires_grad
+            and not rows.requires_grad and available()):
         return None
     width = table.shape[1] if table.dim() == 2 else 1
     wide = (size * width) % 8 == 0 and table.data_ptr() % 8 == 0 and rows.data_ptr() % 8 == 0

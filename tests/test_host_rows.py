@@ -89,6 +89,10 @@ def test_what_the_kernels_do_not_take_goes_to_torch() -> None:
     assert torch.equal(gather_rows(table, ids, out), table[ids.long()])
     rows = torch.ones(3, 4)
     store_rows(table, ids.long(), rows)
+    param = torch.nn.Parameter(torch.randn(9, 4))  # numpy cannot view it
+    with torch.no_grad():  # index_select's out= refuses autograd
+        got = gather_rows(param, torch.tensor([8, 1]), torch.empty(2, 4))
+    assert torch.equal(got, param.detach()[[8, 1]])
     assert torch.equal(wide[[3, 40, 0], :4], rows) and torch.equal(wide[[3, 40, 0], 4:], _table(50, (8,), torch.float32, seed=8)[[3, 40, 0], 4:])
 
 
