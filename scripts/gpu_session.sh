@@ -50,11 +50,12 @@
 #      since 2026-11-27): beside the step's wall time, device- or host-bound
 #   2. in this order, each in what the call has left: hotline and host_embedding with
 #      the gather before (hotline.gather_threads=0: torch's 16 intra-op threads beside 15
-#      decode workers), hotline's gather on 4 threads of ours, hotline
-#      with the GIL switch interval at 0.5 ms, hotline's step loop under cProfile (train.profile_mode=python: where its host time goes,
-#      $OUT/hostprof.txt), native's and hotline's steps under torch.profiler (their kernels'
-#      GPU time, $OUT/kprof-*.txt), the embedding kernels alone (python -m
-#      dlrm.bench.kernels: eager and graph-replayed, and the run segment at 16), hotline
+#      decode workers), hotline's gather on 4 threads of ours, hotline's step loop under
+#      cProfile (train.profile_mode=python: where its host time goes, $OUT/hostprof.txt),
+#      native's and hotline's steps under torch.profiler (their kernels' GPU time,
+#      $OUT/kprof-*.txt), the embedding kernels alone (python -m dlrm.bench.kernels: eager
+#      and graph-replayed, and the run segment at 16), hotline with the GIL switch
+#      interval at 0.5 ms, hotline
 #      with a refresh every 30 steps (issue 22: the refresh's pause), the host gather
 #      alone, hotline and hotline_bf16_tables with the cold update before
 #      (hotline.cold_update=host), native with optim.dense=adagrad (the default), the
@@ -219,13 +220,6 @@ bench() {
     bench_part gather0 50 --engines hotline,host_embedding "$@" hotline.gather_threads=0
     echo "== hotline.gather_threads=4: hotline"
     bench_part gather4 30 --engines hotline "$@" hotline.gather_threads=4
-    # the interpreter's GIL switch interval at 0.5 ms, not 5 (a sitecustomize on PYTHONPATH,
-    # no product code): the step loop is Python beside the gather, update, pinning and
-    # split threads; a thread wanting the GIL from one busy in Python waits up to the
-    # interval (the gather's 1.3 ms a step in the step, 0.05-0.22 ms alone)
-    echo "== hotline, GIL switch interval 0.5 ms"
-    mkdir -p /tmp/gil_switch && echo 'import sys; sys.setswitchinterval(0.0005)' >/tmp/gil_switch/sitecustomize.py
-    PYTHONPATH="/tmp/gil_switch:$PYTHONPATH" bench_part gil 40 --engines hotline "$@"
     # where the captured Hotline step's host time goes (its replay took 1.47 ms of GPU time
     # of a 3.44 ms step on the 2026-11-27 H200): cProfile of the step loop's thread, the
     # steps still captured (train.profile_mode=python), microseconds a step per function
@@ -250,6 +244,13 @@ bench() {
     # graph-replayed figures (*_graph_ms: GPU time; the eager ones may be the host's)
     DLRM_KERNEL_RUN_SEGMENT=16 timeout -k 5 "$(upto 20)" "$PY" -m dlrm.bench.kernels --config "$CONFIG" \
       --kernels triton
+    # the interpreter's GIL switch interval at 0.5 ms, not 5 (a sitecustomize on PYTHONPATH,
+    # no product code): the step loop is Python beside the gather, update, pinning and
+    # split threads; a thread wanting the GIL from one busy in Python waits up to the
+    # interval (the gather's 1.3 ms a step in the step, 0.05-0.22 ms alone)
+    echo "== hotline, GIL switch interval 0.5 ms"
+    mkdir -p /tmp/gil_switch && echo 'import sys; sys.setswitchinterval(0.0005)' >/tmp/gil_switch/sitecustomize.py
+    PYTHONPATH="/tmp/gil_switch:$PYTHONPATH" bench_part gil 40 --engines hotline "$@"
     # issue 22's "refresh without a stall": 292 ms a refresh under the captured step on
     # the 2026-11-27 H200, 47.5 ms on the 2026-11-28 one (4 in 163 steps: 639,567 samples/s
     # against 1,319,650)
