@@ -55,7 +55,7 @@
 #      native's and hotline's steps under torch.profiler (their kernels' GPU time,
 #      $OUT/kprof-*.txt), the embedding kernels alone (python -m dlrm.bench.kernels: eager
 #      and graph-replayed, and the run segment at 16), hotline with the GIL switch
-#      interval at 0.5 ms, hotline
+#      interval at Python's 5 ms (the main rows: 0.5), hotline
 #      with a refresh every 30 steps (issue 22: the refresh's pause), the host gather
 #      alone, hotline and hotline_bf16_tables with the cold update before
 #      (hotline.cold_update=host), native with optim.dense=adagrad (the default), the
@@ -244,13 +244,12 @@ bench() {
     # graph-replayed figures (*_graph_ms: GPU time; the eager ones may be the host's)
     DLRM_KERNEL_RUN_SEGMENT=16 timeout -k 5 "$(upto 20)" "$PY" -m dlrm.bench.kernels --config "$CONFIG" \
       --kernels triton
-    # the interpreter's GIL switch interval at 0.5 ms, not 5 (a sitecustomize on PYTHONPATH,
-    # no product code): the step loop is Python beside the gather, update, pinning and
-    # split threads; a thread wanting the GIL from one busy in Python waits up to the
-    # interval (the gather's 1.3 ms a step in the step, 0.05-0.22 ms alone)
-    echo "== hotline, GIL switch interval 0.5 ms"
-    mkdir -p /tmp/gil_switch && echo 'import sys; sys.setswitchinterval(0.0005)' >/tmp/gil_switch/sitecustomize.py
-    PYTHONPATH="/tmp/gil_switch:$PYTHONPATH" bench_part gil 40 --engines hotline "$@"
+    # the interpreter's GIL switch interval at Python's 5 ms: a Hotline run on a GPU sets
+    # 0.5 ms since the 2026-11-28 evening H200 (6db8c5d: 1,695,430 samples/s with a
+    # sitecustomize at 0.5 ms against 1,367,569-1,480,759 at 5 ms in the same call); the
+    # step loop is Python beside the gather, update, pinning and split threads
+    echo "== hotline, GIL switch interval 5 ms (Python's; the main rows' 0.5 ms)"
+    DLRM_GIL_SWITCH_MS=5 bench_part gil 40 --engines hotline "$@"
     # issue 22's "refresh without a stall": 292 ms a refresh under the captured step on
     # the 2026-11-27 H200, 47.5 ms on the 2026-11-28 one (4 in 163 steps: 639,567 samples/s
     # against 1,319,650)

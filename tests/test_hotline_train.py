@@ -159,7 +159,7 @@ def test_hotline_resume_across_refreshes_is_bit_equal(tiny_data, tmp_path: Path,
         assert torch.equal(got[key], want[key]), key
 
 
-def test_a_gpu_run_switches_the_gil_every_half_millisecond() -> None:
+def test_a_gpu_run_switches_the_gil_every_half_millisecond(monkeypatch) -> None:
     """On a GPU the step loop shares the GIL with the gather, update and taking threads
     (0.5 ms: 1.70M samples/s against 1.37-1.48M at Python's 5 ms on one H200); on the
     CPU the interval is left as it is."""
@@ -172,3 +172,5 @@ def test_a_gpu_run_switches_the_gil_every_half_millisecond() -> None:
     assert switch_interval(torch.device("cuda", 0)) == 0.0005
     assert switch_interval(torch.device("cpu")) is None
     assert sys.getswitchinterval() == 0.005  # no CPU Hotline run of this process changed it
+    monkeypatch.setenv("DLRM_GIL_SWITCH_MS", "5")  # gpu_session.sh's A/B: Python's own
+    assert switch_interval(torch.device("cuda", 0)) == 0.005

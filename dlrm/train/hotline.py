@@ -44,6 +44,7 @@ profile's counts are summed over the ranks, so every rank has the same hot rows.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -198,13 +199,18 @@ def sum_counts(
 # threads; a thread that wants it from one running Python waits up to the interval.
 # One H200 (2026-11-28, 6db8c5d, configs/bench_gpu.yaml, the step captured): 1,695,430
 # samples/s at 0.5 ms against 1,367,569-1,480,759 in five rows at 5 ms the same call.
+# DLRM_GIL_SWITCH_MS (a developer's A/B, not a setting: scripts/gpu_session.sh runs
+# Python's 5 beside it) replaces it.
 GPU_SWITCH_INTERVAL_S = 0.0005
 
 
 def switch_interval(device: torch.device) -> float | None:
     """The GIL switch interval a Hotline run on ``device`` sets (None: Python's own,
     on the CPU, where the threads' work is torch's and numba's, the GIL released)."""
-    return GPU_SWITCH_INTERVAL_S if device.type == "cuda" else None
+    if device.type != "cuda":
+        return None
+    ms = os.environ.get("DLRM_GIL_SWITCH_MS")
+    return float(ms) / 1000 if ms else GPU_SWITCH_INTERVAL_S
 
 
 @dataclass
