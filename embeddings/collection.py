@@ -428,6 +428,10 @@ class LocalEmbeddingCollection(EmbeddingCollection):
                 if count:
                     self.state["rounding_step"] += 1
                 rounder = self._round_rows  # an fp32 weight ignores it; a half state rounds with it
+            if not len(grad):  # no row to touch: the step only counts (a host tier's empty update)
+                if count:
+                    self.optimizer.count_step(self.state)
+                return
             self.optimizer.apply(self.weight.data, self.state, grad, self.lr, row_sq_mean=row_sq_mean,
                                  rounder=rounder, count=count)
             if self.weight_dtype == torch.float16:

@@ -143,6 +143,15 @@ class SparseOptimizer(ABC):
         next gather reads first, hotline/host_local.py).
         """
 
+    def count_step(self, state: dict[str, torch.Tensor]) -> None:
+        """A step with no row to update: what ``apply`` with an empty gradient changes,
+        without its ops on no rows (the step counts it keeps: Adam's ``step``)."""
+
+    def counts_steps(self) -> bool:
+        """Whether an empty step changes the state (``count_step``, or the rounding
+        step a half table keeps): else it may be skipped altogether."""
+        return self.rounding or type(self).count_step is not SparseOptimizer.count_step
+
     def state_bytes_per_row(self, dim: int) -> int:
         """Bytes of per-row state (per-table scalars such as Adam's step excluded)."""
         return sum(spec.row_bytes(dim) for spec in self.state_layout().values())
@@ -279,6 +288,9 @@ class SparseAdam(SparseOptimizer):
             "step": StateSpec(StateKind.TABLE_SCALAR, torch.int64),
         }
 
+    def count_step(self, state: dict[str, torch.Tensor]) -> None:
+        state["step"] += 1
+
     @torch.no_grad()
     def apply(
         self,
@@ -292,7 +304,7 @@ class SparseAdam(SparseOptimizer):
     ) -> None:
         b1, b2 = self.betas
         if count:
-            state["step"] += 1
+            self.count_step(state)
         step = int(state["step"])
         ids, g = grad.ids, grad.rows
         m = get_state(state, "exp_avg", ids).lerp_(g, 1 - b1)

@@ -3,6 +3,8 @@ sparse optimizers against torch's dense/sparse reference optimizers."""
 
 from __future__ import annotations
 
+from dataclasses import replace as dataclass_replace
+
 import pytest
 import torch
 from torch import nn
@@ -299,3 +301,40 @@ def test_in_feature_order_equals_kjt_permute(fbgemm: bool, monkeypatch) -> None:
     empty = random_kjt(["c", "a", "b"], {"a": 9, "b": 9, "c": 9}, batch=0, max_len=3, seed=4)
     values, lengths, batch = jagged.in_feature_order(empty, ["a", "b", "c"])
     assert batch == 0 and values.numel() == 0 and lengths.numel() == 0
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize("kind", ["sgd", "adagrad", "rowwise_adagrad", "adam"])
+def test_an_empty_step_only_counts(kind: str, dtype: str) -> None:
+    """``apply_gradient`` of no rows skips the optimizer's ops on no rows: the state
+    after it, and after a real step that follows (Adam's bias correction, a half
+    table's rounding step), equals the optimizer applied to the empty gradient; and
+    ``counts_steps`` says whether an empty step changes anything at all."""
+    tables = [dataclass_replace(t, dtype=dtype) for t in tables_fixture()]
+    made = [LocalEmbeddingCollection(tables, make_sparse_optimizer(kind, state_dtype=dtype), fused=True, seed=3,
+                                     rounding_seed=7) for _ in range(2)]
+    for coll in made:
+        coll.set_lr(0.05)
+    short, ref = made
+    empty = KVGradient.empty(short.dim, short.weight.device)
+    short.apply_gradient(empty)
+    # the reference: what apply_gradient did before it looked at the gradient's size
+    if ref.optimizer.rounding:
+        ref.state["rounding_step"] += 1
+    ref.optimizer.apply(ref.weight.data, ref.state, empty, ref.lr)
+    before = {k: v.clone() for k, v in made[0].export_tables().items()}
+    for coll in made:
+        assert all(torch.equal(v, before[k]) for k, v in coll.export_tables().items())
+    ids = torch.tensor([0, 3, 40, 55, 80])
+    rows = torch.randn(5, short.dim, generator=torch.Generator().manual_seed(1))
+    for coll in made:
+        coll.apply_gradient(KVGradient(ids, rows.clone()))
+    after = [coll.export_tables() for coll in made]
+    assert after[0].keys() == after[1].keys()
+    for key in after[0]:
+        assert torch.equal(after[0][key], after[1][key]), key
+    assert any(not torch.equal(after[0][k], before[k]) for k in before if k.endswith(".weight"))
+    changes = any(not torch.equal(a, b) for a, b in zip(before.values(),
+                  LocalEmbeddingCollection(tables, make_sparse_optimizer(kind, state_dtype=dtype), fused=True,
+                                           seed=3, rounding_seed=7).export_tables().values()))
+    assert short.optimizer.counts_steps() == changes == (kind == "adam" or dtype != "fp32")
