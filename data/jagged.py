@@ -198,11 +198,17 @@ class JaggedFeatures:
                                                  + ([] if offsets is None else [offsets]))
         return JaggedFeatures(self._keys, values, lengths, self._stride, cached[0] if cached else None)
 
+    def tensors(self) -> list[torch.Tensor]:
+        """Values, lengths, and the offsets where made already (``offsets()`` makes
+        them): the tensors it holds."""
+        return [t for t in (self._values, self._lengths, self._offsets) if t is not None]
+
     def record_stream(self, stream: torch.cuda.Stream) -> None:
-        """Keep the tensors' memory alive until ``stream``'s queued work is done."""
-        for t in (self._values, self._lengths, self._offsets):
-            if t is not None:
-                t.record_stream(stream)
+        """Keep the tensors' memory alive until ``stream``'s queued work is done (once
+        per storage: data/pinned.py)."""
+        from data.pinned import record_once
+
+        record_once(self.tensors(), stream)
 
     # ------------------------------------------------------------------ TorchRec
     def to_kjt(self) -> KeyedJaggedTensor:

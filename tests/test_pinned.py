@@ -8,7 +8,7 @@ import torch
 
 from data.batch import Batch
 from data.jagged import JaggedFeatures
-from data.pinned import pinned_copies
+from data.pinned import one_block, pinned_copies, to_device
 
 
 def _tensors() -> list[torch.Tensor]:
@@ -66,3 +66,90 @@ def test_nothing_to_copy_allocates_no_block(monkeypatch) -> None:
     wide = torch.arange(40.0).view(4, 10)
     (copy,) = pinned_copies([wide[:, :3]], pin=False)
     assert torch.equal(copy, wide[:, :3]) and made == []
+
+
+def _one_block_batch() -> Batch:
+    """A batch whose tensors view one uint8 block, as the reader's slots lay them out
+    (data/shm_batch.py), the first of them not at the block's start."""
+    tensors = _tensors()
+    dense, labels, values = tensors[0], tensors[1], tensors[2]
+    lengths = torch.full((74,), 1)
+    block = torch.zeros(64 + sum(-(-t.numel() * t.element_size() // 64) * 64 for t in (dense, labels, values, lengths)),
+                        dtype=torch.uint8)
+    views, at = [], 4  # 4: the first tensor starts off a cache line and off 8 bytes
+    for t in (dense, labels, values, lengths):
+        size = t.numel() * t.element_size()
+        view = block[at:at + size].view(t.dtype).view(t.shape)
+        view.copy_(t)
+        views.append(view)
+        at = -(-(at + size) // 64) * 64
+    return Batch(views[0], JaggedFeatures(["a", "b"], views[2], views[3], 37), views[1])
+
+
+def _all(batch: Batch) -> list[torch.Tensor]:
+    return [batch.dense, batch.labels, *batch.sparse.tensors()]
+
+
+def test_one_block_finds_the_views_of_one_storage() -> None:
+    batch = _one_block_batch()
+    tensors = [batch.dense, batch.labels, batch.sparse.values(), batch.sparse.lengths(), torch.empty(0)]
+    block, starts = one_block(tensors)
+    assert block.untyped_storage().data_ptr() == batch.dense.untyped_storage().data_ptr()
+    fresh = block.clone()  # a block of its own, as on the device: the views keep their alignment
+    for t, at in zip(tensors, starts, strict=True):
+        size = t.numel() * t.element_size()
+        assert torch.equal(fresh[at:at + size].view(t.dtype).view(t.shape), t)
+    assert one_block([batch.dense, torch.zeros(3)]) is None  # another storage
+    assert one_block([batch.dense.t()]) is None  # not contiguous
+    assert one_block([torch.empty(0)]) is None
+
+
+@pytest.mark.parametrize("made", ["one block", "apart", "not contiguous"])
+def test_to_device_gives_views_of_one_block_equal_to_the_tensors(made: str) -> None:
+    """CPU to CPU: the layout ``to_device`` makes for a GPU (one block, views of it),
+    the copy itself being torch's ``to`` of that block."""
+    batch = _one_block_batch()
+    tensors = [batch.dense, batch.labels, batch.sparse.values(), batch.sparse.lengths()]
+    if made == "apart":
+        tensors = [t.clone() for t in tensors] + [torch.empty(0, 13)]
+    elif made == "not contiguous":
+        tensors = [torch.arange(40.0).view(4, 10)[:, :3], *tensors]
+    moved = to_device(tensors, torch.device("cpu"), non_blocking=False)
+    assert len({m.untyped_storage().data_ptr() for m in moved if m.numel()}) == 1
+    for t, m in zip(tensors, moved, strict=True):
+        assert m.dtype == t.dtype and m.shape == t.shape and torch.equal(m, t)
+
+
+def test_record_stream_once_a_storage(monkeypatch) -> None:
+    recorded = []
+    monkeypatch.setattr(torch.Tensor, "record_stream", lambda self, stream: recorded.append(self))
+    one = _one_block_batch()
+    one.sparse.offsets()  # made on the host: a storage of its own
+    one.record_stream(None)
+    assert len(recorded) == 2
+    recorded.clear()
+    tensors = _tensors()
+    Batch(tensors[0], JaggedFeatures(["a", "b"], tensors[2], torch.full((74,), 1), 37), tensors[1]).record_stream(None)
+    assert len(recorded) == 4
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("made", ["one block", "apart"])
+def test_batch_to_cuda_is_one_copy_of_one_block(made: str, monkeypatch) -> None:
+    batch = _one_block_batch()
+    if made == "one block":  # the reader's: pinned, one block already
+        batch = batch.pin_memory()
+        assert len({t.untyped_storage().data_ptr() for t in _all(batch)}) == 1
+    else:
+        tensors = _tensors()
+        batch = Batch(tensors[0], JaggedFeatures(["a", "b"], tensors[2], torch.full((74,), 1), 37), tensors[1])
+    batch.sparse.offsets()
+    copies = []
+    real = torch.Tensor.to
+    monkeypatch.setattr(torch.Tensor, "to", lambda self, *a, **k: copies.append(self) or real(self, *a, **k))
+    moved = batch.to(torch.device("cuda"), non_blocking=True)
+    assert len(copies) == 1
+    torch.cuda.synchronize()
+    assert len({t.untyped_storage().data_ptr() for t in _all(moved)}) == 1
+    for t, m in zip(_all(batch), _all(moved), strict=True):
+        assert m.is_cuda and torch.equal(m.cpu(), t)

@@ -19,6 +19,7 @@ import torch
 from data.batch import Batch
 from data.jagged import JaggedFeatures
 from dlrm.train.split_graphs import GraphedSplits, why_not
+from embeddings.hotline.split import split_tensors
 from tests.graph_stand_in import StandInGraph, stand_in_capture
 from tests.test_hotline import FEATURES
 from tests.test_hotline_ahead import _assert_same_parts, _setup, _steps
@@ -181,3 +182,26 @@ def test_graph_split_on_says_why_not_where_auto_is_silent(monkeypatch) -> None:
                                      say=lines.append)
         assert steps.split_graphs is None and lines == want, mode
         steps.close()
+
+
+def test_a_slots_tensors_are_recorded_once_a_stream(monkeypatch) -> None:
+    """``record_reads``: a slot's buffers live as long as it does, and the allocator
+    keeps the streams recorded on a block until it is freed; so once per slot and
+    stream, every storage of its split once, and again for another stream or slot."""
+    coll, _, _ = _setup(False)
+    graphs = GraphedSplits(coll, graph=StandInGraph, capture=stand_in_capture)
+    batch = single_hot(coll, 0)
+    slot = graphs.split(batch.sparse, batch.sparse)[1]
+    recorded = []
+    monkeypatch.setattr(torch.Tensor, "record_stream", lambda self, stream: recorded.append((self, stream)))
+    storages = {t.untyped_storage().data_ptr() for t in split_tensors(slot.split) if t.numel()}
+    GraphedSplits.record_reads(slot, "compute")
+    assert {t.untyped_storage().data_ptr() for t, _ in recorded} == storages and len(recorded) == len(storages)
+    GraphedSplits.record_reads(slot, "compute")
+    assert len(recorded) == len(storages)
+    GraphedSplits.record_reads(slot, "another")
+    assert len(recorded) == 2 * len(storages) and recorded[-1][1] == "another"
+    other = graphs.split(batch.sparse, batch.sparse)[1]
+    assert other is not slot
+    GraphedSplits.record_reads(other, "compute")
+    assert len(recorded) == 3 * len(storages)

@@ -56,6 +56,7 @@ from typing import Any
 import torch
 
 from data.batch import Batch
+from data.pinned import record_once
 from dlrm.config import Config, ConfigError
 from dlrm.parallel.distributed import DistInfo, all_gather_rows, all_reduce_sum
 from dlrm.train.split_graphs import GraphedSplits
@@ -450,9 +451,9 @@ class HotlineSteps:
             stream.wait_stream(current)
             self._stream_version = version
         with torch.cuda.stream(stream):
-            # page-locked first (a host copy of a few hundred KB): the H2D copy is then
-            # queued DMA, not a staged copy the host waits for
-            dev = batch.pin_memory().to(self.device, non_blocking=True)
+            # one H2D copy of one page-locked block (data/pinned.py; the reader's batches
+            # are one already): queued DMA, not a staged copy the host waits for
+            dev = batch.to(self.device, non_blocking=True)
             split, slot = self._split(dev, batch)
             header = torch.empty(split.header.numel(), dtype=torch.int64, pin_memory=True)
             header.copy_(split.header, non_blocking=True)
@@ -481,9 +482,11 @@ class HotlineSteps:
         if made.ready is not None:
             current = torch.cuda.current_stream(self.device)
             current.wait_event(made.ready)
-            made.dev.record_stream(current)
-            for t in split_tensors(made.split):
-                t.record_stream(current)
+            made.dev.record_stream(current)  # one block: one call (data/pinned.py)
+            if made.slot is not None:  # a graph's buffers: once per slot (split_graphs.py)
+                GraphedSplits.record_reads(made.slot, current)
+            else:
+                record_once(split_tensors(made.split), current)
         return made.dev, made.split
 
     def _gather(self, micro: Any) -> Any:  # MicroLookups (or mixed.py's MixedMicro)

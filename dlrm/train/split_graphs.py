@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from data.jagged import JaggedFeatures
+from data.pinned import record_once
 from embeddings.hotline.mixed import MixedHotlineCollection
 from embeddings.hotline.split import DeviceSplit, JointSplit, split_tensors
 
@@ -59,6 +60,7 @@ class _Slot:
     split: DeviceSplit | JointSplit
     runs: tuple[int, ...] | None = None  # ids per feature it was cut at (several dtypes)
     consumed: torch.cuda.Event | None = None
+    recorded: Any = None  # the stream its split's tensors were record_stream-ed on
 
 
 class GraphedSplits:
@@ -116,6 +118,17 @@ class GraphedSplits:
         """The step that read ``slot``'s split is queued up to ``event`` (recorded on the
         compute stream after its update): the slot's next replay waits for it."""
         slot.consumed = event
+
+    @staticmethod
+    def record_reads(slot: _Slot, stream: torch.cuda.Stream) -> None:
+        """``slot``'s split tensors kept from reuse until ``stream``'s work on them is
+        done (``record_stream``). Once per slot and stream: the caching allocator keeps
+        a block's streams as a set until the block is freed, and inserts its events
+        then, so a second record of the same stream adds nothing (a slot's tensors are
+        freed only with it, at a recapture)."""
+        if slot.recorded != stream:
+            record_once(split_tensors(slot.split), stream)
+            slot.recorded = stream
 
     def _fits(self, slot: _Slot, sparse: JaggedFeatures) -> bool:
         batch = slot.split.parts[0] if isinstance(slot.split, JointSplit) else slot.split
