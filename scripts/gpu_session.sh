@@ -48,16 +48,16 @@
 #      in_memory (issue 23: native / in_memory >= 0.95)              ($OUT/bench.json);
 #      each captured row's step mode says its replays' GPU time (graphs.ReplayTimer,
 #      since 2026-11-27): beside the step's wall time, device- or host-bound
-#   2. in this order, each in what the call has left: hotline and host_embedding with
-#      the gather before (hotline.gather_threads=0: torch's 16 intra-op threads beside 15
-#      decode workers), hotline's gather on 4 threads of ours, hotline's step loop under
-#      cProfile (train.profile_mode=python: where its host time goes, $OUT/hostprof.txt),
-#      native's and hotline's steps under torch.profiler (their kernels' GPU time,
-#      $OUT/kprof-*.txt), the embedding kernels alone (python -m dlrm.bench.kernels: eager
-#      and graph-replayed, and the run segment at 16), hotline with the GIL switch
-#      interval at Python's 5 ms (the main rows: 0.5), hotline
-#      with a refresh every 30 steps (issue 22: the refresh's pause), the host gather
-#      alone, hotline and hotline_bf16_tables with the cold update before
+#   2. in this order, each in what the call has left: hotline with the GIL switch
+#      interval at 0.1 ms and at Python's 5 ms (the main rows: 0.5), hotline's step loop
+#      under cProfile (train.profile_mode=python: where its host time goes,
+#      $OUT/hostprof.txt), native's and hotline's steps under torch.profiler (their
+#      kernels' GPU time, $OUT/kprof-*.txt), the embedding kernels alone (python -m
+#      dlrm.bench.kernels: eager and graph-replayed, and the run segment at 16), hotline
+#      with a refresh every 30 steps (issue 22: the refresh's pause), hotline and
+#      host_embedding with the gather before (hotline.gather_threads=0: torch's 16
+#      intra-op threads beside 15 decode workers), hotline's gather on 4 threads of ours,
+#      the host gather alone, hotline and hotline_bf16_tables with the cold update before
 #      (hotline.cold_update=host), native with optim.dense=adagrad (the default), the
 #      hotline.budget sweep at 512MB and 2GB, native_fp16_tables and torch_baseline
 # Rows that fail are listed and the others still run (dlrm bench --keep-going).
@@ -209,17 +209,14 @@ bench() {
   grep -E "^  [a-z_0-9]+@|FAILED|generated|hotline|from Parquet|tables:|steps:|gpu:|bound" \
     "$OUT/bench.log" | tail -30
   {
-    # the gather before (hotline.gather_threads=0: one index_select over torch's 16
-    # intra-op threads, beside data.workers=auto's 15 decode workers; the main rows'
-    # gathers run on threads of ours since 2026-11-28's evening, embeddings/host_rows.py,
-    # and the reader's pinned copies are numpy's). The 2026-11-28 H200's in-step gather
-    # took 1.3 ms a step where the gather alone (host_gather below) took 0.05 ms over 16
-    # idle threads and 0.22 in one. Then hotline's gather on 4 threads of ours (the main
-    # row's: 1, the gather thread itself; host_embedding's: 4)
-    echo "== hotline.gather_threads=0 (the gather before): hotline, host_embedding"
-    bench_part gather0 50 --engines hotline,host_embedding "$@" hotline.gather_threads=0
-    echo "== hotline.gather_threads=4: hotline"
-    bench_part gather4 30 --engines hotline "$@" hotline.gather_threads=4
+    # the interpreter's GIL switch interval (a Hotline run on a GPU sets 0.5 ms since the
+    # 2026-11-28 evening H200, 6db8c5d: 1,695,430 samples/s against 1,367,569-1,480,759 at
+    # Python's 5 ms in the same call; the step loop is Python beside the gather, update,
+    # pinning and split threads): 0.1 ms, shorter still, then Python's 5 ms
+    echo "== hotline, GIL switch interval 0.1 ms (the main rows' 0.5 ms)"
+    DLRM_GIL_SWITCH_MS=0.1 bench_part gil01 40 --engines hotline "$@"
+    echo "== hotline, GIL switch interval 5 ms (Python's; the main rows' 0.5 ms)"
+    DLRM_GIL_SWITCH_MS=5 bench_part gil 40 --engines hotline "$@"
     # where the captured Hotline step's host time goes (its replay took 1.47 ms of GPU time
     # of a 3.44 ms step on the 2026-11-27 H200): cProfile of the step loop's thread, the
     # steps still captured (train.profile_mode=python), microseconds a step per function
@@ -244,12 +241,6 @@ bench() {
     # graph-replayed figures (*_graph_ms: GPU time; the eager ones may be the host's)
     DLRM_KERNEL_RUN_SEGMENT=16 timeout -k 5 "$(upto 20)" "$PY" -m dlrm.bench.kernels --config "$CONFIG" \
       --kernels triton
-    # the interpreter's GIL switch interval at Python's 5 ms: a Hotline run on a GPU sets
-    # 0.5 ms since the 2026-11-28 evening H200 (6db8c5d: 1,695,430 samples/s with a
-    # sitecustomize at 0.5 ms against 1,367,569-1,480,759 at 5 ms in the same call); the
-    # step loop is Python beside the gather, update, pinning and split threads
-    echo "== hotline, GIL switch interval 5 ms (Python's; the main rows' 0.5 ms)"
-    DLRM_GIL_SWITCH_MS=5 bench_part gil 40 --engines hotline "$@"
     # issue 22's "refresh without a stall": 292 ms a refresh under the captured step on
     # the 2026-11-27 H200, 47.5 ms on the 2026-11-28 one (4 in 163 steps: 639,567 samples/s
     # against 1,319,650)
@@ -259,6 +250,17 @@ bench() {
     echo "== hotline, hotline.refresh_every=30"
     bench_part refresh 45 --engines hotline "$@" hotline.refresh_every=30 train.profile_mode=python \
       train.profile_start=55 train.profile_steps=10
+    # the gather before (hotline.gather_threads=0: one index_select over torch's 16
+    # intra-op threads, beside data.workers=auto's 15 decode workers; the main rows'
+    # gathers run on threads of ours since 2026-11-28's evening, embeddings/host_rows.py,
+    # and the reader's pinned copies are numpy's). The 2026-11-28 H200's in-step gather
+    # took 1.3 ms a step where the gather alone (host_gather below) took 0.05 ms over 16
+    # idle threads and 0.22 in one. Then hotline's gather on 4 threads of ours (the main
+    # row's: 1, the gather thread itself; host_embedding's: 4)
+    echo "== hotline.gather_threads=0 (the gather before): hotline, host_embedding"
+    bench_part gather0 50 --engines hotline,host_embedding "$@" hotline.gather_threads=0
+    echo "== hotline.gather_threads=4: hotline"
+    bench_part gather4 30 --engines hotline "$@" hotline.gather_threads=4
     # the cold gather alone (1.3 ms a step for ~4,500 rows in the step on the 2026-11-28
     # H200; alone 0.05 ms over 16 threads, 0.22 in one): 2 MiB pages or not, torch's
     # index_select and ours (embeddings/host_rows.py) on 1 / 4 / 16 threads, beside 15
