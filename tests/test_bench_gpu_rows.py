@@ -193,6 +193,11 @@ def test_the_hotline_line_says_what_the_gather_waited_for() -> None:
     assert "pages" not in line  # no big host tensor: no share said
     line = bench._hotline_line({**row, "hotline": {**stats, "host_huge_pages": 0.0}})
     assert "gather in one call over 16 torch thread(s) from a host tier 0% on 2 MiB pages" in line
+    assert "CPU a step" not in line  # not timed (a run before the clocks)
+    clocks = {**stats, "loop_cpu_ms": 1.1, "loop_wall_ms": 2.4, "gather_cpu_ms": 0.5, "update_cpu_ms": 0.3}
+    line = bench._hotline_line({**row, "hotline": clocks})
+    assert ("CPU a step: the step loop 1.10 ms of its 2.40 ms, the gather thread 0.50, the update thread 0.30"
+            in line)
     for threads, said in ((1.0, "1 gather thread of ours"), (4.0, "4 gather threads of ours")):
         line = bench._hotline_line({**row, "hotline": {**stats, "gather_threads": threads}})
         assert said in line and "torch thread" not in line

@@ -386,3 +386,35 @@ def test_the_host_wait_for_each_header_is_counted_once(monkeypatch) -> None:
         steps.gather_ahead()  # reads the next header again: free
     waited = steps.stats()["header_wait_ms"]  # 4 headers in 4 steps: 50 ms a step
     assert 50 <= waited < 90, waited
+
+
+def _spin(seconds: float) -> None:
+    """CPU time of this thread (a busy wait: thread_time counts it, as it counts no sleep)."""
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
+def test_the_threads_cpu_a_step_is_told_from_the_loops_wall(monkeypatch) -> None:
+    """The GPU session reads from these whether a host-bound step computes or waits:
+    the step loop's CPU a step beside its wall (here 20 ms computed, 40 ms asleep a
+    step), the gather thread's CPU (20 ms spun in each gather) and the update thread's
+    (20 ms in each queued update), each counted on its own thread."""
+    from embeddings.hotline.host_local import LocalHostTier
+    from embeddings.hotline.tiers import HotlineEmbeddingCollection
+
+    coll, batches, _ = _setup(False)
+    steps = _steps(coll)
+    gather, apply = HotlineEmbeddingCollection.gather_cold, LocalHostTier._apply
+    monkeypatch.setattr(HotlineEmbeddingCollection, "gather_cold", lambda self, m: (_spin(0.02), gather(self, m))[1])
+    monkeypatch.setattr(LocalHostTier, "_apply", lambda self, *a: (apply(self, *a), _spin(0.02))[0])
+    for i, batch in enumerate(batches):
+        for _ in steps.micro_batches(batch, batches[i + 1] if i + 1 < len(batches) else None):
+            pass
+        coll.step()  # Adam: the update thread counts the step, whatever the gradient
+        coll.tier.wait_updates()
+        _spin(0.02)
+        time.sleep(0.04)
+    stats = steps.stats()
+    assert stats["loop_wall_ms"] >= 60 and 18 <= stats["loop_cpu_ms"] <= stats["loop_wall_ms"] - 35, stats
+    assert 18 <= stats["gather_cpu_ms"] < 60 and 18 <= stats["update_cpu_ms"] < 60, stats

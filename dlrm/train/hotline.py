@@ -314,6 +314,8 @@ class HotlineSteps:
         self._pending: WindowCounts | None = None  # the counts _next_hot is planned from
         self._window: dict[str, float] = {}
         self._total: dict[str, float] = {}
+        # (thread CPU, wall, update thread CPU) at the last step's ``_observe``
+        self._clocks: tuple[float, float, float] | None = None
         self.reset_window()
 
     def _graph_splits(self, mode: str, say: Callable[[str], None] | None) -> None:
@@ -337,7 +339,8 @@ class HotlineSteps:
         """Close the current window: add it to the run's totals, keep it as the last."""
         self._last = dict(self._window)
         for key in ("steps", "hit", "popular", "gather", "transfer", "wait", "refreshes", "refresh",
-                    "ahead", "resplits", "graphed", "late", "update_wait", "header_wait", "refresh_wait", "ids_wait"):
+                    "ahead", "resplits", "graphed", "late", "update_wait", "header_wait", "refresh_wait", "ids_wait",
+                    "loop_cpu", "loop_wall", "loop_steps", "gather_cpu", "update_cpu"):
             self._total[key] = self._total.get(key, 0.0) + self._window.get(key, 0.0)
             self._window[key] = 0.0
 
@@ -490,7 +493,9 @@ class HotlineSteps:
         return made.dev, made.split
 
     def _gather(self, micro: Any) -> Any:  # MicroLookups (or mixed.py's MixedMicro)
+        t0 = time.thread_time()  # on the gather thread (without the pipeline: the step loop's)
         cold = self.embeddings.gather_cold(micro)
+        self._window["gather_cpu"] += time.thread_time() - t0
         self._window["gather"] += cold.gather_s
         self._window["transfer"] += cold.transfer_s
         self._window["late"] += getattr(cold, "late_rows", 0)  # one process (ColdRows, GroupCold)
@@ -501,6 +506,16 @@ class HotlineSteps:
     def _observe(self, batch: Batch, dev: Batch, sizes: Sizes) -> None:
         w = self._window
         w["steps"] += 1
+        # the step loop's CPU and wall time from the last step's call to this one (its
+        # thread's time, GIL waits excluded: the two apart say how much of a step it
+        # computes and how much it waits), and the update thread's CPU meanwhile
+        cpu, wall, update = time.thread_time(), time.perf_counter(), self.embeddings.update_cpu_s()
+        if self._clocks is not None:
+            w["loop_cpu"] += cpu - self._clocks[0]
+            w["loop_wall"] += wall - self._clocks[1]
+            w["update_cpu"] += update - self._clocks[2]
+            w["loop_steps"] += 1
+        self._clocks = (cpu, wall, update)
         lookups = sizes.hot0 + sizes.cold0 + sizes.hot1 + sizes.cold1
         w["hit"] += (sizes.hot0 + sizes.hot1) / max(lookups, 1)
         w["popular"] += sizes.popular / max(batch.size, 1)
@@ -698,6 +713,13 @@ class HotlineSteps:
             # the step loop's wait for the next mini-batch's split header (its sizes): the
             # split stream's work, queued a step ahead, not yet done when the host reads it
             "header_wait_ms": 1000 * w["header_wait"] / steps,
+            # the threads' CPU a step: the step loop's (from one step's start to the next,
+            # beside that span's wall time: a loop that computes for less than its wall
+            # waits, for the GIL or the device), the gather thread's and the update thread's
+            "loop_cpu_ms": 1000 * w["loop_cpu"] / max(w["loop_steps"], 1),
+            "loop_wall_ms": 1000 * w["loop_wall"] / max(w["loop_steps"], 1),
+            "gather_cpu_ms": 1000 * w["gather_cpu"] / steps,
+            "update_cpu_ms": 1000 * w["update_cpu"] / max(w["loop_steps"], 1),
         }
         if whole_run:  # the host tier's share on 2 MiB pages: the cold gather's TLB misses
             share = host_huge_share(self.embeddings.host_tiers())

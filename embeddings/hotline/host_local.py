@@ -123,6 +123,7 @@ class LocalHostTier:
         # Bytes of the cold path's copies between host and device (H2D: rows and
         # ids; D2H: gradient rows and ids), counted where they are issued.
         self.copied = {"h2d": 0, "d2h": 0, "copies": 0}
+        self.update_cpu_s = 0.0  # the update thread's CPU time in its tasks (the trainer's stats)
 
     def _count(self, way: str, *tensors: torch.Tensor) -> None:
         for t in tensors:
@@ -537,7 +538,15 @@ class LocalHostTier:
 
     def _later(self, fn: Callable[..., None], *args: object) -> None:
         """Run ``fn`` on the single host-update thread, after what was queued before."""
-        self._pending = self._updates.submit(fn, *args)
+        self._pending = self._updates.submit(self._timed, fn, *args)
+
+    def _timed(self, fn: Callable[..., None], *args: object) -> None:
+        """``fn(*args)``, its CPU time on the update thread added to ``update_cpu_s``."""
+        t0 = time.thread_time()
+        try:
+            fn(*args)
+        finally:
+            self.update_cpu_s += time.thread_time() - t0
 
     def wait_updates(self) -> None:
         """Until the queued host updates are applied (their error, if any, raises here)."""

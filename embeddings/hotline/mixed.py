@@ -218,6 +218,9 @@ class MixedHotlineCollection(PerDtype):
     def hot_device(self) -> torch.device:
         return self.groups[0].hot_device
 
+    def update_cpu_s(self) -> float:
+        return sum(g.update_cpu_s() for g in self.groups)
+
     @property
     def gather_threads(self) -> int:
         return self.groups[0].gather_threads

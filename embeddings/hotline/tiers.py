@@ -183,6 +183,11 @@ class HotlineEmbeddingCollection(EmbeddingCollection):
     def hot_device(self) -> torch.device:
         return self.hot.device
 
+    def update_cpu_s(self) -> float:
+        """The host-update thread's CPU seconds so far (one process's tier; 0 for a
+        sharded one, whose updates run in the step)."""
+        return getattr(self.tier, "update_cpu_s", 0.0)
+
     @property
     def gather_threads(self) -> int:
         """Host threads of one cold gather (several ranks: 1, the owners' lookups)."""
