@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 
 from dlrm.cli import main
@@ -114,3 +115,23 @@ def test_a_skip_run_captures_on_a_full_batch_and_trains_as_eager(tmp_path: Path,
     assert eager["step_mode"] == "eager (train.cuda_graphs=off)"
     got, want = run_state(tmp_path / "graphed"), run_state(tmp_path / "eager")
     assert [k for k in want if not torch.equal(got[k], want[k])] == []
+
+
+def test_a_tensor_lr_is_filled_only_when_it_changes(monkeypatch) -> None:
+    """``set_lrs`` each step: a tensor lr (what a replay reads) gets a fill only when
+    the schedule changes it, a float lr is set; a step that keeps it launches nothing."""
+    from dlrm.train.graphs import set_lrs
+
+    weight = torch.nn.Parameter(torch.zeros(2))
+    opt = torch.optim.SGD([{"params": [weight]}, {"params": [torch.nn.Parameter(torch.zeros(1))]}], lr=0.5)
+    opt.param_groups[0]["lr"] = torch.tensor(0.5)
+    fills = []
+    fill = torch.Tensor.fill_
+    monkeypatch.setattr(torch.Tensor, "fill_", lambda self, v: (fills.append(v), fill(self, v))[1])
+    for lr in (0.1, 0.1, 0.1, 0.05, 0.05, 0.1):
+        set_lrs(opt, lr)
+        assert float(opt.param_groups[0]["lr"]) == pytest.approx(lr) and opt.param_groups[1]["lr"] == lr
+    assert fills == [0.1, 0.05, 0.1]
+    opt.param_groups[0]["lr"] = torch.tensor(0.3)  # a new tensor (a resume's): filled at once
+    set_lrs(opt, 0.1)
+    assert fills == [0.1, 0.05, 0.1, 0.1] and float(opt.param_groups[0]["lr"]) == pytest.approx(0.1)

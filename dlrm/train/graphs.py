@@ -30,6 +30,7 @@ tensor the meter reads afterwards, as it reads an eager step's.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -181,14 +182,21 @@ def capture(body: Callable[[Batch], torch.Tensor], static: Batch, dense_opt: tor
     return graph, loss
 
 
+# the value each tensor lr was last filled with (set_lrs): a step that keeps the lr
+# (most do) launches no fill
+_FILLED: weakref.WeakKeyDictionary[torch.Tensor, float] = weakref.WeakKeyDictionary()
+
+
 def set_lrs(opt: torch.optim.Optimizer, lr: float) -> None:
     """Every param group's lr: a device-side fill where it is a tensor (``tensor_lrs``:
-    a replay reads it), else the number."""
+    a replay reads it) and the lr changed since its last fill here, else the number."""
     for group in opt.param_groups:
-        if isinstance(group["lr"], torch.Tensor):
-            group["lr"].fill_(lr)
-        else:
+        held = group["lr"]
+        if not isinstance(held, torch.Tensor):
             group["lr"] = lr
+        elif _FILLED.get(held) != lr:
+            held.fill_(lr)
+            _FILLED[held] = lr
 
 
 def tensor_lrs(opt: torch.optim.Optimizer) -> None:
