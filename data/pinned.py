@@ -23,10 +23,20 @@ allocation and a launch, were four GIL hand-offs of the step loop.
 
 from __future__ import annotations
 
+import threading
+from collections import deque
+
 import numpy as np
 import torch
 
 _ALIGN = 64  # bytes: each tensor starts on a cache line
+# non_blocking copies from the callers' page-locked blocks, in flight: (an event after
+# the copy, the block). Torch's host allocator keeps a pinned block of its own from
+# reuse until the copy ends; memory it does not own (a decode worker's slot, registered
+# with CUDA: data/shm_batch.py) only this keeps: dropped, the slot would be freed and
+# written again while the DMA reads it. Let go once the event has passed (oldest first).
+_IN_FLIGHT: deque[tuple[torch.cuda.Event, torch.Tensor]] = deque()
+_IN_FLIGHT_LOCK = threading.Lock()
 
 
 def pinned_copies(tensors: list[torch.Tensor], pin: bool = True, keep_pinned: bool = True) -> list[torch.Tensor]:
@@ -107,12 +117,15 @@ def to_device(tensors: list[torch.Tensor], device: torch.device, non_blocking: b
     if not tensors or any(t.device.type != "cpu" for t in tensors):
         return [t.to(device, non_blocking=non_blocking) for t in tensors]
     found = one_block(tensors)
-    if found is None or (non_blocking and not found[0].is_pinned()):
+    theirs = found is not None and (not non_blocking or found[0].is_pinned())
+    if not theirs:
         found = one_block(pinned_copies([t.contiguous() for t in tensors], pin=non_blocking, keep_pinned=False))
         if found is None:  # every tensor empty
             return [t.to(device, non_blocking=non_blocking) for t in tensors]
     block, starts = found
     moved = block.to(device, non_blocking=non_blocking)
+    if theirs and non_blocking and moved.device.type == "cuda":
+        _keep_until_copied(block)
     return [moved[at:at + t.numel() * t.element_size()].view(t.dtype).view(t.shape)
             for t, at in zip(tensors, starts, strict=True)]
 
@@ -128,3 +141,14 @@ def record_once(tensors: list[torch.Tensor], stream: torch.cuda.Stream) -> None:
         if ptr not in seen:
             seen.add(ptr)
             t.record_stream(stream)
+
+
+def _keep_until_copied(block: torch.Tensor) -> None:
+    """Hold ``block`` until the copy just queued from it on the current stream is done;
+    let go of those whose copies are (see ``_IN_FLIGHT``)."""
+    copied = torch.cuda.Event()
+    copied.record()
+    with _IN_FLIGHT_LOCK:
+        while _IN_FLIGHT and _IN_FLIGHT[0][0].query():
+            _IN_FLIGHT.popleft()
+        _IN_FLIGHT.append((copied, block))

@@ -454,9 +454,12 @@ class _TrainerSlots(Receiver):
 # mapped (data/shm_batch.py). Past it (windows of more, small batches) a worker is this
 # many into its next window when the trainer comes to it.
 _MAX_DEPTH = 128
-# the trainer holds the batch of the step and the prefetcher's next one; beyond this
-# many per worker, batches are copied out of the slots
-_HELD_BATCHES = 4
+# the trainer holds the batch of the step, the next one (Hotline's split ahead, the
+# prefetcher's), the pinning thread's two queued (CUDA) and those whose H2D copy from
+# their registered slot is in flight (data/pinned.py), mostly of one worker (a window's
+# batches come from one in a row); beyond this many per worker, batches are copied out
+# of the slots
+_HELD_BATCHES = 8
 _SHARED = Transport(_WorkerSlots, _TrainerSlots, _HELD_BATCHES)  # decode workers' batches
 
 

@@ -30,8 +30,9 @@
 #      2026-11-27 H200: steady 4 workers 2.52x, 16 workers 4.81x one core's rate;
 #      2026-11-28 H200 (53f03e8): 2.36x, 4.64x, the taking thread 0.479 ms of CPU a batch
 #      (16 workers 54% busy: it bounds them), its pinned copy four allocations and copies
-#      then, one of each since. Then, where 120 s are left, 16 workers at the old depth
-#      (--worker-depth 4)
+#      then; 6db8c5d: 5.32x, 0.384 ms, one copy; the slots registered with CUDA since, no
+#      copy. Then, where 120 s are left, 16 workers with each batch copied out of its slot
+#      as before (DLRM_SHM_PIN=0)
 #   3. the vocabulary fit at data.fit_workers 0,16 (issue 26: $OUT/fit.json), up to 40 s;
 #      then the other gpu- and kernels-marked tests (tests/test_gpu.py's CUDA-equals-CPU
 #      matrix is most of it: ~40 s a case) in what is left, and the failures alone,
@@ -75,7 +76,7 @@ CONFIG=${CONFIG:-configs/bench_gpu.yaml}  # a dry run elsewhere: a small config
 # its first step; tests/test_kernels_compile.py now compiles with 3.6 here, without a GPU.
 # Since 2026-11-28's evening: the reader's pinned batches made by numpy's copies
 # (data/pinned.py; in the reader's thread and from decode workers' slots), 3 tests
-NEW_TESTS=${NEW_TESTS:-"update_their_cold_rows or cold_update_host or static_hotline or static_step_with_no_hot_row or cuda_equals_cpu or hotline_on_cuda or splits_and_dense or graph_replayed or gather_and_copy_hidden or hands_out_pinned or pin_memory_is_pinned or one_copy_of_one_block"}
+NEW_TESTS=${NEW_TESTS:-"update_their_cold_rows or cold_update_host or static_hotline or static_step_with_no_hot_row or cuda_equals_cpu or hotline_on_cuda or splits_and_dense or graph_replayed or gather_and_copy_hidden or hands_out_pinned or pin_memory_is_pinned or one_copy_of_one_block or registered_slots"}
 NEW_FILES=${NEW_FILES:-"tests/test_gpu.py tests/test_hotline_graph.py tests/test_device_prefetch.py tests/test_pinned.py"}
 mkdir -p "$OUT"
 export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
@@ -154,9 +155,12 @@ tests() {
   cp /tmp/bench_reader/bench.json "$OUT"/reader.json 2>/dev/null
   tail -10 "$OUT/reader.log"
   if [ "$(left)" -gt 120 ]; then  # into reader.log; the same --out: its sets and copies reused
-    echo "== reader: 16 workers 4 batches ahead each (the depth before a window's)"
-    timeout -k 5 "$(upto 40)" "$PY" -m dlrm bench --config "$CONFIG" --reader-only \
-      --workers 16 --worker-depth 4 --out /tmp/bench_reader generate.rows=${READER_ROWS:-1048576} \
+    # the workers' slots copied into pinned blocks by the taking thread, as before their
+    # registration with CUDA (data/shm_batch.py; 0.384 ms of that thread a batch, 16
+    # workers 5.32x one core, on the 2026-11-28 H200)
+    echo "== reader: 16 workers, DLRM_SHM_PIN=0 (each batch copied out of its slot)"
+    DLRM_SHM_PIN=0 timeout -k 5 "$(upto 40)" "$PY" -m dlrm bench --config "$CONFIG" --reader-only \
+      --workers 16 --out /tmp/bench_reader generate.rows=${READER_ROWS:-1048576} \
       data.shuffle_buffer=${READER_WINDOW:-65536} >>"$OUT/reader.log" 2>&1
     grep -E "steady|taking" "$OUT/reader.log" | tail -4
   fi

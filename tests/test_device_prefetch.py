@@ -162,3 +162,26 @@ def test_a_pinning_reader_left_early_serves_the_next_epoch_and_closes(tiny, monk
     assert len(reader.worker_pids()) == 2
     reader.close()
     assert reader.worker_pids() == []
+
+
+@pytest.mark.gpu
+def test_cuda_batches_straight_from_registered_slots_equal_the_readers(tiny) -> None:
+    """CUDA: decode workers' blocks registered as page-locked (data/shm_batch.py), each
+    batch's H2D copy queued straight from its slot, the next batch taken while it runs:
+    the device batches equal the reader's, none overwritten by a worker's next batch
+    in its slot while the copy read it (data/pinned.py keeps the slot until the copy
+    ends). Twice through the epoch, one batch a worker held, so slots are reused."""
+    from data import shm_batch
+
+    files, schema = tiny
+    want = reader_batches(tiny)
+    reader = ParquetReader(files, schema, 16, shuffle=True, seed=1, prefetch=2, pin_memory=True, workers=2,
+                           worker_depth=1)
+    try:
+        for _ in range(2):
+            got = list(DevicePrefetcher(reader.epoch(0), torch.device("cuda")))  # no wait between them
+            torch.cuda.synchronize()
+            assert_same([b.to("cpu") for b in got], want)
+        assert any(m.registered for m in shm_batch._MAPS.values())  # the slots were registered
+    finally:
+        reader.close()

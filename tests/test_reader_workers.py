@@ -22,7 +22,7 @@ import torch
 from data.batch import Batch
 from data.decode_workers import IN_FLIGHT, DecodeWorkerError, auto_workers
 from data.errors import DataError, UserError
-from data.reader import ParquetReader
+from data.reader import _HELD_BATCHES, ParquetReader
 from data.rows import batch_specs
 from data.schema import Schema
 from data.shm_batch import FREE, SENT, slot_bytes, slots_that_fit
@@ -141,7 +141,7 @@ def test_the_workers_depth_is_a_window_within_the_shared_memory(tiny, monkeypatc
         return ParquetReader(files, schema, 4, **kw).worker_depth()
 
     assert depth() == 10 and depth(prefetch=12) == 12 and depth(worker_depth=3) == 3
-    monkeypatch.setattr("data.reader.slots_that_fit", lambda workers, nbytes, share: 4 + IN_FLIGHT + 6)
+    monkeypatch.setattr("data.reader.slots_that_fit", lambda workers, nbytes, share: _HELD_BATCHES + IN_FLIGHT + 6)
     assert depth() == 6 and depth(prefetch=7) == 7
     monkeypatch.undo()
 
@@ -156,22 +156,23 @@ def test_the_workers_depth_is_a_window_within_the_shared_memory(tiny, monkeypatc
 
 def test_held_batches_stay_intact_while_the_workers_reuse_their_slots(tiny) -> None:
     """Batches come as views of the workers' shared memory: while the trainer holds some
-    (here the last 6: past 4 per worker they are copies) the workers write the next ones
-    into other slots, and every slot is free again once the batches are dropped."""
+    (here the last ``_HELD_BATCHES`` + 2: past that many per worker they are copies) the
+    workers write the next ones into other slots, and every slot is free again once the
+    batches are dropped."""
     files, schema = tiny
     kw = {"shuffle": True, "seed": 3, "shuffle_buffer": 8}
     reference = list(ParquetReader(files, schema, 4, workers=0, **kw).epoch(0))
     reader = ParquetReader(files, schema, 4, workers=1, prefetch=1, **kw)
 
-    def read_holding_six() -> int:
+    def read_holding_more() -> int:
         held: list[tuple[int, Batch]] = []
         for t, batch in enumerate(reader.epoch(0)):
-            held = [*held[-5:], (t, batch)]
+            held = [*held[-(_HELD_BATCHES + 1):], (t, batch)]
             for u, b in held:
                 assert_same([b], [reference[u]])
         return t + 1
 
-    assert within(120, read_holding_six) == len(reference) > 3 * 13  # many times the slots
+    assert within(120, read_holding_more) == len(reference) > 3 * 13  # many times the slots
     gc.collect()
     state = reader._pool.receivers[0].state
     assert list(state) == [FREE] * len(state)
@@ -349,7 +350,7 @@ def test_a_short_dev_shm_is_one_line_before_the_workers_start(tiny, monkeypatch:
     kw = {"shuffle": True, "seed": 7, "shuffle_buffer": 24}
     probe = ParquetReader(files, schema, 12, workers=3, **kw)
     layout = probe.layout
-    each = (probe.worker_depth() + 4 + IN_FLIGHT) * slot_bytes(
+    each = (probe.worker_depth() + _HELD_BATCHES + IN_FLIGHT) * slot_bytes(
         batch_specs(12, layout.n_dense, 12 * len(layout.packed), len(layout.packed)))
     monkeypatch.setattr("data.reader.shm_free_bytes", lambda: 2 * each + each // 2)  # two workers' room
     reader = ParquetReader(files, schema, 12, workers=3, **kw)

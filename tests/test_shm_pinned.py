@@ -1,0 +1,122 @@
+"""With CUDA, the trainer registers the decode workers' shared-memory blocks as
+page-locked memory (data/shm_batch.py): a batch is handed out as views of its slot,
+no copy, and its H2D copy reads the slot itself. Here CUDA's registration calls are a
+recording stand-in (tests/test_device_prefetch.py runs them on a GPU): each block is
+registered once, at its first batch; a grown block's older mapping and a closed
+pool's mappings are unregistered; a failed registration falls back to the copies and
+is not tried again; DLRM_SHM_PIN=0 registers nothing."""
+
+from __future__ import annotations
+
+import gc
+import multiprocessing as mp
+
+import numpy as np
+import pytest
+import torch
+
+from data import shm_batch
+from data.batch import Batch
+from data.jagged import JaggedFeatures
+from data.rows import batch_specs
+from data.shm_batch import Receiver, SlotRing, forget_maps, new_prefix, unlink_blocks
+
+
+class FakeCudart:
+    """``torch.cuda.cudart()``'s two calls, recorded; registration succeeds if ``ok``."""
+
+    def __init__(self, ok: bool = True) -> None:
+        self.ok, self.calls = ok, []
+
+    def cudaHostRegister(self, ptr: int, size: int, flags: int) -> int:
+        self.calls.append(("register", ptr, size, flags))
+        return 0 if self.ok else 2
+
+    def cudaHostUnregister(self, ptr: int) -> int:
+        self.calls.append(("unregister", ptr))
+        return 0
+
+
+@pytest.fixture
+def cudart(monkeypatch) -> FakeCudart:
+    fake = FakeCudart()
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: fake)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: fake.calls.append(("synchronize",)))
+    monkeypatch.setattr(shm_batch, "_registering_failed", False)
+    monkeypatch.setattr(shm_batch, "_PIN_SLOTS", True)
+    return fake
+
+
+def _send(ring: SlotRing, rows: int, value: float) -> shm_batch.SharedBatch:
+    """A batch of ``rows`` rows, 3 single-hot features, written into a slot and packed."""
+    dense, labels, values, lengths = ring.alloc(batch_specs(rows, 2, 3 * rows, 3))
+    dense.fill(value)
+    labels.fill(value)
+    values[:] = np.arange(3 * rows)
+    lengths.fill(1)
+    batch = Batch(torch.from_numpy(dense), JaggedFeatures(["a", "b", "c"], torch.from_numpy(values),
+                                                          torch.from_numpy(lengths), rows), torch.from_numpy(labels))
+    return ring.pack(batch)
+
+
+def _address(name: str) -> int:
+    return int(np.frombuffer(shm_batch._attach(name), np.uint8).ctypes.data)
+
+
+def test_a_registered_slot_is_handed_out_as_views_registered_once(cudart: FakeCudart) -> None:
+    prefix = new_prefix()
+    state = mp.RawArray("b", 4)
+    ring = SlotRing(state, f"{prefix}-w0")
+    receiver = Receiver(state, hold=2, pin=True)
+    try:
+        handle = _send(ring, 4, 1.0)
+        batch = receiver.take(handle)
+        block = _address(handle.name)
+        assert block <= batch.dense.data_ptr() < block + len(shm_batch._attach(handle.name))  # a view: no copy
+        assert torch.equal(batch.sparse.values(), torch.arange(12)) and batch.dense.eq(1.0).all()
+        assert cudart.calls == [("register", block, len(shm_batch._attach(handle.name)), 1)]  # portable
+        del batch
+        gc.collect()  # the slot is free again: the next batch is written there
+        again = _send(ring, 4, 2.0)
+        assert again.name == handle.name
+        batch = receiver.take(again)
+        assert batch.dense.eq(2.0).all() and len(cudart.calls) == 1  # the same block: not again
+        del batch
+        gc.collect()
+        grown = _send(ring, 64, 3.0)  # a bigger batch: the slot's block is made anew
+        assert grown.name != handle.name and grown.slot == handle.slot
+        batch = receiver.take(grown)
+        assert cudart.calls[1:3] == [("synchronize",), ("unregister", block)]  # the older one let go
+        assert cudart.calls[3][:2] == ("register", _address(grown.name))
+        assert batch.labels.eq(3.0).all()
+        forget_maps(prefix)  # the pool closed: its mappings are unregistered
+        assert cudart.calls[4:] == [("synchronize",), ("unregister", cudart.calls[3][1])]
+        assert batch.labels.eq(3.0).all()  # a batch still held stays valid, as ordinary memory
+    finally:
+        ring.close()
+        forget_maps(prefix)
+        unlink_blocks(prefix)
+
+
+@pytest.mark.parametrize("how", ["fails", "off"])
+def test_a_block_not_registered_is_copied_and_none_is_tried_again(cudart: FakeCudart, monkeypatch,
+                                                                   how: str) -> None:
+    if how == "fails":
+        cudart.ok = False
+    else:
+        monkeypatch.setattr(shm_batch, "_PIN_SLOTS", False)
+    prefix = new_prefix()
+    rings = [SlotRing(mp.RawArray("b", 2), f"{prefix}-w{i}") for i in range(2)]
+    try:
+        handles = [_send(ring, 4, 1.0) for ring in rings]
+        for h in handles:
+            shm_batch._attach(h.name)
+            assert not shm_batch._registered(h.name)  # the receiver then copies (into pinned memory)
+        assert [c[0] for c in cudart.calls] == (["register"] if how == "fails" else [])
+        forget_maps(prefix)
+        assert [c[0] for c in cudart.calls] == (["register"] if how == "fails" else [])  # nothing to unregister
+    finally:
+        for ring in rings:
+            ring.close()
+        forget_maps(prefix)
+        unlink_blocks(prefix)
