@@ -79,8 +79,9 @@ def _bytes(t: torch.Tensor) -> np.ndarray:
 
 
 def one_block(tensors: list[torch.Tensor]) -> tuple[torch.Tensor, list[int]] | None:
-    """Where every tensor with elements is a contiguous view of one storage: a uint8
-    view of the bytes they span and each one's start in it (an empty one: 0); else None.
+    """Where every tensor with elements is a contiguous view of one storage, close
+    together: a uint8 view of the bytes they span and each one's start in it (an empty
+    one: 0); else None.
 
         storage  [ ... | dense | pad | labels | pad | values | lengths | ... ]
         block          ^0            ^starts[1]     ^starts[2] ^starts[3]
@@ -104,6 +105,8 @@ def one_block(tensors: list[torch.Tensor]) -> tuple[torch.Tensor, list[int]] | N
         return None
     # from a cache line: the views of a fresh (aligned) device block keep their alignment
     lo = min(s for s in starts if s is not None) // _ALIGN * _ALIGN
+    if max(ends) - lo > 2 * sum(t.numel() * t.element_size() for t in tensors) + 4096:
+        return None  # views far apart in a larger storage: copying the span would move more than them
     whole = torch.empty(0, dtype=torch.uint8, device=tensors[0].device).set_(storage)
     return whole[lo:max(ends)], [0 if s is None else s - lo for s in starts]
 

@@ -100,6 +100,9 @@ def test_one_block_finds_the_views_of_one_storage() -> None:
         size = t.numel() * t.element_size()
         assert torch.equal(fresh[at:at + size].view(t.dtype).view(t.shape), t)
     assert one_block([batch.dense, torch.zeros(3)]) is None  # another storage
+    arena = torch.zeros(1 << 20)
+    assert one_block([arena[:10], arena[-10:]]) is None  # far apart: the span is not theirs to copy
+    assert one_block([arena[:10], arena[16:26]])[0].numel() == 26 * 4
     assert one_block([batch.dense.t()]) is None  # not contiguous
     assert one_block([torch.empty(0)]) is None
 
