@@ -387,7 +387,9 @@ def _host_register(mm: mmap.mmap) -> bool:
     this thread (the reader's pinning thread) launches no kernel to find it, and no
     registration is tried again."""
     try:
-        err = torch.cuda.cudart().cudaHostRegister(_address(mm), len(mm), _PORTABLE)
+        # whole pages (the mapping's last one is mapped whole), as page-locking pins them
+        size = -(-len(mm) // mmap.PAGESIZE) * mmap.PAGESIZE
+        err = torch.cuda.cudart().cudaHostRegister(_address(mm), size, _PORTABLE)
     except Exception:  # noqa: BLE001 - no CUDA runtime to ask: copied, as without registration
         return False
     return int(err) == 0

@@ -9,6 +9,7 @@ is not tried again; DLRM_SHM_PIN=0 registers nothing."""
 from __future__ import annotations
 
 import gc
+import mmap
 import multiprocessing as mp
 
 import numpy as np
@@ -74,7 +75,8 @@ def test_a_registered_slot_is_handed_out_as_views_registered_once(cudart: FakeCu
         block = _address(handle.name)
         assert block <= batch.dense.data_ptr() < block + len(shm_batch._attach(handle.name))  # a view: no copy
         assert torch.equal(batch.sparse.values(), torch.arange(12)) and batch.dense.eq(1.0).all()
-        assert cudart.calls == [("register", block, len(shm_batch._attach(handle.name)), 1)]  # portable
+        pages = -(-len(shm_batch._attach(handle.name)) // mmap.PAGESIZE) * mmap.PAGESIZE  # whole pages
+        assert cudart.calls == [("register", block, pages, 1)]  # portable
         del batch
         gc.collect()  # the slot is free again: the next batch is written there
         again = _send(ring, 4, 2.0)
