@@ -382,14 +382,11 @@ def _registered(name: str) -> bool:
 
 def _host_register(mm: mmap.mmap) -> bool:
     """``mm`` registered as page-locked memory for every CUDA context (False: it could
-    not be; the run copies its batches into pinned blocks instead). A failure leaves
-    the CUDA error in this thread's last-error state, which torch has no call to clear:
-    this thread (the reader's pinning thread) launches no kernel to find it, and no
-    registration is tried again."""
+    not be; the run copies its batches into pinned blocks instead)."""
+    # whole pages (the mapping's last one is mapped whole), as page-locking pins them
+    size = -(-len(mm) // mmap.PAGESIZE) * mmap.PAGESIZE
     try:
-        # whole pages (the mapping's last one is mapped whole), as page-locking pins them
-        size = -(-len(mm) // mmap.PAGESIZE) * mmap.PAGESIZE
-        err = torch.cuda.cudart().cudaHostRegister(_address(mm), size, _PORTABLE)
+        err = _on_cuda_thread(lambda: torch.cuda.cudart().cudaHostRegister(_address(mm), size, _PORTABLE))
     except Exception:  # noqa: BLE001 - no CUDA runtime to ask: copied, as without registration
         return False
     return int(err) == 0
@@ -402,8 +399,23 @@ def _let_go(held: _Mapped | None) -> None:
     if held is None or not held.registered:
         return
     torch.cuda.synchronize()
-    torch.cuda.cudart().cudaHostUnregister(_address(held.mm))
+    _on_cuda_thread(lambda: torch.cuda.cudart().cudaHostUnregister(_address(held.mm)))
     held.registered = False
+
+
+_CUDA_THREAD: list = []  # the executor of _on_cuda_thread, made at its first call
+
+
+def _on_cuda_thread(call: Callable[[], object]) -> object:
+    """``call()`` (a registration call) on a thread of its own, waited for. A failed
+    CUDA runtime call leaves its error in the calling thread's last-error state, which
+    torch has no call to clear, and the next kernel launch's check in that thread would
+    raise it as its own; no kernel is launched on this thread."""
+    if not _CUDA_THREAD:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _CUDA_THREAD.append(ThreadPoolExecutor(1, thread_name_prefix="shm-cuda-register"))
+    return _CUDA_THREAD[0].submit(call).result()
 
 
 def _address(mm: mmap.mmap) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import gc
 import mmap
 import multiprocessing as mp
+import threading
 
 import numpy as np
 import pytest
@@ -27,14 +28,16 @@ class FakeCudart:
     """``torch.cuda.cudart()``'s two calls, recorded; registration succeeds if ``ok``."""
 
     def __init__(self, ok: bool = True) -> None:
-        self.ok, self.calls = ok, []
+        self.ok, self.calls, self.threads = ok, [], set()
 
     def cudaHostRegister(self, ptr: int, size: int, flags: int) -> int:
         self.calls.append(("register", ptr, size, flags))
+        self.threads.add(threading.current_thread().name)
         return 0 if self.ok else 2
 
     def cudaHostUnregister(self, ptr: int) -> int:
         self.calls.append(("unregister", ptr))
+        self.threads.add(threading.current_thread().name)
         return 0
 
 
@@ -94,6 +97,9 @@ def test_a_registered_slot_is_handed_out_as_views_registered_once(cudart: FakeCu
         forget_maps(prefix)  # the pool closed: its mappings are unregistered
         assert cudart.calls[4:] == [("synchronize",), ("unregister", cudart.calls[3][1])]
         assert batch.labels.eq(3.0).all()  # a batch still held stays valid, as ordinary memory
+        # on a thread of their own: a failed call's CUDA error stays in that thread's
+        # last-error state, where no kernel launch of the trainer's finds it
+        assert len(cudart.threads) == 1 and cudart.threads.pop().startswith("shm-cuda-register")
     finally:
         ring.close()
         forget_maps(prefix)
