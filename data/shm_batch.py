@@ -398,9 +398,12 @@ def _let_go(held: _Mapped | None) -> None:
     ordinary memory."""
     if held is None or not held.registered:
         return
-    torch.cuda.synchronize()
-    _on_cuda_thread(lambda: torch.cuda.cudart().cudaHostUnregister(_address(held.mm)))
     held.registered = False
+    try:
+        torch.cuda.synchronize()
+        _on_cuda_thread(lambda: torch.cuda.cudart().cudaHostUnregister(_address(held.mm)))
+    except Exception:  # noqa: BLE001 - a pool closed at exit may find CUDA gone: its pages go with the process
+        return
 
 
 _CUDA_THREAD: list = []  # the executor of _on_cuda_thread, made at its first call
