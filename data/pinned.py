@@ -17,8 +17,9 @@ allocator tracks it by storage).
 ``to_device`` moves such a set of tensors (a batch's dense, labels, ids and lengths)
 to a GPU as that one block: one pinned block at most (none where they view one
 already: the reader's batches), one H2D copy, and the device tensors views of one
-device block, so one ``record_stream`` covers them all. Four copies a batch, each an
-allocation and a launch, were four GIL hand-offs of the step loop.
+device block, so one ``record_stream`` covers them all: where four copies a batch
+were four device allocations, four launches and four ``record_stream`` calls of the
+step loop (a Hotline step is bound by that thread's time on a GPU).
 """
 
 from __future__ import annotations
