@@ -156,3 +156,45 @@ def test_batch_to_cuda_is_one_copy_of_one_block(made: str, monkeypatch) -> None:
     assert len({t.untyped_storage().data_ptr() for t in _all(moved)}) == 1
     for t, m in zip(_all(batch), _all(moved), strict=True):
         assert m.is_cuda and torch.equal(m.cpu(), t)
+
+
+def test_a_block_copied_from_is_held_until_its_copy_is_done(monkeypatch) -> None:
+    """``to_device`` holds a caller's block (a registered decode-worker slot: nothing
+    else keeps it) until an event after its copy has passed; oldest first, so one whose
+    copy ended behind one still running waits for it. CUDA's events are stand-ins here."""
+    import gc
+    import weakref
+    from collections import deque
+
+    from data import pinned
+
+    passed: list[bool] = []
+
+    class Event:
+        def __init__(self) -> None:
+            self.n = len(passed)
+            passed.append(False)
+
+        def record(self, stream: object = None) -> None:
+            pass
+
+        def query(self) -> bool:
+            return passed[self.n]
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(pinned, "_IN_FLIGHT", deque())
+    blocks = [torch.zeros(64, dtype=torch.uint8) for _ in range(3)]
+    held = [weakref.ref(b) for b in blocks]
+    for b in blocks:
+        pinned._keep_until_copied(b)
+    del blocks, b
+    gc.collect()
+    assert all(ref() is not None for ref in held)  # every copy still running
+    passed[0] = passed[2] = True
+    pinned._keep_until_copied(torch.zeros(1, dtype=torch.uint8))  # a later copy lets go of what passed
+    gc.collect()
+    assert held[0]() is None and held[1]() is not None and held[2]() is not None
+    passed[1] = True
+    pinned._keep_until_copied(torch.zeros(1, dtype=torch.uint8))
+    gc.collect()
+    assert held[1]() is None and held[2]() is None
