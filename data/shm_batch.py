@@ -45,6 +45,7 @@ import secrets
 import time
 import weakref
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -343,10 +344,10 @@ _MAPS: dict[str, _Mapped] = {}
 # at most this many (the oldest let go): every slot of the live pools stays mapped, as a
 # block mapped anew costs a page fault per 4 KiB again (16 workers x (128 + 9) slots: 2,192)
 _KEEP_MAPS = 4096
-# CUDA registration of the blocks (module docstring): "0" turns it off, to compare
+# CUDA registration of the blocks (module docstring): "0" turns it off, to compare; a
+# failed registration turns it off too (none is tried again)
 _PIN_SLOTS = os.environ.get("DLRM_SHM_PIN", "1") != "0"
 _PORTABLE = 1  # cudaHostRegisterPortable: pinned for every device's context (a rank's is not device 0's)
-_registering_failed = False  # once a registration failed, none is tried again
 
 
 def _attach(name: str) -> mmap.mmap:
@@ -370,13 +371,13 @@ def _attach(name: str) -> mmap.mmap:
 def _registered(name: str) -> bool:
     """Whether block ``name`` (mapped by ``_attach``) is page-locked for CUDA: registered
     at its first use here, once."""
-    global _registering_failed
+    global _PIN_SLOTS
     held = _MAPS.get(name.rsplit("-v", 1)[0])
     if held is None or held.name != name:
         return False
     if held.registered is None:
-        held.registered = _PIN_SLOTS and not _registering_failed and _host_register(held.mm)
-        _registering_failed = _registering_failed or (_PIN_SLOTS and not held.registered)
+        held.registered = _PIN_SLOTS and _host_register(held.mm)
+        _PIN_SLOTS = held.registered
     return held.registered
 
 
@@ -406,19 +407,17 @@ def _let_go(held: _Mapped | None) -> None:
         return
 
 
-_CUDA_THREAD: list = []  # the executor of _on_cuda_thread, made at its first call
-
-
 def _on_cuda_thread(call: Callable[[], object]) -> object:
     """``call()`` (a registration call) on a thread of its own, waited for. A failed
     CUDA runtime call leaves its error in the calling thread's last-error state, which
     torch has no call to clear, and the next kernel launch's check in that thread would
     raise it as its own; no kernel is launched on this thread."""
-    if not _CUDA_THREAD:
-        from concurrent.futures import ThreadPoolExecutor
+    return _cuda_thread().submit(call).result()
 
-        _CUDA_THREAD.append(ThreadPoolExecutor(1, thread_name_prefix="shm-cuda-register"))
-    return _CUDA_THREAD[0].submit(call).result()
+
+@functools.cache
+def _cuda_thread() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(1, thread_name_prefix="shm-cuda-register")
 
 
 def _address(mm: mmap.mmap) -> int:

@@ -46,7 +46,6 @@ def cudart(monkeypatch) -> FakeCudart:
     fake = FakeCudart()
     monkeypatch.setattr(torch.cuda, "cudart", lambda: fake)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: fake.calls.append(("synchronize",)))
-    monkeypatch.setattr(shm_batch, "_registering_failed", False)
     monkeypatch.setattr(shm_batch, "_PIN_SLOTS", True)
     return fake
 
