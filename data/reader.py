@@ -80,10 +80,6 @@ if TYPE_CHECKING:
     from data.preprocess import Preprocessing
 
 ID_POLICIES = ("error", "modulo", "hash", "drop")
-# rows of records written column by column at a time (~0.5 MB of records, as much of the
-# columns): both stay in a core's L2. 8192 (~2 MB) spilled it: 102 ns a row, 84 at 2048
-# (this machine's 2 MB L2, bench_gpu's schema; 2.06M -> 2.27M rows/s shuffled, one core)
-_BLOCK_ROWS = 2048
 DENSE_NAN_POLICIES = ("error", "zero")
 
 
@@ -615,24 +611,21 @@ def _decode(table: pa.Table, schema: Schema, where: _Where, id_policy: str,
                               f"({' or '.join(allowed_kinds(schema, name))})", name)
     out, at = into
     n, layout = table.num_rows, out.layout
-    rec = out.rec[at : at + n]
     problems = _Problems(where, n, found)
-    columns = [(layout.labels(rec), _labels(table.column(schema.label), schema.label, problems))]
-    dense = layout.dense(rec)
-    for j, name in enumerate(schema.dense):
+    labels = _labels(table.column(schema.label), schema.label, problems)
+    dense = []
+    for name in schema.dense:
         x = _dense(table.column(name), name, problems, dense_nan)
-        columns.append((dense[:, j], prep.dense(name, x) if prep is not None else x))
-    ids, bags = layout.ids(rec), []
+        dense.append(np.asarray(prep.dense(name, x) if prep is not None else x, np.float32))
+    ids, bags = [], []
     for j, f in enumerate(schema.sparse):
         values, offsets = (_ids(table.column(f.name), f, problems, id_policy, unseen)
                            if f.encoding == "identity" else _mapped(prep, f, table, where))
         if layout.packed[j]:
-            columns.append((ids[:, layout.slot[j]], values))
+            ids.append(values)  # in slot order: packed features take slots in schema order
         else:  # added once the whole slice decoded: a DataError leaves no bag behind
             bags.append((j, values, np.arange(n + 1) if offsets is None else offsets))
-    for a in range(0, n, _BLOCK_ROWS):  # block by block: each block's records stay in cache
-        for target, x in columns:
-            target[a : a + _BLOCK_ROWS] = x[a : a + _BLOCK_ROWS]
+    out.write(at, [*ids, *dense, labels])
     for j, values, offsets in bags:
         out.bag(j, values, offsets)
     if not problems.keep.all():
