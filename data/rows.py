@@ -237,7 +237,7 @@ class WindowBuilder:
         self._buffer = np.zeros((0, layout.width), np.uint8)
         self.scratch = Scratch()  # reused by the batches of every window
         # write's two words of each row (16 bytes a row of the largest slice; the slice's
-        # own columns take 164 for the bench schema), reused: fresh ones would page-fault
+        # own columns take 264 for the bench schema), reused: fresh ones would page-fault
         self._low = self._high = np.zeros(0, np.uint64)
 
     def start(self, n: int) -> None:
