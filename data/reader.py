@@ -61,7 +61,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from data import shuffle_window
+from data import shm_batch, shuffle_window
 from data.background import in_background
 from data.bad_data import ON_ERROR, BadDataLog, BadRecord
 from data.batch import Batch
@@ -191,6 +191,8 @@ class ParquetReader:
         if self.workers > 0 and self._pool is None:
             self._fit_shared_memory()
         if self.workers > 0:
+            if self.pin_memory and torch.cuda.is_available():  # this (the trainer's) thread's device
+                shm_batch.register_for(torch.cuda.current_device())
             if self._pool is None:  # started once, kept across epochs
                 self._pool = DecodePool(self.workers, self.worker_depth(), _SHARED)
                 weakref.finalize(self, self._pool.close)

@@ -348,6 +348,19 @@ _KEEP_MAPS = 4096
 # failed registration turns it off too (none is tried again)
 _PIN_SLOTS = os.environ.get("DLRM_SHM_PIN", "1") != "0"
 _PORTABLE = 1  # cudaHostRegisterPortable: pinned for every device's context (a rank's is not device 0's)
+# the trainer's CUDA device (register_for): the registration thread's, and the one synchronized
+# before a block is unregistered. None: the CUDA runtime's default for a new thread, device 0
+_DEVICE: int | None = None
+
+
+def register_for(device: int) -> None:
+    """Register blocks, and wait before unregistering them, on CUDA ``device``: the
+    trainer's (ParquetReader.epoch passes its thread's current device). A thread starts
+    on device 0: with 8 ranks on one machine, every rank's registration would otherwise
+    make a CUDA context on GPU 0 (hundreds of MB each there), and the synchronize before
+    unregistering would wait for GPU 0, not for the rank's own copies."""
+    global _DEVICE
+    _DEVICE = device
 
 
 def _attach(name: str) -> mmap.mmap:
@@ -401,7 +414,7 @@ def _let_go(held: _Mapped | None) -> None:
         return
     held.registered = False
     try:
-        torch.cuda.synchronize()
+        torch.cuda.synchronize(_DEVICE)
         _on_cuda_thread(lambda: torch.cuda.cudart().cudaHostUnregister(_address(held.mm)))
     except Exception:  # noqa: BLE001 - a pool closed at exit may find CUDA gone: its pages go with the process
         return
@@ -411,8 +424,16 @@ def _on_cuda_thread(call: Callable[[], object]) -> object:
     """``call()`` (a registration call) on a thread of its own, waited for. A failed
     CUDA runtime call leaves its error in the calling thread's last-error state, which
     torch has no call to clear, and the next kernel launch's check in that thread would
-    raise it as its own; no kernel is launched on this thread."""
-    return _cuda_thread().submit(call).result()
+    raise it as its own; no kernel is launched on this thread. It runs on the trainer's
+    device (register_for)."""
+    device = _DEVICE
+
+    def on_device() -> object:
+        if device is not None:
+            torch.cuda.set_device(device)
+        return call()
+
+    return _cuda_thread().submit(on_device).result()
 
 
 @functools.cache

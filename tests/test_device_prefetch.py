@@ -183,5 +183,6 @@ def test_cuda_batches_straight_from_registered_slots_equal_the_readers(tiny) -> 
             torch.cuda.synchronize()
             assert_same([b.to("cpu") for b in got], want)
         assert any(m.registered for m in shm_batch._MAPS.values())  # the slots were registered
+        assert shm_batch._DEVICE == torch.cuda.current_device()  # on the trainer's device
     finally:
         reader.close()

@@ -45,8 +45,11 @@ class FakeCudart:
 def cudart(monkeypatch) -> FakeCudart:
     fake = FakeCudart()
     monkeypatch.setattr(torch.cuda, "cudart", lambda: fake)
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: fake.calls.append(("synchronize",)))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: fake.calls.append(("synchronize", device)))
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: fake.calls.append(
+        ("set_device", device, threading.current_thread().name)))
     monkeypatch.setattr(shm_batch, "_PIN_SLOTS", True)
+    monkeypatch.setattr(shm_batch, "_DEVICE", None)
     return fake
 
 
@@ -90,11 +93,11 @@ def test_a_registered_slot_is_handed_out_as_views_registered_once(cudart: FakeCu
         grown = _send(ring, 64, 3.0)  # a bigger batch: the slot's block is made anew
         assert grown.name != handle.name and grown.slot == handle.slot
         batch = receiver.take(grown)
-        assert cudart.calls[1:3] == [("synchronize",), ("unregister", block)]  # the older one let go
+        assert cudart.calls[1:3] == [("synchronize", None), ("unregister", block)]  # the older one let go
         assert cudart.calls[3][:2] == ("register", _address(grown.name))
         assert batch.labels.eq(3.0).all()
         forget_maps(prefix)  # the pool closed: its mappings are unregistered
-        assert cudart.calls[4:] == [("synchronize",), ("unregister", cudart.calls[3][1])]
+        assert cudart.calls[4:] == [("synchronize", None), ("unregister", cudart.calls[3][1])]
         assert batch.labels.eq(3.0).all()  # a batch still held stays valid, as ordinary memory
         # on a thread of their own: a failed call's CUDA error stays in that thread's
         # last-error state, where no kernel launch of the trainer's finds it
@@ -125,5 +128,28 @@ def test_a_block_not_registered_is_copied_and_none_is_tried_again(cudart: FakeCu
     finally:
         for ring in rings:
             ring.close()
+        forget_maps(prefix)
+        unlink_blocks(prefix)
+
+
+def test_blocks_are_registered_and_waited_for_on_the_trainers_device(cudart: FakeCudart) -> None:
+    """A rank on GPU 3: its registration thread is put on device 3 before each call (a new
+    thread is on device 0, where every rank would make a CUDA context), and the wait
+    before unregistering is for device 3's copies."""
+    shm_batch.register_for(3)
+    prefix = new_prefix()
+    state = mp.RawArray("b", 4)
+    ring = SlotRing(state, f"{prefix}-w0")
+    receiver = Receiver(state, hold=2, pin=True)
+    try:
+        batch = receiver.take(_send(ring, 4, 1.0))
+        forget_maps(prefix)
+        thread = "shm-cuda-register"
+        kinds = [(c[0], c[1]) if c[0] in ("set_device", "synchronize") else (c[0],) for c in cudart.calls]
+        assert kinds == [("set_device", 3), ("register",), ("synchronize", 3), ("set_device", 3), ("unregister",)]
+        assert all(c[2].startswith(thread) for c in cudart.calls if c[0] == "set_device")
+        assert batch.dense.eq(1.0).all()
+    finally:
+        ring.close()
         forget_maps(prefix)
         unlink_blocks(prefix)
