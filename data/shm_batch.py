@@ -76,17 +76,14 @@ class SharedBatch:
     shapes: list[tuple[int, ...]]
     dtypes: list[str]
 
-    def arrays(self, block: np.ndarray) -> list[np.ndarray]:
-        """The four arrays, viewing ``block`` (the block mapped here, as uint8)."""
-        return _lay_out(block, self._specs())
-
     def nbytes(self) -> int:
         """Bytes of the block the four arrays span, from its start."""
         return _offsets(self._specs())[-1]
 
     def tensors(self, block: torch.Tensor) -> list[torch.Tensor]:
-        """The four arrays as torch views of ``block`` (uint8, a copy of the slot's
-        first ``nbytes()``; each array starts on a cache line, so every view is aligned)."""
+        """The four arrays as torch views of ``block`` (uint8: the slot's block mapped
+        here, or a copy of its first ``nbytes()``; each array starts on a cache line, so
+        every view is aligned). One storage under all four: one block to data/pinned.py."""
         return [block[at : at + size].view(_torch_dtype(dtype)).view(shape)
                 for shape, dtype, at, size in _spans(self._specs())]
 
@@ -302,7 +299,11 @@ class Receiver:
         if (not self.pin or _registered(handle.name)) and self.held < self.hold:
             self.held += 1
             weakref.finalize(block, _release, self.state, handle.slot, self.released)
-            return handle.batch([torch.from_numpy(a) for a in handle.arrays(block)])
+            # torch views of one torch tensor over the block: one storage, so the batch is
+            # one block to data/pinned.py (to_device: one H2D copy straight from the slot).
+            # torch.from_numpy of each array would give each its own storage, and the
+            # step loop would copy all four into a fresh pinned block before its copy.
+            return handle.batch(handle.tensors(torch.from_numpy(block)))
         # one copy of the slot's used bytes into one (pinned) block, the four arrays views
         # of it: one allocation and one copy a batch, not four of each (a pinned
         # allocation took ~20 us on the 2026-11-28 H200 host, where this copy was 0.48 ms

@@ -165,16 +165,21 @@ def test_a_pinning_reader_left_early_serves_the_next_epoch_and_closes(tiny, monk
 
 
 @pytest.mark.gpu
-def test_cuda_batches_straight_from_registered_slots_equal_the_readers(tiny) -> None:
+def test_cuda_batches_straight_from_registered_slots_equal_the_readers(tiny, monkeypatch) -> None:
     """CUDA: decode workers' blocks registered as page-locked (data/shm_batch.py), each
     batch's H2D copy queued straight from its slot, the next batch taken while it runs:
     the device batches equal the reader's, none overwritten by a worker's next batch
     in its slot while the copy read it (data/pinned.py keeps the slot until the copy
-    ends). Twice through the epoch, one batch a worker held, so slots are reused."""
-    from data import shm_batch
+    ends). Twice through the epoch, one batch a worker held, so slots are reused. No
+    batch is copied into a pinned block on the way: a slot's four arrays are one block."""
+    from data import batch, pinned, shm_batch
 
     files, schema = tiny
     want = reader_batches(tiny)
+    copies = []
+    real = pinned.pinned_copies
+    for module in (batch, pinned):  # Batch.pin_memory's and to_device's
+        monkeypatch.setattr(module, "pinned_copies", lambda *a, **k: copies.append(1) or real(*a, **k))
     reader = ParquetReader(files, schema, 16, shuffle=True, seed=1, prefetch=2, pin_memory=True, workers=2,
                            worker_depth=1)
     try:
@@ -183,6 +188,7 @@ def test_cuda_batches_straight_from_registered_slots_equal_the_readers(tiny) -> 
             torch.cuda.synchronize()
             assert_same([b.to("cpu") for b in got], want)
         assert any(m.registered for m in shm_batch._MAPS.values())  # the slots were registered
+        assert copies == []  # not by Batch.pin_memory, nor by to_device
         assert shm_batch._DEVICE == torch.cuda.current_device()  # on the trainer's device
     finally:
         reader.close()

@@ -20,6 +20,7 @@ import torch
 from data import shm_batch
 from data.batch import Batch
 from data.jagged import JaggedFeatures
+from data.pinned import one_block
 from data.rows import batch_specs
 from data.shm_batch import Receiver, SlotRing, forget_maps, new_prefix, unlink_blocks
 
@@ -79,10 +80,12 @@ def test_a_registered_slot_is_handed_out_as_views_registered_once(cudart: FakeCu
         batch = receiver.take(handle)
         block = _address(handle.name)
         assert block <= batch.dense.data_ptr() < block + len(shm_batch._attach(handle.name))  # a view: no copy
+        span = one_block(batch._tensors())  # one storage: to_device copies it once, from the slot
+        assert span is not None and span[0].data_ptr() == block and span[0].numel() <= handle.nbytes()
         assert torch.equal(batch.sparse.values(), torch.arange(12)) and batch.dense.eq(1.0).all()
         pages = -(-len(shm_batch._attach(handle.name)) // mmap.PAGESIZE) * mmap.PAGESIZE  # whole pages
         assert cudart.calls == [("register", block, pages, 1)]  # portable
-        del batch
+        del batch, span
         gc.collect()  # the slot is free again: the next batch is written there
         again = _send(ring, 4, 2.0)
         assert again.name == handle.name
