@@ -50,7 +50,8 @@
 #      each captured row's step mode says its replays' GPU time (graphs.ReplayTimer,
 #      since 2026-11-27): beside the step's wall time, device- or host-bound
 #   2. in this order, each in what the call has left: hotline with the GIL switch
-#      interval at 0.1 ms and at Python's 5 ms (the main rows: 0.5), hotline's step loop
+#      interval at 0.1 ms and at Python's 5 ms (the main rows: 0.5), hotline with torch's
+#      intra-op threads at 1 (train.threads=1; the main rows: a thread a core), hotline's step loop
 #      under cProfile (train.profile_mode=python: where its host time goes,
 #      $OUT/hostprof.txt), native's and hotline's steps under torch.profiler (their
 #      kernels' GPU time, $OUT/kprof-*.txt), the embedding kernels alone (python -m
@@ -221,6 +222,14 @@ bench() {
     DLRM_GIL_SWITCH_MS=0.1 bench_part gil01 40 --engines hotline "$@"
     echo "== hotline, GIL switch interval 5 ms (Python's; the main rows' 0.5 ms)"
     DLRM_GIL_SWITCH_MS=5 bench_part gil 40 --engines hotline "$@"
+    # torch's intra-op threads at 1 (train.threads; 0, the main rows', is torch's default:
+    # one a core, 16 here). data.workers=auto leaves the trainer one core, so a CPU op of
+    # the step loop's (copies, fills, an index_select) waits for 16 threads, 15 of whose
+    # cores hold decode workers; the 2026-11-28 cProfile counted 171 voluntary context
+    # switches a step (a CPU run here: 5.5 a step on the step loop's thread at 1 thread,
+    # 120 at 2)
+    echo "== hotline, train.threads=1 (the main rows': torch's default, a thread a core)"
+    bench_part threads1 40 --engines hotline "$@" train.threads=1
     # where the captured Hotline step's host time goes (its replay took 1.47 ms of GPU time
     # of a 3.44 ms step on the 2026-11-27 H200): cProfile of the step loop's thread, the
     # steps still captured (train.profile_mode=python), microseconds a step per function
