@@ -284,18 +284,21 @@ class WindowBuilder:
         low, high = self._low[:n], self._high[:n]
         words = self.rec[at : at + n].view(np.uint64)
         for k, first, second in self.layout.words:
-            x = fields[first]
-            if x.dtype == np.float32:  # widened into low
-                np.copyto(low, x.view(np.uint32))
+            x = self._bits(first, fields[first])
+            if x.dtype == np.uint32:  # a float's bits, widened
+                np.copyto(low, x)
                 x = low
-            else:
-                x = np.asarray(x, np.int64).view(np.uint64)
             if second is not None:
-                y = fields[second]
-                np.left_shift(y.view(np.uint32) if y.dtype == np.float32 else
-                              np.asarray(y, np.int64).view(np.uint64), _SHIFT, out=high)
+                np.left_shift(self._bits(second, fields[second]), _SHIFT, out=high)
                 x = np.bitwise_or(x, high, out=low)
             words[:, k] = x  # a lone field (an int64 id, or the label before padding): all its word
+
+    def _bits(self, i: int, x: np.ndarray) -> np.ndarray:
+        """Field i's values as bits: an id's int64 as uint64, a dense value's or the
+        label's float32 as uint32 (by the field's place, whatever dtype it came in)."""
+        if i < self.layout.n_ids:
+            return np.asarray(x, np.int64).view(np.uint64)
+        return np.asarray(x, np.float32).view(np.uint32)
 
     def bag(self, j: int, values: np.ndarray, offsets: np.ndarray) -> None:
         """The next chunk of bag feature j (chunks come in row order)."""

@@ -88,3 +88,17 @@ def test_the_words_cover_the_record() -> None:
         assert placed == list(range(n_ids + n_dense + 1))
         assert [k for k, _, _ in layout.words] == list(range(len(layout.words)))
         assert len(layout.words) * 8 <= layout.width
+
+
+def test_fields_of_other_dtypes_are_taken_by_their_place() -> None:
+    """A dense column given as float64 and ids as int32 are written as the record's
+    float32 and id fields (the field's place says what it is, not the array's dtype)."""
+    layout = _layout(3, 3, 1000)
+    n = 50
+    fields = _fields(layout, n, np.random.default_rng(9))
+    other = [f.astype(np.int32) if i < 3 else f.astype(np.float64) for i, f in enumerate(fields)]
+    window = WindowBuilder(layout)
+    window.start(n)
+    window.write(0, other)
+    for got, expect in zip(_fields_of(layout, window.rec), _fields_of(layout, _reference(layout, n, fields))):
+        np.testing.assert_array_equal(got, expect)
