@@ -207,7 +207,7 @@ bench_part() {
 bench() {
   local code
   bench_part main 350 \
-    --engines native,hotline,hotline_eager,host_embedding,native_bf16_tables,hotline_bf16_tables,in_memory "$@" \
+    --engines native,hotline,hotline_eager,host_embedding,native_bf16_tables,hotline_bf16_tables,in_memory,hotline_in_memory "$@" \
     >"$OUT/bench.log" 2>&1
   code=$?
   cp /tmp/bench_gpu/main/bench.json "$OUT"/ 2>/dev/null  # the rest in runs.tgz: 8 files come back

@@ -47,13 +47,16 @@ def test_bench_rows_ratios_and_limit(bench: Path) -> None:
     assert set(rows) == {("native", 1), ("native_bf16", 1), ("torchrec", 1), ("torchrec_bf16", 1),
                          ("torch_baseline", 1), ("in_memory", 1), ("hotline", 1),
                          ("native_bf16_tables", 1), ("native_fp16_tables", 1),
-                         ("hotline_bf16_tables", 1), ("host_embedding", 1), ("hotline_eager", 1)}
+                         ("hotline_bf16_tables", 1), ("host_embedding", 1), ("hotline_eager", 1),
+                         ("hotline_in_memory", 1)}
     # hotline.graph_step=auto on the CPU (the hot tier on torch's kernels): the eager step
     # without a word, as hotline_eager's (graph_step=off)
     for engine in ("hotline", "hotline_eager"):
         assert "static" not in rows[engine, 1]["step_mode"]
-    assert rows["native", 1]["vs_in_memory"] == pytest.approx(
-        rows["native", 1]["samples_per_s"] / rows["in_memory", 1]["samples_per_s"])
+    for engine, staged in (("native", "in_memory"), ("hotline", "hotline_in_memory")):
+        assert rows[engine, 1]["vs_in_memory"] == pytest.approx(
+            rows[engine, 1]["samples_per_s"] / rows[staged, 1]["samples_per_s"])
+    assert rows["hotline_in_memory", 1]["hotline"]["hot_hit_rate"] > 0.5  # Hotline as in its own row
     assert rows["host_embedding", 1]["hotline"]["hot_hit_rate"] == 0.0  # nothing on the device
     # Hotline's cold gather on its gather thread; host_embedding's, every row, on 4 of ours
     assert rows["hotline", 1]["hotline"]["gather_threads"] == 1.0
@@ -201,15 +204,18 @@ def test_in_memory_row_beside_native(full_bench: tuple[Path, str]) -> None:
     assert f"from Parquet / in memory = {ratio:.3f}" in printed
 
 
-def test_input_ratio_pairs_native_with_in_memory_of_its_rank_count() -> None:
+def test_input_ratio_pairs_each_engine_with_its_in_memory_row_of_its_rank_count() -> None:
     from dlrm.bench.run import add_input_ratio
 
     rows = [{"engine": "native", "ranks": 1, "samples_per_s": 90.0},
             {"engine": "in_memory", "ranks": 1, "samples_per_s": 100.0},
             {"engine": "native", "ranks": 2, "samples_per_s": 50.0},
-            {"engine": "hotline", "ranks": 1, "samples_per_s": 70.0}]
+            {"engine": "hotline", "ranks": 1, "samples_per_s": 70.0},
+            {"engine": "hotline_in_memory", "ranks": 2, "samples_per_s": 80.0},
+            {"engine": "hotline", "ranks": 2, "samples_per_s": 60.0},
+            {"engine": "host_embedding", "ranks": 2, "samples_per_s": 40.0}]
     add_input_ratio(rows)
-    assert [r.get("vs_in_memory") for r in rows] == [0.9, None, None, None]
+    assert [r.get("vs_in_memory") for r in rows] == [0.9, None, None, None, None, 0.75, None]
 
 
 @pytest.mark.distributed

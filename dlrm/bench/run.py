@@ -64,6 +64,11 @@ ENGINES = {
     # default, auto); hotline_eager the eager step with its graphed parts, beside it
     "hotline": ["embeddings.placement=hotline"],
     "hotline_eager": ["embeddings.placement=hotline", "hotline.graph_step=off"],
+    # Hotline on the first batches read once and kept in host memory (it copies each to
+    # the device itself): hotline / hotline_in_memory is the share of its step rate the
+    # Parquet input keeps, the reader's thread and decode workers running beside the step
+    # loop's Python or not (a Hotline step on a GPU is bound by that thread's time)
+    "hotline_in_memory": ["embeddings.placement=hotline", "data.in_memory=true"],
     # Half-precision tables (issue 24): the same engine with every table stored in
     # bf16 / fp16, beside native's fp32 rows (``vs_fp32_tables``: rate and table bytes).
     "native_bf16_tables": ["embeddings.backend=native", "embeddings.dtype=bf16"],
@@ -143,7 +148,7 @@ def cmd_bench(argv: list[str]) -> int:
         print(line)
     for row in rows:
         if row.get("vs_in_memory") is not None:
-            print(f"native@{row['ranks']}: from Parquet / in memory = {row['vs_in_memory']:.3f} "
+            print(f"{row['engine']}@{row['ranks']}: from Parquet / in memory = {row['vs_in_memory']:.3f} "
                   "(the input's share of the step: target >= 0.95)")
     for row in rows:  # replayed CUDA graphs or eager steps, and why (train.cuda_graphs)
         if row.get("step_mode"):
@@ -521,13 +526,17 @@ def add_ratios(rows: list[dict[str, Any]]) -> None:
         r["vs_torchrec_precision"] = precision if b else None
 
 
+# each engine that reads Parquet → its row on batches kept in memory
+IN_MEMORY = {"native": "in_memory", "hotline": "hotline_in_memory"}
+
+
 def add_input_ratio(rows: list[dict[str, Any]]) -> None:
-    """``vs_in_memory`` on each native row: its samples/s over the in_memory row's at the
-    same rank count (None without one)."""
-    staged = {r["ranks"]: r["samples_per_s"] for r in rows if r["engine"] == "in_memory"}
+    """``vs_in_memory`` on each native and hotline row: its samples/s over its in-memory
+    row's (``IN_MEMORY``) at the same rank count (None without one)."""
+    staged = {(r["engine"], r["ranks"]): r["samples_per_s"] for r in rows if r["engine"] in IN_MEMORY.values()}
     for r in rows:
-        if r["engine"] == "native":
-            b = staged.get(r["ranks"])
+        if r["engine"] in IN_MEMORY:
+            b = staged.get((IN_MEMORY[r["engine"]], r["ranks"]))
             r["vs_in_memory"] = r["samples_per_s"] / b if b else None
 
 
