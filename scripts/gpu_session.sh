@@ -46,7 +46,9 @@
 #      (graph_step=off), host_embedding (captured too) (issue 22: hotline / host_embedding
 #      >= 2x, hotline / native >= 0.8x), native_bf16_tables and hotline_bf16_tables
 #      (issue 24: each over its fp32 row; Hotline's budget then holds twice the rows),
-#      in_memory (issue 23: native / in_memory >= 0.95)              ($OUT/bench.json);
+#      in_memory (issue 23: native / in_memory >= 0.95), hotline_in_memory (Hotline on
+#      batches kept in host memory: what the reader's thread and workers cost the step
+#      loop; hotline / hotline_in_memory printed)                  ($OUT/bench.json);
 #      each captured row's step mode says its replays' GPU time (graphs.ReplayTimer,
 #      since 2026-11-27): beside the step's wall time, device- or host-bound
 #   2. in this order, each in what the call has left: hotline with the GIL switch
