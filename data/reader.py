@@ -618,7 +618,7 @@ def _decode(table: pa.Table, schema: Schema, where: _Where, id_policy: str,
     dense = []
     for name in schema.dense:
         x = _dense(table.column(name), name, problems, dense_nan)
-        dense.append(np.asarray(prep.dense(name, x) if prep is not None else x, np.float32))
+        dense.append(prep.dense(name, x) if prep is not None else x)
     ids, bags = [], []
     for j, f in enumerate(schema.sparse):
         values, offsets = (_ids(table.column(f.name), f, problems, id_policy, unseen)

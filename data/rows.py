@@ -200,9 +200,6 @@ def _split(layout: Layout, rec: np.ndarray, bags: dict[int, tuple[np.ndarray, np
     return Batch(dense=torch.from_numpy(dense), sparse=sparse, labels=torch.from_numpy(labels))
 
 
-_SHIFT = np.uint64(32)
-
-
 def _slice_bag(values: np.ndarray, offsets: np.ndarray, a: int, b: int
                ) -> tuple[np.ndarray, np.ndarray]:
     """(values, lengths) of bags [a, b)."""
@@ -226,6 +223,9 @@ def offsets_of(lengths: np.ndarray) -> np.ndarray:
     out = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=out[1:])
     return out
+
+
+_SHIFT = np.uint64(32)  # a word's high half
 
 
 class WindowBuilder:
