@@ -292,8 +292,10 @@ class TrainConfig:
     profile_start: int = 10
     profile_steps: int = 0
     # torch: the profiler above (the steps run eager); python: cProfile of the step loop's
-    # Python, the steps as they run (CUDA graphs too): RUN/profile/rank-R-python.txt
-    profile_mode: Literal["torch", "python"] = "torch"
+    # Python, the steps as they run (CUDA graphs too): RUN/profile/rank-R-python.txt;
+    # threads: each thread's CPU and context switches a step, nothing recorded during the
+    # steps: RUN/profile/rank-R-threads.txt (every mode's report starts with this census)
+    profile_mode: Literal["torch", "python", "threads"] = "torch"
     progress: bool = True
     # Print the resolved config and the full sharding plan at start (dlrm train
     # --print-config); off: a short header, the config is in RUN/config.yaml

@@ -78,7 +78,9 @@ CONFIG=${CONFIG:-configs/bench_gpu.yaml}  # a dry run elsewhere: a small config
 # compile those lookups at D = 64 (bench_gpu's): every bench row would have failed at
 # its first step; tests/test_kernels_compile.py now compiles with 3.6 here, without a GPU.
 # Since 2026-11-28's evening: the reader's pinned batches made by numpy's copies
-# (data/pinned.py; in the reader's thread and from decode workers' slots), 3 tests
+# (data/pinned.py; in the reader's thread and from decode workers' slots), 3 tests.
+# Since 2026-11-28's night: the split graphs replay on after a refresh that keeps the hot
+# tensors (no capture): static_hotline's refresh test trains through them on a GPU
 NEW_TESTS=${NEW_TESTS:-"update_their_cold_rows or cold_update_host or static_hotline or static_step_with_no_hot_row or cuda_equals_cpu or hotline_on_cuda or splits_and_dense or graph_replayed or gather_and_copy_hidden or hands_out_pinned or pin_memory_is_pinned or one_copy_of_one_block or registered_slots"}
 NEW_FILES=${NEW_FILES:-"tests/test_gpu.py tests/test_hotline_graph.py tests/test_device_prefetch.py tests/test_pinned.py"}
 mkdir -p "$OUT"
@@ -206,22 +208,40 @@ bench_part() {
     --out "$dir" "$@"
 }
 
+# each thread's CPU and context switches a step over timed steps 80..159 (train.profile_mode=
+# threads: read from /proc before and after, nothing during the steps, which stay captured):
+# RUN/profile/rank-0-threads.txt of each row, printed by threads_census
+THREADS=(train.profile_mode=threads train.profile_start=80 train.profile_steps=80)
+
+# the thread census of each run under /tmp/bench_gpu/$1 (copied to $OUT/threads-$1-<row>.txt)
+threads_census() {
+  local table row
+  for table in /tmp/bench_gpu/"$1"/runs/*/profile/rank-0-threads.txt; do
+    [ -f "$table" ] || continue
+    row=$(basename "$(dirname "$(dirname "$table")")")
+    cp "$table" "$OUT/threads-$1-$row.txt"
+    echo "== $1 $row: each thread's CPU a step"
+    sed -n 2,12p "$table" | cut -c1-110
+  done
+}
+
 bench() {
   local code
   bench_part main 350 \
     --engines native,hotline,hotline_eager,host_embedding,native_bf16_tables,hotline_bf16_tables,in_memory,hotline_in_memory "$@" \
-    >"$OUT/bench.log" 2>&1
+    "${THREADS[@]}" >"$OUT/bench.log" 2>&1
   code=$?
   cp /tmp/bench_gpu/main/bench.json "$OUT"/ 2>/dev/null  # the rest in runs.tgz: 8 files come back
   grep -E "^  [a-z_0-9]+@|FAILED|generated|hotline|from Parquet|tables:|steps:|gpu:|bound" \
     "$OUT/bench.log" | tail -30
+  threads_census main | grep -A12 -E "main (hotline|native|hotline_in_memory)_1:"
   {
     # the interpreter's GIL switch interval (a Hotline run on a GPU sets 0.5 ms since the
     # 2026-11-28 evening H200, 6db8c5d: 1,695,430 samples/s against 1,367,569-1,480,759 at
     # Python's 5 ms in the same call; the step loop is Python beside the gather, update,
     # pinning and split threads): 0.1 ms, shorter still, then Python's 5 ms
     echo "== hotline, GIL switch interval 0.1 ms (the main rows' 0.5 ms)"
-    DLRM_GIL_SWITCH_MS=0.1 bench_part gil01 40 --engines hotline "$@"
+    DLRM_GIL_SWITCH_MS=0.1 bench_part gil01 40 --engines hotline "$@" "${THREADS[@]}"
     echo "== hotline, GIL switch interval 5 ms (Python's; the main rows' 0.5 ms)"
     DLRM_GIL_SWITCH_MS=5 bench_part gil 40 --engines hotline "$@"
     # torch's intra-op threads at 1 (train.threads; 0, the main rows', is torch's default:
@@ -231,7 +251,7 @@ bench() {
     # switches a step (a CPU run here: 5.5 a step on the step loop's thread at 1 thread,
     # 120 at 2)
     echo "== hotline, train.threads=1 (the main rows': torch's default, a thread a core)"
-    bench_part threads1 40 --engines hotline "$@" train.threads=1
+    bench_part threads1 40 --engines hotline "$@" train.threads=1 "${THREADS[@]}"
     # where the captured Hotline step's host time goes (its replay took 1.47 ms of GPU time
     # of a 3.44 ms step on the 2026-11-27 H200): cProfile of the step loop's thread, the
     # steps still captured (train.profile_mode=python), microseconds a step per function
@@ -299,6 +319,8 @@ bench() {
   } >"$OUT/bench_extra.log" 2>&1
   grep -E "^  [a-z_0-9]+@|FAILED|^==|budget|GB/s|gb_per_s|\"kernels\"|^ +[0-9]+[KMGT]?B |hot hit rate|steps: hotline step static|\"step_mode\"" \
     "$OUT/bench_extra.log" | tail -40
+  threads_census gil01
+  threads_census threads1
   local prof
   prof=$(find /tmp/bench_gpu/hostprof -name 'rank-0-python.txt' 2>/dev/null | head -1)
   if [ -n "$prof" ]; then  # the whole file comes back too (runs.tgz came back too big on 2026-11-28)

@@ -13,6 +13,8 @@ only on says why not where they cannot.
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -87,6 +89,68 @@ def test_a_refresh_captures_again_and_another_shape_splits_eager() -> None:
     replays = steps.split_graphs.replays
     compare_ahead(steps, reference, [single_hot(coll, 8, batch=BATCH // 2)])  # another shape: eager
     assert steps.split_graphs.replays == replays and steps.split_graphs.captures == 2
+    steps.close()
+    reference.close()
+
+
+class AddressGraph(StandInGraph):
+    """A stand-in that reads the hot ids as a CUDA graph does, by address: its replay
+    splits against the hot-ids tensor its capture read (``address_capture``), whatever
+    the tier holds by then. A refresh that made new tensors, left uncaptured, splits
+    against the old ids here, as it would on a GPU."""
+
+    read: dict
+
+    def replay(self) -> None:
+        hot = self.coll.hot
+        held, hot._ids_on = hot._ids_on, dict(self.read)
+        try:
+            super().replay()
+        finally:
+            hot._ids_on = held
+
+
+def address_graphed_steps(coll):
+    def graph() -> AddressGraph:
+        made = AddressGraph()
+        made.coll = coll
+        return made
+
+    @contextlib.contextmanager
+    def address_capture(graph: AddressGraph):
+        yield
+        graph.read = dict(coll.hot._ids_on)  # the hot ids the captured split read
+
+    steps = _steps(coll)
+    steps.split_graphs = GraphedSplits(coll, graph=graph, capture=address_capture)
+    return steps
+
+
+def same_size_hot_set(coll) -> dict[str, torch.Tensor]:
+    """Another hot set of as many rows per table as the one held: each table's last rows."""
+    held = coll.hot_rows()
+    return {t.name: torch.arange(t.rows - held[t.name].numel(), t.rows) for t in coll.tables}
+
+
+def test_a_refresh_that_keeps_the_hot_tensors_replays_on_and_one_that_does_not_captures() -> None:
+    """A refresh of as many hot rows copies them into the tensors held: the graphs,
+    reading by address, replay on without a capture (each capture synchronizes and
+    empties the memory caches) and split by the new hot set, as eager splits do. A
+    refresh to another number of rows makes new tensors: captured again. Both by
+    replays that read the ids the capture read (``AddressGraph``)."""
+    from tests.test_hotline import profile_of
+
+    coll, _, other_size = _setup(False)
+    steps, reference = address_graphed_steps(coll), _steps(coll)
+    compare_ahead(steps, reference, [single_hot(coll, s) for s in range(2)])
+    before = coll.hot_rows()
+    coll.refresh(profile_of(coll.tables, same_size_hot_set(coll)))
+    assert any(not torch.equal(before[n], ids) for n, ids in coll.hot_rows().items())
+    compare_ahead(steps, reference, [single_hot(coll, s) for s in range(10, 13)])
+    assert steps.split_graphs.captures == 1 and steps.split_graphs.replays == 5
+    coll.refresh(other_size)
+    compare_ahead(steps, reference, [single_hot(coll, s) for s in range(20, 22)])
+    assert steps.split_graphs.captures == 2 and steps.split_graphs.replays == 7
     steps.close()
     reference.close()
 

@@ -6,6 +6,12 @@
     train.profile_mode=python (cProfile of the step loop's thread; the steps run as
     they would, CUDA graphs replayed):
       RUN/profile/rank-R-python.txt   functions by own time, then by time with callees
+    train.profile_mode=threads (nothing recorded during the steps, which run as they
+    would):
+      RUN/profile/rank-R-threads.txt  each thread's CPU and context switches a step
+
+Every report starts with the window's thread census (dlrm/train/thread_census.py):
+which threads of the process used the CPU, and how often each waited.
 
 Steps ``train.profile_start`` .. ``+ train.profile_steps - 1`` (global steps,
 counted from 0) are recorded; give the warm-up a few steps before them.
@@ -22,12 +28,14 @@ import cProfile
 import os
 import pstats
 import resource
+import threading
 import time
 from pathlib import Path
 
 import torch
 
 from data.atomic import atomic_path, write_atomic
+from dlrm.train import thread_census
 
 
 class StepProfiler:
@@ -38,7 +46,7 @@ class StepProfiler:
         self.rank = rank
         self.cuda = device.type == "cuda"
         self.mode = mode
-        self._prof: torch.profiler.profile | cProfile.Profile | None = None
+        self._prof: torch.profiler.profile | cProfile.Profile | str | None = None
         self._done = steps <= 0
 
     def before(self, step: int) -> None:
@@ -46,6 +54,13 @@ class StepProfiler:
         if self._done or self._prof is not None or not self.start <= step < self.stop:
             return
         self._first = self._last = step
+        self._threads = thread_census.sample()
+        self._loop = threading.current_thread().name
+        if self.mode == "threads":  # only the census: nothing runs during the steps
+            self._prof = "threads"
+            self._usage = resource.getrusage(resource.RUSAGE_SELF)
+            self._wall = time.perf_counter()
+            return
         if self.mode == "python":
             self._prof = cProfile.Profile()
             self._usage = resource.getrusage(resource.RUSAGE_SELF)
@@ -74,9 +89,11 @@ class StepProfiler:
         prof, self._prof, self._done = self._prof, None, True
         if isinstance(prof, cProfile.Profile):
             prof.disable()
-        else:
+        elif prof != "threads":
             prof.__exit__(None, None, None)
         steps = self._last - self._first + 1
+        threads = thread_census.table(self._threads, thread_census.sample(), steps,
+                                      time.perf_counter() - self._wall, self._loop)
         wall = (time.perf_counter() - self._wall) / steps
         now, then = resource.getrusage(resource.RUSAGE_SELF), self._usage
         # Page faults (fresh memory being mapped in) and involuntary context switches
@@ -86,8 +103,14 @@ class StepProfiler:
                  f"system {1000 * (now.ru_stime - then.ru_stime) / steps:.1f} ms, "
                  f"{(now.ru_minflt - then.ru_minflt) / steps:,.0f} page faults, "
                  f"{(now.ru_nivcsw - then.ru_nivcsw) / steps:,.0f} involuntary and "
-                 f"{(now.ru_nvcsw - then.ru_nvcsw) / steps:,.0f} voluntary context switches")
+                 f"{(now.ru_nvcsw - then.ru_nvcsw) / steps:,.0f} voluntary context switches "
+                 f"(this process)\n{threads}")
         self.dir.mkdir(parents=True, exist_ok=True)
+        if prof == "threads":
+            write_atomic(self.dir / f"rank-{self.rank}-threads.txt",
+                         f"steps {self._first}..{self._first + steps - 1}, rank {self.rank}, "
+                         f"unprofiled\n{usage}")
+            return
         if isinstance(prof, cProfile.Profile):
             write_atomic(self.dir / f"rank-{self.rank}-python.txt",
                          f"steps {self._first}..{self._first + steps - 1}, rank {self.rank}, the step loop's "

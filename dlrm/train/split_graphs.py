@@ -14,8 +14,17 @@ Two graphs, used in turn: mini-batch t+1 is split (a step ahead, dlrm/train/hotl
 while the compute stream still reads mini-batch t's split, so each holds its own
 buffers. Before a graph replays into its buffers again, the split stream waits for the
 event the trainer recorded after the step that last read them (``consumed``: after
-the step's update). A refresh replaces the hot ids the graphs read: they are captured
-again at the next split (``hot_version``). A batch of another shape or key order
+the step's update).
+
+A refresh changes the hot ids the graphs read. One that keeps their number (a full
+budget: every refresh after the first few) copies them into the tensor held
+(hot_tier.py ``load``), which the graphs read by address: they replay on, as the
+captured step does (``static_version``). One that makes new tensors has them captured
+again at the next split. A capture is costly beyond itself: torch's capture context
+synchronizes, collects garbage and empties the device's and the pinned host memory's
+caches, so the pinned buffers of the steps after it are allocated anew (the
+2026-11-28 H200's refresh row, under cProfile: 37 ms of the two captures a refresh,
+beside a 37 ms swap). A batch of another shape or key order
 splits eager. Tables of several dtypes (a collection per dtype group, mixed.py) split
 jointly, each group's lookups cut out of the batch at its features' runs, which the
 host's copy of the batch gives: the capture cuts at the captured batch's runs, so a
@@ -94,7 +103,7 @@ class GraphedSplits:
         runs = self._runs(host)
         if isinstance(self.emb, MixedHotlineCollection) and runs is None:
             return None
-        if self.version != self.emb.hot_version:  # first split, or a refresh: (re)capture
+        if self.version != self.emb.static_version:  # first split, or new hot-tier tensors: (re)capture
             if self.batch is not None and sparse.stride() != self.batch:
                 return None  # captured at the next full batch
             self._capture(sparse, host, runs)
@@ -148,7 +157,7 @@ class GraphedSplits:
         hot ids; a failure is kept (``failed``) and every later split runs eager."""
         try:
             self.slots = [self._capture_one(sparse, host, runs) for _ in range(self.SLOTS)]
-            self.version, self.turn = self.emb.hot_version, 0
+            self.version, self.turn = self.emb.static_version, 0
             self.captures += 1
         except Exception as e:  # noqa: BLE001 - any capture error: the eager split still works
             self.slots, self.failed = [], f"{type(e).__name__}: {e}"
