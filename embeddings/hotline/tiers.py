@@ -280,7 +280,7 @@ class HotlineEmbeddingCollection(EmbeddingCollection):
         """One process: read ``plan``'s entering rows on the host now (any thread);
         several ranks: nothing (their read is a collective, at the swap)."""
         if not self.sharded:
-            prefetch_entering(self.tier, plan)
+            prefetch_entering(self.tier, plan, self.hot.device)
 
     def refresh(self, profile: HotProfile | RefreshPlan, touched: torch.Tensor | None = None) -> None:
         """Move to a new hot set (a profile, or a plan made from the current hot set):
