@@ -80,7 +80,9 @@ CONFIG=${CONFIG:-configs/bench_gpu.yaml}  # a dry run elsewhere: a small config
 # Since 2026-11-28's evening: the reader's pinned batches made by numpy's copies
 # (data/pinned.py; in the reader's thread and from decode workers' slots), 3 tests.
 # Since 2026-11-28's night: the split graphs replay on after a refresh that keeps the hot
-# tensors (no capture): static_hotline's refresh test trains through them on a GPU
+# tensors (no capture): static_hotline's refresh test trains through them on a GPU; a
+# refresh's entering rows pinned on the planner thread, its index tensors kept on the
+# device (hotline_on_cuda, splits_and_dense and static_hotline refresh)
 NEW_TESTS=${NEW_TESTS:-"update_their_cold_rows or cold_update_host or static_hotline or static_step_with_no_hot_row or cuda_equals_cpu or hotline_on_cuda or splits_and_dense or graph_replayed or gather_and_copy_hidden or hands_out_pinned or pin_memory_is_pinned or one_copy_of_one_block or registered_slots"}
 NEW_FILES=${NEW_FILES:-"tests/test_gpu.py tests/test_hotline_graph.py tests/test_device_prefetch.py tests/test_pinned.py"}
 mkdir -p "$OUT"
