@@ -156,3 +156,31 @@ def test_blocks_are_registered_and_waited_for_on_the_trainers_device(cudart: Fak
         ring.close()
         forget_maps(prefix)
         unlink_blocks(prefix)
+
+
+@pytest.mark.parametrize("shapes,dtypes", [
+    ([(5, 3), (5,), (17,), (15,)], ["<f4", "<f4", "<i8", "<i4"]),  # int64 ids after float32s
+    ([(4, 0), (4,), (0,), (0,)], ["<f4", "<f4", "<i4", "<i8"]),  # no dense column, no id
+    ([(2, 1), (2,), (6,), (6,)], ["<f4", "<f4", "<i4", "<i4"]),
+    ([(0, 2), (0,), (0,), (0,)], ["<f4", "<f4", "<i8", "<i4"]),  # a batch of no rows: a 1-byte block
+])
+def test_a_batchs_tensors_are_numpys_layout_of_one_block(shapes, dtypes) -> None:
+    """``SharedBatch.tensors`` (``as_strided`` over the block in each type, from a layout
+    worked out once per shape) gives what numpy's views of the same block hold, each
+    starting where numpy's does, all on the block's one storage, in the slot's memory
+    and in a copy of its used bytes alike."""
+    handle = shm_batch.SharedBatch("unused", 0, ["a"], 1, shapes, dtypes)
+    specs = handle._specs()
+    size = shm_batch._grown(max(1, handle.nbytes()))  # as SlotRing.alloc makes it
+    raw = np.random.default_rng(0).integers(0, 256, size, dtype=np.uint8)
+    for block in (raw, raw[: handle.nbytes()].copy()):
+        arrays = shm_batch._lay_out(block, specs)
+        base = torch.from_numpy(block)
+        tensors = handle.tensors(base)
+        assert len(tensors) == 4
+        for array, tensor in zip(arrays, tensors, strict=True):
+            assert tensor.shape == array.shape and tensor.is_contiguous()
+            assert np.array_equal(tensor.numpy(), array)
+            if array.size:
+                assert tensor.data_ptr() == array.ctypes.data
+            assert tensor.untyped_storage().data_ptr() == base.untyped_storage().data_ptr()
