@@ -52,8 +52,9 @@
 #      each captured row's step mode says its replays' GPU time (graphs.ReplayTimer,
 #      since 2026-11-27): beside the step's wall time, device- or host-bound
 #   2. in this order, each in what the call has left: hotline with the GIL switch
-#      interval at 0.1 ms and at Python's 5 ms (the main rows: 0.5), hotline with torch's
-#      intra-op threads at 1 (train.threads=1; the main rows: a thread a core), hotline's step loop
+#      interval at 0.1 ms (the main rows: 0.5), hotline with torch's intra-op threads at 1
+#      (train.threads=1; the main rows: a thread a core), the hotline.budget sweep at 64MB,
+#      512MB and 2GB, hotline's step loop
 #      under cProfile (train.profile_mode=python: where its host time goes,
 #      $OUT/hostprof.txt), native's and hotline's steps under torch.profiler (their
 #      kernels' GPU time, $OUT/kprof-*.txt), the embedding kernels alone (python -m
@@ -62,8 +63,8 @@
 #      host_embedding with the gather before (hotline.gather_threads=0: torch's 16
 #      intra-op threads beside 15 decode workers), hotline's gather on 4 threads of ours,
 #      the host gather alone, hotline and hotline_bf16_tables with the cold update before
-#      (hotline.cold_update=host), native with optim.dense=adagrad (the default), the
-#      hotline.budget sweep at 512MB and 2GB, native_fp16_tables and torch_baseline
+#      (hotline.cold_update=host), native with optim.dense=adagrad (the default),
+#      native_fp16_tables and torch_baseline
 # Rows that fail are listed and the others still run (dlrm bench --keep-going).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -241,11 +242,9 @@ bench() {
     # the interpreter's GIL switch interval (a Hotline run on a GPU sets 0.5 ms since the
     # 2026-11-28 evening H200, 6db8c5d: 1,695,430 samples/s against 1,367,569-1,480,759 at
     # Python's 5 ms in the same call; the step loop is Python beside the gather, update,
-    # pinning and split threads): 0.1 ms, shorter still, then Python's 5 ms
+    # pinning and split threads): 0.1 ms, shorter still (Python's 5 ms measured then)
     echo "== hotline, GIL switch interval 0.1 ms (the main rows' 0.5 ms)"
     DLRM_GIL_SWITCH_MS=0.1 bench_part gil01 40 --engines hotline "$@" "${THREADS[@]}"
-    echo "== hotline, GIL switch interval 5 ms (Python's; the main rows' 0.5 ms)"
-    DLRM_GIL_SWITCH_MS=5 bench_part gil 40 --engines hotline "$@"
     # torch's intra-op threads at 1 (train.threads; 0, the main rows', is torch's default:
     # one a core, 16 here). data.workers=auto leaves the trainer one core, so a CPU op of
     # the step loop's (copies, fills, an index_select) waits for 16 threads, 15 of whose
@@ -254,6 +253,11 @@ bench() {
     # 120 at 2)
     echo "== hotline, train.threads=1 (the main rows': torch's default, a thread a core)"
     bench_part threads1 40 --engines hotline "$@" train.threads=1 "${THREADS[@]}"
+    # issue 22's budget sweep (64MB, 512MB, 2GB; 128MB is the main rows'): each row's hit
+    # rate, popular share and samples/s, and OUT/bench_budgets.png. Cut by the call's time
+    # on the 2026-11-28 evening H200 (last of the extras then; 64MB never ran): now third
+    echo "== hotline.budget sweep (128MB: the main rows)"
+    bench_part budgets 100 --engines "" --hotline-budgets 64MB,512MB,2GB "$@"
     # where the captured Hotline step's host time goes (its replay took 1.47 ms of GPU time
     # of a 3.44 ms step on the 2026-11-27 H200): cProfile of the step loop's thread, the
     # steps still captured (train.profile_mode=python), microseconds a step per function
@@ -314,8 +318,6 @@ bench() {
     echo "== native, optim.dense=adagrad (the default dense optimizer)"
     bench_part adagrad 45 --engines native "$@" optim.dense=adagrad
     grep -h '"step_mode"' /tmp/bench_gpu/adagrad/bench.json 2>/dev/null | head -1
-    echo "== hotline.budget sweep (128MB: the main rows)"
-    bench_part budgets 110 --engines "" --hotline-budgets 512MB,2GB "$@"
     echo "== native_fp16_tables, torch_baseline"
     bench_part extra 90 --engines native_fp16_tables,torch_baseline "$@"
   } >"$OUT/bench_extra.log" 2>&1
