@@ -213,18 +213,18 @@ bench_part() {
 
 # each thread's CPU and context switches a step over timed steps 80..159 (train.profile_mode=
 # threads: read from /proc before and after, nothing during the steps, which stay captured):
-# RUN/profile/rank-0-threads.txt of each row, printed by threads_census
+# RUN/profile/rank-0-threads.txt of each row (in runs.tgz), printed by threads_census
 THREADS=(train.profile_mode=threads train.profile_start=80 train.profile_steps=80)
 
-# the thread census of each run under /tmp/bench_gpu/$1 (copied to $OUT/threads-$1-<row>.txt)
+# the thread census of each run under /tmp/bench_gpu/$1, its busiest threads printed (the
+# files come back in runs.tgz: at most 8 files come back from $OUT, and the bench's 8 are there)
 threads_census() {
   local table row
   for table in /tmp/bench_gpu/"$1"/runs/*/profile/rank-0-threads.txt; do
     [ -f "$table" ] || continue
     row=$(basename "$(dirname "$(dirname "$table")")")
-    cp "$table" "$OUT/threads-$1-$row.txt"
-    echo "== $1 $row: each thread's CPU a step"
-    sed -n 2,12p "$table" | cut -c1-110
+    echo "== $1 $row: each thread's CPU a step ($table)"
+    sed -n 3,9p "$table" | cut -c1-110
   done
 }
 
@@ -237,7 +237,7 @@ bench() {
   cp /tmp/bench_gpu/main/bench.json "$OUT"/ 2>/dev/null  # the rest in runs.tgz: 8 files come back
   grep -E "^  [a-z_0-9]+@|FAILED|generated|hotline|from Parquet|tables:|steps:|gpu:|bound" \
     "$OUT/bench.log" | tail -30
-  threads_census main | grep -A12 -E "main (hotline|native|hotline_in_memory)_1:"
+  threads_census main | grep -A7 -E "main (hotline|native|hotline_in_memory)_1:"
   {
     # the interpreter's GIL switch interval (a Hotline run on a GPU sets 0.5 ms since the
     # 2026-11-28 evening H200, 6db8c5d: 1,695,430 samples/s against 1,367,569-1,480,759 at
