@@ -83,11 +83,11 @@ class SharedBatch:
     def tensors(self, block: torch.Tensor) -> list[torch.Tensor]:
         """The four arrays as torch views of ``block`` (uint8: the slot's block mapped
         here, or a copy of its first ``nbytes()``; each array starts on a cache line, so
-        every view is aligned). One storage under all
-        four: one block to data/pinned.py. One ``as_strided`` each over the block viewed
-        in its type, from a layout worked out once per shape: the taking thread's
-        slice-and-view chains and offsets took 21 us of its ~55 a batch here, and its
-        time bounds 16 decode workers (the 2026-11-28 H200)."""
+        every view is aligned). One storage under all four: one block to data/pinned.py.
+        One ``as_strided`` each over the block viewed in its type, from a layout worked
+        out once per shape: the slice-and-view chains and offsets worked out per batch
+        took 21 us of the taking thread's ~55 a batch here, and that thread's time
+        bounds 16 decode workers (the 2026-11-28 H200)."""
         typed: dict[torch.dtype, torch.Tensor] = {}
         out = []
         if block.numel() % 8 or block.stride(0) != 1:  # a batch of no bytes: a 1-byte block, or none
