@@ -96,7 +96,7 @@ class SharedBatch:
             of_type = typed.get(dtype)
             if of_type is None:
                 of_type = typed[dtype] = block.view(dtype)
-            out.append(of_type.as_strided(shape, stride, offset))
+            out.append(of_type.as_strided(shape, stride, of_type.storage_offset() + offset))
         return out
 
     def _specs(self) -> list[tuple[tuple[int, ...], np.dtype]]:

@@ -167,15 +167,18 @@ def test_blocks_are_registered_and_waited_for_on_the_trainers_device(cudart: Fak
 def test_a_batchs_tensors_are_numpys_layout_of_one_block(shapes, dtypes) -> None:
     """``SharedBatch.tensors`` (``as_strided`` over the block in each type, from a layout
     worked out once per shape) gives what numpy's views of the same block hold, each
-    starting where numpy's does, all on the block's one storage, in the slot's memory
-    and in a copy of its used bytes alike."""
+    starting where numpy's does, all on the block's one storage: in the slot's memory,
+    in a copy of its used bytes, and in a block that starts inside its storage."""
     handle = shm_batch.SharedBatch("unused", 0, ["a"], 1, shapes, dtypes)
     specs = handle._specs()
     size = shm_batch._grown(max(1, handle.nbytes()))  # as SlotRing.alloc makes it
     raw = np.random.default_rng(0).integers(0, 256, size, dtype=np.uint8)
-    for block in (raw, raw[: handle.nbytes()].copy()):
+    padded = np.concatenate([np.zeros(64, np.uint8), raw])
+    copied = raw[: handle.nbytes()].copy()
+    blocks = [(raw, torch.from_numpy(raw)), (copied, torch.from_numpy(copied)),
+              (padded[64:], torch.from_numpy(padded)[64:])]  # the last starts inside its storage
+    for block, base in blocks:
         arrays = shm_batch._lay_out(block, specs)
-        base = torch.from_numpy(block)
         tensors = handle.tensors(base)
         assert len(tensors) == 4
         for array, tensor in zip(arrays, tensors, strict=True):
