@@ -84,8 +84,10 @@ CONFIG=${CONFIG:-configs/bench_gpu.yaml}  # a dry run elsewhere: a small config
 # tensors (no capture): static_hotline's refresh test trains through them on a GPU; a
 # refresh's entering rows pinned on the planner thread, its index tensors kept on the
 # device (hotline_on_cuda, splits_and_dense and static_hotline refresh)
-NEW_TESTS=${NEW_TESTS:-"update_their_cold_rows or cold_update_host or static_hotline or static_step_with_no_hot_row or cuda_equals_cpu or hotline_on_cuda or splits_and_dense or graph_replayed or gather_and_copy_hidden or hands_out_pinned or pin_memory_is_pinned or one_copy_of_one_block or registered_slots"}
-NEW_FILES=${NEW_FILES:-"tests/test_gpu.py tests/test_hotline_graph.py tests/test_device_prefetch.py tests/test_pinned.py"}
+# and the refresh window fed the split's stacked ids, copied out of the split graphs'
+# buffers (window_on_cuda_counts_through_split_graphs)
+NEW_TESTS=${NEW_TESTS:-"update_their_cold_rows or cold_update_host or static_hotline or static_step_with_no_hot_row or cuda_equals_cpu or hotline_on_cuda or splits_and_dense or graph_replayed or gather_and_copy_hidden or hands_out_pinned or pin_memory_is_pinned or one_copy_of_one_block or registered_slots or window_on_cuda_counts_through_split_graphs"}
+NEW_FILES=${NEW_FILES:-"tests/test_gpu.py tests/test_hotline_graph.py tests/test_device_prefetch.py tests/test_pinned.py tests/test_hotline_access_window.py"}
 mkdir -p "$OUT"
 export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 {

@@ -132,3 +132,77 @@ def test_a_window_on_cuda_counts_and_chooses_as_on_the_host() -> None:
     want = HotProfile.build(count_accesses(kjts, tables), tables, optimizer, 40 * 20)
     assert {n: ids.tolist() for n, ids in got.hot.items()} == {n: ids.tolist() for n, ids in want.hot.items()}
     planner.shutdown()
+
+
+def test_a_splits_stacked_ids_count_as_the_batchs_keys() -> None:
+    """``add_keys`` of the Hotline split's stacked ids (the step's path: no keying ops)
+    counts what ``add`` of the batch counts; with ``copy``, a buffer written again after
+    (a split graph's) leaves the window's keys as they were."""
+    from tests.test_hotline_ahead import _setup
+
+    coll, batches, _ = _setup(False)
+    by_batch, by_ids = window_of(coll.tables, 1 << 20)[0], window_of(coll.tables, 1 << 20)[0]
+    for i, batch in enumerate(batches):
+        by_batch.add(batch.sparse)
+        ids = coll.split_on_device(batch.sparse, by_popularity=False).lookups.ids
+        by_ids.add_keys(ids, copy=i % 2 == 0)
+        if i % 2 == 0:
+            ids.fill_(0)  # the next split's values, in a graph's buffer
+    want, got = by_batch.take().result(), by_ids.take().result()
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert as_counter(to_checkpoint(got, coll.tables)) == python_counts([b.sparse for b in batches], coll.tables)
+
+
+@pytest.mark.parametrize("mixed", [False, True])
+def test_the_hotline_steps_window_counts_each_batchs_lookups(mixed: bool) -> None:
+    """The trainer's Hotline step (``HotlineSteps``, hotline.refresh_every on) keys each
+    mini-batch's lookups into its window: one dtype from the split's stacked ids, several
+    from the batch (each group's ids are stacked in its own tables). Either way the
+    window's counts are a Python count of the batches' ids."""
+    from types import SimpleNamespace
+
+    from dlrm.config import load_config
+    from dlrm.train.hotline import HotlineSteps
+    from tests.conftest import TINY
+    from tests.test_hotline_ahead import _setup
+
+    coll, batches, _ = _setup(mixed)
+    cfg = load_config(TINY, ["hotline.budget=1KB", "hotline.refresh_every=1000"])
+    steps = HotlineSteps(SimpleNamespace(embeddings=coll), cfg)
+    assert steps._ids_are_keys is not mixed
+    for i, batch in enumerate(batches):
+        list(steps.micro_batches(batch, batches[i + 1] if i + 1 < len(batches) else None))
+        steps.after_step(i + 1)
+    counted = steps.window.take().result()
+    assert as_counter(to_checkpoint(counted, coll.tables)) == python_counts([b.sparse for b in batches], coll.tables)
+    steps.close()
+
+
+@pytest.mark.gpu
+def test_the_hotline_steps_window_on_cuda_counts_through_split_graphs() -> None:
+    """On a GPU, single-hot mini-batches split by graph replays: the window copies each
+    split's stacked ids out of the graph's buffers (written again two splits later)
+    after the split stream's event; its counts are a Python count of the batches' ids."""
+    from types import SimpleNamespace
+
+    from dlrm.config import load_config
+    from dlrm.train.hotline import HotlineSteps
+    from embeddings.hotline.mixed import hotline_collection
+    from tests.conftest import TINY
+    from tests.test_hotline import profile_of, touched
+    from tests.test_split_graphs import BATCH, single_hot
+
+    tables = tables_fixture()
+    seen = touched(tables, [random_kjt(FEATURES, rows_of(tables), batch=BATCH, max_len=1, seed=1)])
+    coll = hotline_collection(tables, profile_of(tables, {n: ids[ids % 3 != 0] for n, ids in seen.items()}),
+                              make_sparse_optimizer("sgd"), fused=False, seed=1, device="cuda")
+    cfg = load_config(TINY, ["hotline.budget=1KB", "hotline.refresh_every=1000", f"data.batch_size={BATCH}"])
+    steps = HotlineSteps(SimpleNamespace(embeddings=coll), cfg)
+    batches = [single_hot(coll, s) for s in range(6)]
+    for i, batch in enumerate(batches):
+        list(steps.micro_batches(batch, batches[i + 1] if i + 1 < len(batches) else None))
+        steps.after_step(i + 1)
+    assert steps.split_graphs is not None and steps.split_graphs.replays >= 5
+    counted = steps.window.take().result()
+    assert as_counter(to_checkpoint(counted, coll.tables)) == python_counts([b.sparse for b in batches], coll.tables)
+    steps.close()

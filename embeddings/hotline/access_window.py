@@ -8,7 +8,10 @@
         (keys [K] ascending, distinct; counts [K] int64)   K = the window's distinct rows
 
 The key space is the tables stacked in their order (``table_starts``): key = start of the
-row's table + row id. Sorted keys are per table then per row, the order the hot-set
+row's table + row id, which is what a Hotline collection's split computes as its stacked
+ids: the trainer's step hands those over (``add_keys``: one copy, not the keying's
+ops), and ``add`` keys a batch itself (tables of several dtypes, whose groups stack
+their own tables). Sorted keys are per table then per row, the order the hot-set
 ranking breaks ties in (embeddings/hotline/profile.py), so the window hands the plan its
 candidates as they are.
 
@@ -99,11 +102,21 @@ class AccessWindow:
             starts = torch.tensor([self._start_of.get(k, _NO_TABLE) for k in keys], dtype=torch.int64)
             starts = self._starts[tuple(keys)] = starts.to(self.device)
         values, lengths = sparse.values(), sparse.lengths()
-        n = values.numel()  # the shape: known on the host
-        if n == 0:
-            return
-        self._chunks.append(_keyed(values, lengths.view(len(keys), -1).sum(1), starts))
-        self._held += n
+        if values.numel():  # the shape: known on the host
+            self._keep(_keyed(values, lengths.view(len(keys), -1).sum(1), starts))
+
+    def add_keys(self, keys: torch.Tensor, copy: bool = False) -> None:
+        """A batch's lookups as their keys already (the Hotline split's stacked ids, in
+        the same key space: a collection stacks its tables in their order), on the
+        current stream: no keying ops; ``copy`` where ``keys`` is a buffer the next
+        split writes again (a split graph's), so the window keeps its own."""
+        if keys.numel():
+            self._keep(keys.clone() if copy else keys)
+
+    def _keep(self, keys: torch.Tensor) -> None:
+        """``keys`` held until the next merge (one handed over past ``chunk_keys``)."""
+        self._chunks.append(keys)
+        self._held += keys.numel()
         if self._held >= self.chunk_keys:
             self._merges.append(self._hand_over(last=False))
 
