@@ -71,13 +71,7 @@ from embeddings.hotline.access_window import (
 )
 from embeddings.hotline.lookups import ColdInFlight
 from embeddings.hotline.mixed import MixedMicro
-from embeddings.hotline.profile import (
-    HotProfile,
-    count_accesses,
-    default_max_batches,
-    row_bytes,
-    table_starts,
-)
+from embeddings.hotline.profile import HotProfile, count_accesses, default_max_batches, row_bytes
 from embeddings.hotline.refresh import RefreshPlan
 from embeddings.hotline.split import (
     DeviceSplit,
@@ -314,11 +308,6 @@ class HotlineSteps:
         # count per row of every table)
         self.window = (AccessWindow(self.tables, self.device, self._planner) if cfg.hotline.refresh_every
                        else None)
-        # whether a split's stacked ids (table start + row id) are the window's keys: the
-        # collection stacks the window's tables in their order (one dtype group)
-        offsets = getattr(self.embeddings, "row_offsets", None)
-        self._ids_are_keys = offsets is not None and [offsets.get(t.name) for t in self.tables] == [
-            int(start) for start in table_starts(self.tables)[:-1]]
         # the planner thread's time (plans), the step loop's keying of a batch's lookups
         # (count): a refresh waits for a plan that outlasts its window
         self._planner_s = {"plan": 0.0, "plans": 0.0, "count": 0.0, "counted": 0.0}
@@ -532,9 +521,10 @@ class HotlineSteps:
         w["popular"] += sizes.popular / max(batch.size, 1)
         if self.window is not None:  # the device batch's lookups, keyed where they are
             t0 = time.perf_counter()
-            if isinstance(made.split, DeviceSplit) and self._ids_are_keys:
-                # the split's stacked ids are the window's keys: one copy (a graph's
-                # buffers are written again by a later split), not the keying's ops
+            if isinstance(made.split, DeviceSplit):
+                # one collection, which stacks the window's tables in their order: its
+                # split's stacked ids are the window's keys. One copy (a graph's buffers
+                # are written again by a later split), not the keying's ops
                 self.window.add_keys(made.split.lookups.ids, copy=made.slot is not None)
             else:  # tables of several dtypes: each group's ids are stacked in its own tables
                 self.window.add(made.dev.sparse)
