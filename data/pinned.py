@@ -24,8 +24,11 @@ step loop (a Hotline step is bound by that thread's time on a GPU).
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections import deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -156,3 +159,25 @@ def _keep_until_copied(block: torch.Tensor) -> None:
         while _IN_FLIGHT and _IN_FLIGHT[0][0].query():
             _IN_FLIGHT.popleft()
         _IN_FLIGHT.append((copied, block))
+
+
+def on_cuda_thread(call: Callable[[], object], device: int | None) -> object:
+    """``call()`` (a CUDA registration call) on a thread of its own, on CUDA ``device``
+    (None: the runtime's default for a new thread, device 0), waited for. A failed
+    CUDA runtime call leaves its error in the calling thread's last-error state, which
+    torch has no call to clear, and the next kernel launch's check in that thread
+    would raise it as its own; no kernel is launched on this thread. (The decode
+    workers' slots, data/shm_batch.py; the host tier's tables,
+    embeddings/hotline/mapped.py.)"""
+
+    def on_device() -> object:
+        if device is not None:
+            torch.cuda.set_device(device)
+        return call()
+
+    return _cuda_thread().submit(on_device).result()
+
+
+@functools.cache
+def _cuda_thread() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(1, thread_name_prefix="cuda-register")

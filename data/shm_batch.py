@@ -45,7 +45,6 @@ import secrets
 import time
 import weakref
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -53,6 +52,7 @@ import torch
 
 from data.batch import Batch
 from data.jagged import JaggedFeatures
+from data.pinned import on_cuda_thread
 
 FREE, WRITING, SENT = 0, 1, 2
 _SHM_DIR = "/dev/shm"  # where Linux keeps POSIX shared memory
@@ -449,24 +449,9 @@ def _let_go(held: _Mapped | None) -> None:
 
 
 def _on_cuda_thread(call: Callable[[], object]) -> object:
-    """``call()`` (a registration call) on a thread of its own, waited for. A failed
-    CUDA runtime call leaves its error in the calling thread's last-error state, which
-    torch has no call to clear, and the next kernel launch's check in that thread would
-    raise it as its own; no kernel is launched on this thread. It runs on the trainer's
-    device (register_for)."""
-    device = _DEVICE
-
-    def on_device() -> object:
-        if device is not None:
-            torch.cuda.set_device(device)
-        return call()
-
-    return _cuda_thread().submit(on_device).result()
-
-
-@functools.cache
-def _cuda_thread() -> ThreadPoolExecutor:
-    return ThreadPoolExecutor(1, thread_name_prefix="shm-cuda-register")
+    """``call()`` (a registration call) on the registration thread (data/pinned.py
+    ``on_cuda_thread``), on the trainer's device (register_for)."""
+    return on_cuda_thread(call, _DEVICE)
 
 
 def _address(mm: mmap.mmap) -> int:

@@ -9,6 +9,7 @@ capture and replay it.
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -252,9 +253,10 @@ def test_static_hotline_step_with_tables_of_several_dtypes_equals_ordinary_train
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("optim,dtype", [("rowwise_adagrad", "fp32"), ("adam", "fp32"), ("adagrad", "bf16")])
+@pytest.mark.parametrize("optim,dtype,cold_path", [("rowwise_adagrad", "fp32", "host"), ("adam", "fp32", "host"),
+                                                   ("adagrad", "bf16", "host"), ("adam", "bf16", "mapped")])
 def test_static_steps_update_their_cold_rows_on_the_device(tiny_data, tmp_path: Path, monkeypatch,
-                                                           optim: str, dtype: str) -> None:
+                                                           optim: str, dtype: str, cold_path: str) -> None:
     """fp32 or bf16 tables (bf16: stochastically rounded by the kernel at each staged
     row's full-table coordinates), their state staged with them (embeddings/hotline/cold_stage.py;
     adagrad's in bf16 too, rounded in its own stream; Adam's step the hot tier's count): a static step updates
@@ -262,13 +264,22 @@ def test_static_steps_update_their_cold_rows_on_the_device(tiny_data, tmp_path: 
     gradient goes home. The next gather does not wait for that write-back: the rows it
     read too early are patched in the next replay, or, before the eager step forced in
     the middle here (as another shape would be), read again on the host. Reference:
-    ordinary training. What a graph would hold passes the sync audit."""
+    ordinary training. What a graph would hold passes the sync audit.
+    hotline.cold_path=mapped (embeddings/hotline/mapped.py): the device reads the rows
+    in place, on the step loop's thread, with the same waits (on a GPU: the tables
+    registered with CUDA, read over the bus while the write-back's stores may run)."""
     from dlrm.train.hotline_graph import HotlineGraph
     from embeddings.hotline.host_local import LocalHostTier
 
     calls = {"write_back": 0, "gradients": 0, "stale": 0, "fits": 0}
     write_back, resolve, receive = LocalHostTier.write_back, LocalHostTier.resolve, LocalHostTier._receive
     fits, store = HotlineGraph.fits, LocalHostTier._store
+    gather_threads: set[str] = set()
+    gather = LocalHostTier.gather_cold
+
+    def gather_on(self, *a):
+        gather_threads.add(threading.current_thread().name)
+        return gather(self, *a)
 
     def slow_store(self, *a):
         time.sleep(0.3)  # a write-back still running when the next gather reads: that one's rows are stale
@@ -295,12 +306,14 @@ def test_static_steps_update_their_cold_rows_on_the_device(tiny_data, tmp_path: 
     monkeypatch.setattr(LocalHostTier, "resolve", counted_resolve)
     monkeypatch.setattr(LocalHostTier, "_receive", counted_receive)
     monkeypatch.setattr(HotlineGraph, "fits", fits_but_one)
+    monkeypatch.setattr(LocalHostTier, "gather_cold", gather_on)
     steps = ("train.max_steps=9", f"optim.sparse={optim}", "optim.dense=adam", f"embeddings.dtype={dtype}",
              f"embeddings.state_dtype={dtype}")
     run(tiny_data, tmp_path / "plain", *steps, "data.batch_size=32")
     audits = audited_bodies(monkeypatch)
     # no hot row: consecutive steps share their popular rows, all cold
-    summary = run(tiny_data, tmp_path / "hot", *steps, *STATIC, "hotline.budget=1B")
+    summary = run(tiny_data, tmp_path / "hot", *steps, *STATIC, "hotline.budget=1B",
+                  f"hotline.cold_path={cold_path}")
     assert_states_close(run_state(tmp_path / "hot"), run_state(tmp_path / "plain"), f"staged cold rows {optim}",
                         tolerance(optim))
     # what a graph holds: the patch, the staged rows' update (a second update launch, no
@@ -318,6 +331,9 @@ def test_static_steps_update_their_cold_rows_on_the_device(tiny_data, tmp_path: 
     assert calls["gradients"] == 4  # the 3 warm-up steps and the eager one sent gradients home
     assert calls["stale"] == 1  # the eager step's gather read rows the write-back before it wrote
     assert summary["hotline"]["late_rows"] > 0  # rows of consecutive steps: patched, or read again
+    # read in place: by the step loop itself, no gather thread
+    assert summary["hotline"]["cold_in_place"] == float(cold_path == "mapped")
+    assert (gather_threads == {threading.current_thread().name}) == (cold_path == "mapped"), gather_threads
 
 
 @pytest.mark.slow

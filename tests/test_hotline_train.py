@@ -40,12 +40,17 @@ def test_hotline_equals_ordinary_training(tiny_data, tmp_path: Path, optim: str)
     assert len(hot_lines) == 3 and all(e["gather_ms"] >= 0 for e in hot_lines)
 
 
-@pytest.mark.parametrize("extra", [("hotline.refresh_every=5",), ("hotline.pipeline=false",)])
+@pytest.mark.parametrize("extra", [("hotline.refresh_every=5",), ("hotline.pipeline=false",),
+                                   ("hotline.refresh_every=5", "hotline.cold_path=mapped")])
 @pytest.mark.slow
 def test_refresh_and_no_pipeline_stay_exact(tiny_data, tmp_path: Path, extra: tuple[str, ...]) -> None:
+    """hotline.cold_path=mapped (embeddings/hotline/mapped.py): on the CPU the tables are
+    read as they are, by the step loop (no gather thread), after the host writes that
+    the mapped reads wait for, the refresh's among them."""
     run(tiny_data, tmp_path / "plain", "optim.sparse=rowwise_adagrad")
     summary = run(tiny_data, tmp_path / "hot", "optim.sparse=rowwise_adagrad", *HOTLINE, *extra)
     assert_states_close(run_state(tmp_path / "hot"), run_state(tmp_path / "plain"), str(extra))
+    assert summary["hotline"]["cold_in_place"] == float("hotline.cold_path=mapped" in extra)
     # the whole run: 12 steps re-profile after steps 5 and 10, and swap step 5's plan in
     # after step 10 (step 10's would be swapped in after step 15)
     stats = summary["hotline"]

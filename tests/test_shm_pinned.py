@@ -104,7 +104,7 @@ def test_a_registered_slot_is_handed_out_as_views_registered_once(cudart: FakeCu
         assert batch.labels.eq(3.0).all()  # a batch still held stays valid, as ordinary memory
         # on a thread of their own: a failed call's CUDA error stays in that thread's
         # last-error state, where no kernel launch of the trainer's finds it
-        assert len(cudart.threads) == 1 and cudart.threads.pop().startswith("shm-cuda-register")
+        assert len(cudart.threads) == 1 and cudart.threads.pop().startswith("cuda-register")
     finally:
         ring.close()
         forget_maps(prefix)
@@ -147,7 +147,7 @@ def test_blocks_are_registered_and_waited_for_on_the_trainers_device(cudart: Fak
     try:
         batch = receiver.take(_send(ring, 4, 1.0))
         forget_maps(prefix)
-        thread = "shm-cuda-register"
+        thread = "cuda-register"
         kinds = [(c[0], c[1]) if c[0] in ("set_device", "synchronize") else (c[0],) for c in cudart.calls]
         assert kinds == [("set_device", 3), ("register",), ("synchronize", 3), ("set_device", 3), ("unregister",)]
         assert all(c[2].startswith(thread) for c in cudart.calls if c[0] == "set_device")

@@ -289,6 +289,9 @@ class HotlineSteps:
         # hotline.graph_split: splits replayed as CUDA graphs where they can be
         self.split_graphs: GraphedSplits | None = None
         self._graph_splits(cfg.hotline.graph_split, say)
+        # hotline.cold_path=mapped: the device reads the cold rows in place, on the step
+        # loop's stream (no gather thread: a couple of launches a step)
+        self.in_place = cfg.hotline.cold_path == "mapped" and self._read_in_place(say)
         self._current: AheadSplit | None = None  # the split this step's passes read
         # CUDA: the side stream that copies each mini-batch in and classifies it; at a
         # higher priority than the compute stream (-1: valid on every torch and GPU): its
@@ -328,6 +331,22 @@ class HotlineSteps:
             self.split_graphs = GraphedSplits(self.embeddings, batch=self.cfg.data.batch_size)
         elif mode == "on" and say is not None:
             say(f"warning: hotline.graph_split=on: splits run eager: {why}")
+
+    def _read_in_place(self, say: Callable[[str], None] | None) -> bool:
+        """hotline.cold_path=mapped: the host tables registered for the device's reads
+        (embeddings/hotline/mapped.py); where that fails, one warning line and False."""
+        t0 = time.perf_counter()
+        try:
+            self.embeddings.read_in_place()
+        except Exception as e:  # noqa: BLE001 - CUDA's refusal is a RuntimeError of any kind
+            if say is not None:
+                say(f"warning: hotline.cold_path=mapped: {str(e).splitlines()[0][:200]}; "
+                    f"the cold rows are gathered on the host")
+            return False
+        if say is not None and self.device.type == "cuda":
+            say(f"hotline: the host tables read in place by {self.device} (hotline.cold_path=mapped; "
+                f"registered in {time.perf_counter() - t0:.1f} s)")
+        return True
 
     @property
     def current_split(self) -> DeviceSplit | JointSplit:
@@ -392,9 +411,9 @@ class HotlineSteps:
         elif not (sizes.unique_cold or emb.sharded):  # every lookup hot: no gather at all
             yield Batch(dev.dense, emb.micro_batch(split, sizes, 0), dev.labels), HOT_ONLY, True
             return
-        elif self.cfg.hotline.pipeline:
+        elif self.cfg.hotline.pipeline and not self.in_place:
             whole, cold = self._submit_gather(made, sizes)
-        else:
+        else:  # read in place: the device's gather, launched here; else the host's, waited for
             whole = self._whole(made, sizes)
             t0 = time.perf_counter()  # without the pipeline the step waits for all of it
             cold = self._gather(whole)
@@ -555,7 +574,7 @@ class HotlineSteps:
         swapped the hot set: ``after_step`` runs the swap first) or has no cold row;
         several ranks gather by collectives, which stay in the step."""
         ahead, emb = self._ahead, self.embeddings
-        if (ahead is None or ahead.gather is not None or not self.cfg.hotline.pipeline
+        if (ahead is None or ahead.gather is not None or not self.cfg.hotline.pipeline or self.in_place
                 or emb.sharded or ahead.version != emb.hot_version):
             return
         sizes = ahead.read()
@@ -690,6 +709,8 @@ class HotlineSteps:
             # hotline.gather_threads (threads of ours); 0: one index_select over torch's intra-op threads
             "gather_threads": float(self.embeddings.gather_threads),
             "gather_torch_threads": float(torch.get_num_threads()),
+            # hotline.cold_path=mapped: 1 where the device read the cold rows in place
+            "cold_in_place": float(self.in_place),
             # embeddings.kernels: 1 where the hot tier runs on the Triton kernels
             "hot_tier_triton": float(self.embeddings.on_triton()),
             # hotline.refresh_every: re-profiles and the mean pause each cost the step loop
@@ -739,6 +760,9 @@ class HotlineSteps:
         self._ahead = None
         self.pool.shutdown(wait=True)
         self._planner.shutdown(wait=True)
+        if self.in_place:  # evals and checkpoints after the run read the tables on the host
+            self.embeddings.read_in_place(False)
+            self.in_place = False
 
 
 def host_huge_share(hosts: list[torch.nn.Module]) -> float | None:

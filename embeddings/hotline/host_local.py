@@ -45,6 +45,7 @@ from embeddings.collection import LocalEmbeddingCollection
 from embeddings.host_rows import gather_rows, prepare, store_rows
 from embeddings.hotline.hot_tier import HotTier
 from embeddings.hotline.lookups import ColdPooled, ColdRows
+from embeddings.hotline.mapped import MappedTables
 from embeddings.hotline.profile import in_sorted
 from embeddings.hotline.split import MicroLookups
 from embeddings.jagged import bag_offsets
@@ -124,6 +125,9 @@ class LocalHostTier:
         # ids; D2H: gradient rows and ids), counted where they are issued.
         self.copied = {"h2d": 0, "d2h": 0, "copies": 0}
         self.update_cpu_s = 0.0  # the update thread's CPU time in its tasks (the trainer's stats)
+        # hotline.cold_path=mapped: the tables registered with CUDA, read in place by the
+        # device (mapped.py; None: gathered on the host)
+        self._mapped: MappedTables | None = None
 
     def _count(self, way: str, *tensors: torch.Tensor) -> None:
         for t in tensors:
@@ -202,6 +206,35 @@ class LocalHostTier:
                 dst.copy_(tensor)
 
     # ------------------------------------------------------------------ cold rows
+    def read_in_place(self, device: torch.device) -> None:
+        """hotline.cold_path=mapped: from now on the device reads the cold rows from the
+        tables in place (mapped.py): the weight and each row's optimizer state are
+        registered with CUDA now, at the run's start (RuntimeError where CUDA refuses:
+        the gather stays the host's). On the CPU the tables are read as they are."""
+        mapped = MappedTables(device)
+        try:
+            for t in [self._tables.weight.data, *self._per_row_state().values()]:
+                mapped.view(t)
+        except Exception:
+            mapped.close()
+            raise
+        self._mapped = mapped
+
+    @property
+    def reads_in_place(self) -> bool:
+        """Whether the device reads the cold rows in place (``read_in_place``)."""
+        return self._mapped is not None
+
+    def read_on_host(self) -> None:
+        """The host gathers the cold rows again; the tables' registration is undone
+        once the device's queued reads are done."""
+        mapped, self._mapped = self._mapped, None
+        if mapped is not None:
+            mapped.close()
+
+    def _per_row_state(self) -> dict[str, torch.Tensor]:
+        return {name: self._tables.state[name] for name in self.optimizer.per_row_state()}
+
     def gather_cold(self, micro: MicroLookups, device: torch.device) -> ColdRows:
         """The mini-batch's unique cold rows (classified on the device: ``micro.cold_ids``),
         copied to ``device``. CUDA: the ids come back in one D2H copy (made a step
@@ -209,6 +242,8 @@ class LocalHostTier:
         gathered into a pinned buffer and go over in one H2D copy, both on a side
         stream ordered by events, so the trainer's compute goes on meanwhile. Runs on
         the gather thread: its host waits (the ids' copy) are not the trainer's."""
+        if self._mapped is not None:
+            return self._gather_mapped(micro, self._mapped)
         source = self._tables.weight.data  # read after the queued updates of its rows (_gather_updated)
         t0 = time.perf_counter()
         ids = micro.cold_ids
@@ -259,6 +294,56 @@ class LocalHostTier:
         return ColdRows(ids, rows.requires_grad_(True), host_ids, t1 - t0 - waited, time.perf_counter() - t1, ready,
                         late_rows=late, update_wait_s=waited, ids_wait_s=ids_wait, state=state or None,
                         stale=stale)
+
+    def _gather_mapped(self, micro: MicroLookups, mapped: MappedTables) -> ColdRows:
+        """``gather_cold`` read in place (mapped.py), on the calling thread's current
+        stream: the device gathers the rows (and, staged, their state) from the mapped
+        tables with one ``index_select`` each, once the host writes it must see are in
+        (``_mapped_waits``). The host ids (the write-back's, the refresh window's) are
+        the copy made a step ahead, or one made here."""
+        t0 = time.perf_counter()
+        ids = micro.cold_ids
+        if micro.cold_host_ids is not None:
+            if micro.cold_host_ready is not None:
+                micro.cold_host_ready.synchronize()  # queued a step ago
+            host_ids = micro.cold_host_ids
+        else:
+            host_ids = ids.to(self.device)
+        ids_wait = time.perf_counter() - t0
+        waited, late, stale = self._mapped_waits(host_ids)
+        t1 = time.perf_counter()
+        if ids.device.type == "cuda":
+            if micro.ready is not None:  # classified on the split stream
+                torch.cuda.current_stream(ids.device).wait_event(micro.ready)
+            ids.record_stream(torch.cuda.current_stream(ids.device))
+        else:
+            ids = ids.to(mapped.device)
+        rows = mapped.view(self._tables.weight.data).index_select(0, ids)
+        state = ({name: mapped.view(t).index_select(0, ids) for name, t in self._per_row_state().items()}
+                 if self.stage_state else {})
+        self._count("h2d", rows, *state.values())  # read over the bus, in place
+        return ColdRows(ids, rows.requires_grad_(True), host_ids, t1 - t0 - waited - ids_wait,
+                        time.perf_counter() - t1, None, late_rows=late, update_wait_s=waited,
+                        ids_wait_s=ids_wait, state=state or None, stale=stale)
+
+    def _mapped_waits(self, host_ids: torch.Tensor
+                      ) -> tuple[float, int, tuple[torch.Tensor, Future[None]] | None]:
+        """Before the device reads rows in place: every queued host write of rows is
+        waited for, but a static step's write-back still running (the newest write),
+        whose rows the device may read before or after their store, are those the next
+        static step patches (cold_stage.py): they are ``stale`` as in the host's gather
+        (``_gather_updated``). (seconds waited, stale rows, the stale rows and their
+        write-back)."""
+        t0 = time.perf_counter()
+        writing, before = self._writing, self._before_writing
+        if writing is None or writing[0].done() or not writing[2]:
+            if writing is not None:
+                writing[0].result()  # an update's or a refresh's rows: all of them in first
+            return time.perf_counter() - t0, 0, None
+        if before is not None:
+            before.result()
+        late = in_sorted(host_ids, writing[1]).nonzero().flatten()
+        return time.perf_counter() - t0, int(late.numel()), ((late, writing[0]) if late.numel() else None)
 
     def _state_like(self, unique: int, pinned: bool) -> dict[str, torch.Tensor]:
         """Empty rows for ``unique`` rows' per-row optimizer state (none: not staged)."""

@@ -225,6 +225,15 @@ class MixedHotlineCollection(PerDtype):
     def gather_threads(self) -> int:
         return self.groups[0].gather_threads
 
+    def read_in_place(self, on: bool = True) -> None:
+        """Each group's ``read_in_place`` (tiers.py)."""
+        for g in self.groups:
+            g.read_in_place(on)
+
+    @property
+    def reads_in_place(self) -> bool:
+        return all(g.reads_in_place for g in self.groups)
+
     def on_triton(self) -> bool:
         return all(g.on_triton() for g in self.groups)
 

@@ -193,6 +193,23 @@ class HotlineEmbeddingCollection(EmbeddingCollection):
         """Host threads of one cold gather (several ranks: 1, the owners' lookups)."""
         return self.tier.gather_threads
 
+    def read_in_place(self, on: bool = True) -> None:
+        """hotline.cold_path=mapped (mapped.py): the device reads the cold rows from the
+        host tier's tables in place (RuntimeError saying why not); ``on`` False: the
+        host gathers them again, the tables' registration undone (the run's end)."""
+        if self.sharded:
+            raise RuntimeError("the host tier is sharded over several processes (its cold lookups are collectives)")
+        assert isinstance(self.tier, LocalHostTier)
+        if on:
+            self.tier.read_in_place(self.hot.device)
+        else:
+            self.tier.read_on_host()
+
+    @property
+    def reads_in_place(self) -> bool:
+        """Whether the device reads the cold rows in place (``read_in_place``)."""
+        return isinstance(self.tier, LocalHostTier) and self.tier.reads_in_place
+
     def on_triton(self) -> bool:
         """Whether the hot tier's lookups take the Triton kernels."""
         return self.hot.on_triton()

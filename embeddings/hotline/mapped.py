@@ -1,0 +1,106 @@
+"""The host tier's tables read in place by the GPU (``hotline.cold_path=mapped``).
+
+The host path gathers a step's cold rows on a host thread into a pinned buffer and
+copies them over (host_local.py ``gather_cold``). On a GPU the step loop is the bound
+(the 2026-11-28 H200: a 1.13 ms replay in a ~2.4-3 ms step), and the gather thread
+shares its interpreter lock: each torch call of either thread drops the lock, and the
+one that wants it back waits for the other's Python. Here the tables are registered
+with CUDA once (page-locked in place, mapped into the device's address space), and
+the step loop gathers the rows with one ``index_select`` a tensor on its own stream:
+the kernel reads the host rows over PCIe. No gather thread, no pinned buffer, no
+H2D copy; the reads are ordered after every host write by the host tier's waits,
+as the host gather's are (host_local.py ``_mapped_waits``).
+
+    host tables (pageable, 2 MiB pages)  ──cudaHostRegister (in place)──►  pinned
+        weight [R, D], state [R] / [R, D]                                   │ same bytes
+    device view: a CUDA tensor over the mapped address (no copy) ◄──────────┘
+        cold rows [U, D] = view.index_select(0, cold ids on the device)
+
+On the CPU (the tests' runs) the "device" is the host: the view is the table itself.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+
+import torch
+
+from data.pinned import on_cuda_thread
+
+_PORTABLE, _MAPPED = 1, 2  # cudaHostRegisterPortable | cudaHostRegisterMapped
+_PAGE = 4096
+_DEVICE_POINTER = 3  # CU_POINTER_ATTRIBUTE_DEVICE_POINTER
+
+
+class MappedTables:
+    """Host tensors registered with CUDA and a device view of each (see the module
+    docstring). ``view(t)``: ``t`` as the device reads it; a tensor that is not
+    registered yet is registered then (its storage, whole pages)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._views: dict[tuple[int, int], torch.Tensor] = {}  # (storage address, bytes): bytes on the device
+        self.registered_bytes = 0
+
+    def view(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor`` (a host tensor) as a tensor on ``device`` over the same memory."""
+        if self.device.type != "cuda":
+            return tensor
+        storage = tensor.untyped_storage()
+        key = (storage.data_ptr(), storage.nbytes())
+        raw = self._views.get(key)
+        if raw is None:
+            raw = self._views[key] = self._map(*key)
+        return raw.view(tensor.dtype).as_strided(tensor.shape, tensor.stride(), tensor.storage_offset())
+
+    def _map(self, address: int, nbytes: int) -> torch.Tensor:
+        """The storage at ``address`` registered (page-locked, mapped) and viewed as
+        ``nbytes`` bytes on the device. RuntimeError where CUDA refuses."""
+        start = address & ~(_PAGE - 1)
+        size = -(-(address + nbytes - start) // _PAGE) * _PAGE
+        device = self.device.index if self.device.index is not None else torch.cuda.current_device()
+        err = on_cuda_thread(lambda: torch.cuda.cudart().cudaHostRegister(start, size, _PORTABLE | _MAPPED), device)
+        if int(err) != 0:
+            raise RuntimeError(f"cudaHostRegister of {size:,} bytes failed (CUDA error {int(err)})")
+        self.registered_bytes += size
+        pointer = _device_pointer(address)
+        return torch.as_tensor(_Bytes(pointer, nbytes), device=self.device)
+
+    def close(self) -> None:
+        """Every registration undone, once the device's queued reads are done."""
+        if not self._views:
+            return
+        torch.cuda.synchronize(self.device)
+        device = self.device.index if self.device.index is not None else torch.cuda.current_device()
+        for address, nbytes in self._views:
+            start = address & ~(_PAGE - 1)
+            on_cuda_thread(lambda s=start: torch.cuda.cudart().cudaHostUnregister(s), device)
+        self._views.clear()
+        self.registered_bytes = 0
+
+
+class _Bytes:
+    """``nbytes`` bytes at device address ``pointer``, for ``torch.as_tensor`` (the CUDA
+    array interface: bytes, as it has no type string for bf16)."""
+
+    def __init__(self, pointer: int, nbytes: int) -> None:
+        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (pointer, False),
+                                         "version": 2, "strides": None}
+
+
+def _device_pointer(address: int) -> int:
+    """The device's address of registered host memory at ``address`` (the same on most
+    64-bit systems; the driver says: cuPointerGetAttribute, which torch does not bind)."""
+    lib = _libcuda()
+    out = ctypes.c_uint64(0)
+    err = lib.cuPointerGetAttribute(ctypes.byref(out), _DEVICE_POINTER, ctypes.c_uint64(address))
+    if err != 0:
+        raise RuntimeError(f"cuPointerGetAttribute(DEVICE_POINTER) failed (CUDA driver error {err})")
+    return int(out.value)
+
+
+@functools.cache
+def _libcuda() -> ctypes.CDLL:
+    return ctypes.CDLL(ctypes.util.find_library("cuda") or "libcuda.so.1")

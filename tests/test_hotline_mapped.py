@@ -1,0 +1,95 @@
+"""hotline.cold_path=mapped (embeddings/hotline/mapped.py): the host tier's tables read
+in place by the device. The training runs that compare it with ordinary training are
+in tests/test_hotline_graph.py (static steps, a write-back still running) and
+tests/test_hotline_train.py (eager steps, refreshes); here the views themselves, and
+what a run does where CUDA refuses the registration."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from embeddings.hotline.mapped import MappedTables
+from tests.test_hotline_train import HOTLINE, run
+
+CUDA = torch.cuda.is_available()
+
+
+def test_on_the_cpu_the_view_is_the_table() -> None:
+    table = torch.randn(100, 8)
+    view = MappedTables(torch.device("cpu")).view(table)
+    assert view is table
+
+
+@pytest.mark.slow
+def test_a_refused_registration_says_so_and_gathers_on_the_host(tiny_data, tmp_path: Path, monkeypatch) -> None:
+    """Where CUDA will not register the tables (a memlock limit, no driver), the run
+    says why in one warning line and trains with the host's gather, exactly."""
+    from embeddings.hotline.host_local import LocalHostTier
+
+    def refused(self, device):
+        raise RuntimeError("cudaHostRegister of 1,048,576 bytes failed (CUDA error 2)\nmore")
+
+    monkeypatch.setattr(LocalHostTier, "read_in_place", refused)
+    lines: list[str] = []
+    from dlrm.config import load_config
+    from dlrm.train.trainer import train
+    from tests.conftest import TINY, tiny_overrides
+    from tests.run_state import assert_states_close, run_state
+
+    overrides = tiny_overrides(**{"data.train": tiny_data["train"], "data.eval": ""})
+    cfg = load_config(TINY, [*overrides, "train.max_steps=6", *HOTLINE, "hotline.cold_path=mapped"])
+    summary = train(cfg, tmp_path / "hot", echo=lines.append)
+    plain = run(tiny_data, tmp_path / "host", "train.max_steps=6", *HOTLINE)
+    warned = [line for line in lines if "hotline.cold_path=mapped" in line]
+    assert warned == [("warning: hotline.cold_path=mapped: cudaHostRegister of 1,048,576 bytes failed "
+                       "(CUDA error 2); the cold rows are gathered on the host")], warned
+    assert summary["hotline"]["cold_in_place"] == 0.0
+    assert summary["hotline"]["hot_hit_rate"] == pytest.approx(plain["hotline"]["hot_hit_rate"], rel=1e-12)
+    assert_states_close(run_state(tmp_path / "hot"), run_state(tmp_path / "host"), "refused", 0.0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="registers host memory with CUDA")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_the_device_reads_the_host_rows_in_place(dtype: torch.dtype) -> None:
+    """A table and a per-row state (a second storage), registered once each: the device
+    view has the host's values and address space, a row the host writes afterwards is
+    read as written (no copy was made), and a gather by the device equals the host's.
+    Closed, the storages can be registered again (their registration was undone)."""
+    device = torch.device("cuda", torch.cuda.current_device())
+    table = torch.randn(5000, 64).to(dtype)
+    state = torch.rand(5000)
+    mapped = MappedTables(device)
+    view, state_view = mapped.view(table), mapped.view(state)
+    assert view.device == device and view.dtype == dtype and view.shape == table.shape
+    assert torch.equal(view.cpu(), table) and torch.equal(state_view.cpu(), state)
+    assert mapped.registered_bytes >= table.numel() * table.element_size() + state.numel() * 4
+    before = mapped.registered_bytes
+    assert mapped.view(table[10:20]).data_ptr() == view[10:20].data_ptr()  # the same registration
+    assert mapped.registered_bytes == before
+    table[7] = 3.0  # written on the host after the views were made
+    ids = torch.tensor([7, 0, 4999, 7, 123], device=device)
+    torch.cuda.synchronize()
+    assert torch.equal(view.index_select(0, ids).cpu(), table.index_select(0, ids.cpu()))
+    assert torch.equal(state_view.index_select(0, ids).cpu(), state.index_select(0, ids.cpu()))
+    mapped.close()
+    again = MappedTables(device)  # a storage still registered would be refused
+    assert torch.equal(again.view(table).cpu(), table)
+    again.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="hotline.cold_path=mapped on a GPU")
+def test_a_hotline_run_on_cuda_reads_its_cold_rows_in_place(tiny_data, tmp_path: Path) -> None:
+    """An eager Hotline run on the GPU with the tables read in place trains as the host's
+    gather does (the same rows, the same sums), and says it read them in place."""
+    from tests.run_state import assert_states_close, run_state
+
+    steps = ("train.max_steps=8", "optim.sparse=adam", "hotline.graph_step=off")
+    run(tiny_data, tmp_path / "host", *steps, *HOTLINE)
+    summary = run(tiny_data, tmp_path / "mapped", *steps, *HOTLINE, "hotline.cold_path=mapped")
+    assert summary["hotline"]["cold_in_place"] == 1.0
+    assert_states_close(run_state(tmp_path / "mapped"), run_state(tmp_path / "host"), "mapped on cuda", 1e-5)
