@@ -51,7 +51,9 @@
 #      loop; hotline / hotline_in_memory printed)                  ($OUT/bench.json);
 #      each captured row's step mode says its replays' GPU time (graphs.ReplayTimer,
 #      since 2026-11-27): beside the step's wall time, device- or host-bound
-#   2. in this order, each in what the call has left: hotline with the GIL switch
+#   2. in this order, each in what the call has left: hotline and hotline_bf16_tables
+#      with the cold rows read in place (hotline.cold_path=mapped), hotline with the gather
+#      on the step loop (hotline.pipeline=false), hotline with the GIL switch
 #      interval at 0.1 ms (the main rows: 0.5), hotline with torch's intra-op threads at 1
 #      (train.threads=1; the main rows: a thread a core), the hotline.budget sweep at 64MB,
 #      512MB and 2GB, hotline's step loop
@@ -86,8 +88,11 @@ CONFIG=${CONFIG:-configs/bench_gpu.yaml}  # a dry run elsewhere: a small config
 # device (hotline_on_cuda, splits_and_dense and static_hotline refresh)
 # and the refresh window fed the split's stacked ids, copied out of the split graphs'
 # buffers (window_on_cuda_counts_through_split_graphs)
-NEW_TESTS=${NEW_TESTS:-"update_their_cold_rows or cold_update_host or static_hotline or static_step_with_no_hot_row or cuda_equals_cpu or hotline_on_cuda or splits_and_dense or graph_replayed or gather_and_copy_hidden or hands_out_pinned or pin_memory_is_pinned or one_copy_of_one_block or registered_slots or window_on_cuda_counts_through_split_graphs"}
-NEW_FILES=${NEW_FILES:-"tests/test_gpu.py tests/test_hotline_graph.py tests/test_device_prefetch.py tests/test_pinned.py tests/test_hotline_access_window.py"}
+# Since 2026-12-07: hotline.cold_path=mapped, the tables registered with CUDA and read in
+# place (reads_the_host_rows_in_place, reads_its_cold_rows_in_place; the static steps'
+# write-back case in update_their_cold_rows)
+NEW_TESTS=${NEW_TESTS:-"reads_the_host_rows_in_place or reads_its_cold_rows_in_place or update_their_cold_rows or cold_update_host or static_hotline or static_step_with_no_hot_row or cuda_equals_cpu or hotline_on_cuda or splits_and_dense or graph_replayed or gather_and_copy_hidden or hands_out_pinned or pin_memory_is_pinned or one_copy_of_one_block or registered_slots or window_on_cuda_counts_through_split_graphs"}
+NEW_FILES=${NEW_FILES:-"tests/test_gpu.py tests/test_hotline_graph.py tests/test_device_prefetch.py tests/test_pinned.py tests/test_hotline_access_window.py tests/test_hotline_mapped.py"}
 mkdir -p "$OUT"
 export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 {
@@ -241,6 +246,18 @@ bench() {
     "$OUT/bench.log" | tail -30
   threads_census main | grep -A7 -E "main (hotline|native|hotline_in_memory)_1:"
   {
+    # hotline.cold_path=mapped (embeddings/hotline/mapped.py, new 2026-12-07, never run on
+    # a GPU): the host tables registered with CUDA and read in place by the device on the
+    # step loop's stream; no gather thread (whose GIL hand-offs with the step loop are the
+    # suspect of the ~3 ms host-bound step), no pinned buffer, no H2D copy. Its thread
+    # census beside the main hotline row's says what is left on the host
+    echo "== hotline, hotline.cold_path=mapped (the cold rows read in place by the device)"
+    bench_part mapped 45 --engines hotline,hotline_bf16_tables "$@" hotline.cold_path=mapped "${THREADS[@]}"
+    # the cold gather on the step loop itself (hotline.pipeline=false: no gather thread,
+    # the host's gather then the copy, while the previous step's replay runs): against the
+    # main row's gather thread, whether the threads' hand-offs cost more than they hide
+    echo "== hotline, hotline.pipeline=false (the host gather on the step loop)"
+    bench_part nopipe 35 --engines hotline "$@" hotline.pipeline=false "${THREADS[@]}"
     # the interpreter's GIL switch interval (a Hotline run on a GPU sets 0.5 ms since the
     # 2026-11-28 evening H200, 6db8c5d: 1,695,430 samples/s against 1,367,569-1,480,759 at
     # Python's 5 ms in the same call; the step loop is Python beside the gather, update,
@@ -325,6 +342,8 @@ bench() {
   } >"$OUT/bench_extra.log" 2>&1
   grep -E "^  [a-z_0-9]+@|FAILED|^==|budget|GB/s|gb_per_s|\"kernels\"|^ +[0-9]+[KMGT]?B |hot hit rate|steps: hotline step static|\"step_mode\"" \
     "$OUT/bench_extra.log" | tail -40
+  threads_census mapped
+  threads_census nopipe
   threads_census gil01
   threads_census threads1
   local prof

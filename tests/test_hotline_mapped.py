@@ -11,8 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from embeddings.hotline import mapped
 from embeddings.hotline.mapped import MappedTables
 from tests.test_hotline_train import HOTLINE, run
+from tests.test_shm_pinned import FakeCudart
 
 CUDA = torch.cuda.is_available()
 
@@ -21,6 +23,56 @@ def test_on_the_cpu_the_view_is_the_table() -> None:
     table = torch.randn(100, 8)
     view = MappedTables(torch.device("cpu")).view(table)
     assert view is table
+
+
+@pytest.mark.parametrize("taken,want", [
+    ([], [(0, 100)]),
+    ([(0, 100)], []),
+    ([(20, 40)], [(0, 20), (40, 100)]),
+    ([(60, 200), (-50, 10)], [(10, 60)]),
+    ([(100, 200)], [(0, 100)]),  # adjacent: nothing shared
+])
+def test_gaps_are_the_pages_no_registration_covers(taken, want) -> None:
+    assert mapped._gaps(0, 100, taken) == want
+
+
+class _AliasOf:
+    """What ``torch.asarray`` gives for a CUDA array interface, off a GPU."""
+
+    def __init__(self, obj, copy: bool) -> None:
+        assert copy is False  # an alias, never a copy of the table
+        self.device = torch.device("cuda", 0)
+        self._pointer = obj.__cuda_array_interface__["data"][0]
+
+    def data_ptr(self) -> int:
+        return self._pointer
+
+
+def test_storages_sharing_a_page_register_each_page_once(monkeypatch) -> None:
+    """Two storages side by side in one page (small tensors from the heap): CUDA refuses a
+    page registered twice, so the second registers only its pages not yet registered;
+    close() waits for the device, then undoes each registration. A refusal names the
+    bytes and CUDA's error."""
+    fake = FakeCudart()
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: fake)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: fake.calls.append(("synchronize", device)))
+    monkeypatch.setattr(mapped, "_device_pointer", lambda address: address)  # the same address (UVA)
+    monkeypatch.setattr(torch, "asarray", _AliasOf)
+    page, flags = 4096, 3  # portable | mapped
+    tables = MappedTables(torch.device("cuda", 0))
+    tables._map(10 * page + 16, 5000)  # pages 10, 11
+    tables._map(10 * page + 16 + 5000, 3000)  # ends in page 11: nothing new
+    tables._map(10 * page + 16 + 8000, 200)  # into page 12
+    assert fake.calls == [("register", 10 * page, 2 * page, flags), ("register", 12 * page, page, flags)]
+    assert tables.registered_bytes == 3 * page
+    tables.close()
+    assert fake.calls[2:] == [("synchronize", torch.device("cuda", 0)), ("unregister", 10 * page),
+                              ("unregister", 12 * page)]
+    assert tables.registered_bytes == 0
+    fake.ok = False
+    with pytest.raises(RuntimeError, match=r"cudaHostRegister of 8,192 bytes failed \(CUDA error 2\)"):
+        tables._map(20 * page, 2 * page)
 
 
 @pytest.mark.slow

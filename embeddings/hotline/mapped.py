@@ -40,9 +40,17 @@ class MappedTables:
     registered yet is registered then (its storage, whole pages)."""
 
     def __init__(self, device: torch.device) -> None:
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
         self.device = device
         self._views: dict[tuple[int, int], torch.Tensor] = {}  # (storage address, bytes): bytes on the device
-        self.registered_bytes = 0
+        # page ranges [start, end) registered, each its own call: two storages may share a
+        # page (small ones from the heap, side by side), which CUDA registers once only
+        self._ranges: list[tuple[int, int]] = []
+
+    @property
+    def registered_bytes(self) -> int:
+        return sum(end - start for start, end in self._ranges)
 
     def view(self, tensor: torch.Tensor) -> torch.Tensor:
         """``tensor`` (a host tensor) as a tensor on ``device`` over the same memory."""
@@ -56,29 +64,48 @@ class MappedTables:
         return raw.view(tensor.dtype).as_strided(tensor.shape, tensor.stride(), tensor.storage_offset())
 
     def _map(self, address: int, nbytes: int) -> torch.Tensor:
-        """The storage at ``address`` registered (page-locked, mapped) and viewed as
-        ``nbytes`` bytes on the device. RuntimeError where CUDA refuses."""
-        start = address & ~(_PAGE - 1)
-        size = -(-(address + nbytes - start) // _PAGE) * _PAGE
-        device = self.device.index if self.device.index is not None else torch.cuda.current_device()
-        err = on_cuda_thread(lambda: torch.cuda.cudart().cudaHostRegister(start, size, _PORTABLE | _MAPPED), device)
-        if int(err) != 0:
-            raise RuntimeError(f"cudaHostRegister of {size:,} bytes failed (CUDA error {int(err)})")
-        self.registered_bytes += size
+        """The storage at ``address`` registered (page-locked, mapped: its pages not
+        registered yet) and viewed as ``nbytes`` bytes on the device. RuntimeError where
+        CUDA refuses."""
+        first = address & ~(_PAGE - 1)
+        for start, end in _gaps(first, -(-(address + nbytes) // _PAGE) * _PAGE, self._ranges):
+            err = on_cuda_thread(lambda s=start, n=end - start: torch.cuda.cudart().cudaHostRegister(
+                s, n, _PORTABLE | _MAPPED), self.device.index)
+            if int(err) != 0:
+                raise RuntimeError(f"cudaHostRegister of {end - start:,} bytes failed (CUDA error {int(err)})")
+            self._ranges.append((start, end))
         pointer = _device_pointer(address)
-        return torch.as_tensor(_Bytes(pointer, nbytes), device=self.device)
+        # copy=False: an alias or an error, never a copy (as_tensor(device=) would copy the
+        # whole table to the GPU if the pointer's device were another)
+        raw = torch.asarray(_Bytes(pointer, nbytes), copy=False)
+        if raw.device != self.device or raw.data_ptr() != pointer:
+            raise RuntimeError(f"the mapped tables' view is at {raw.device} {raw.data_ptr():#x}, "
+                               f"not {self.device} {pointer:#x}")
+        return raw
 
     def close(self) -> None:
         """Every registration undone, once the device's queued reads are done."""
-        if not self._views:
+        self._views.clear()
+        if not self._ranges:
             return
         torch.cuda.synchronize(self.device)
-        device = self.device.index if self.device.index is not None else torch.cuda.current_device()
-        for address, nbytes in self._views:
-            start = address & ~(_PAGE - 1)
-            on_cuda_thread(lambda s=start: torch.cuda.cudart().cudaHostUnregister(s), device)
-        self._views.clear()
-        self.registered_bytes = 0
+        for start, _ in self._ranges:
+            on_cuda_thread(lambda s=start: torch.cuda.cudart().cudaHostUnregister(s), self.device.index)
+        self._ranges.clear()
+
+
+def _gaps(start: int, end: int, taken: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The parts of [start, end) that no range of ``taken`` covers, in order."""
+    gaps, at = [], start
+    for lo, hi in sorted(taken):
+        if hi <= at or lo >= end:
+            continue
+        if lo > at:
+            gaps.append((at, lo))
+        at = max(at, hi)
+    if at < end:
+        gaps.append((at, end))
+    return gaps
 
 
 class _Bytes:
