@@ -229,12 +229,13 @@ class HotlineConfig:
     # gradient goes home and the host tier's update thread applies it, which the next
     # step's gather waits for (the 2026-11-27 H200: the GPU idle 2 of 3.4 ms a step)
     cold_update: Literal["device", "host"] = "device"
-    # how a step's cold rows reach a GPU: host = gathered on a host thread into a pinned
-    # buffer, copied over; mapped = the host tables registered with CUDA once and read in
-    # place by the device (embeddings/hotline/mapped.py: one index_select on the step
-    # loop's stream, no gather thread, no copy; one process). Not yet measured on a GPU
-    # (scripts/gpu_session.sh bench runs it beside host); where CUDA refuses to register
-    # the tables, one warning line and host
+    # how a step's cold rows reach a GPU and go home: host = gathered on a host thread into
+    # a pinned buffer, copied over, a static step's updated rows copied back and stored by
+    # the host-update thread; mapped = the host tables registered with CUDA once, read and
+    # written in place by the device (embeddings/hotline/mapped.py: an index_select and an
+    # index_copy_ a tensor on the step loop's stream, no gather thread, no copy; one
+    # process). Not yet measured on a GPU (scripts/gpu_session.sh bench runs it beside
+    # host); where CUDA refuses to register the tables, one warning line and host
     cold_path: Literal["host", "mapped"] = "host"
 
 

@@ -258,6 +258,10 @@ bench() {
     # main row's gather thread, whether the threads' hand-offs cost more than they hide
     echo "== hotline, hotline.pipeline=false (the host gather on the step loop)"
     bench_part nopipe 35 --engines hotline "$@" hotline.pipeline=false "${THREADS[@]}"
+    # a helper thread's task beside a loop of small torch ops (the lock's hand-offs alone,
+    # no GPU; the 2026-12-07 2-core CPU: 0.61-0.76 ms took 1.5-2.7 ms beside 1,000 ops)
+    echo "== a helper thread beside a loop of small torch ops (dlrm.bench.gil_handoff)"
+    timeout -k 5 "$(upto 20)" "$PY" -m dlrm.bench.gil_handoff --rounds 30
     # the interpreter's GIL switch interval (a Hotline run on a GPU sets 0.5 ms since the
     # 2026-11-28 evening H200, 6db8c5d: 1,695,430 samples/s against 1,367,569-1,480,759 at
     # Python's 5 ms in the same call; the step loop is Python beside the gather, update,
@@ -340,7 +344,7 @@ bench() {
     echo "== native_fp16_tables, torch_baseline"
     bench_part extra 90 --engines native_fp16_tables,torch_baseline "$@"
   } >"$OUT/bench_extra.log" 2>&1
-  grep -E "^  [a-z_0-9]+@|FAILED|^==|budget|GB/s|gb_per_s|\"kernels\"|^ +[0-9]+[KMGT]?B |hot hit rate|steps: hotline step static|\"step_mode\"" \
+  grep -E "^  [a-z_0-9]+@|FAILED|^==|budget|GB/s|gb_per_s|switch_interval_ms|\"kernels\"|^ +[0-9]+[KMGT]?B |hot hit rate|steps: hotline step static|\"step_mode\"" \
     "$OUT/bench_extra.log" | tail -40
   threads_census mapped
   threads_census nopipe

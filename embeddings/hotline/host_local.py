@@ -128,6 +128,7 @@ class LocalHostTier:
         # hotline.cold_path=mapped: the tables registered with CUDA, read in place by the
         # device (mapped.py; None: gathered on the host)
         self._mapped: MappedTables | None = None
+        self._device_writes: torch.cuda.Event | None = None  # after the device's last write into them
 
     def _count(self, way: str, *tensors: torch.Tensor) -> None:
         for t in tensors:
@@ -230,7 +231,8 @@ class LocalHostTier:
         once the device's queued reads are done."""
         mapped, self._mapped = self._mapped, None
         if mapped is not None:
-            mapped.close()
+            mapped.close()  # after the device's queued reads and writes
+            self._device_writes = None
 
     def _per_row_state(self) -> dict[str, torch.Tensor]:
         return {name: self._tables.state[name] for name in self.optimizer.per_row_state()}
@@ -561,11 +563,17 @@ class LocalHostTier:
             self.writes += 1
             self._first_written = (written_first, first[0]) if written_first is not None else None
 
-    def write_back(self, host_ids: torch.Tensor, rows: torch.Tensor, state: dict[str, torch.Tensor]) -> None:
+    def write_back(self, host_ids: torch.Tensor, rows: torch.Tensor, state: dict[str, torch.Tensor],
+                   ids: torch.Tensor | None = None) -> None:
         """A static step's staged cold rows as the device updated them, ``rows`` [U, D]
         and ``state`` (views of the step's buffers, on the device) of ``host_ids``: D2H
         into pinned memory (CPU: cloned), stored by the host-update thread as they are
-        (cold_stage.py). The next gather does not wait for it (``_gather_updated``)."""
+        (cold_stage.py). The next gather does not wait for it (``_gather_updated``).
+        Read in place (``read_in_place``; ``ids``: the same ids on the device): the
+        device writes them into the tables itself (``_write_in_place``)."""
+        if self._mapped is not None:
+            self._write_in_place(self._mapped, host_ids if ids is None else ids, rows, state)
+            return
         ready = None
         if rows.device.type == "cuda":
             rows = _pinned_copy(rows)
@@ -579,6 +587,26 @@ class LocalHostTier:
         self._later(self._store, host_ids, rows, state, ready)
         self._writing, self._before_writing = (self._pending, host_ids, True), before
         self._first_written = None
+        self.writes += 1
+
+    def _write_in_place(self, mapped: MappedTables, ids: torch.Tensor, rows: torch.Tensor,
+                        state: dict[str, torch.Tensor]) -> None:
+        """``write_back`` read in place: one ``index_copy_`` a tensor into the mapped
+        tables, on the current stream after the step that updated the rows. The device's
+        next reads (the next gather) follow it on that stream, so no row is read before
+        its write and nothing is stale; every host reader waits for it (``wait_updates``:
+        the event after it), every host writer comes after it (a gradient's or a
+        refresh's rows wait for their D2H copies, recorded later on the same stream)."""
+        ids = ids.to(mapped.device)
+        with torch.no_grad():
+            mapped.view(self._tables.weight.data).index_copy_(0, ids, rows)
+            for name, tensor in state.items():
+                mapped.view(self._tables.state[name]).index_copy_(0, ids, tensor)
+        if mapped.device.type == "cuda":
+            done = torch.cuda.Event()
+            done.record()
+            self._device_writes = done
+        self._count("d2h", rows, *state.values())  # written over the bus, in place
         self.writes += 1
 
     def _store(self, host_ids: torch.Tensor, rows: torch.Tensor, state: dict[str, torch.Tensor],
@@ -634,10 +662,14 @@ class LocalHostTier:
             self.update_cpu_s += time.thread_time() - t0
 
     def wait_updates(self) -> None:
-        """Until the queued host updates are applied (their error, if any, raises here)."""
+        """Until the queued host updates are applied (their error, if any, raises here),
+        and the device's writes into the tables read in place are done."""
         pending = self._pending
         if pending is not None:
             pending.result()
+        written = self._device_writes
+        if written is not None:
+            written.synchronize()
 
     @property
     def collection(self) -> LocalEmbeddingCollection:

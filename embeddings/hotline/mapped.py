@@ -1,22 +1,27 @@
-"""The host tier's tables read in place by the GPU (``hotline.cold_path=mapped``).
+"""The host tier's tables read and written in place by the GPU (``hotline.cold_path=mapped``).
 
 The host path gathers a step's cold rows on a host thread into a pinned buffer and
-copies them over (host_local.py ``gather_cold``). On a GPU the step loop is the bound
-(the 2026-11-28 H200: a 1.13 ms replay in a ~2.4-3 ms step), and the gather thread
-shares its interpreter lock: each torch call of either thread drops the lock, and the
-one that wants it back waits for the other's Python. Here the tables are registered
-with CUDA once (page-locked in place, mapped into the device's address space), and
-the step loop gathers the rows with one ``index_select`` a tensor on its own stream:
-the kernel reads the host rows over PCIe. No gather thread, no pinned buffer, no
-H2D copy; the reads are ordered after every host write by the host tier's waits,
-as the host gather's are (host_local.py ``_mapped_waits``).
+copies them over, and a static step's updated rows come back by D2H copy for the
+host-update thread to store (host_local.py ``gather_cold``, ``write_back``). On a GPU
+the step loop is the bound (the 2026-11-28 H200: a 1.13 ms replay in a ~2.4-3 ms
+step), and those threads share its interpreter lock: each torch call of any of them
+drops the lock, and the one that wants it back waits for the others' Python. Here the
+tables are registered with CUDA once (page-locked in place, mapped into the device's
+address space) and the step loop's stream does both ends with one kernel a tensor:
 
-    host tables (pageable, 2 MiB pages)  ──cudaHostRegister (in place)──►  pinned
+    host tables (pageable, 2 MiB pages)  ──cudaHostRegister (in place)──►  pinned, mapped
         weight [R, D], state [R] / [R, D]                                   │ same bytes
     device view: a CUDA tensor over the mapped address (no copy) ◄──────────┘
-        cold rows [U, D] = view.index_select(0, cold ids on the device)
+    step t:   cold rows [U, D] (+ state) = view.index_select(0, cold ids)   reads over PCIe
+              replay: lookups, backward, the staged rows updated (cold_stage.py)
+              view.index_copy_(0, cold ids, rows[:U]) (+ state)             writes over PCIe
+    step t+1: its reads follow step t's writes on the same stream: nothing stale
 
-On the CPU (the tests' runs) the "device" is the host: the view is the table itself.
+No gather thread, no pinned buffer, no copy either way, no store on the host. Host
+readers of the tables wait for an event after the device's last write
+(host_local.py ``wait_updates``); the device's reads wait for the host's queued
+writes first (``_mapped_waits``). On the CPU (the tests' runs) the "device" is the
+host: the view is the table itself.
 """
 
 from __future__ import annotations

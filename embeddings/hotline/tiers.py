@@ -457,7 +457,7 @@ class HotlineEmbeddingCollection(EmbeddingCollection):
             unique = 0 if cold is None else cold.rows.shape[0]
             if unique:
                 self.tier.write_back(cold.host_ids, static.cold_rows[:unique],
-                                     {name: t[:unique] for name, t in stage.state.items()})
+                                     {name: t[:unique] for name, t in stage.state.items()}, cold.ids)
                 stage.serial = self.tier.writes  # its rows stand until another write
             else:  # kept no rows: an earlier write-back, maybe still running, is not covered
                 stage.serial = -1
