@@ -797,7 +797,9 @@ class Trainer:
         line = self._result_line(summary)
         if self.hotline and summary["trained_steps"]:  # it was in the JSON above only
             h = summary["hotline"]
-            line += f"; hotline hit rate {h['hot_hit_rate']:.1%}, cold gather {h['gather_hidden']:.0%} hidden"
+            line += f"; hotline hit rate {h['hot_hit_rate']:.1%}, " + (
+                "cold rows read in place by the device" if h.get("cold_in_place")
+                else f"cold gather {h['gather_hidden']:.0%} hidden")
         if self.last_eval is not None:
             line += f"; eval AUC {self.last_eval['auc']:.4f}, logloss {self.last_eval['logloss']:.4f}"
         if "best" in summary:
