@@ -53,6 +53,7 @@ the window it was found in is handed out.
 from __future__ import annotations
 
 import functools
+import os
 import weakref
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
@@ -78,6 +79,13 @@ if TYPE_CHECKING:
     import pyarrow.parquet as pq
 
     from data.preprocess import Preprocessing
+
+# CUDA with decode workers: the workers' batches are taken (queue, views of the slot) on
+# a thread of the reader's own, two ahead. DLRM_TAKE_THREAD=0 (a developer's A/B, as
+# DLRM_SHM_PIN) takes each on the consumer's thread instead, when it asks: one Python
+# thread fewer beside a host-bound GPU step loop, for ~0.1 ms of its time a batch
+# (scripts/gpu_session.sh runs both)
+TAKE_THREAD = os.environ.get("DLRM_TAKE_THREAD", "1") != "0"
 
 ID_POLICIES = ("error", "modulo", "hash", "drop")
 DENSE_NAN_POLICIES = ("error", "zero")
@@ -201,7 +209,9 @@ class ParquetReader:
                 functools.partial(_Windows, self), (epoch, start_step, True), windows.numbers(),
                 windows.empties()))
             if self.pin_memory:  # a thread of its own: the workers' batches arrive here
-                batches = in_background(_pinned(batches), 2)
+                batches = _pinned(batches)
+                if TAKE_THREAD:
+                    batches = in_background(batches, 2)
         else:
             batches = self._batches(epoch, start_step)
             if self.pin_memory:  # in the decoding thread, after each batch is assembled

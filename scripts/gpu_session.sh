@@ -52,11 +52,13 @@
 #      each captured row's step mode says its replays' GPU time (graphs.ReplayTimer,
 #      since 2026-11-27): beside the step's wall time, device- or host-bound
 #   2. in this order, each in what the call has left: hotline and hotline_bf16_tables
-#      with the cold rows read in place (hotline.cold_path=mapped), hotline with the gather
-#      on the step loop (hotline.pipeline=false), hotline with the GIL switch
-#      interval at 0.1 ms (the main rows: 0.5), hotline with torch's intra-op threads at 1
-#      (train.threads=1; the main rows: a thread a core), the hotline.budget sweep at 64MB,
-#      512MB and 2GB, hotline's step loop
+#      with the cold rows read in place (hotline.cold_path=mapped), the hotline.budget
+#      sweep at 64MB, 512MB and 2GB, hotline with the gather on the step loop
+#      (hotline.pipeline=false), hotline with the workers' batches taken on the step loop
+#      (DLRM_TAKE_THREAD=0), a helper thread beside a loop of small torch ops
+#      (dlrm.bench.gil_handoff), hotline with the GIL switch interval at 0.1 ms (the main
+#      rows: 0.5), hotline with torch's intra-op threads at 1 (train.threads=1; the main
+#      rows: a thread a core), hotline's step loop
 #      under cProfile (train.profile_mode=python: where its host time goes,
 #      $OUT/hostprof.txt), native's and hotline's steps under torch.profiler (their
 #      kernels' GPU time, $OUT/kprof-*.txt), the embedding kernels alone (python -m
@@ -253,15 +255,25 @@ bench() {
     # census beside the main hotline row's says what is left on the host
     echo "== hotline, hotline.cold_path=mapped (the cold rows read in place by the device)"
     bench_part mapped 45 --engines hotline,hotline_bf16_tables "$@" hotline.cold_path=mapped "${THREADS[@]}"
+    # issue 22's budget sweep (64MB, 512MB, 2GB; 128MB is the main rows'): each row's hit
+    # rate, popular share and samples/s, and OUT/bench_budgets.png. Cut by the call's time
+    # on the 2026-11-28 evening H200 (last of the extras then; 64MB never ran): now second,
+    # after the mapped row (the main rows took ~250 of the call's 420 s there)
+    echo "== hotline.budget sweep (128MB: the main rows)"
+    bench_part budgets 100 --engines "" --hotline-budgets 64MB,512MB,2GB "$@"
     # the cold gather on the step loop itself (hotline.pipeline=false: no gather thread,
     # the host's gather then the copy, while the previous step's replay runs): against the
     # main row's gather thread, whether the threads' hand-offs cost more than they hide
     echo "== hotline, hotline.pipeline=false (the host gather on the step loop)"
     bench_part nopipe 35 --engines hotline "$@" hotline.pipeline=false "${THREADS[@]}"
+    # the workers' batches taken on the step loop's thread, not the reader's own
+    # (DLRM_TAKE_THREAD=0, data/reader.py): one Python thread fewer beside the step loop
+    echo "== hotline, DLRM_TAKE_THREAD=0 (the workers' batches taken on the step loop)"
+    DLRM_TAKE_THREAD=0 bench_part takeinline 35 --engines hotline "$@" "${THREADS[@]}"
     # a helper thread's task beside a loop of small torch ops (the lock's hand-offs alone,
     # no GPU; the 2026-12-07 2-core CPU: 0.61-0.76 ms took 1.5-2.7 ms beside 1,000 ops)
     echo "== a helper thread beside a loop of small torch ops (dlrm.bench.gil_handoff)"
-    timeout -k 5 "$(upto 20)" "$PY" -m dlrm.bench.gil_handoff --rounds 30
+    timeout -k 5 "$(upto 15)" "$PY" -m dlrm.bench.gil_handoff --rounds 30 --intervals 5,0.5
     # the interpreter's GIL switch interval (a Hotline run on a GPU sets 0.5 ms since the
     # 2026-11-28 evening H200, 6db8c5d: 1,695,430 samples/s against 1,367,569-1,480,759 at
     # Python's 5 ms in the same call; the step loop is Python beside the gather, update,
@@ -276,11 +288,6 @@ bench() {
     # 120 at 2)
     echo "== hotline, train.threads=1 (the main rows': torch's default, a thread a core)"
     bench_part threads1 40 --engines hotline "$@" train.threads=1 "${THREADS[@]}"
-    # issue 22's budget sweep (64MB, 512MB, 2GB; 128MB is the main rows'): each row's hit
-    # rate, popular share and samples/s, and OUT/bench_budgets.png. Cut by the call's time
-    # on the 2026-11-28 evening H200 (last of the extras then; 64MB never ran): now third
-    echo "== hotline.budget sweep (128MB: the main rows)"
-    bench_part budgets 100 --engines "" --hotline-budgets 64MB,512MB,2GB "$@"
     # where the captured Hotline step's host time goes (its replay took 1.47 ms of GPU time
     # of a 3.44 ms step on the 2026-11-27 H200): cProfile of the step loop's thread, the
     # steps still captured (train.profile_mode=python), microseconds a step per function
@@ -348,6 +355,7 @@ bench() {
     "$OUT/bench_extra.log" | tail -40
   threads_census mapped
   threads_census nopipe
+  threads_census takeinline
   threads_census gil01
   threads_census threads1
   local prof

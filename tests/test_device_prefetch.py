@@ -165,14 +165,19 @@ def test_a_pinning_reader_left_early_serves_the_next_epoch_and_closes(tiny, monk
 
 
 @pytest.mark.gpu
-def test_cuda_batches_straight_from_registered_slots_equal_the_readers(tiny, monkeypatch) -> None:
+@pytest.mark.parametrize("take_thread", [True, False])
+def test_cuda_batches_straight_from_registered_slots_equal_the_readers(tiny, monkeypatch, take_thread: bool) -> None:
     """CUDA: decode workers' blocks registered as page-locked (data/shm_batch.py), each
     batch's H2D copy queued straight from its slot, the next batch taken while it runs:
     the device batches equal the reader's, none overwritten by a worker's next batch
     in its slot while the copy read it (data/pinned.py keeps the slot until the copy
     ends). Twice through the epoch, one batch a worker held, so slots are reused. No
-    batch is copied into a pinned block on the way: a slot's four arrays are one block."""
+    batch is copied into a pinned block on the way: a slot's four arrays are one block.
+    Taken on the reader's thread, or (DLRM_TAKE_THREAD=0) on the consumer's."""
     from data import batch, pinned, shm_batch
+    from data import reader as reader_module
+
+    monkeypatch.setattr(reader_module, "TAKE_THREAD", take_thread)
 
     files, schema = tiny
     want = reader_batches(tiny)

@@ -282,6 +282,12 @@ def test_static_steps_update_their_cold_rows_on_the_device(tiny_data, tmp_path: 
         return gather(self, *a)
 
     tier_writes = {"stored": 0}
+    apply = LocalHostTier._apply
+
+    def slow_apply(self, kept, *a):
+        if kept:  # an eager step's update still running when the next step reads its rows
+            time.sleep(0.3)
+        return apply(self, kept, *a)
 
     def slow_store(self, *a):
         tier_writes["stored"] += 1
@@ -306,6 +312,7 @@ def test_static_steps_update_their_cold_rows_on_the_device(tiny_data, tmp_path: 
 
     monkeypatch.setattr(LocalHostTier, "write_back", counted_write_back)
     monkeypatch.setattr(LocalHostTier, "_store", slow_store)
+    monkeypatch.setattr(LocalHostTier, "_apply", slow_apply)
     monkeypatch.setattr(LocalHostTier, "resolve", counted_resolve)
     monkeypatch.setattr(LocalHostTier, "_receive", counted_receive)
     monkeypatch.setattr(HotlineGraph, "fits", fits_but_one)

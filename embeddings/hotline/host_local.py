@@ -301,8 +301,8 @@ class LocalHostTier:
         """``gather_cold`` read in place (mapped.py), on the calling thread's current
         stream: the device gathers the rows (and, staged, their state) from the mapped
         tables with one ``index_select`` each, once the host writes it must see are in
-        (``_mapped_waits``). The host ids (the write-back's, the refresh window's) are
-        the copy made a step ahead, or one made here."""
+        (``_mapped_waits``). The host ids (an eager step's gradient's, the refresh
+        window's) are the copy made a step ahead, or one made here."""
         t0 = time.perf_counter()
         ids = micro.cold_ids
         if micro.cold_host_ids is not None:
@@ -312,7 +312,7 @@ class LocalHostTier:
         else:
             host_ids = ids.to(self.device)
         ids_wait = time.perf_counter() - t0
-        waited, late, stale = self._mapped_waits(host_ids)
+        waited = self._mapped_waits()
         t1 = time.perf_counter()
         if ids.device.type == "cuda":
             if micro.ready is not None:  # classified on the split stream
@@ -325,27 +325,20 @@ class LocalHostTier:
                  if self.stage_state else {})
         self._count("h2d", rows, *state.values())  # read over the bus, in place
         return ColdRows(ids, rows.requires_grad_(True), host_ids, t1 - t0 - waited - ids_wait,
-                        time.perf_counter() - t1, None, late_rows=late, update_wait_s=waited,
-                        ids_wait_s=ids_wait, state=state or None, stale=stale)
+                        time.perf_counter() - t1, None, update_wait_s=waited, ids_wait_s=ids_wait,
+                        state=state or None)
 
-    def _mapped_waits(self, host_ids: torch.Tensor
-                      ) -> tuple[float, int, tuple[torch.Tensor, Future[None]] | None]:
-        """Before the device reads rows in place: every queued host write of rows is
-        waited for, but a static step's write-back still running (the newest write),
-        whose rows the device may read before or after their store, are those the next
-        static step patches (cold_stage.py): they are ``stale`` as in the host's gather
-        (``_gather_updated``). (seconds waited, stale rows, the stale rows and their
-        write-back)."""
+    def _mapped_waits(self) -> float:
+        """Before the device reads rows in place: every queued host write of rows is in
+        (the newest row-writing task on the update thread, and by its FIFO those before:
+        an eager step's update, a refresh's leaving rows). The static steps' write-backs
+        are the device's own (``_write_in_place``), ordered on its stream: nothing is
+        stale. Seconds waited."""
         t0 = time.perf_counter()
-        writing, before = self._writing, self._before_writing
-        if writing is None or writing[0].done() or not writing[2]:
-            if writing is not None:
-                writing[0].result()  # an update's or a refresh's rows: all of them in first
-            return time.perf_counter() - t0, 0, None
-        if before is not None:
-            before.result()
-        late = in_sorted(host_ids, writing[1]).nonzero().flatten()
-        return time.perf_counter() - t0, int(late.numel()), ((late, writing[0]) if late.numel() else None)
+        writing = self._writing
+        if writing is not None:
+            writing[0].result()
+        return time.perf_counter() - t0
 
     def _state_like(self, unique: int, pinned: bool) -> dict[str, torch.Tensor]:
         """Empty rows for ``unique`` rows' per-row optimizer state (none: not staged)."""
