@@ -228,19 +228,22 @@ def test_static_step_with_no_hot_row_equals_ordinary_training(tiny_data, tmp_pat
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("cold_path", ["host", "mapped"])
 def test_static_hotline_step_with_tables_of_several_dtypes_equals_ordinary_training(tiny_data, tmp_path: Path,
-                                                                                     monkeypatch) -> None:
+                                                                                     monkeypatch, cold_path: str) -> None:
     """Per-table dtypes (embeddings.dtypes): a hot tier per dtype group, each with its own
     static buffers (the cold rows in its type), lookup launch and fused update; each
     group's cold rows updated on the device and written back (cold_stage.py). Reference: ordinary training
     with the same dtypes (the same stochastic rounding, keyed by full-table
     coordinates). The body a graph would hold passes the sync audit: one lookup and
-    one update launch per group, and one for each staged group's cold rows."""
+    one update launch per group, and one for each staged group's cold rows.
+    hotline.cold_path=mapped: each group's host tables read and written in place."""
     steps = ("train.max_steps=5", "optim.sparse=rowwise_adagrad", "optim.dense=adam",
              "embeddings.dtypes.C1=fp32", "embeddings.dtypes.C2=fp16", "embeddings.dtype=bf16")
     run(tiny_data, tmp_path / "plain", *steps, "data.batch_size=32")
     audits = audited_bodies(monkeypatch)
-    summary = run(tiny_data, tmp_path / "hot", *steps, *STATIC)
+    summary = run(tiny_data, tmp_path / "hot", *steps, *STATIC, f"hotline.cold_path={cold_path}")
+    assert summary["hotline"]["cold_in_place"] == float(cold_path == "mapped")
     assert audits and all(a.violations == [] for a in audits), [a.violations for a in audits]
     assert all(a.ops["triton._two_tier_kernel"] == 3 and a.ops["triton._runs_kernel"] == 3 + 3 for a in audits)
     hot = run_state(tmp_path / "hot")
