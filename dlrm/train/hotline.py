@@ -289,8 +289,9 @@ class HotlineSteps:
         # hotline.graph_split: splits replayed as CUDA graphs where they can be
         self.split_graphs: GraphedSplits | None = None
         self._graph_splits(cfg.hotline.graph_split, say)
-        # hotline.cold_path=mapped: the device reads the cold rows in place, on the step
-        # loop's stream (no gather thread: a couple of launches a step)
+        # hotline.cold_path=mapped: the device reads the cold rows in place, and a static
+        # step writes them back in place, on the step loop's stream (no gather thread: a
+        # launch a tensor each way)
         self.in_place = cfg.hotline.cold_path == "mapped" and self._read_in_place(say)
         self._current: AheadSplit | None = None  # the split this step's passes read
         # CUDA: the side stream that copies each mini-batch in and classifies it; at a
