@@ -592,10 +592,12 @@ def _gather_how(h: dict[str, Any]) -> str:
     """How a Hotline row gathered its cold rows (hotline.gather_threads; hotline.cold_path=
     mapped: read in place by the device)."""
     threads = int(h.get("gather_threads", 1))
-    how = (f"{threads} gather thread{'s' if threads > 1 else ''} of ours" if threads else
-           f"gather in one call over {h.get('gather_torch_threads', 1):.0f} torch thread(s)")
     if h.get("cold_in_place"):
         how = "read in place by the device (hotline.cold_path=mapped)"
+    elif threads:
+        how = f"{threads} gather thread{'s' if threads > 1 else ''} of ours"
+    else:
+        how = f"gather in one call over {h.get('gather_torch_threads', 1):.0f} torch thread(s)"
     if "host_huge_pages" in h:  # tables under 64 MB are not advised: no share
         how += f" from a host tier {h['host_huge_pages']:.0%} on 2 MiB pages"
     return how

@@ -128,6 +128,8 @@ class LocalHostTier:
         # hotline.cold_path=mapped: the tables registered with CUDA, read in place by the
         # device (mapped.py; None: gathered on the host)
         self._mapped: MappedTables | None = None
+        # their device views, made once: the weight's, each per-row state's by name
+        self._in_place: tuple[torch.Tensor, dict[str, torch.Tensor]] | None = None
         self._device_writes: torch.cuda.Event | None = None  # after the device's last write into them
 
     def _count(self, way: str, *tensors: torch.Tensor) -> None:
@@ -214,8 +216,10 @@ class LocalHostTier:
         the gather stays the host's). On the CPU the tables are read as they are."""
         mapped = MappedTables(device)
         try:
-            for t in [self._tables.weight.data, *self._per_row_state().values()]:
-                mapped.view(t)
+            # made once: the tables are allocated once (collection.py) and loaded in place
+            self._in_place = (mapped.view(self._tables.weight.data),
+                              {name: mapped.view(self._tables.state[name])
+                               for name in self.optimizer.per_row_state()})
         except Exception:
             mapped.close()
             raise
@@ -224,18 +228,15 @@ class LocalHostTier:
     @property
     def reads_in_place(self) -> bool:
         """Whether the device reads the cold rows in place (``read_in_place``)."""
-        return self._mapped is not None
+        return self._in_place is not None
 
     def read_on_host(self) -> None:
         """The host gathers the cold rows again; the tables' registration is undone
         once the device's queued reads are done."""
-        mapped, self._mapped = self._mapped, None
+        mapped, self._mapped, self._in_place = self._mapped, None, None
         if mapped is not None:
             mapped.close()  # after the device's queued reads and writes
             self._device_writes = None
-
-    def _per_row_state(self) -> dict[str, torch.Tensor]:
-        return {name: self._tables.state[name] for name in self.optimizer.per_row_state()}
 
     def gather_cold(self, micro: MicroLookups, device: torch.device) -> ColdRows:
         """The mini-batch's unique cold rows (classified on the device: ``micro.cold_ids``),
@@ -244,8 +245,8 @@ class LocalHostTier:
         gathered into a pinned buffer and go over in one H2D copy, both on a side
         stream ordered by events, so the trainer's compute goes on meanwhile. Runs on
         the gather thread: its host waits (the ids' copy) are not the trainer's."""
-        if self._mapped is not None:
-            return self._gather_mapped(micro, self._mapped)
+        if self._in_place is not None:
+            return self._gather_mapped(micro, self._in_place)
         source = self._tables.weight.data  # read after the queued updates of its rows (_gather_updated)
         t0 = time.perf_counter()
         ids = micro.cold_ids
@@ -297,11 +298,11 @@ class LocalHostTier:
                         late_rows=late, update_wait_s=waited, ids_wait_s=ids_wait, state=state or None,
                         stale=stale)
 
-    def _gather_mapped(self, micro: MicroLookups, mapped: MappedTables) -> ColdRows:
+    def _gather_mapped(self, micro: MicroLookups, views: tuple[torch.Tensor, dict[str, torch.Tensor]]) -> ColdRows:
         """``gather_cold`` read in place (mapped.py), on the calling thread's current
-        stream: the device gathers the rows (and, staged, their state) from the mapped
-        tables with one ``index_select`` each, once the host writes it must see are in
-        (``_mapped_waits``). The host ids (an eager step's gradient's, the refresh
+        stream: the device gathers the rows (and, staged, their state) from the tables'
+        device ``views`` with one ``index_select`` each, once the host writes it must see
+        are in (``_mapped_waits``). The host ids (an eager step's gradient's, the refresh
         window's) are the copy made a step ahead, or one made here."""
         t0 = time.perf_counter()
         ids = micro.cold_ids
@@ -318,11 +319,10 @@ class LocalHostTier:
             if micro.ready is not None:  # classified on the split stream
                 torch.cuda.current_stream(ids.device).wait_event(micro.ready)
             ids.record_stream(torch.cuda.current_stream(ids.device))
-        else:
-            ids = ids.to(mapped.device)
-        rows = mapped.view(self._tables.weight.data).index_select(0, ids)
-        state = ({name: mapped.view(t).index_select(0, ids) for name, t in self._per_row_state().items()}
-                 if self.stage_state else {})
+        weight, per_row = views
+        ids = ids.to(weight.device)
+        rows = weight.index_select(0, ids)
+        state = {name: t.index_select(0, ids) for name, t in per_row.items()} if self.stage_state else {}
         self._count("h2d", rows, *state.values())  # read over the bus, in place
         return ColdRows(ids, rows.requires_grad_(True), host_ids, t1 - t0 - waited - ids_wait,
                         time.perf_counter() - t1, None, update_wait_s=waited, ids_wait_s=ids_wait,
@@ -557,15 +557,15 @@ class LocalHostTier:
             self._first_written = (written_first, first[0]) if written_first is not None else None
 
     def write_back(self, host_ids: torch.Tensor, rows: torch.Tensor, state: dict[str, torch.Tensor],
-                   ids: torch.Tensor | None = None) -> None:
+                   ids: torch.Tensor) -> None:
         """A static step's staged cold rows as the device updated them, ``rows`` [U, D]
         and ``state`` (views of the step's buffers, on the device) of ``host_ids``: D2H
         into pinned memory (CPU: cloned), stored by the host-update thread as they are
         (cold_stage.py). The next gather does not wait for it (``_gather_updated``).
-        Read in place (``read_in_place``; ``ids``: the same ids on the device): the
+        ``ids``: the same ids on the device. Read in place (``read_in_place``): the
         device writes them into the tables itself (``_write_in_place``)."""
-        if self._mapped is not None:
-            self._write_in_place(self._mapped, host_ids if ids is None else ids, rows, state)
+        if self._in_place is not None:
+            self._write_in_place(self._in_place, ids, rows, state)
             return
         ready = None
         if rows.device.type == "cuda":
@@ -582,20 +582,21 @@ class LocalHostTier:
         self._first_written = None
         self.writes += 1
 
-    def _write_in_place(self, mapped: MappedTables, ids: torch.Tensor, rows: torch.Tensor,
-                        state: dict[str, torch.Tensor]) -> None:
+    def _write_in_place(self, views: tuple[torch.Tensor, dict[str, torch.Tensor]], ids: torch.Tensor,
+                        rows: torch.Tensor, state: dict[str, torch.Tensor]) -> None:
         """``write_back`` read in place: one ``index_copy_`` a tensor into the mapped
         tables, on the current stream after the step that updated the rows. The device's
         next reads (the next gather) follow it on that stream, so no row is read before
         its write and nothing is stale; every host reader waits for it (``wait_updates``:
         the event after it), every host writer comes after it (a gradient's or a
         refresh's rows wait for their D2H copies, recorded later on the same stream)."""
-        ids = ids.to(mapped.device)
+        weight, per_row = views
+        ids = ids.to(weight.device)
         with torch.no_grad():
-            mapped.view(self._tables.weight.data).index_copy_(0, ids, rows)
+            weight.index_copy_(0, ids, rows)
             for name, tensor in state.items():
-                mapped.view(self._tables.state[name]).index_copy_(0, ids, tensor)
-        if mapped.device.type == "cuda":
+                per_row[name].index_copy_(0, ids, tensor)
+        if weight.device.type == "cuda":
             done = torch.cuda.Event()
             done.record()
             self._device_writes = done
