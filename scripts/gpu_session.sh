@@ -53,7 +53,8 @@
 #      since 2026-11-27): beside the step's wall time, device- or host-bound
 #   2. in this order, each in what the call has left: hotline and hotline_bf16_tables
 #      with the cold rows read in place (hotline.cold_path=mapped), the hotline.budget
-#      sweep at 64MB, 512MB and 2GB, hotline with the gather on the step loop
+#      sweep at 64MB, 512MB and 2GB, host_embedding read in place too (the baseline
+#      as strong as mapped makes it), hotline with the gather on the step loop
 #      (hotline.pipeline=false), hotline with the workers' batches taken on the step loop
 #      (DLRM_TAKE_THREAD=0), a helper thread beside a loop of small torch ops
 #      (dlrm.bench.gil_handoff), hotline with the GIL switch interval at 0.1 ms (the main
@@ -261,6 +262,11 @@ bench() {
     # after the mapped row (the main rows took ~250 of the call's 420 s there)
     echo "== hotline.budget sweep (128MB: the main rows)"
     bench_part budgets 100 --engines "" --hotline-budgets 64MB,512MB,2GB "$@"
+    # the baseline read in place too (issue 22 wants the strongest simple alternative):
+    # host_embedding with every row read by the device over the bus, no host gather, no
+    # copy; the mapped hotline row above over this one is the fair ratio if mapped wins
+    echo "== host_embedding, hotline.cold_path=mapped (every row read in place by the device)"
+    bench_part mappedbase 40 --engines host_embedding "$@" hotline.cold_path=mapped "${THREADS[@]}"
     # the cold gather on the step loop itself (hotline.pipeline=false: no gather thread,
     # the host's gather then the copy, while the previous step's replay runs): against the
     # main row's gather thread, whether the threads' hand-offs cost more than they hide
@@ -354,6 +360,7 @@ bench() {
   grep -E "^  [a-z_0-9]+@|FAILED|^==|budget|GB/s|gb_per_s|switch_interval_ms|\"kernels\"|^ +[0-9]+[KMGT]?B |hot hit rate|steps: hotline step static|\"step_mode\"" \
     "$OUT/bench_extra.log" | tail -40
   threads_census mapped
+  threads_census mappedbase
   threads_census nopipe
   threads_census takeinline
   threads_census gil01
