@@ -194,6 +194,13 @@ def test_the_hotline_line_says_what_the_gather_waited_for() -> None:
     line = bench._hotline_line({**row, "hotline": {**stats, "host_huge_pages": 0.0}})
     assert "gather in one call over 16 torch thread(s) from a host tier 0% on 2 MiB pages" in line
     assert "CPU a step" not in line  # not timed (a run before the clocks)
+    # read in place (hotline.cold_path=mapped): no host gather, no copy, nothing to hide;
+    # the step loop's time issuing the device's reads
+    line = bench._hotline_line({**row, "hotline": {**stats, "cold_in_place": 1.0, "gather_ms": 0.0,
+                                                     "transfer_ms": 0.04, "gather_hidden": 0.0}})
+    assert ("read in place by the device (hotline.cold_path=mapped), 0.04 ms/step on the step loop issuing "
+            "the reads, hot tier on triton") in line
+    assert "host gather" not in line and "hidden" not in line
     clocks = {**stats, "loop_cpu_ms": 1.1, "loop_wall_ms": 2.4, "gather_cpu_ms": 0.5, "update_cpu_ms": 0.3}
     line = bench._hotline_line({**row, "hotline": clocks})
     assert ("CPU a step: the step loop 1.10 ms of its 2.40 ms, the gather thread 0.50, the update thread 0.30"

@@ -566,11 +566,7 @@ def _hotline_line(row: dict[str, Any]) -> str:
     """A Hotline row's stats in one line: hits, the gather, where the step loop waited."""
     h = row["hotline"]
     return (f"{row['engine']}: hot hit rate {h['hot_hit_rate']:.1%}, popular share "
-            f"{h['popular_share']:.1%}, host gather {h['gather_ms']:.1f} ms/step"
-            + (f" ({h['ids_wait_ms']:.1f} of it waiting for the cold ids' copy)" if h.get("ids_wait_ms") else "")
-            + ", "
-            f"transfer {h['transfer_ms']:.1f} ms/step, {h['gather_hidden']:.0%} of both "
-            f"hidden, {_gather_how(h)}, hot tier on "
+            f"{h['popular_share']:.1%}, {_cold_rows_cost(h)}, hot tier on "
             f"{'triton' if h.get('hot_tier_triton') else 'torch'}, "
             f"{h.get('split_ahead', 0.0):.0%} of mini-batches split a step ahead"
             + (f", {h['refreshes']:.0f} refreshes pausing {h['refresh_pause_ms']:.1f} ms each "
@@ -586,6 +582,20 @@ def _hotline_line(row: dict[str, Any]) -> str:
                f"{h.get('update_cpu_ms', 0.0):.2f}" if h.get("loop_wall_ms") else "")
             + " "
             f"({row['ranks']} rank{'s' if row['ranks'] > 1 else ''}, rank 0's view)")
+
+
+def _cold_rows_cost(h: dict[str, Any]) -> str:
+    """What a step's cold rows cost: the host's gather and the copy's issue, and how much
+    of both the hot side hid; read in place (hotline.cold_path=mapped) there is neither,
+    only the step loop's time to issue the device's reads (its wait for host writes
+    is said with the waits)."""
+    if h.get("cold_in_place"):
+        return (f"{_gather_how(h)}, {h['transfer_ms']:.2f} ms/step on the step loop issuing the reads"
+                + (f" ({h['ids_wait_ms']:.2f} waiting for the cold ids' copy)" if h.get("ids_wait_ms") else ""))
+    return (f"host gather {h['gather_ms']:.1f} ms/step"
+            + (f" ({h['ids_wait_ms']:.1f} of it waiting for the cold ids' copy)" if h.get("ids_wait_ms") else "")
+            + f", transfer {h['transfer_ms']:.1f} ms/step, {h['gather_hidden']:.0%} of both hidden, "
+            f"{_gather_how(h)}")
 
 
 def _gather_how(h: dict[str, Any]) -> str:
