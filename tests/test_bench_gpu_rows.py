@@ -205,6 +205,8 @@ def test_the_hotline_line_says_what_the_gather_waited_for() -> None:
     line = bench._hotline_line({**row, "hotline": clocks})
     assert ("CPU a step: the step loop 1.10 ms of its 2.40 ms, the gather thread 0.50, the update thread 0.30"
             in line)
+    line = bench._hotline_line({**row, "hotline": {**clocks, "cold_in_place": 1.0}})  # the reads: the loop's own
+    assert "CPU a step: the step loop 1.10 ms of its 2.40 ms, 0.50 of it in the reads, the update thread 0.30" in line
     for threads, said in ((1.0, "1 gather thread of ours"), (4.0, "4 gather threads of ours")):
         line = bench._hotline_line({**row, "hotline": {**stats, "gather_threads": threads}})
         assert said in line and "torch thread" not in line

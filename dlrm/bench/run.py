@@ -578,8 +578,9 @@ def _hotline_line(row: dict[str, Any]) -> str:
                f"{h.get('header_wait_ms', 0.0):.2f} for the next split's header; the gather "
                f"{h.get('update_wait_ms', 0.0):.2f} for host updates")
             + (f"; CPU a step: the step loop {h['loop_cpu_ms']:.2f} ms of its {h['loop_wall_ms']:.2f} ms, "
-               f"the gather thread {h.get('gather_cpu_ms', 0.0):.2f}, the update thread "
-               f"{h.get('update_cpu_ms', 0.0):.2f}" if h.get("loop_wall_ms") else "")
+               + (f"{h.get('gather_cpu_ms', 0.0):.2f} of it in the reads" if h.get("cold_in_place")  # no thread
+                  else f"the gather thread {h.get('gather_cpu_ms', 0.0):.2f}")
+               + f", the update thread {h.get('update_cpu_ms', 0.0):.2f}" if h.get("loop_wall_ms") else "")
             + " "
             f"({row['ranks']} rank{'s' if row['ranks'] > 1 else ''}, rank 0's view)")
 
