@@ -53,6 +53,12 @@ _POLL_S = 0.1  # how often a waiting consumer checks that its worker is alive
 # (in_background), one being decoded, one being put, one being received
 IN_FLIGHT = 5
 
+# What the forkserver imports before it forks: each worker starts with torch and the reader
+# imported, and with SIGTERM ignored (data/forkserver_signals.py). One process has one
+# forkserver, whoever starts it first: the tests' ranks (tests/multiprocess.py) ask for
+# the same list and undo the SIGTERM part in each rank.
+FORKSERVER_PRELOAD = ["data.forkserver_signals", "data.reader", "pyarrow.parquet", "pyarrow.compute"]
+
 
 class DecodeWorkerError(UserError):
     """A decode worker process died without reporting an error."""
@@ -109,9 +115,7 @@ class DecodePool:
         import multiprocessing as mp
 
         ctx = mp.get_context("forkserver")
-        # each worker forks with torch imported, and SIGTERM ignored (data/forkserver_signals.py)
-        ctx.set_forkserver_preload(["data.forkserver_signals", "data.reader", "pyarrow.parquet",
-                                    "pyarrow.compute"])
+        ctx.set_forkserver_preload(FORKSERVER_PRELOAD)
         self.stop = ctx.Event()
         self.generation = ctx.RawValue("q", 0)
         self.tasks = [ctx.Queue() for _ in range(self.workers)]
