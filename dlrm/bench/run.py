@@ -592,7 +592,8 @@ def _cold_rows_cost(h: dict[str, Any]) -> str:
     is said with the waits)."""
     if h.get("cold_in_place"):
         return (f"{_gather_how(h)}, {h['transfer_ms']:.2f} ms/step on the step loop issuing the reads"
-                + (f" ({h['ids_wait_ms']:.2f} waiting for the cold ids' copy)" if h.get("ids_wait_ms") else ""))
+                + (f" ({h['ids_wait_ms']:.2f} waiting for the cold ids' copy)"
+                   if h.get("ids_wait_ms", 0.0) >= 0.005 else ""))
     return (f"host gather {h['gather_ms']:.1f} ms/step"
             + (f" ({h['ids_wait_ms']:.1f} of it waiting for the cold ids' copy)" if h.get("ids_wait_ms") else "")
             + f", transfer {h['transfer_ms']:.1f} ms/step, {h['gather_hidden']:.0%} of both hidden, "
