@@ -115,7 +115,8 @@ def _no_unchecked_overflow_sanitizer(interpreter) -> None:
     """Without ``debug`` the interpreter's integer-overflow sanitizer computes each int32
     add, sub and mul again in int64 with its range test, then drops the test
     (``device_assert`` does nothing unless ``debug``): a third of a bf16 kernel's ops,
-    checking nothing. Off where ``debug`` is off; with ``debug`` (TRITON_DEBUG) it stays."""
+    checking nothing. Off where ``debug`` is off (the interpreter's options never turn it
+    on); an options object with ``debug`` set keeps it."""
     import dataclasses
 
     builder = getattr(interpreter, "interpreter_builder", None)
