@@ -135,3 +135,21 @@ def test_a_tensor_lr_is_filled_only_when_it_changes(monkeypatch) -> None:
     opt.param_groups[0]["lr"] = torch.tensor(0.3)  # a new tensor (a resume's): filled at once
     set_lrs(opt, 0.1)
     assert fills == [0.1, 0.05, 0.1, 0.1] and float(opt.param_groups[0]["lr"]) == pytest.approx(0.1)
+
+
+def test_a_kept_tensor_lr_costs_no_host_read() -> None:
+    """``set_lrs`` runs before every step: finding a tensor lr's last fill must not
+    compare tensors. A ``weakref.WeakKeyDictionary`` keyed by the tensor did: a lookup
+    makes a new weak reference, which equals the stored one by ``==`` of their
+    tensors, and ``bool()`` of that is a read of the device (review of 2026-12-07:
+    a wait for the GPU before every graphed step)."""
+    from dlrm.train.graphs import set_lrs
+    from dlrm.train.sync_audit import SyncAudit
+
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.5)
+    opt.param_groups[0]["lr"] = torch.tensor(0.5)
+    set_lrs(opt, 0.1)
+    with SyncAudit() as audit:
+        for _ in range(3):
+            set_lrs(opt, 0.1)
+    assert audit.violations == [] and audit.compute_ops == 0, (audit.violations, audit.ops)

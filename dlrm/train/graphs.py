@@ -30,11 +30,11 @@ tensor the meter reads afterwards, as it reads an eager step's.
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
 
 from data.batch import Batch
 from data.jagged import JaggedFeatures
@@ -183,8 +183,10 @@ def capture(body: Callable[[Batch], torch.Tensor], static: Batch, dense_opt: tor
 
 
 # the value each tensor lr was last filled with (set_lrs): a step that keeps the lr
-# (most do) launches no fill
-_FILLED: weakref.WeakKeyDictionary[torch.Tensor, float] = weakref.WeakKeyDictionary()
+# (most do) launches no fill. Keyed by identity: a WeakKeyDictionary's lookup compares
+# its new weak reference with the stored one by == of their tensors, and bool() of
+# that is a host read of the device before every step
+_FILLED: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
 
 def set_lrs(opt: torch.optim.Optimizer, lr: float) -> None:
