@@ -251,7 +251,10 @@ def test_graph_split_on_says_why_not_where_auto_is_silent(monkeypatch) -> None:
 def test_a_slots_tensors_are_recorded_once_a_stream(monkeypatch) -> None:
     """``record_reads``: a slot's buffers live as long as it does, and the allocator
     keeps the streams recorded on a block until it is freed; so once per slot and
-    stream, every storage of its split once, and again for another stream or slot."""
+    stream, every storage of its split once, and again for another stream or slot.
+    Streams are torch's (a fresh object each time, equal by value): ``None != stream``
+    is False for them (torch's Stream compares to None as unequal under no operator),
+    so a first record was never made until 2026-12-07's review."""
     coll, _, _ = _setup(False)
     graphs = GraphedSplits(coll, graph=StandInGraph, capture=stand_in_capture)
     batch = single_hot(coll, 0)
@@ -259,13 +262,17 @@ def test_a_slots_tensors_are_recorded_once_a_stream(monkeypatch) -> None:
     recorded = []
     monkeypatch.setattr(torch.Tensor, "record_stream", lambda self, stream: recorded.append((self, stream)))
     storages = {t.untyped_storage().data_ptr() for t in split_tensors(slot.split) if t.numel()}
-    GraphedSplits.record_reads(slot, "compute")
+    def compute() -> torch.Stream:
+        return torch.Stream("cpu")
+
+    another = torch.Stream(stream_id=1, device_index=0, device_type=0)
+    GraphedSplits.record_reads(slot, compute())
     assert {t.untyped_storage().data_ptr() for t, _ in recorded} == storages and len(recorded) == len(storages)
-    GraphedSplits.record_reads(slot, "compute")
+    GraphedSplits.record_reads(slot, compute())
     assert len(recorded) == len(storages)
-    GraphedSplits.record_reads(slot, "another")
-    assert len(recorded) == 2 * len(storages) and recorded[-1][1] == "another"
+    GraphedSplits.record_reads(slot, another)
+    assert len(recorded) == 2 * len(storages) and recorded[-1][1] == another
     other = graphs.split(batch.sparse, batch.sparse)[1]
     assert other is not slot
-    GraphedSplits.record_reads(other, "compute")
+    GraphedSplits.record_reads(other, compute())
     assert len(recorded) == 3 * len(storages)

@@ -135,7 +135,7 @@ class GraphedSplits:
         a block's streams as a set until the block is freed, and inserts its events
         then, so a second record of the same stream adds nothing (a slot's tensors are
         freed only with it, at a recapture)."""
-        if slot.recorded != stream:
+        if slot.recorded is None or slot.recorded != stream:  # None != a torch Stream is False
             record_once(split_tensors(slot.split), stream)
             slot.recorded = stream
 
