@@ -37,11 +37,12 @@ def test_gaps_are_the_pages_no_registration_covers(taken, want) -> None:
 
 
 class _AliasOf:
-    """What ``torch.asarray`` gives for a CUDA array interface, off a GPU."""
+    """What ``torch.as_tensor`` gives for a CUDA array interface on the pointer's own
+    device, off a GPU: an alias."""
 
-    def __init__(self, obj, copy: bool) -> None:
-        assert copy is False  # an alias, never a copy of the table
-        self.device = torch.device("cuda", 0)
+    def __init__(self, obj, device: torch.device) -> None:
+        assert device == torch.device("cuda", 0)  # named: never a copy to the default device
+        self.device = device
         self._pointer = obj.__cuda_array_interface__["data"][0]
 
     def data_ptr(self) -> int:
@@ -58,7 +59,7 @@ def test_storages_sharing_a_page_register_each_page_once(monkeypatch) -> None:
     monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: fake.calls.append(("synchronize", device)))
     monkeypatch.setattr(mapped, "_device_pointer", lambda address: address)  # the same address (UVA)
-    monkeypatch.setattr(torch, "asarray", _AliasOf)
+    monkeypatch.setattr(torch, "as_tensor", _AliasOf)
     page, flags = 4096, 3  # portable | mapped
     tables = MappedTables(torch.device("cuda", 0))
     tables._map(10 * page + 16, 5000)  # pages 10, 11
@@ -73,6 +74,23 @@ def test_storages_sharing_a_page_register_each_page_once(monkeypatch) -> None:
     fake.ok = False
     with pytest.raises(RuntimeError, match=r"cudaHostRegister of 8,192 bytes failed \(CUDA error 2\)"):
         tables._map(20 * page, 2 * page)
+
+
+@pytest.mark.skipif(CUDA, reason="on a GPU test_the_device_reads_the_host_rows_in_place makes real views")
+def test_the_view_is_made_by_a_call_that_takes_a_cuda_array_interface(monkeypatch) -> None:
+    """Only CUDA faked, not torch: the view's call accepts the interface object and goes
+    on to CUDA (on this CPU build it stops at CUDA's initialisation, the furthest a CPU
+    can check). The call before (``torch.asarray(copy=False)``, faked by the test above)
+    refuses any such object with a ValueError, whatever the build (torch reads the
+    interface only where it may copy), so on a GPU every mapped run would have gathered
+    on the host (the 2026-12-07 review)."""
+    fake = FakeCudart()
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: fake)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+    monkeypatch.setattr(mapped, "_device_pointer", lambda address: address)
+    with pytest.raises((RuntimeError, AssertionError), match="CUDA"):
+        MappedTables(torch.device("cuda", 0))._map(10 * 4096, 4096)
+    assert fake.calls == [("register", 10 * 4096, 4096, 3)]
 
 
 @pytest.mark.slow

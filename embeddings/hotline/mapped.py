@@ -79,10 +79,12 @@ class MappedTables:
             if int(err) != 0:
                 raise RuntimeError(f"cudaHostRegister of {end - start:,} bytes failed (CUDA error {int(err)})")
             self._ranges.append((start, end))
-        pointer = _device_pointer(address)
-        # copy=False: an alias or an error, never a copy (as_tensor(device=) would copy the
-        # whole table to the GPU if the pointer's device were another)
-        raw = torch.asarray(_Bytes(pointer, nbytes), copy=False)
+        pointer = on_cuda_thread(lambda: _device_pointer(address), self.device.index)  # a thread with the context
+        # as_tensor reads the CUDA array interface (torch.asarray does not: with copy=False
+        # it refuses any object but a tensor, a numpy array, DLPack or a buffer, as the
+        # 2026-12-07 review found), its device that of the pointer (cudaPointerGetAttributes).
+        # device= the same: no copy; a copy (another device) fails the check below
+        raw = torch.as_tensor(_Bytes(pointer, nbytes), device=self.device)
         if raw.device != self.device or raw.data_ptr() != pointer:
             raise RuntimeError(f"the mapped tables' view is at {raw.device} {raw.data_ptr():#x}, "
                                f"not {self.device} {pointer:#x}")
