@@ -24,10 +24,11 @@ step loop (a Hotline step is bound by that thread's time on a GPU).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -159,6 +160,41 @@ def _keep_until_copied(block: torch.Tensor) -> None:
         while _IN_FLIGHT and _IN_FLIGHT[0][0].query():
             _IN_FLIGHT.popleft()
         _IN_FLIGHT.append((copied, block))
+
+
+# CUDA graph captures in progress, in any thread (``capturing``). While any stream of the
+# device captures, a device synchronize from any thread is invalid and invalidates that
+# capture (CUDA's programming guide, "Prohibited and unhandled operations"; a
+# thread_local capture spares other threads' unsafe calls, not that): a slot let go
+# by the batch-taking thread (data/shm_batch.py) waited for the device so, and the
+# capture it met ran every later step eager. Registration calls are put off while a
+# capture runs (``when_no_capture``). Re-entrant: the garbage collector, run by the
+# capture's own entry, may finalize a reader and let its slots go on this thread.
+_CAPTURES = 0
+_CAPTURE_LOCK = threading.RLock()
+
+
+@contextlib.contextmanager
+def capturing() -> Iterator[None]:
+    """Around every CUDA graph capture (dlrm/train/graphs.py, split_graphs.py,
+    dense_graphs.py): no ``when_no_capture`` call runs meanwhile."""
+    global _CAPTURES
+    with _CAPTURE_LOCK:  # waits for a registration call under way
+        _CAPTURES += 1
+    try:
+        yield
+    finally:
+        with _CAPTURE_LOCK:
+            _CAPTURES -= 1
+
+
+def when_no_capture(call: Callable[[], object]) -> tuple[bool, object]:
+    """(True, ``call()``) where no capture is in progress (none begins until it returns),
+    else (False, None), not called."""
+    with _CAPTURE_LOCK:
+        if _CAPTURES:
+            return False, None
+        return True, call()
 
 
 def on_cuda_thread(call: Callable[[], object], device: int | None) -> object:

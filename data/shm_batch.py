@@ -52,7 +52,7 @@ import torch
 
 from data.batch import Batch
 from data.jagged import JaggedFeatures
-from data.pinned import on_cuda_thread
+from data.pinned import on_cuda_thread, when_no_capture
 
 FREE, WRITING, SENT = 0, 1, 2
 _SHM_DIR = "/dev/shm"  # where Linux keeps POSIX shared memory
@@ -372,6 +372,8 @@ _MAPS: dict[str, _Mapped] = {}
 # at most this many (the oldest let go): every slot of the live pools stays mapped, as a
 # block mapped anew costs a page fault per 4 KiB again (16 workers x (128 + 9) slots: 2,192)
 _KEEP_MAPS = 4096
+# registered mappings let go and not yet unregistered (a capture was in progress: _let_go)
+_UNREGISTER: collections.deque[_Mapped] = collections.deque()
 # CUDA registration of the blocks (module docstring): "0" turns it off, to compare; a
 # failed registration turns it off too (none is tried again)
 _PIN_SLOTS = os.environ.get("DLRM_SHM_PIN", "1") != "0"
@@ -397,6 +399,7 @@ def _attach(name: str) -> mmap.mmap:
     held = _MAPS.get(slot)
     if held is not None and held.name == name:
         return held.mm
+    _unregister_let_go()  # any put off by a capture
     fd = os.open(os.path.join(_SHM_DIR, name), os.O_RDWR)
     try:
         mm = mmap.mmap(fd, 0)
@@ -417,8 +420,10 @@ def _registered(name: str) -> bool:
     if held is None or held.name != name:
         return False
     if held.registered is None:
-        held.registered = _PIN_SLOTS and _host_register(held.mm)
-        _PIN_SLOTS = held.registered
+        now, outcome = when_no_capture(lambda: _PIN_SLOTS and _host_register(held.mm))
+        if not now:  # a CUDA graph is being captured (data/pinned.py): copied this time
+            return False
+        held.registered = _PIN_SLOTS = bool(outcome)
     return held.registered
 
 
@@ -437,15 +442,32 @@ def _host_register(mm: mmap.mmap) -> bool:
 def _let_go(held: _Mapped | None) -> None:
     """A mapping no longer kept: unregistered if it was registered, once every queued
     device copy (from it, among others) is done; its views, if any, stay valid as
-    ordinary memory."""
+    ordinary memory. While a CUDA graph is being captured (data/pinned.py
+    ``capturing``), where the wait for the device would break the capture, it is put
+    off to the next mapping made or let go (held until then: its pages stay mapped)."""
     if held is None or not held.registered:
         return
     held.registered = False
-    try:
+    _UNREGISTER.append(held)
+    _unregister_let_go()
+
+
+def _unregister_let_go() -> None:
+    """Every mapping let go unregistered, after the device's queued copies (none where a
+    capture is in progress: at the next call)."""
+
+    def unregister() -> None:
         torch.cuda.synchronize(_DEVICE)
-        _on_cuda_thread(lambda: torch.cuda.cudart().cudaHostUnregister(_address(held.mm)))
-    except Exception:  # noqa: BLE001 - a pool closed at exit may find CUDA gone: its pages go with the process
+        while _UNREGISTER:
+            held = _UNREGISTER.popleft()
+            _on_cuda_thread(lambda h=held: torch.cuda.cudart().cudaHostUnregister(_address(h.mm)))
+
+    if not _UNREGISTER:
         return
+    try:
+        when_no_capture(unregister)
+    except Exception:  # noqa: BLE001 - a pool closed at exit may find CUDA gone: its pages go with the process
+        _UNREGISTER.clear()
 
 
 def _on_cuda_thread(call: Callable[[], object]) -> object:

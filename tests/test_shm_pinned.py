@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from data import shm_batch
+from data import pinned, shm_batch
 from data.batch import Batch
 from data.jagged import JaggedFeatures
 from data.pinned import one_block
@@ -156,6 +156,76 @@ def test_blocks_are_registered_and_waited_for_on_the_trainers_device(cudart: Fak
         ring.close()
         forget_maps(prefix)
         unlink_blocks(prefix)
+
+
+def test_no_registration_call_meets_a_capture(cudart: FakeCudart) -> None:
+    """While a CUDA graph is captured (any thread), a device synchronize breaks the
+    capture, so a slot let go then (its block grew) is unregistered at the next mapping
+    made after the capture, and a new block is not registered during one (its batch is
+    copied) but at its next use after (the 2026-12-07 review)."""
+    prefix = new_prefix()
+    state = mp.RawArray("b", 4)
+    ring = SlotRing(state, f"{prefix}-w0")
+    receiver = Receiver(state, hold=2, pin=True)
+    try:
+        first = _send(ring, 4, 1.0)
+        receiver.take(first)
+        gc.collect()
+        assert [c[0] for c in cudart.calls] == ["register"]
+        with pinned.capturing():
+            grown = _send(ring, 64, 2.0)  # the slot's block made anew: the older one let go
+            assert grown.name != first.name
+            shm_batch._attach(grown.name)
+            assert not shm_batch._registered(grown.name)  # copied this time
+            assert [c[0] for c in cudart.calls] == ["register"]  # no synchronize, no unregister
+        assert shm_batch._registered(grown.name)  # registered at its next use
+        assert [c[0] for c in cudart.calls] == ["register", "register"]
+        other = SlotRing(state, f"{prefix}-w1")
+        shm_batch._attach(_send(other, 4, 3.0).name)  # the next mapping: the one put off goes
+        assert [c[0] for c in cudart.calls] == ["register", "register", "synchronize", "unregister"]
+        assert cudart.calls[3][1] == cudart.calls[0][1]  # the first block's
+        other.close()
+    finally:
+        ring.close()
+        forget_maps(prefix)
+        unlink_blocks(prefix)
+
+
+def test_captures_wait_for_no_registration_and_nest_on_one_thread() -> None:
+    """``when_no_capture`` runs its call only between captures; a capture's own thread
+    may ask (a finalizer run by the capture's garbage collection) and is told not now."""
+    assert pinned.when_no_capture(lambda: 7) == (True, 7)
+    with pinned.capturing():
+        assert pinned.when_no_capture(lambda: 7) == (False, None)
+        with pinned.capturing():
+            pass
+        assert pinned.when_no_capture(lambda: 7) == (False, None)
+    assert pinned.when_no_capture(lambda: 7) == (True, 7)
+
+
+@pytest.mark.parametrize("site", ["graphs", "split_graphs", "dense_graphs"])
+def test_every_capture_marks_itself(monkeypatch, site: str) -> None:
+    """Each place that captures a CUDA graph does it inside ``capturing``."""
+    import contextlib
+
+    from dlrm.train import dense_graphs, graphs, split_graphs
+
+    seen = []
+
+    @contextlib.contextmanager
+    def graph(g, **kwargs):
+        seen.append(pinned.when_no_capture(lambda: None)[0])
+        yield
+
+    monkeypatch.setattr(torch.cuda, "graph", graph)
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", lambda: object())
+    if site == "graphs":
+        opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+        graphs.capture(lambda static: torch.zeros(()), None, opt)
+    else:
+        with {"split_graphs": split_graphs, "dense_graphs": dense_graphs}[site]._cuda_capture(object()):
+            pass
+    assert seen == [False]
 
 
 @pytest.mark.parametrize("shapes,dtypes", [

@@ -30,11 +30,13 @@ and evaluation (``eval()``) run the modules eager.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 from torch import nn
+
+from data.pinned import capturing
 
 WARMUP_ITERS = 3  # eager runs on a side stream before the capture (cuBLAS workspaces)
 
@@ -177,5 +179,7 @@ def under(fn: Callable[..., torch.Tensor], device_type: str, dtype: torch.dtype 
     return cast
 
 
-def _cuda_capture(graph: torch.cuda.CUDAGraph) -> Any:
-    return torch.cuda.graph(graph, capture_error_mode="thread_local")
+@contextlib.contextmanager
+def _cuda_capture(graph: torch.cuda.CUDAGraph) -> Iterator[None]:
+    with capturing(), torch.cuda.graph(graph, capture_error_mode="thread_local"):  # data/pinned.py
+        yield

@@ -38,6 +38,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from data.batch import Batch
 from data.jagged import JaggedFeatures
+from data.pinned import capturing
 
 WARMUP = 3  # eager steps before the capture
 
@@ -177,7 +178,7 @@ def capture(body: Callable[[Batch], torch.Tensor], static: Batch, dense_opt: tor
     Hotline's gather and host update) call CUDA while this one captures."""
     dense_opt.zero_grad(set_to_none=True)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+    with capturing(), torch.cuda.graph(graph, capture_error_mode="thread_local"):
         loss = body(static)
     return graph, loss
 

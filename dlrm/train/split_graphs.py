@@ -35,7 +35,8 @@ made state, such as a sort's workspace, exists before it).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -43,7 +44,7 @@ from typing import Any
 import torch
 
 from data.jagged import JaggedFeatures
-from data.pinned import record_once
+from data.pinned import capturing, record_once
 from embeddings.hotline.mixed import MixedHotlineCollection
 from embeddings.hotline.split import DeviceSplit, JointSplit, split_tensors
 
@@ -185,5 +186,7 @@ def _rerun(split_on_device: Callable[[JaggedFeatures], Any], static: JaggedFeatu
         out.copy_(value)
 
 
-def _cuda_capture(graph: torch.cuda.CUDAGraph) -> Any:
-    return torch.cuda.graph(graph, capture_error_mode="thread_local")
+@contextlib.contextmanager
+def _cuda_capture(graph: torch.cuda.CUDAGraph) -> Iterator[None]:
+    with capturing(), torch.cuda.graph(graph, capture_error_mode="thread_local"):  # data/pinned.py
+        yield
