@@ -93,6 +93,30 @@ def test_the_view_is_made_by_a_call_that_takes_a_cuda_array_interface(monkeypatc
     assert fake.calls == [("register", 10 * 4096, 4096, 3)]
 
 
+def test_tables_of_several_dtypes_all_read_one_way_where_one_is_refused(monkeypatch) -> None:
+    """A collection per dtype group: where the second group's registration is refused,
+    the first's is undone too (the run then gathers every group on the host, as its
+    warning says; before, the first group went on reading in place, unregistered never)."""
+    from embeddings.hotline.host_local import LocalHostTier
+    from tests.test_hotline_ahead import _setup
+
+    coll, _, _ = _setup(True)
+    assert len(coll.groups) >= 2
+    registered = LocalHostTier.read_in_place
+    calls = []
+
+    def second_refused(self, device):
+        calls.append(device)
+        if len(calls) == 2:
+            raise RuntimeError("cudaHostRegister of 4,096 bytes failed (CUDA error 2)")
+        registered(self, device)
+
+    monkeypatch.setattr(LocalHostTier, "read_in_place", second_refused)
+    with pytest.raises(RuntimeError, match="CUDA error 2"):
+        coll.read_in_place()
+    assert len(calls) == 2 and not any(g.reads_in_place for g in coll.groups)
+
+
 @pytest.mark.slow
 def test_a_refused_registration_says_so_and_gathers_on_the_host(tiny_data, tmp_path: Path, monkeypatch) -> None:
     """Where CUDA will not register the tables (a memlock limit, no driver), the run

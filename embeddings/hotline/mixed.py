@@ -226,9 +226,17 @@ class MixedHotlineCollection(PerDtype):
         return self.groups[0].gather_threads
 
     def read_in_place(self, on: bool = True) -> None:
-        """Each group's ``read_in_place`` (tiers.py)."""
-        for g in self.groups:
-            g.read_in_place(on)
+        """Each group's ``read_in_place`` (tiers.py); where one group's fails, those
+        before it read on the host again (registration undone), so every group gathers
+        the one way the run says, and the error is raised."""
+        try:
+            for g in self.groups:
+                g.read_in_place(on)
+        except Exception:
+            if on:
+                for g in self.groups:
+                    g.read_in_place(False)
+            raise
 
     @property
     def reads_in_place(self) -> bool:
