@@ -122,7 +122,10 @@ class ShardedEmbeddingCollection(EmbeddingCollection):
         }
         self.slots_on = self._slots_on_ranks()
         self.mp_features = [f for f in self.features if f in {s.feature for sl in self.slots_on for s in sl}]
-        column_rowwise = isinstance(make_optimizer(), RowWiseAdagrad)
+        # the optimizer's rule and state layout, for a rank that may hold no store at all
+        # (more ranks than table-wise tables): its checkpoint still lists every key
+        self._optimizer = make_optimizer()
+        column_rowwise = isinstance(self._optimizer, RowWiseAdagrad)
         self.column_rowwise = column_rowwise and any(
             how.splits_columns for how in self.strategies.values()
         )
@@ -361,7 +364,7 @@ class ShardedEmbeddingCollection(EmbeddingCollection):
 
     def _column_row_sums(self, kept: list[KVGradient | None]) -> KVGradient:
         """All-gather per-row partial sums of g² of column shards, keyed (table, row)."""
-        device = self.stores[0].weight.device  # the empty start must sit where the grads are
+        device = self._device  # the empty start must sit where the grads are (a rank may hold no store)
         keys = [torch.zeros(0, dtype=torch.int64, device=device)]
         sums = [torch.zeros(0, 1, device=device)]
         for store, grad in zip(self.stores, kept):
@@ -449,8 +452,7 @@ class ShardedEmbeddingCollection(EmbeddingCollection):
     def table_state(self) -> TableState:
         """This rank's shards (replicated tables: its full copy) as live tensors."""
         sharding = {name: (tp.sharding, tp.shards) for name, tp in self.plan.tables.items()}
-        stores = self._all_stores()
-        return TableState(self.tables, self.local_shards(), sharding, stores[0].optimizer,
+        return TableState(self.tables, self.local_shards(), sharding, self._optimizer,
                           plan=self.plan, group=self.group)
 
 

@@ -286,12 +286,11 @@ def _layout(tables: TableState, saving: bool) -> list[_Logical]:
             out.append(_table_key(f"tables.{spec.name}.{name}", size, dtype, name, kind,
                                   sharding, shards, mine, saving))
     for name, (kind, dtype) in kinds.items():
-        if kind == "scalar":
+        if kind == "scalar":  # [1] (StateKind.TABLE_SCALAR); a rank holding no table has no copy
             copies = [_Block(t[name], (0,)) for _, t in held]
             if saving and any(not torch.equal(c.tensor, copies[0].tensor) for c in copies):
                 raise RuntimeError(f"optimizer.{name} differs between this rank's stores")
-            out.append(_Logical(f"optimizer.{name}", tuple(copies[0].tensor.shape), dtype, False,
-                                copies[:1] if saving else copies))
+            out.append(_Logical(f"optimizer.{name}", (1,), dtype, False, copies[:1] if saving else copies))
     return out
 
 
