@@ -39,6 +39,15 @@ class BadRecord:
     row: int | None = None  # within the file
     rows: int | None = None  # rows covered from ``row`` on (None: unknown)
 
+    def __post_init__(self) -> None:
+        # Python ints: a count or index worked out in numpy (a row group's slice) is an
+        # np.int64, which json cannot write (the run then ended at its final save, its
+        # bad-data record lost; found 2026-12-07)
+        for name in ("row_group", "row", "rows"):
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, int(value))
+
     def to_json(self) -> dict:
         return asdict(self)
 

@@ -329,6 +329,22 @@ def test_cli_skip_trains_and_reports_every_bad_input(tmp_path: Path, capsys) -> 
     assert result["unseen_ids"] == {"C1": 1, "C2": 1}
 
 
+def test_cli_skip_an_unreadable_row_group_trains_to_the_end_and_records_it(tmp_path: Path, capsys) -> None:
+    """A row group that cannot be decoded, skipped: the run ends with its summary and
+    the record is written (its slice's size came from numpy, an int64 json could not
+    write: the run died at its final save and the record was lost, 2026-12-07)."""
+    a = write(tmp_path / "data" / "a.parquet", columns(0, A_ROWS))
+    smash_row_group(a, 1)
+    run = tmp_path / "run"
+    code = main(train_argv(tmp_path / "data", run, "data.on_error=skip", f"data.eval={a}"))
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    lines = [json.loads(x) for x in (run / "bad_data.jsonl").read_text().splitlines()]
+    assert sorted((x["split"], x["row_group"], x["row"], x["rows"]) for x in lines) == [
+        ("eval", 1, GROUP, GROUP), ("train", 1, GROUP, GROUP)]
+    assert f"skipped {GROUP} bad rows in 1 row groups" in out
+
+
 def test_cli_skip_without_bad_data_writes_an_empty_report(tmp_path: Path, capsys) -> None:
     e = write(tmp_path / "e.parquet", columns(0, 40))
     code = main(train_argv(Path(e), tmp_path / "run", "data.on_error=skip"))
