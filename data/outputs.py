@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from data.errors import UserError
+from data.errors import DataError, UserError
 from data.remote import is_uri
 
 
@@ -37,3 +37,30 @@ def output_dir(path: str | os.PathLike[str], flag: str) -> Path:
     if not os.access(ancestor, os.W_OK | os.X_OK):
         raise UserError(f"{flag} {p}: {ancestor} is not writable by this user")
     return p
+
+
+def not_the_data(out: str | os.PathLike[str], data: str, flag: str) -> None:
+    """A :class:`UserError` naming ``flag`` where the file ``out`` is one of ``data``'s
+    files (writing it would destroy them: ``dlrm predict --out`` and ``eval --scores``
+    did so without a word until 2026-12-07), or a Parquet file inside one of ``data``'s
+    directories, which every later read of them would take in as data."""
+    from data.files import expand_paths
+
+    target = os.path.realpath(out)
+    try:
+        files = expand_paths(data)
+    except DataError:  # the read itself says what is wrong with ``data``
+        return
+    if any(not is_uri(f) and os.path.realpath(f) == target for f in files):
+        raise UserError(f"{flag} {out}: is one of the --data files, which writing it would "
+                        "destroy; name another file")
+    items = [data] if Path(data).expanduser().exists() else [p.strip() for p in data.split(",")]
+    for item in items:
+        root = Path(item).expanduser()
+        if is_uri(item) or not root.is_dir() or not target.endswith(".parquet"):
+            continue
+        below = Path(target).relative_to(os.path.realpath(root)).parts if target.startswith(
+            os.path.realpath(root) + os.sep) else None
+        if below and not any(part.startswith((".", "_")) for part in below):
+            raise UserError(f"{flag} {out}: is inside the --data directory {item}, whose every "
+                            "later read would take it in as data; write it elsewhere")

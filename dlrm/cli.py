@@ -32,7 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from data.errors import UserError
-from data.outputs import local_path, output_dir
+from data.outputs import local_path, not_the_data, output_dir
 from dlrm.train.preemption import PREEMPTED, ignore_agent_signals
 
 
@@ -177,6 +177,7 @@ def cmd_eval(argv: list[str]) -> int:
         raise UserError(f"--scores {a.scores}: is a directory; name a .parquet file")
     if a.scores:
         output_dir(Path(a.scores).parent, "--scores")  # before the eval, as --plots
+        not_the_data(a.scores, a.data, "--scores")
     if a.plots is not None:
         output_dir(a.plots, "--plots")
     if a.batch_size is not None and a.batch_size < 1:  # 0 read as "not given" before
@@ -208,6 +209,7 @@ def cmd_predict(argv: list[str]) -> int:
     if Path(a.out).is_dir():
         raise UserError(f"--out {a.out}: is a directory; name a .parquet file")
     output_dir(Path(a.out).parent, "--out")
+    not_the_data(a.out, a.data, "--out")
     from dlrm.eval.predict_files import predict_files
 
     keep = list(dict.fromkeys(c.strip() for c in a.keep.split(",") if c.strip()))  # a name given twice: once

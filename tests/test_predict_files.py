@@ -98,3 +98,31 @@ def test_a_kept_column_of_other_types_in_other_files_is_widened_or_one_line(trai
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "part-00001.parquet, column 'id': column kept by --keep is int32 in " in err, err
     assert err.endswith("part-00000.parquet and string here: no one type holds both"), err
+
+
+@pytest.mark.parametrize("verb", ["predict", "eval"])
+def test_an_output_never_overwrites_the_data_nor_lands_among_it(trained: Path, tiny_data, tmp_path: Path,
+                                                                 capsys, verb: str) -> None:
+    """``predict --out`` and ``eval --scores`` naming a --data file overwrote it without a
+    word (found 2026-12-07); one inside a --data directory would be read as data by every
+    later run. Both are one line, exit 2, the data as it was; a name the reader skips
+    (``_scores.parquet``) and a file beside the directory are written."""
+    data = tmp_path / "data"
+    data.mkdir()
+    src = min(Path(tiny_data["eval"]).glob("*.parquet"))
+    (data / "part-0.parquet").write_bytes(src.read_bytes())
+    before = (data / "part-0.parquet").read_bytes()
+    flag = "--out" if verb == "predict" else "--scores"
+    cases = [(str(data / "part-0.parquet"), str(data), "is one of the --data files"),
+             (str(data / "part-0.parquet"), str(data / "part-0.parquet"), "is one of the --data files"),
+             (str(data / "scores.parquet"), str(data), "is inside the --data directory")]
+    for out, given, words in cases:
+        capsys.readouterr()
+        assert main([verb, "--checkpoint", str(trained), "--data", given, flag, out]) == 2
+        err = capsys.readouterr().err.strip()
+        assert "\n" not in err and f"{flag} {out}: {words}" in err, err
+    assert (data / "part-0.parquet").read_bytes() == before and sorted(p.name for p in data.iterdir()) == [
+        "part-0.parquet"]
+    for out in (data / "_scores.parquet", tmp_path / "scores.parquet"):
+        assert main([verb, "--checkpoint", str(trained), "--data", str(data), flag, str(out)]) == 0
+        assert pq.read_table(out).num_rows == pq.read_table(src).num_rows
