@@ -212,8 +212,11 @@ def test_other_format_version_refused(trained, tmp_path: Path, capsys) -> None:
 
 
 def test_other_model_config_refused(trained, tmp_path: Path, capsys) -> None:
+    """Each refused, and the run's own files (config.yaml, schema.json, plan.json) left
+    as its checkpoints were trained with: a refused resume rewrote them until 2026-12-07."""
     data, run, _ = trained
     shutil.copytree(run, tmp_path / "run")
+    kept = {name: (tmp_path / "run" / name).read_bytes() for name in ("config.yaml", "schema.json")}
     code = main(train_argv(data, tmp_path / "run", "model.embedding_dim=8", "model.bottom_mlp=[8]"))
     one_line_error(capsys, code, "step-000000010", "model.embedding_dim is 16 there, 8 here")
     code = main(train_argv(data, tmp_path / "run", "optim.sparse=adam"))
@@ -221,6 +224,7 @@ def test_other_model_config_refused(trained, tmp_path: Path, capsys) -> None:
     # the dense optimizer's state is Adagrad's: Adam took it and stopped in torch's KeyError
     code = main(train_argv(data, tmp_path / "run", "optim.dense=adam"))
     one_line_error(capsys, code, "optim.dense is 'adagrad' there, 'adam' here")
+    assert {name: (tmp_path / "run" / name).read_bytes() for name in kept} == kept
 
 
 class _Payload:

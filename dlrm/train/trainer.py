@@ -166,11 +166,11 @@ def _train_locked(cfg: Config, run_dir: Path, data: RunData, info: DistInfo,
         reader = make_reader(cfg, data.train_files, data.schema, True, info.rank, info.world_size,
                              data.preprocess)
         hot_profile = make_profile(cfg, run_tables(cfg, data.schema), reader, run_dir, say, info, resume)
-    if info.is_main:
-        if data.preprocess is not None and not (run_dir / PREP_FILE).is_file():
-            save_preprocessing(data.preprocess, run_dir)
-        write_atomic(run_dir / "config.yaml", to_yaml(cfg))
-        write_atomic(run_dir / "schema.json", json.dumps(schema_to_json(data.schema), indent=1))
+    if info.is_main and data.preprocess is not None and not (run_dir / PREP_FILE).is_file():
+        save_preprocessing(data.preprocess, run_dir)
+    run_files = {"config.yaml": to_yaml(cfg), "schema.json": json.dumps(schema_to_json(data.schema), indent=1)}
+    if not resume:  # a resume's once its checkpoint took this run (below)
+        _write_run_files(run_dir, run_files, info)
     table_bytes = sum(t.bytes for t in run_tables(cfg, data.schema))
     if table_bytes >= INIT_NOTE_BYTES and not resume:  # many seconds before the header: say why
         say(f"initialising {format_bytes(table_bytes)} of tables ...")
@@ -178,14 +178,26 @@ def _train_locked(cfg: Config, run_dir: Path, data: RunData, info: DistInfo,
     if model.plan is not None and info.is_main:
         if cfg.train.print_config:
             say(describe(cfg, data.schema, model.plan, parse_size(cfg.embeddings.memory_per_rank)))
-        write_atomic(run_dir / "plan.json", model.plan.to_json())
+        run_files["plan.json"] = model.plan.to_json()
+        if not resume:
+            _write_run_files(run_dir, {"plan.json": run_files["plan.json"]}, info)
     if info.is_main:
         for line in header(cfg, data.schema, data.train_files, data.eval_files, model.plan,
                            str(info.device), run_dir):
             say(line)
     barrier(info)
     with contextlib.closing(model):  # the torchrec backend owns a process group
-        return Trainer(cfg, run_dir, model, data, info, say).fit()
+        trainer = Trainer(cfg, run_dir, model, data, info, say)
+        if resume:  # a resume the checkpoint refused (another embedding dim) left them as they were
+            _write_run_files(run_dir, run_files, info)
+        return trainer.fit()
+
+
+def _write_run_files(run_dir: Path, files: dict[str, str], info: DistInfo) -> None:
+    """RUN/config.yaml, schema.json, plan.json: what the run's checkpoints were trained with."""
+    if info.is_main:
+        for name, text in files.items():
+            write_atomic(run_dir / name, text)
 
 
 def narrow_type_warning(cfg: Config, schema: Any, say: Callable[[str], None]) -> None:
