@@ -16,8 +16,9 @@ the wrong number of fields, a non-integer I field or label, or a non-hex C field
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from data.errors import DataError, UserError
 from data.schema import CRITEO_DENSE, CRITEO_SPARSE
@@ -64,8 +65,8 @@ def convert_criteo(
 
 
 def _convert_file(path: str, max_ind_range: int) -> Iterator[pa.Table]:
-    """One input, block by block, as converted Arrow tables."""
-    import numpy as np
+    """One input, block by block, as converted Arrow tables; what cannot be read or
+    parsed is a DataError naming the file."""
     import pyarrow as pa
     import pyarrow.csv as pv
 
@@ -75,41 +76,54 @@ def _convert_file(path: str, max_ind_range: int) -> Iterator[pa.Table]:
         bad_rows.append(row)
         return "error"
 
+    if os.path.isdir(path):
+        raise DataError("is a directory; name its TSV files (e.g. DIR/day_*)", file=path)
     try:
         stream = pa.input_stream(path)
     except FileNotFoundError:
         raise DataError("does not exist", file=path) from None
+    try:
+        yield from _blocks(path, stream, max_ind_range, bad_rows, on_invalid)
+    except pa.ArrowInvalid as e:
+        raise _parse_error(e, bad_rows, path) from None
+    except OSError as e:  # a truncated or corrupt .gz (after its good blocks were converted)
+        raise DataError(f"cannot read ({' '.join(str(e).split())[:200]})", file=path) from None
+
+
+def _blocks(path: str, stream: Any, max_ind_range: int, bad_rows: list, on_invalid: Any) -> Iterator[pa.Table]:
+    """``_convert_file``'s blocks of the opened ``stream``."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.csv as pv
+
     delimiter, header = _layout(path)
     line = 2 if header else 1  # line number of the block's first row
     with stream:
-        try:  # open_csv parses the first block already
-            reader = pv.open_csv(
-                stream,
-                read_options=pv.ReadOptions(column_names=_COLUMNS, use_threads=False,
-                                            block_size=1 << 22, skip_rows=int(header)),
-                parse_options=pv.ParseOptions(delimiter=delimiter, quote_char=False,
-                                              ignore_empty_lines=False,
-                                              invalid_row_handler=on_invalid),
-                convert_options=pv.ConvertOptions(column_types=dict.fromkeys(_COLUMNS, pa.string()),
-                                                  strings_can_be_null=False),
-            )
-            for block in reader:
-                where = (path, line)
-                label = _integers(block.column("label"), "label", where)
-                if np.any((label < 0) | (label > 1)):
-                    i = int(np.argmax((label < 0) | (label > 1)))
-                    raise DataError(f"line {line + i}: label {label[i]} is not 0 or 1",
-                                    file=path, column="label")
-                cols: dict[str, np.ndarray] = {"label": label.astype(np.float32)}
-                for c in CRITEO_DENSE:
-                    x = np.maximum(_integers(block.column(c), c, where), 0)
-                    cols[c] = np.log1p(x.astype(np.float64)).astype(np.float32)
-                for c in CRITEO_SPARSE:
-                    cols[c] = _hex_ids(block.column(c), c, where, max_ind_range)
-                yield pa.table(cols)
-                line += block.num_rows
-        except pa.ArrowInvalid as e:
-            raise _parse_error(e, bad_rows, path) from None
+        reader = pv.open_csv(  # parses the first block already
+            stream,
+            read_options=pv.ReadOptions(column_names=_COLUMNS, use_threads=False,
+                                        block_size=1 << 22, skip_rows=int(header)),
+            parse_options=pv.ParseOptions(delimiter=delimiter, quote_char=False,
+                                          ignore_empty_lines=False,
+                                          invalid_row_handler=on_invalid),
+            convert_options=pv.ConvertOptions(column_types=dict.fromkeys(_COLUMNS, pa.string()),
+                                              strings_can_be_null=False),
+        )
+        for block in reader:
+            where = (path, line)
+            label = _integers(block.column("label"), "label", where)
+            if np.any((label < 0) | (label > 1)):
+                i = int(np.argmax((label < 0) | (label > 1)))
+                raise DataError(f"line {line + i}: label {label[i]} is not 0 or 1",
+                                file=path, column="label")
+            cols: dict[str, np.ndarray] = {"label": label.astype(np.float32)}
+            for c in CRITEO_DENSE:
+                x = np.maximum(_integers(block.column(c), c, where), 0)
+                cols[c] = np.log1p(x.astype(np.float64)).astype(np.float32)
+            for c in CRITEO_SPARSE:
+                cols[c] = _hex_ids(block.column(c), c, where, max_ind_range)
+            yield pa.table(cols)
+            line += block.num_rows
 
 
 def _layout(path: str) -> tuple[str, bool]:

@@ -189,8 +189,30 @@ def test_malformed_lines_name_file_and_line(tmp_path: Path, bad: str, line: int,
     assert not out.exists() or os.listdir(out) == []  # nothing half-written
 
 
+@pytest.mark.parametrize("damage", ["truncated", "corrupt"])
+def test_a_damaged_gzip_is_one_error_naming_it_and_nothing_is_left(tmp_path: Path, damage: str) -> None:
+    """A .gz cut short (a copy interrupted) or with a flipped byte: pyarrow's OSError,
+    raised after the good blocks were converted, went up as a traceback (2026-12-07)."""
+    whole = gzip.compress((GOOD * 40_000).encode())  # ~5 MB: more than one parser block
+    gz = tmp_path / "day_0.gz"
+    if damage == "truncated":
+        gz.write_bytes(whole[: len(whole) // 2])
+    else:
+        data = bytearray(whole)
+        data[len(data) // 2] ^= 0xFF
+        gz.write_bytes(bytes(data))
+    out = tmp_path / "out"
+    with pytest.raises(DataError) as e:
+        convert_criteo([str(gz)], str(out), file_rows=10_000)
+    assert str(gz) in str(e.value) and "cannot read" in str(e.value) and "\n" not in str(e.value)
+    assert not out.exists() or os.listdir(out) == []
+
+
 def test_missing_input_and_bad_range(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="nope.tsv"):
         convert_criteo([str(tmp_path / "nope.tsv")], str(tmp_path / "out"))
+    (tmp_path / "days").mkdir()
+    with pytest.raises(DataError, match=r"days: is a directory; name its TSV files"):
+        convert_criteo([str(tmp_path / "days")], str(tmp_path / "out"))
     with pytest.raises(UserError, match="max_ind_range"):
         convert_criteo([], str(tmp_path / "out"), max_ind_range=1)
