@@ -249,6 +249,14 @@ def _kinds(first: pa.Schema, label: str, dense: list[str] | None, sparse: list[s
     from data.files import hive_partitions
 
     kinds = {f.name: column_kind(f.type) for f in first if f.name != label}
+    for key, given in (("data.dense", dense), ("data.sparse", sparse), ("data.exclude", exclude)):
+        if label in (given or []):  # said "column is missing" before: the label is no feature's
+            raise DataError(f"{key} names the label column (data.label); a label is neither a feature "
+                            "nor left out", column=label)
+    both = set(dense or []) & set(sparse or [])
+    if both:  # trained as both until 2026-12-07, without a word
+        raise DataError("data.dense and data.sparse both name this column; give each column one side",
+                        column=min(both))
     for given in (dense or [], sparse or [], exclude or []):
         for name in given:
             if name not in kinds:

@@ -44,6 +44,8 @@ def cmd_generate(argv: list[str]) -> int:
     p.add_argument("--seed", type=int, default=None, help="sampling seed (default: config seed)")
     p.add_argument("overrides", nargs="*", help="key.sub=value config overrides")
     a = p.parse_intermixed_args(argv)  # key=value before and after the options
+    if a.rows is not None and a.rows < 1:  # 0 wrote no file and said generate.rows' count
+        raise UserError(f"--rows {a.rows}: must be >= 1 (default: generate.rows)")
     output_dir(a.out, "--out")  # before any work: a file there is one line, not a traceback
     from data.generate import generate_dataset
     from dlrm.config import load_config
@@ -51,7 +53,7 @@ def cmd_generate(argv: list[str]) -> int:
     cfg = load_config(a.config, a.overrides)
     seed = cfg.seed if a.seed is None else a.seed
     files = generate_dataset(a.out, cfg.generate, seed=seed, rows=a.rows)
-    print(json.dumps({"out": a.out, "files": len(files), "rows": a.rows or cfg.generate.rows}))
+    print(json.dumps({"out": a.out, "files": len(files), "rows": cfg.generate.rows if a.rows is None else a.rows}))
     return 0
 
 

@@ -395,9 +395,32 @@ def test_config_names_a_column_the_data_lacks(override: str, key: str, tmp_path:
     assert code == 0, err
 
 
+@pytest.mark.parametrize("overrides, column, words", [
+    (["data.dense=[label,x0]"], "label", "data.dense names the label column"),
+    (["data.sparse=[label,c0]"], "label", "data.sparse names the label column"),
+    (["data.exclude=[label]"], "label", "data.exclude names the label column"),
+    (["data.dense=[x0,c0]", "data.sparse=[c0,c1]"], "c0", "data.dense and data.sparse both name this column"),
+])
+def test_a_column_given_two_roles_is_one_line_saying_so(overrides: list[str], column: str, words: str,
+                                                        tmp_path: Path, capsys) -> None:
+    """The label named as a feature or left out said "column is missing" (it is not); a
+    column named dense and sparse trained as both (2026-12-07)."""
+    f = write(tmp_path / "d.parquet", good_columns(np.random.default_rng(12)))
+    code, err = run_cli(train_argv(f, tmp_path / "run", *overrides), capsys)
+    assert_one_line_error(code, err, f"column '{column}'", words)
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize("size", ["0", "-3"])
 def test_eval_batch_size_below_one(size: str, tmp_path: Path, capsys) -> None:
     """--batch-size 0 was read as "not given"; now it is refused like -3, before any work."""
     code, err = run_cli(["eval", "--checkpoint", str(tmp_path), "--data", str(tmp_path),
                          "--batch-size", size], capsys)
     assert_one_line_error(code, err, f"--batch-size {size}")
+
+
+def test_generate_zero_rows_is_refused(tmp_path: Path, capsys) -> None:
+    """``--rows 0`` wrote no file, exited 0 and printed generate.rows' count (2026-12-07)."""
+    code, err = run_cli(["generate", "--config", str(TINY), "--out", str(tmp_path / "g"), "--rows", "0"], capsys)
+    assert_one_line_error(code, err, "--rows 0: must be >= 1")
+    assert not (tmp_path / "g").exists()
