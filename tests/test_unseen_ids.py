@@ -98,6 +98,29 @@ def test_eval_looks_up_unseen_ids_as_nothing_and_counts_them(trained, capsys) ->
     assert set(rows) == set(expected)
 
 
+def test_the_eval_set_does_not_size_the_tables(trained, tmp_path: Path, capsys) -> None:
+    """Trained beside its eval set: the tables the training data gives, the same
+    parameters as without the eval set, and its ids past them counted as unseen, as
+    ``dlrm eval`` counts them. Until 2026-12-07 the eval files sized the tables too (this
+    module's fixture trained without its eval set for that): the eval set changed the
+    model trained, and one eval id of 2,000,000 made a table of 2M rows."""
+    from tests.run_state import run_state
+
+    run = tmp_path / "run"
+    assert main(["train", "--config", str(TINY), "--out", str(run), *tiny_overrides(),
+                 f"data.train={trained['eval'].parent / 'train.parquet'}", f"data.eval={trained['eval']}",
+                 "data.batch_size=64", "train.max_steps=6"]) == 0
+    rows = {f["name"]: f["rows"] for f in json.loads((run / "schema.json").read_text())["sparse"]}
+    assert rows == trained["rows"]
+    got, want = run_state(run), run_state(trained["run"])
+    assert sorted(got) == sorted(want) and all(torch.equal(got[k], want[k]) for k in want)
+    summary = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()][-1]
+    capsys.readouterr()
+    assert main(["eval", "--checkpoint", str(trained["run"]), "--data", str(trained["eval"])]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["eval_unseen_ids"] == result["unseen_ids"] and summary["eval_auc"] == result["auc"]
+
+
 @pytest.mark.slow
 def test_strict_ids_keeps_the_refusal(trained, capsys) -> None:
     capsys.readouterr()

@@ -67,14 +67,17 @@ def _gather(obj: object) -> list[object]:
 
 
 def resolve_data(cfg: Config, run_dir: str | Path | None = None) -> RunData:
-    """Expand data paths and fix the schema (inferred from train + eval footers) and
-    the preprocessing: RUN/preprocessing.json if the run has one (a resume never
-    refits), else fitted over the training files (the same on every rank)."""
+    """Expand data paths and fix the schema (inferred from the training files' footers:
+    an eval id past a table is an unseen id, counted, as README "Ids training never saw"
+    says; until 2026-12-07 the eval files sized the tables too, so the eval set changed
+    the model trained, and one eval id of 2,000,000 made a 2M-row table) and the
+    preprocessing: RUN/preprocessing.json if the run has one (a resume never refits),
+    else fitted over the training files (the same on every rank)."""
     if not cfg.data.train:
         raise DataError("no training data: set data.train=PATH (file, directory or glob)")
     train_files = expand_paths(cfg.data.train)
     eval_files = expand_paths(cfg.data.eval) if cfg.data.eval else []
-    schema = infer_run_schema(cfg, train_files + eval_files)
+    schema = infer_run_schema(cfg, train_files)
     check_named_columns(cfg, schema)
     usable = screen_files(train_files, schema, cfg.data.on_error).files  # skip: bad files out
     saved = Path(run_dir) / prep_io.FILE if run_dir is not None else None
