@@ -20,7 +20,7 @@ import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from data.errors import DataError, UserError
+from data.errors import DataError, UserError, quoted
 from data.schema import CRITEO_DENSE, CRITEO_SPARSE
 
 if TYPE_CHECKING:
@@ -87,7 +87,7 @@ def _convert_file(path: str, max_ind_range: int) -> Iterator[pa.Table]:
     except pa.ArrowInvalid as e:
         raise _parse_error(e, bad_rows, path) from None
     except OSError as e:  # a truncated or corrupt .gz (after its good blocks were converted)
-        raise DataError(f"cannot read ({' '.join(str(e).split())[:200]})", file=path) from None
+        raise DataError(f"cannot read ({quoted(e)})", file=path) from None
 
 
 def _blocks(path: str, stream: Any, max_ind_range: int, bad_rows: list, on_invalid: Any) -> Iterator[pa.Table]:

@@ -4,6 +4,8 @@ The CLI turns any :class:`UserError` into one line on stderr and a non-zero exit
 without a traceback. Bugs stay ordinary exceptions with tracebacks.
 """
 
+import re
+
 
 class UserError(Exception):
     """Base of all user-fixable errors; its message is one line naming the culprit."""
@@ -29,6 +31,9 @@ class DataError(UserError):
             where.append(f"row group {row_group}")
         if row is not None:
             where.append(f"row {row}")
+        # one line: a library's message quoted in it may run over several (pyarrow's
+        # "cannot read (...)" of a corrupt page printed three, the last a lone ")")
+        message = re.sub(r"\s*\n\s*", " ", message.strip())
         self.file, self.column, self.row_group, self.row = file, column, row_group, row
         self.reason = message  # the message without its place
         super().__init__(f"{', '.join(where)}: {message}" if where else message)
@@ -36,6 +41,13 @@ class DataError(UserError):
     def __reduce__(self) -> tuple:
         """Pickled whole (a decode worker's error reaches the consumer as it was raised)."""
         return type(self), (self.reason, self.file, self.column, self.row_group, self.row)
+
+
+def quoted(error: BaseException, limit: int = 200) -> str:
+    """A library's message, as one line of at most ``limit`` characters, to quote in ours
+    ("cannot read (...)")."""
+    text = "".join(c if c.isprintable() else " " for c in str(error))
+    return " ".join(text.split())[:limit]
 
 
 def one_line(error: BaseException, named: bool = False) -> str:

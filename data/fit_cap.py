@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from data.errors import DataError
+from data.errors import DataError, quoted
 from data.fit_sketch import Sketch
 from data.vocabulary import ValueCounter, flat_values
 
@@ -51,7 +51,7 @@ def floors(sketch: Sketch, groups: list[tuple[int, str, int]], columns: dict[str
         except (pa.ArrowException, OSError) as e:
             if skip:
                 continue
-            raise DataError(f"cannot read ({str(e)[:200]})", file=path, row_group=g) from None
+            raise DataError(f"cannot read ({quoted(e)})", file=path, row_group=g) from None
         for name, t in capped.items():
             seen[t].add(flat_values(table.column(name))[0])
     for t, counter in seen.items():

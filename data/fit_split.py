@@ -43,7 +43,7 @@ import pyarrow as pa
 
 from data import fit_cap
 from data.dense_transform import DenseStats
-from data.errors import DataError
+from data.errors import DataError, quoted
 from data.fit_exchange import Exchange, merged_by_range
 from data.fit_sketch import Sketch
 from data.int_counts import int64_values, plain_numpy
@@ -272,7 +272,7 @@ def _do(job: tuple, bar=None) -> object:
         except (pa.ArrowException, OSError) as e:
             if skip:
                 continue
-            return f"{path}: row group {g}: cannot read ({str(e)[:200]})"
+            return f"{path}: row group {g}: cannot read ({quoted(e)})"
         except DataError as e:
             return str(e)
         for name, t in columns.items():

@@ -42,7 +42,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from data.dense_transform import DenseStats, apply_transform
-from data.errors import DataError, UserError, one_line
+from data.errors import DataError, UserError, one_line, quoted
 from data.fit_exchange import Exchange
 from data.fit_settings import recorded
 from data.fit_split import Split, count_split
@@ -311,7 +311,7 @@ def _sample(files: list[str], schema: Schema, tables: list[str], skip: bool
         except (pa.ArrowException, OSError) as e:
             if skip:
                 continue
-            raise DataError(f"cannot read ({str(e)[:200]})", file=path, row_group=g) from None
+            raise DataError(f"cannot read ({quoted(e)})", file=path, row_group=g) from None
         rows, read = rows + table.num_rows, read + 1
         for f in schema.sparse:
             if f.table_name in tables:
@@ -378,7 +378,7 @@ def _count(files: list[str], schema: Schema, tables: set[str], limit: int | None
             except (pa.ArrowException, OSError) as e:
                 if skip:
                     continue
-                raise DataError(f"cannot read ({str(e)[:200]})", file=path, row_group=g) from None
+                raise DataError(f"cannot read ({quoted(e)})", file=path, row_group=g) from None
             seen += table.num_rows
             for f in schema.sparse:
                 if f.table_name in tables:

@@ -67,7 +67,7 @@ from data.background import in_background
 from data.bad_data import ON_ERROR, BadDataLog, BadRecord
 from data.batch import Batch
 from data.decode_workers import IN_FLIGHT, DecodePool, Transport
-from data.errors import DataError, UserError
+from data.errors import DataError, UserError, quoted
 from data.files import open_parquet
 from data.hashing import splitmix64
 from data.rows import Alloc, Layout, Rows, WindowBuilder, batch_specs, offsets_of
@@ -542,8 +542,7 @@ class _RowGroups:
         except DataError as e:
             raise DataError(e.reason, file=path, row_group=g) from None
         except (pa.ArrowException, OSError) as e:
-            text = " ".join("".join(c if c.isprintable() else " " for c in str(e)).split())
-            raise DataError(f"cannot read ({text[:200]})", file=path, row_group=g) from None
+            raise DataError(f"cannot read ({quoted(e)})", file=path, row_group=g) from None
         if table.num_rows != rows:
             raise DataError(f"holds {table.num_rows} rows, {rows} when the run started "
                             "(file changed while reading?)", file=path, row_group=g)

@@ -431,3 +431,18 @@ def test_schema_inference_leaves_bad_files_out_under_skip(tmp_path: Path) -> Non
     schema = infer_schema(paths, dense=["I1", "I2"], on_error="skip")
     assert [(f.name, f.rows, f.multi_hot) for f in schema.sparse] == [
         ("C1", 11, False), ("C2", 12, True)]  # max ids of a and e only
+
+
+def test_a_data_error_quoting_a_library_message_over_several_lines_is_one_line() -> None:
+    """pyarrow's message for a corrupt page runs over three lines (the last a lone ")"
+    after the fit's "cannot read ("): every DataError is one line, and ``quoted`` makes
+    a quoted message one line before it is put in parentheses."""
+    from data.errors import quoted
+
+    pyarrow_says = OSError("Couldn't deserialize thrift: Variable-length int over 10 bytes.\n"
+                           "Deserializing page header failed.\n")
+    e = DataError(f"cannot read ({quoted(pyarrow_says)})", file="a.parquet", row_group=2)
+    assert str(e) == ("file a.parquet, row group 2: cannot read (Couldn't deserialize thrift: "
+                      "Variable-length int over 10 bytes. Deserializing page header failed.)")
+    assert str(DataError("first\n  second\n")) == "first second"
+    assert quoted(ValueError("x" * 500)) == "x" * 200
