@@ -72,7 +72,7 @@ def test_two_ranks_write_the_file_one_process_writes(trained: Path, tiny_data, t
 @pytest.mark.parametrize("args, says", [
     (["--keep", "C1"], "--keep names columns of the --scores file: give --scores FILE.parquet too"),
     (["--scores", "S", "--keep", "nope"], "column 'nope': column is missing (named by --keep)"),
-    (["--scores", "S", "--keep", "label"], "--keep label: the scores file has its own 'label' column"),
+    (["--scores", "S", "--keep", "label"], "--keep label: the scores file writes a 'label' column itself"),
     (["--scores", "DIR"], "--scores DIR: is a directory; name a .parquet file"),
 ])
 def test_bad_scores_arguments_are_one_line(trained: Path, tiny_data, tmp_path: Path, capsys,

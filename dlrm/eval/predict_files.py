@@ -41,7 +41,7 @@ def predict_files(run: str | Path, data: str, out: str | Path, keep: list[str],
         schema = scorer.schema
         features = [c for c in schema.columns if c != schema.label]
         if "score" in keep:
-            raise UserError("--keep score: the file has its own 'score' column; keep others")
+            raise UserError("--keep score: the file written has a 'score' column itself, the scores; keep others")
         fields = _kept_fields(files, keep)
         out_schema = pa.schema([*fields, pa.field("score", pa.float64())])
         # single-hot string columns read dictionary-encoded, as the reader reads them (each

@@ -29,8 +29,10 @@ RESERVED = ("score", "label")
 def check_keep(files: list[str], keep: list[str], label: str) -> None:
     """Every kept column is in the first file and is not one the file writes itself."""
     for name in keep:
-        if name in RESERVED or name == label:
-            raise UserError(f"--keep {name}: the scores file has its own {name!r} column; keep others")
+        if name in RESERVED:
+            raise UserError(f"--keep {name}: the scores file writes a {name!r} column itself; keep others")
+        if name == label:
+            raise UserError(f"--keep {name}: the label, which the scores file writes as 'label'; keep others")
         if footer(files[0]).schema_arrow.get_field_index(name) < 0:
             raise DataError("column is missing (named by --keep)", file=files[0], column=name)
 

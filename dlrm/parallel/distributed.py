@@ -38,7 +38,7 @@ def init_distributed(backend: str = "auto", device: str = "auto", timeout_s: int
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     cuda = torch.cuda.is_available() and device in ("auto", "cuda")
     if device == "cuda" and not torch.cuda.is_available():
-        raise UserError("train.device=cuda but this machine has no CUDA device")
+        raise UserError("device cuda (train.device, or dlrm eval's --device) but this machine has no CUDA device")
     # More local ranks than GPUs share them round-robin (a test runs 2 ranks on one GPU
     # with gloo; NCCL refuses two ranks on one device).
     dev = torch.device(f"cuda:{local_rank % torch.cuda.device_count()}" if cuda else "cpu")
