@@ -96,8 +96,13 @@ def test_ranks_equal_one_process(world_size: int, small_data, tmp_path: Path) ->
         assert json.loads((run / "plan.json").read_text())["world_size"] == world_size
         assert_states_close(run_state(run), run_state(ref), f"{name} W={world_size}")
         torch.testing.assert_close(losses(run), losses(ref), rtol=1e-5, atol=1e-7)
-        # Eval gathered across ranks gives the one-process AUC.
-        assert summary(run)["eval_auc"] == pytest.approx(summary(ref)["eval_auc"], abs=1e-9)
+        # Eval gathered across ranks gives the one-process AUC up to a tie: since the
+        # eval set no longer sizes the tables (2026-12-07) its ids past them are left out
+        # of their bags, and at W=2 the AUC moved by 3.4e-6, about half of one of its
+        # ~1.4e5 (positive, negative) pairs: two scores equal up to rounding, ordered
+        # the other way by batches laid out otherwise. The log loss says the scores agree.
+        assert summary(run)["eval_auc"] == pytest.approx(summary(ref)["eval_auc"], abs=2e-5)
+        assert summary(run)["eval_logloss"] == pytest.approx(summary(ref)["eval_logloss"], rel=1e-6)
         assert summary(run)["eval_rows"] == 900
 
 
@@ -150,3 +155,23 @@ def test_bf16_hook_averages_in_bf16_on_gloo() -> None:
     for got, in_place in run_ranks(2, _bf16_hook_on_ranks):
         assert in_place and torch.equal(got, want)
         assert not torch.equal(got, (buckets[0] + buckets[1]) / 2)  # compressed: not the fp32 mean
+
+
+def _stop_and_resume(rank: int, world_size: int, data: dict[str, Path], out: Path) -> None:
+    """Steps 0..5 at once, and 0..2 then 3..5 in a second invocation (a resume)."""
+    base = case_overrides(world_size, "adam", ("optim.dense=adam",))
+    train(config_for(data, [*base, "train.max_steps=6"]), out / "whole", echo=lambda s: None)
+    for steps in (3, 6):
+        train(config_for(data, [*base, f"train.max_steps={steps}"]), out / "resumed", echo=lambda s: None)
+
+
+def test_a_resume_at_three_ranks_is_bit_equal(small_data, tmp_path: Path) -> None:
+    """DDP reorders its gradient buckets after a process's first step; a resumed process
+    ran its first step in the first order, where the run never stopped had the new one,
+    and at 3 or more ranks a bucket's all-reduce then adds each element's 3 terms in
+    another order (2-rank sums are the same either way): the dense weights differed by
+    ~3e-8 (found 2026-12-07). Each parameter is a bucket of its own there now."""
+    run_ranks(3, _stop_and_resume, small_data, tmp_path)
+    whole, resumed = run_state(tmp_path / "whole"), run_state(tmp_path / "resumed")
+    assert sorted(whole) == sorted(resumed)
+    assert [k for k in whole if not torch.equal(whole[k], resumed[k])] == []
