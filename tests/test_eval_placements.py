@@ -113,3 +113,24 @@ def test_two_rank_runs_evaluate(tiny_data, tmp_path: Path, capsys) -> None:
 def torchrec_installed() -> bool:
     """As conftest's ``requires_torchrec`` decides (without importing either package)."""
     return not requires_torchrec.args[0]
+
+
+@pytest.mark.parametrize("world_size, kept", [(3, True), (2, False), (4, False)])
+def test_pins_that_do_not_fit_the_evals_world_size_are_left_to_the_planner(world_size: int, kept: bool) -> None:
+    """A run trained at 3 ranks with C23 pinned to ranks 0 and 2 and a 3-row C7 row-wise,
+    scored at 2 or 4 ranks: the pins cannot hold there (rank 2 of 2; 3 rows over 4
+    ranks), and ``dlrm eval`` stopped with the plan's error, no override possible
+    (2026-12-07). The planner places the tables instead, with a note; at 3 ranks the
+    pins stay."""
+    from data.schema import Schema, SparseFeature
+    from dlrm.eval.model import pins_that_fit
+    from dlrm.parallel.distributed import DistInfo
+
+    cfg = load_config(TINY, ["embeddings.plan={C7: {sharding: row_wise}, C23: {sharding: row_wise, ranks: [0, 2]}}"])
+    schema = Schema("label", ("I1",), (SparseFeature("C7", 3), SparseFeature("C23", 100), SparseFeature("C1", 50)))
+    said: list[str] = []
+    got = pins_that_fit(cfg, schema, DistInfo(world_size=world_size), said.append)
+    assert (got.embeddings.plan == cfg.embeddings.plan) is kept and (got.embeddings.plan == {}) is (not kept)
+    assert (said == []) is kept
+    if not kept:
+        assert said[0].startswith(f"note: the run's embeddings.plan does not fit {world_size} ranks (table C")

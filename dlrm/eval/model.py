@@ -44,6 +44,7 @@ from dlrm.parallel.planning import plan_from_config, run_tables
 from embeddings.hotline.profile import HotProfile
 from embeddings.kernels import triton_available, why_not_triton
 from embeddings.plan.estimate import plan_memory
+from embeddings.plan.types import PlanError
 
 DEVICE_SHARE = 0.8  # of the free device memory the tables may take (the rest: activations)
 
@@ -56,6 +57,7 @@ def eval_model(
     (``resume=True``). ``say``: where the choice of host memory is
     told (default stderr: stdout holds the metrics' JSON)."""
     cfg = runnable_kernels(cfg, info, say or _stderr)
+    cfg = pins_that_fit(cfg, schema, info, say or _stderr)
     if cfg.embeddings.backend == "torchrec" or cfg.embeddings.placement != "hotline":
         return build_model(cfg, schema, info.device, info, resume=True)
     plain = dataclasses.replace(cfg, embeddings=dataclasses.replace(cfg.embeddings, placement="sharded"))
@@ -78,6 +80,23 @@ def runnable_kernels(cfg: Config, info: DistInfo, say: Callable[[str], None]) ->
         say(f"note: the run's embeddings.kernels=triton cannot run here ({info.device}: {why}); "
             "evaluating with the torch kernels (the same scores)")
     return dataclasses.replace(cfg, embeddings=dataclasses.replace(cfg.embeddings, kernels="torch"))
+
+
+def pins_that_fit(cfg: Config, schema: Schema, info: DistInfo, say: Callable[[str], None]) -> Config:
+    """``cfg``, without its ``embeddings.plan`` pins where they do not fit this world size
+    (a run trained at 3 ranks with a table pinned to rank 2, scored at 2): the checkpoint
+    loads into any placement, so the planner places the tables instead. Before
+    (2026-12-07), such an eval stopped with the plan's error and no way round it."""
+    if not cfg.embeddings.plan or cfg.embeddings.backend == "torchrec" or info.world_size == 1:
+        return cfg
+    try:
+        plan_from_config(cfg, schema, info.world_size)
+    except PlanError as e:
+        if info.is_main:
+            say(f"note: the run's embeddings.plan does not fit {info.world_size} ranks ({e}); "
+                "scoring with the planner's own placement (the checkpoint loads into any)")
+        return dataclasses.replace(cfg, embeddings=dataclasses.replace(cfg.embeddings, plan={}))
+    return cfg
 
 
 def tables_fit(cfg: Config, schema: Schema, info: DistInfo) -> bool:
