@@ -55,7 +55,10 @@ def test_hotline_ranks_equal_one_process(world_size: int, small_data, tmp_path: 
         assert_states_close(run_state(run), run_state(ref), f"hotline {name} W={world_size}",
                             RTOL.get(optim, 1e-5))
         torch.testing.assert_close(losses(run), losses(ref), rtol=1e-5, atol=1e-7)
-        assert summary(run)["eval_auc"] == pytest.approx(summary(ref)["eval_auc"], abs=1e-9)
+        # up to a tie (tests/test_distributed_train.py: eval ids past the training tables
+        # are left out of their bags since 2026-12-07; W=2 moved by 3.4e-6, half a pair)
+        assert summary(run)["eval_auc"] == pytest.approx(summary(ref)["eval_auc"], abs=2e-5)
+        assert summary(run)["eval_logloss"] == pytest.approx(summary(ref)["eval_logloss"], rel=1e-6)
         stats = summary(run)["hotline"]
         assert 0.0 < stats["popular_share"] < 1.0, stats  # both micro-batches ran
         assert 0.0 < stats["hot_hit_rate"] < 1.0, stats

@@ -101,4 +101,7 @@ def test_two_nodes_two_processes_equal_one_process(data, tmp_path: Path) -> None
 
     cfg = load_config(TINY, args[5:] + ["data.order_world_size=4"])
     train(cfg, tmp_path / "ref", echo=lambda s: None)
-    assert_states_close(run_state(run), run_state(tmp_path / "ref"), "2 nodes x 2")
+    # 2e-5: at 4 ranks the dense gradients are gathered and added in rank order (a resume
+    # at 3+ ranks is bit-equal, dlrm/parallel/ddp.py), another order than one process's;
+    # the top MLP's last weight came 1.15e-5 apart (1e-5 passed with the ring all-reduce)
+    assert_states_close(run_state(run), run_state(tmp_path / "ref"), "2 nodes x 2", rtol=2e-5)
