@@ -59,8 +59,8 @@ def not_the_data(out: str | os.PathLike[str], data: str, flag: str) -> None:
         root = Path(item).expanduser()
         if is_uri(item) or not root.is_dir() or not target.endswith(".parquet"):
             continue
-        below = Path(target).relative_to(os.path.realpath(root)).parts if target.startswith(
-            os.path.realpath(root) + os.sep) else None
+        inside = Path(target).is_relative_to(os.path.realpath(root))
+        below = Path(target).relative_to(os.path.realpath(root)).parts if inside else ()
         if below and not any(part.startswith((".", "_")) for part in below):
             raise UserError(f"{flag} {out}: is inside the --data directory {item}, whose every "
                             "later read would take it in as data; write it elsewhere")
